@@ -1,0 +1,315 @@
+"""Deployment targets: the YAML files under ``targets/`` and their validated model.
+
+A target describes one Mistral Large 4 deployment from the seeds: its hardware, topology, serving stack,
+engine flags, where its endpoint, key, logs and restart control come from, and the gate thresholds the suites
+judge it by. Secrets are never stored here, only the *names* of environment variables that hold them.
+
+Works without pytest::
+
+    from pytest_ml4.targets import load_target, known_targets
+    t = load_target("gb300-disagg")          # a name from targets/ ...
+    t = load_target("my/variant.yaml")       # ... or a path to a YAML file
+
+A bad file raises :class:`TargetError` whose message names the file and the offending field.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+#: Repository root (the folder holding ``targets/`` and ``fixtures/``); overridable for installed use.
+REPO_ROOT = Path(os.environ.get("ML4_ROOT", Path(__file__).resolve().parent.parent))
+TARGETS_DIR = REPO_ROOT / "targets"
+FIXTURES_DIR = REPO_ROOT / "fixtures"
+
+HardwareFamily = Literal["rtxpro", "gb300", "vr200"]
+TopologyKind = Literal["single_node", "agg", "disagg"]
+
+
+class TargetError(ValueError):
+    """A target could not be found or is invalid; the message names the file and field."""
+
+
+class _Strict(BaseModel):
+    # Unknown keys are typos until proven otherwise: a misspelt gate would silently fall back to a default.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Hardware(_Strict):
+    gpu: str
+    family: HardwareFamily
+    count: int = Field(gt=0)
+    memory_per_gpu_gib: float = Field(gt=0)
+    memory_bandwidth_tb_s: float = Field(gt=0, description="HBM/GDDR bandwidth per GPU, TB/s")
+    interconnect: str
+    compute_capability: str
+    nodes: int = Field(default=1, gt=0)
+    symmetric_memory: bool = True
+    source: str = ""
+
+
+class Topology(_Strict):
+    kind: TopologyKind
+    tensor_parallel: int = Field(gt=0)
+    workers: int = Field(default=1, gt=0, description="aggregated workers (replicas); 1 for single-node")
+    prefill_workers: int = Field(default=0, ge=0)
+    decode_workers: int = Field(default=0, ge=0)
+    expert_parallel_decode: bool = False
+
+    @model_validator(mode="after")
+    def _roles(self) -> "Topology":
+        if self.kind == "disagg" and (self.prefill_workers < 1 or self.decode_workers < 1):
+            raise ValueError("disagg topology needs prefill_workers >= 1 and decode_workers >= 1")
+        if self.kind != "disagg" and (self.prefill_workers or self.decode_workers):
+            raise ValueError(f"{self.kind} topology must not set prefill_workers/decode_workers")
+        return self
+
+
+class Speculative(_Strict):
+    method: str
+    num_speculative_tokens: int = Field(gt=0)
+    synthetic_acceptance: bool = False
+
+
+class Engine(_Strict):
+    """The vLLM engine flags the seed deployment runs with (per worker role where they differ)."""
+
+    version: str = "0.33.0"
+    model_path: str
+    max_model_len: int = Field(gt=0)
+    max_num_seqs: int = Field(gt=0)
+    max_num_batched_tokens: int = Field(gt=0)
+    gpu_memory_utilization: float = Field(gt=0, le=1)
+    kv_cache_dtype: str
+    block_size: int = Field(default=16, gt=0)
+    dtype: str = "bfloat16"
+    speculative: Speculative | None = None
+    reasoning_parser: str | None = "mistral"
+    tool_call_parser: str | None = "mistral"
+    enable_auto_tool_choice: bool = True
+    disable_hybrid_kv_cache_manager: bool = False
+    kv_offloading_size_gib: float | None = None
+    kv_connector: str | None = None
+    tokenizer_version: int = Field(default=15, ge=3)
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class Proxy(_Strict):
+    kind: Literal["litellm"]
+    config: str = Field(description="path (relative to the repo root) of the proxy config")
+    model_alias: str
+    num_retries: int = 0
+    max_retries: int = 0
+
+
+class Serving(_Strict):
+    stack: Literal["vllm", "vllm+litellm", "dynamo+vllm"]
+    served_model_name: str
+    engine_served_model_name: str | None = None
+    proxy: Proxy | None = None
+    dynamo_router: Literal["kv", "round_robin", "random"] | None = None
+    session_affinity: bool = False
+    migration_limit: int | None = None
+
+    @model_validator(mode="after")
+    def _proxy(self) -> "Serving":
+        if self.stack == "vllm+litellm" and self.proxy is None:
+            raise ValueError("stack vllm+litellm needs a proxy section")
+        return self
+
+
+class EndpointSource(_Strict):
+    url_env: str
+    api_key_env: str | None = None
+    requires_api_key: bool = True
+    metrics_url_env: str | None = None
+    default_url: str | None = None
+
+
+class Logs(_Strict):
+    kind: Literal["journald", "file", "kubernetes"]
+    unit: str | None = None
+    path: str | None = None
+    ssh_host_env: str | None = None
+    namespace_env: str | None = None
+    namespace: str | None = None
+    dgd: str | None = None
+
+    @model_validator(mode="after")
+    def _need(self) -> "Logs":
+        need = {"journald": "unit", "file": "path", "kubernetes": "dgd"}[self.kind]
+        if getattr(self, need) in (None, ""):
+            raise ValueError(f"logs of kind {self.kind} need '{need}'")
+        return self
+
+
+class Control(_Strict):
+    kind: Literal["systemd", "kubernetes"]
+    unit: str | None = None
+    ssh_host_env: str | None = None
+    dgd: str | None = None
+    namespace_env: str | None = None
+    namespace: str | None = None
+    restart_timeout_s: float = Field(default=900, gt=0)
+
+
+class Gates(_Strict):
+    """Thresholds the suites judge by; each one traces back to a seed line (see the target YAML comments)."""
+
+    ttft_p50_s_max: float | None = None
+    decode_tok_s_user_p50_min: float | None = None
+    ttft_p99_knee_s: float = 5.0
+    request_error_rate_max: float = 0.0
+    kv_pool_tokens_min: int | None = None
+    kv_max_concurrency_min: float = 1.0
+    kv_usage_pct_max: float = 90.0
+    spec_acceptance_length: tuple[float, float] | None = None
+    spec_position_rate: tuple[float, float] | None = None
+    recovery_time_s_max: float = 600.0
+    restart_client_errors_allowed: bool = False
+    reasoning_share: tuple[float, float] | None = None
+    perf_tolerance: float = 0.10
+
+
+class Perf(_Strict):
+    concurrencies: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    isl: int = 512
+    osl: int = 4096
+    duration_s: float = 300
+    baseline: str | None = None
+    trace: str | None = None
+    warmup_requests: int = 5
+
+
+class SimProfile(_Strict):
+    """Simple latency profile of the embedded simulator (the full performance model refines it)."""
+
+    ttft_s: float = Field(default=0.5, gt=0)
+    itl_ms: float = Field(default=12.0, gt=0)
+    prefill_tok_s: float = Field(default=20000, gt=0)
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class Target(_Strict):
+    name: str
+    description: str
+    source: str = Field(description="the seed/reference lines this target is written from")
+    hardware: Hardware
+    topology: Topology
+    serving: Serving
+    engine: Engine
+    prefill_engine: Engine | None = None
+    endpoint: EndpointSource
+    logs: Logs
+    control: Control
+    gates: Gates = Field(default_factory=Gates)
+    perf: Perf = Field(default_factory=Perf)
+    sim: SimProfile = Field(default_factory=SimProfile)
+    manifests: list[str] = Field(default_factory=list)
+    path: str | None = Field(default=None, description="file the target was loaded from (set by the loader)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Target":
+        if self.topology.kind == "disagg" and self.prefill_engine is None:
+            raise ValueError("disagg targets need a prefill_engine section (the decode role is 'engine')")
+        if self.serving.stack == "dynamo+vllm" and self.logs.kind != "kubernetes":
+            raise ValueError("dynamo+vllm targets read their logs from kubernetes")
+        return self
+
+    # Convenience views used by markers and reports.
+    @property
+    def family(self) -> str:
+        return self.hardware.family
+
+    @property
+    def topology_kind(self) -> str:
+        return self.topology.kind
+
+    @property
+    def is_dynamo(self) -> bool:
+        return self.serving.stack == "dynamo+vllm"
+
+    @property
+    def has_proxy(self) -> bool:
+        return self.serving.proxy is not None
+
+    def resolve(self, relpath: str) -> Path:
+        """A path from the YAML, relative to the repo root (or absolute)."""
+        p = Path(relpath)
+        return p if p.is_absolute() else REPO_ROOT / p
+
+
+def known_targets(directory: Path | None = None) -> list[str]:
+    d = directory or TARGETS_DIR
+    return sorted(p.stem for p in d.glob("*.yaml"))
+
+
+def _format_validation(path: Path, err: ValidationError) -> str:
+    lines = [f"invalid target file {path}:"]
+    for e in err.errors():
+        field = ".".join(str(x) for x in e["loc"]) or "<top level>"
+        lines.append(f"  field '{field}': {e['msg']}")
+    return "\n".join(lines)
+
+
+def parse_target(data: Any, path: Path) -> Target:
+    if not isinstance(data, dict):
+        raise TargetError(f"invalid target file {path}: top level must be a mapping, got {type(data).__name__}")
+    try:
+        return Target.model_validate({**data, "path": str(path)})
+    except ValidationError as err:
+        raise TargetError(_format_validation(path, err)) from None
+
+
+def load_target(name_or_path: str | os.PathLike[str], directory: Path | None = None,
+                overrides: dict[str, Any] | None = None) -> Target:
+    """Load a target by name (``targets/<name>.yaml``) or by path; ``overrides`` is a nested dict merged on top."""
+    text = str(name_or_path)
+    d = directory or TARGETS_DIR
+    candidate = Path(text)
+    if text.endswith((".yaml", ".yml")) or os.sep in text or candidate.is_file():
+        path = candidate
+        if not path.is_file():
+            raise TargetError(f"target file not found: {path}")
+    else:
+        path = d / f"{text}.yaml"
+        if not path.is_file():
+            raise TargetError(f"unknown target '{text}'; known targets: {', '.join(known_targets(d)) or '(none)'}"
+                              f" (in {d})")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise TargetError(f"invalid target file {path}: YAML error: {err}") from None
+    if overrides:
+        data = deep_merge(data if isinstance(data, dict) else {}, overrides)
+    return parse_target(data, path)
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def parse_override(expr: str) -> dict[str, Any]:
+    """``engine.max_num_seqs=32`` -> ``{"engine": {"max_num_seqs": 32}}`` (value parsed as YAML)."""
+    if "=" not in expr:
+        raise TargetError(f"override '{expr}' must look like section.field=value")
+    key, _, raw = expr.partition("=")
+    value = yaml.safe_load(raw)
+    out: dict[str, Any] = {}
+    cur = out
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        cur = cur.setdefault(part, {})
+    cur[parts[-1]] = value
+    return out
