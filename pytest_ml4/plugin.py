@@ -1,0 +1,393 @@
+"""The pytest plugin (``pytest11`` entry point ``ml4``): options, markers, target/endpoint/simulator fixtures.
+
+A thin layer over the core: :mod:`pytest_ml4.targets` loads the deployment, :mod:`pytest_ml4.sim` starts the
+embedded simulator, :mod:`pytest_ml4.client` builds clients. Per-concern glue lives in ``plugin_*.py`` modules
+listed in ``pytest_plugins`` below; they add their options to the same ``ml4`` group.
+
+Under pytest-xdist the controller resolves the target, chooses the run folder and starts the simulator once;
+workers receive them through ``workerinput`` (like pytest-xdist's own ``testrunuid``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from pytest_ml4.targets import Target, TargetError, known_targets, load_target, parse_override, deep_merge
+
+pytest_plugins = [
+    "pytest_ml4.plugin_logs",
+    "pytest_ml4.plugin_perf",
+    "pytest_ml4.plugin_preflight",
+    "pytest_ml4.plugin_report",
+    "pytest_ml4.plugin_restart",
+]
+
+SUITE_MARKERS = {
+    "smoke": "smoke chat: health, models, a known answer, stream grammar, usage, errors, a parallel burst",
+    "tools": "tool calling through the Mistral tool parser",
+    "reasoning": "reasoning separation through the Mistral reasoning parser",
+    "osl": "fixed output-length correctness (min_tokens = max_tokens)",
+    "kv": "KV cache sizing and memory health after boot",
+    "restart": "restart resilience (disruptive: restarts the engine)",
+    "perf": "performance gates with aiperf (long)",
+    "preflight": "lint of deployment configs; needs no endpoint",
+}
+HARDWARE_MARKERS = {
+    "rtxpro": "applies to RTX PRO 6000 targets only",
+    "gb300": "applies to GB300 targets only",
+    "vr200": "applies to Vera Rubin VR200 targets only",
+}
+TOPOLOGY_MARKERS = {
+    "single_node": "applies to single-node tensor-parallel targets only",
+    "agg": "applies to aggregated Dynamo targets only",
+    "disagg": "applies to disaggregated (prefill/decode) Dynamo targets only",
+}
+OTHER_MARKERS = {
+    "needs_proxy": "applies only to targets served behind a proxy (LiteLLM)",
+    "dynamo": "applies only to Dynamo-served targets",
+    "sim_only": "needs the embedded simulator (e.g. fault injection); skipped against a real endpoint",
+}
+
+# Keys carried from the xdist controller to its workers.
+_WI_TARGET = "ml4_target_path"
+_WI_RUN_DIR = "ml4_run_dir"
+_WI_SIM = "ml4_sim_info"
+
+
+# --------------------------------------------------------------------------------------------------- options
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ml4", "pytest-ml4: Mistral Large 4 deployment acceptance")
+    group.addoption("--target", dest="ml4_target", default=None, metavar="NAME|PATH",
+                    help="deployment target: a name from targets/ or a path to a target YAML (ini: ml4_target)")
+    group.addoption("--sim", dest="ml4_sim", action="store_true", default=None,
+                    help="run against the embedded vLLM/Dynamo simulator started on a free loopback port (ini: ml4_sim)")
+    group.addoption("--endpoint", dest="ml4_endpoint", default=None, metavar="URL",
+                    help="override the endpoint base URL (…/v1) instead of the target's url_env variable")
+    group.addoption("--api-key-env", dest="ml4_api_key_env", default=None, metavar="VAR",
+                    help="environment variable holding the API key (default: the target's api_key_env)")
+    group.addoption("--ml4-reports", dest="ml4_reports", default=None, metavar="DIR",
+                    help="folder under which each run gets its own artifact folder (ini: ml4_reports; default reports/)")
+    group.addoption("--ml4-run-dir", dest="ml4_run_dir", default=None, metavar="DIR",
+                    help="exact artifact folder for this run (must not exist yet or be empty)")
+    group.addoption("--ml4-fault", dest="ml4_faults", action="append", default=[], metavar="NAME[=VALUE]",
+                    help="start the simulator with this fault injected (repeatable; needs --sim)")
+    group.addoption("--ml4-set", dest="ml4_set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                    help="override a target field, e.g. engine.max_num_seqs=32 (repeatable)")
+    group.addoption("--sim-start-timeout", dest="ml4_sim_timeout", type=float, default=None,
+                    help="seconds to wait for the simulator to become healthy (ini: ml4_sim_start_timeout)")
+    parser.addini("ml4_target", "default deployment target (name or path)", default=None)
+    parser.addini("ml4_sim", "use the embedded simulator by default", type="bool", default=False)
+    parser.addini("ml4_reports", "folder for per-run artifact folders", default="reports")
+    parser.addini("ml4_sim_start_timeout", "seconds to wait for the simulator", default="60")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for table in (SUITE_MARKERS, HARDWARE_MARKERS, TOPOLOGY_MARKERS, OTHER_MARKERS):
+        for name, text in table.items():
+            config.addinivalue_line("markers", f"{name}: {text}")
+    config.stash[STATE_KEY] = Ml4State.from_config(config)
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_XdistHooks(), "ml4-xdist-hooks")
+
+
+def _opt(config: pytest.Config, name: str, ini: str | None = None) -> Any:
+    value = config.getoption(name)
+    if value is None and ini is not None:
+        value = config.getini(ini)
+    return value
+
+
+# --------------------------------------------------------------------------------------------------- state
+class Ml4State:
+    """What the session knows about the target, the run folder and the simulator; shared with xdist workers."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.target: Target | None = None
+        self.overrides: dict[str, Any] = {}
+        self.use_sim: bool = False
+        self.faults: tuple[str, ...] = ()
+        self.run_dir: Path | None = None
+        self.sim: Any = None            # SimServer (controller) or None
+        self.sim_info: dict[str, Any] | None = None
+        self.is_worker = hasattr(config, "workerinput")
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> "Ml4State":
+        self = cls(config)
+        wi = getattr(config, "workerinput", None)
+        self.faults = tuple(config.getoption("ml4_faults") or ())
+        self.use_sim = bool(_opt(config, "ml4_sim", "ml4_sim"))
+        if self.faults and not self.use_sim:
+            raise pytest.UsageError("--ml4-fault needs --sim: faults are injected into the embedded simulator")
+        if self.use_sim and config.getoption("ml4_endpoint"):
+            raise pytest.UsageError("--sim and --endpoint exclude each other: the simulator is the endpoint")
+        for expr in config.getoption("ml4_set") or ():
+            try:
+                self.overrides = deep_merge(self.overrides, parse_override(expr))
+            except TargetError as err:
+                raise pytest.UsageError(f"--ml4-set: {err}") from None
+        name = wi[_WI_TARGET] if wi and wi.get(_WI_TARGET) else _opt(config, "ml4_target", "ml4_target")
+        if name is None and os.environ.get("ML4_TARGET"):
+            name = os.environ["ML4_TARGET"]
+        if name:
+            try:
+                self.target = load_target(name, overrides=self.overrides or None)
+            except TargetError as err:
+                raise pytest.UsageError(f"--target: {err}") from None
+        elif self.use_sim:
+            raise pytest.UsageError(f"--sim needs --target; known targets: {', '.join(known_targets())}")
+        if wi and wi.get(_WI_RUN_DIR):
+            self.run_dir = Path(wi[_WI_RUN_DIR])
+            self.sim_info = wi.get(_WI_SIM)
+        return self
+
+    # The run folder: one per run, never reused, so nothing is lost between runs.
+    def ensure_run_dir(self) -> Path:
+        if self.run_dir is not None:
+            return self.run_dir
+        explicit = self.config.getoption("ml4_run_dir")
+        if explicit:
+            path = Path(explicit)
+            if path.exists() and any(path.iterdir()):
+                raise pytest.UsageError(f"--ml4-run-dir {path} exists and is not empty; every run needs its own folder")
+        else:
+            base = Path(_opt(self.config, "ml4_reports", "ml4_reports") or "reports")
+            if not base.is_absolute():
+                base = Path(self.config.rootpath) / base
+            stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+            label = self.target.name if self.target else "no-target"
+            path = base / f"{stamp}-{label}-{secrets.token_hex(3)}"
+        path.mkdir(parents=True, exist_ok=True)
+        self.run_dir = path.resolve()
+        return self.run_dir
+
+
+STATE_KEY = pytest.StashKey[Ml4State]()
+
+
+def get_state(config: pytest.Config) -> Ml4State:
+    return config.stash[STATE_KEY]
+
+
+# --------------------------------------------------------------------------------------------------- simulator
+def _sim_api_key(target: Target) -> None:
+    """A simulated target that requires a key gets a fresh random one in its env var (never printed)."""
+    var = target.endpoint.api_key_env
+    if target.endpoint.requires_api_key and var and not os.environ.get(var):
+        os.environ[var] = "sk-sim-" + secrets.token_urlsafe(18)
+
+
+def _start_sim(state: Ml4State) -> None:
+    from pytest_ml4.sim import SimServer
+
+    assert state.target is not None
+    _sim_api_key(state.target)
+    run_dir = state.ensure_run_dir()
+    timeout = float(_opt(state.config, "ml4_sim_timeout", "ml4_sim_start_timeout") or 60)
+    sim = SimServer(state.target, faults=state.faults, overrides=state.overrides or None,
+                    log_file=run_dir / "sim" / "engine.log")
+    state.sim = sim
+    try:
+        sim.start(timeout=timeout)
+    except Exception as err:  # the simulator's own error carries the log tail
+        raise pytest.UsageError(f"ml4: the simulator for target {state.target.name} did not start: {err}") from None
+    state.sim_info = {"url": sim.url, "base_url": sim.base_url, "log_file": str(sim.log_file), "pid": sim.pid}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    state = get_state(session.config)
+    if state.is_worker or state.target is None:
+        return
+    state.ensure_run_dir()
+    if state.use_sim and state.sim is None:
+        _start_sim(state)
+
+
+class _XdistHooks:
+    """Controller-side pytest-xdist hooks, registered only when xdist is active (unknown hooks are errors)."""
+
+    @staticmethod
+    def pytest_configure_node(node: Any) -> None:
+        state = get_state(node.config)
+        if state.target is None:
+            return
+        node.workerinput[_WI_TARGET] = state.target.path
+        node.workerinput[_WI_RUN_DIR] = str(state.ensure_run_dir())
+        if state.use_sim and state.sim is None:
+            _start_sim(state)
+        node.workerinput[_WI_SIM] = state.sim_info
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(STATE_KEY, None)
+    if state is not None and state.sim is not None:
+        state.sim.stop()
+        state.sim = None
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    state = get_state(config)
+    if state.target is None:
+        return [f"ml4: no target (use --target; known: {', '.join(known_targets())})"]
+    t = state.target
+    if state.use_sim:
+        where = (state.sim_info or {}).get("url", "simulator not started yet")
+        host = where.split("//", 1)[-1]
+        mode = "simulated" + (f", faults: {', '.join(state.faults)}" if state.faults else "")
+    else:
+        url = state.config.getoption("ml4_endpoint") or os.environ.get(t.endpoint.url_env) or t.endpoint.default_url
+        host = _host_only(url) if url else f"(unset: export {t.endpoint.url_env} or pass --endpoint)"
+        mode = "live"
+    lines = [f"ml4: target {t.name} ({t.hardware.count}x {t.hardware.gpu}, {t.topology.kind}, {t.serving.stack})",
+             f"ml4: endpoint {host} [{mode}]"]
+    if state.run_dir:
+        lines.append(f"ml4: artifacts {state.run_dir}")
+    return lines
+
+
+def _host_only(url: str) -> str:
+    """scheme://user:pass@host:port/path -> host:port (credentials and paths never shown)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return parts.hostname + (f":{parts.port}" if parts.port else "") if parts.hostname else url
+
+
+# --------------------------------------------------------------------------------------------------- markers
+def skip_reason(target: Target, marker_names: set[str]) -> str | None:
+    """Why a test with these markers does not apply to the target, or None when it does."""
+    hw = marker_names & set(HARDWARE_MARKERS)
+    if hw and target.family not in hw:
+        return (f"hardware mismatch: test is for {', '.join(sorted(hw))}; "
+                f"target {target.name} is {target.family}")
+    topo = marker_names & set(TOPOLOGY_MARKERS)
+    if topo and target.topology_kind not in topo:
+        return (f"topology mismatch: test is for {', '.join(sorted(topo))}; "
+                f"target {target.name} is {target.topology_kind}")
+    if "needs_proxy" in marker_names and not target.has_proxy:
+        return f"target {target.name} has no proxy in front of the engine ({target.serving.stack})"
+    if "dynamo" in marker_names and not target.is_dynamo:
+        return f"target {target.name} is not served by Dynamo ({target.serving.stack})"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    state = get_state(config)
+    if state.target is None:
+        return
+    for item in items:
+        names = {m.name for m in item.iter_markers()}
+        reason = skip_reason(state.target, names)
+        if reason is None and "sim_only" in names and not state.use_sim:
+            reason = "needs the embedded simulator (--sim)"
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+# --------------------------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="session")
+def ml4_target(pytestconfig: pytest.Config) -> Target:
+    state = get_state(pytestconfig)
+    if state.target is None:
+        raise pytest.UsageError(f"this test needs --target; known targets: {', '.join(known_targets())}")
+    return state.target
+
+
+@pytest.fixture(scope="session")
+def ml4_run_dir(pytestconfig: pytest.Config) -> Path:
+    return get_state(pytestconfig).ensure_run_dir()
+
+
+@pytest.fixture(scope="session")
+def ml4_faults(pytestconfig: pytest.Config) -> tuple[str, ...]:
+    return get_state(pytestconfig).faults
+
+
+@pytest.fixture(scope="session")
+def ml4_sim(pytestconfig: pytest.Config, ml4_target: Target) -> Any:
+    """The running simulator (controller: the SimServer; xdist worker: its connection info), or None."""
+    state = get_state(pytestconfig)
+    if not state.use_sim:
+        return None
+    if state.sim is not None:
+        return state.sim
+    if state.sim_info is not None:
+        return AttachedSim(**state.sim_info)
+    _start_sim(state)
+    return state.sim
+
+
+class AttachedSim:
+    """A simulator started by the xdist controller, seen from a worker: where it is, not how to own it."""
+
+    def __init__(self, url: str, base_url: str, log_file: str, pid: int) -> None:
+        self.url, self.base_url, self.log_file, self.pid = url, base_url, Path(log_file), pid
+
+    def __repr__(self) -> str:
+        return f"AttachedSim({self.url}, pid={self.pid})"
+
+
+@pytest.fixture(scope="session")
+def ml4_endpoint(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any) -> Any:
+    """Where the suites send requests; stops the session in seconds when it is unreachable."""
+    from pytest_ml4.client import Endpoint, check_reachable
+
+    state = get_state(pytestconfig)
+    t = ml4_target
+    key_var = pytestconfig.getoption("ml4_api_key_env") or t.endpoint.api_key_env
+    if ml4_sim is not None:
+        base_url = ml4_sim.base_url
+    else:
+        base_url = (pytestconfig.getoption("ml4_endpoint") or os.environ.get(t.endpoint.url_env)
+                    or t.endpoint.default_url)
+        if not base_url:
+            pytest.exit(f"ml4: target {t.name} has no endpoint: export {t.endpoint.url_env}=https://HOST/v1, "
+                        f"pass --endpoint URL, or use --sim", returncode=4)
+    api_key = os.environ.get(key_var) if key_var else None
+    if t.endpoint.requires_api_key and not api_key:
+        pytest.exit(f"ml4: target {t.name} needs an API key: environment variable {key_var} is not set "
+                    f"(or name another with --api-key-env)", returncode=4)
+    metrics_url = None
+    if t.endpoint.metrics_url_env and os.environ.get(t.endpoint.metrics_url_env):
+        metrics_url = os.environ[t.endpoint.metrics_url_env]
+    elif ml4_sim is not None:
+        metrics_url = ml4_sim.url + "/metrics"
+    ep = Endpoint(base_url=base_url, api_key=api_key or "", model=t.serving.served_model_name,
+                  metrics_url=metrics_url, simulated=state.use_sim, proxy=t.has_proxy)
+    problem = check_reachable(ep)
+    if problem:
+        pytest.exit(f"ml4: {problem}", returncode=3)
+    return ep
+
+
+@pytest.fixture(scope="session")
+def openai_client(ml4_endpoint: Any) -> Iterator[Any]:
+    from pytest_ml4.client import make_openai
+
+    client = make_openai(ml4_endpoint)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def async_openai_client(ml4_endpoint: Any) -> Any:
+    from pytest_ml4.client import make_async_openai
+
+    return make_async_openai(ml4_endpoint)
+
+
+@pytest.fixture(scope="session")
+def http_client(ml4_endpoint: Any) -> Iterator[Any]:
+    from pytest_ml4.client import make_httpx
+
+    client = make_httpx(ml4_endpoint)
+    yield client
+    client.close()

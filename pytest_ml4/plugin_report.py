@@ -1,0 +1,1 @@
+"""pytest glue for the report concern (fixtures, options in the ml4 group); the core lives outside this file."""
