@@ -377,8 +377,9 @@ def openai_client(ml4_endpoint: Any) -> Iterator[Any]:
     client.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def async_openai_client(ml4_endpoint: Any) -> Any:
+    """Function-scoped: an async client's connections belong to the event loop of the one test using it."""
     from pytest_ml4.client import make_async_openai
 
     return make_async_openai(ml4_endpoint)

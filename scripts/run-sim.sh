@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The main job against the embedded simulator: install, then run every suite for a target end to end.
+# This is the README's first Quickstart command. Usage: scripts/run-sim.sh [TARGET] [extra pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+target="${1:-rtxpro6000-tp8}"
+shift || true
+exec .venv/bin/python -m pytest suites --target "$target" --sim "$@"

@@ -1,0 +1,164 @@
+"""Smoke suite: is the deployment up, does it answer correctly, and does it speak vLLM's protocol?
+
+Health and model list, a non-streaming and a streaming chat with a known answer, stream grammar, usage
+consistency (re-tokenised with Tekken), the error answers of the target's serving stack, and a parallel burst.
+Data (the question, the per-stack error shapes) lives in ``fixtures/smoke/smoke.yaml``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from pytest_ml4.client import decode_json
+from pytest_ml4.targets import FIXTURES_DIR, Target
+
+pytestmark = pytest.mark.smoke
+
+DATA = yaml.safe_load((FIXTURES_DIR / "smoke" / "smoke.yaml").read_text())
+QUESTION = DATA["question"]
+# Real vLLM counts the EOS token and, for reasoning models, the [THINK]/[/THINK] markers that the client never
+# sees; with speculative decoding a chunk may carry several tokens. A handful of tokens of slack covers that.
+USAGE_TOKEN_SLACK = 4
+
+
+def _chat_body(target: Target, prompt: str, **extra: Any) -> dict[str, Any]:
+    return {"model": target.serving.served_model_name, "messages": [{"role": "user", "content": prompt}], **extra}
+
+
+def test_health(ml4_target: Target, ml4_endpoint: Any) -> None:
+    path = DATA["health_path"][ml4_target.serving.stack]
+    resp = httpx.get(ml4_endpoint.root_url + path, headers=ml4_endpoint.auth_headers(), timeout=10)
+    assert resp.status_code == 200, f"GET {path} answered HTTP {resp.status_code}: {resp.text[:200]!r}"
+    if ml4_target.is_dynamo and resp.content:
+        body = decode_json(resp, f"GET {path}")
+        assert body.get("status") in ("healthy", "ready"), f"Dynamo frontend not healthy: {body}"
+
+
+def test_models_lists_served_name(ml4_target: Target, http_client: httpx.Client) -> None:
+    resp = http_client.get("/models")
+    assert resp.status_code == 200, f"GET /v1/models answered HTTP {resp.status_code}: {resp.text[:200]!r}"
+    body = decode_json(resp, "GET /v1/models")
+    ids = [card.get("id") for card in body.get("data", [])]
+    assert ml4_target.serving.served_model_name in ids, (
+        f"served model {ml4_target.serving.served_model_name!r} missing from /v1/models: {ids}")
+
+
+def test_models_max_model_len(ml4_target: Target, http_client: httpx.Client) -> None:
+    body = decode_json(http_client.get("/models"), "GET /v1/models")
+    card = next(c for c in body["data"] if c.get("id") == ml4_target.serving.served_model_name)
+    length = card.get("max_model_len", card.get("context_window"))
+    if length is None and ml4_target.has_proxy:
+        pytest.skip(f"the {ml4_target.serving.proxy.kind} proxy's model card carries no max_model_len")
+    assert length == ml4_target.engine.max_model_len, (
+        f"max_model_len {length} on /v1/models differs from the target's {ml4_target.engine.max_model_len}")
+
+
+def test_chat_answers_known_question(ml4_target: Target, openai_client: Any) -> None:
+    resp = openai_client.chat.completions.create(
+        **_chat_body(ml4_target, QUESTION["prompt"], max_tokens=QUESTION["max_tokens"]))
+    choice = resp.choices[0]
+    assert choice.finish_reason == "stop", f"finish_reason {choice.finish_reason!r}, content {choice.message.content!r}"
+    assert QUESTION["expect_substring"] in (choice.message.content or ""), (
+        f"wrong answer to {QUESTION['prompt']!r}: {choice.message.content!r}")
+    usage = resp.usage
+    assert usage is not None, "no usage in a non-streaming response"
+    assert usage.prompt_tokens + usage.completion_tokens == usage.total_tokens, f"usage does not add up: {usage}"
+
+
+def test_stream_answers_known_question_with_clean_grammar(ml4_target: Target, http_client: httpx.Client) -> None:
+    from pytest_ml4.probe import probe_chat_stream
+
+    body = _chat_body(ml4_target, QUESTION["prompt"], max_tokens=QUESTION["max_tokens"], stream=True,
+                      stream_options={"include_usage": True})
+    result = probe_chat_stream(http_client, body)
+    assert result.http_status == 200, f"stream answered HTTP {result.http_status}: {result.error_body!r}"
+    assert not result.violations, "stream grammar violations:\n" + "\n".join(result.violations)
+    assert not result.error_events, f"in-band error events in the stream: {result.error_events}"
+    assert QUESTION["expect_substring"] in result.content, f"wrong streamed answer: {result.content!r}"
+    assert result.finish_reason == "stop"
+    assert result.ttft_s is not None and result.ttft_s > 0
+
+
+def test_stream_usage_agrees_with_streamed_text(ml4_target: Target, http_client: httpx.Client) -> None:
+    from pytest_ml4.probe import probe_chat_stream
+    from pytest_ml4.sim.tokenizer import SimTokenizer
+
+    body = _chat_body(ml4_target, "Write a one-sentence readiness check.", max_tokens=256, stream=True,
+                      stream_options={"include_usage": True})
+    result = probe_chat_stream(http_client, body)
+    usage = result.usage
+    assert usage, "no usage chunk although stream_options.include_usage was set"
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == usage["total_tokens"], f"usage: {usage}"
+    tok = SimTokenizer(ml4_target.engine.tokenizer_version)
+    seen = tok.count(result.reasoning) + tok.count(result.content)
+    assert abs(usage["completion_tokens"] - seen) <= USAGE_TOKEN_SLACK, (
+        f"completion_tokens {usage['completion_tokens']} but the streamed text re-tokenises to {seen} tokens "
+        f"(reasoning {len(result.reasoning)} chars, content {len(result.content)} chars)")
+    assert len(result.events) >= 3, "too few SSE events for a streamed answer"
+
+
+def _expect(target: Target, case: str) -> dict[str, Any]:
+    return DATA["errors"][target.serving.stack][case]
+
+
+def _check_error(resp: httpx.Response, expected: dict[str, Any], what: str) -> None:
+    statuses = expected["status"] if isinstance(expected["status"], list) else [expected["status"]]
+    assert resp.status_code in statuses, f"{what}: HTTP {resp.status_code} (expected {statuses}): {resp.text[:300]!r}"
+    body = decode_json(resp, what)
+    if "body" in expected:
+        assert body == expected["body"], f"{what}: body {body} != {expected['body']}"
+        return
+    err = body.get("error", body)
+    assert isinstance(err, dict), f"{what}: no error object in {body}"
+    message = str(err.get("message", ""))
+    assert expected["message_contains"] in message, f"{what}: message {message!r}"
+    for key in ("type", "param"):
+        if key in expected:
+            assert err.get(key) == expected[key], f"{what}: error.{key} is {err.get(key)!r}, expected {expected[key]!r}"
+    if "type" in expected:  # vLLM's error object: HTTP status repeated as an int code
+        assert err.get("code") == resp.status_code, f"{what}: error.code {err.get('code')!r}"
+
+
+def test_unknown_model_is_refused(ml4_target: Target, http_client: httpx.Client) -> None:
+    resp = http_client.post("/chat/completions",
+                            json={**_chat_body(ml4_target, "hi", max_tokens=8), "model": "no-such-model"})
+    _check_error(resp, _expect(ml4_target, "unknown_model"), "unknown model")
+
+
+def test_over_long_prompt_is_refused(ml4_target: Target, http_client: httpx.Client) -> None:
+    # "hello " is one Tekken token; 10% over max_model_len guarantees the prompt alone exceeds the context.
+    prompt = "hello " * int(ml4_target.engine.max_model_len * 1.1)
+    resp = http_client.post("/chat/completions", json=_chat_body(ml4_target, prompt, max_tokens=8), timeout=120)
+    _check_error(resp, _expect(ml4_target, "prompt_too_long"), "over-long prompt")
+
+
+def test_wrong_api_key_is_refused(ml4_target: Target, ml4_endpoint: Any) -> None:
+    if not ml4_target.endpoint.requires_api_key:
+        pytest.skip(f"target {ml4_target.name} requires no API key ({ml4_target.serving.stack})")
+    resp = httpx.post(ml4_endpoint.base_url + "/chat/completions", json=_chat_body(ml4_target, "hi", max_tokens=8),
+                      headers={"Authorization": "Bearer wrong-key-for-smoke-test"}, timeout=30)
+    _check_error(resp, _expect(ml4_target, "bad_api_key"), "wrong API key")
+
+
+def test_parallel_burst_all_succeed(ml4_target: Target, async_openai_client: Any) -> None:
+    burst = DATA["burst"]
+
+    async def one() -> str:
+        r = await async_openai_client.chat.completions.create(
+            **_chat_body(ml4_target, burst["prompt"], max_tokens=QUESTION["max_tokens"]))
+        return r.choices[0].message.content or ""
+
+    async def all_of_them() -> list[Any]:
+        return await asyncio.gather(*(one() for _ in range(burst["requests"])), return_exceptions=True)
+
+    answers = asyncio.run(all_of_them())
+    failures = [repr(a) for a in answers if isinstance(a, BaseException)]
+    assert not failures, f"{len(failures)}/{burst['requests']} parallel requests failed: {failures[:3]}"
+    wrong = [a for a in answers if burst["expect_substring"] not in a]
+    assert not wrong, f"wrong answers in the burst: {json.dumps(wrong)[:300]}"
