@@ -209,6 +209,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     state.ensure_run_dir()
     if state.use_sim and state.sim is None:
         _start_sim(state)
+    if _xdist_workers(session.config) and not state.use_sim and _needs_endpoint(session.config):
+        # Workers cannot stop the whole session cleanly, so the controller checks a live endpoint up front.
+        build_endpoint(state, None)
+
+
+def _xdist_workers(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "numprocesses", None)) and config.pluginmanager.hasplugin("xdist")
+
+
+def _needs_endpoint(config: pytest.Config) -> bool:
+    """Preflight-only runs lint files and need no endpoint."""
+    return (config.getoption("markexpr") or "").strip() != "preflight"
 
 
 class _XdistHooks:
@@ -335,19 +347,17 @@ class AttachedSim:
         return f"AttachedSim({self.url}, pid={self.pid})"
 
 
-@pytest.fixture(scope="session")
-def ml4_endpoint(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any) -> Any:
-    """Where the suites send requests; stops the session in seconds when it is unreachable."""
+def build_endpoint(state: Ml4State, sim: Any) -> Any:
+    """The Endpoint for the session, or ``pytest.exit`` with one line saying what is missing or unreachable."""
     from pytest_ml4.client import Endpoint, check_reachable
 
-    state = get_state(pytestconfig)
-    t = ml4_target
-    key_var = pytestconfig.getoption("ml4_api_key_env") or t.endpoint.api_key_env
-    if ml4_sim is not None:
-        base_url = ml4_sim.base_url
+    config, t = state.config, state.target
+    assert t is not None
+    key_var = config.getoption("ml4_api_key_env") or t.endpoint.api_key_env
+    if sim is not None:
+        base_url = sim.base_url
     else:
-        base_url = (pytestconfig.getoption("ml4_endpoint") or os.environ.get(t.endpoint.url_env)
-                    or t.endpoint.default_url)
+        base_url = config.getoption("ml4_endpoint") or os.environ.get(t.endpoint.url_env) or t.endpoint.default_url
         if not base_url:
             pytest.exit(f"ml4: target {t.name} has no endpoint: export {t.endpoint.url_env}=https://HOST/v1, "
                         f"pass --endpoint URL, or use --sim", returncode=4)
@@ -358,14 +368,20 @@ def ml4_endpoint(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any) 
     metrics_url = None
     if t.endpoint.metrics_url_env and os.environ.get(t.endpoint.metrics_url_env):
         metrics_url = os.environ[t.endpoint.metrics_url_env]
-    elif ml4_sim is not None:
-        metrics_url = ml4_sim.url + "/metrics"
+    elif sim is not None:
+        metrics_url = sim.url + "/metrics"
     ep = Endpoint(base_url=base_url, api_key=api_key or "", model=t.serving.served_model_name,
                   metrics_url=metrics_url, simulated=state.use_sim, proxy=t.has_proxy)
     problem = check_reachable(ep)
     if problem:
         pytest.exit(f"ml4: {problem}", returncode=3)
     return ep
+
+
+@pytest.fixture(scope="session")
+def ml4_endpoint(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any) -> Any:
+    """Where the suites send requests; stops the session in seconds when it is unreachable."""
+    return build_endpoint(get_state(pytestconfig), ml4_sim)
 
 
 @pytest.fixture(scope="session")
