@@ -1,0 +1,270 @@
+"""Typed readers of aiperf 0.13.0 exports: ``profile_export_aiperf.json`` (schema 1.4) and ``profile_export.jsonl``.
+
+Facts (aiperf.md §6, aiperf-0.13.0-exports/KEYS.md):
+
+* every metric is ``{"unit": str, <stat>: number, ...}``; a metric whose inputs are missing is *omitted*, never null,
+  so :meth:`ProfileExport.metric` returns ``None`` and :meth:`Metric.get` returns ``None`` for an absent stat: an
+  absent value is never turned into 0;
+* scalars (``request_count``, ``request_error_rate`` in **percent**, ...) carry only ``avg``;
+* ``error_request_count`` is omitted on clean runs; ``request_count`` counts successful requests only;
+* the per-request jsonl mixes warmup and profiling records: :func:`read_records` keeps the profiling phase by default.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SUMMARY_FILE = "profile_export_aiperf.json"
+RECORDS_FILE = "profile_export.jsonl"
+READY_FILE = ".aiperf_results_ready.json"
+LOG_FILE = "logs/aiperf.log"
+SCHEMA_VERSION = "1.4"
+
+
+class ExportError(ValueError):
+    """An export file is missing, unreadable or not the schema this reader knows."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric of the summary: its unit and whichever statistics aiperf wrote."""
+
+    name: str
+    unit: str
+    stats: Mapping[str, float]
+
+    def get(self, stat: str) -> float | None:
+        value = self.stats.get(stat)
+        return None if value is None else float(value)
+
+    def require(self, stat: str) -> float:
+        value = self.get(stat)
+        if value is None:
+            raise ExportError(f"metric {self.name} has no '{stat}' (has {sorted(self.stats)})")
+        return value
+
+    @property
+    def avg(self) -> float | None:
+        return self.get("avg")
+
+    @property
+    def p50(self) -> float | None:
+        return self.get("p50")
+
+    @property
+    def p99(self) -> float | None:
+        return self.get("p99")
+
+    @property
+    def min(self) -> float | None:
+        return self.get("min")
+
+    @property
+    def max(self) -> float | None:
+        return self.get("max")
+
+    @property
+    def std(self) -> float | None:
+        return self.get("std")
+
+    @property
+    def count(self) -> float | None:
+        return self.get("count")
+
+
+def _metrics_of(data: Mapping[str, Any]) -> dict[str, Metric]:
+    out: dict[str, Metric] = {}
+    for name, value in data.items():
+        if isinstance(value, dict) and "unit" in value:
+            stats = {k: v for k, v in value.items() if k != "unit" and isinstance(v, (int, float))
+                     and not isinstance(v, bool)}
+            out[name] = Metric(name=name, unit=str(value["unit"]), stats=stats)
+    return out
+
+
+@dataclass(frozen=True)
+class ErrorSummaryEntry:
+    code: int | None
+    type: str
+    message: str
+    count: int
+
+
+@dataclass(frozen=True)
+class ProfileExport:
+    """``profile_export_aiperf.json`` of one run."""
+
+    raw: Mapping[str, Any]
+    path: Path | None = None
+    metrics: Mapping[str, Metric] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], path: Path | None = None) -> "ProfileExport":
+        if not isinstance(data, Mapping):
+            raise ExportError(f"{path or 'export'}: top level is {type(data).__name__}, expected an object")
+        return cls(raw=data, path=path, metrics=_metrics_of(data))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ProfileExport":
+        p = Path(path)
+        if p.is_dir():
+            p = p / SUMMARY_FILE
+        if not p.is_file():
+            raise ExportError(f"no aiperf summary at {p}")
+        try:
+            data = json.loads(p.read_text())
+        except json.JSONDecodeError as err:
+            raise ExportError(f"{p}: not valid JSON ({err})") from None
+        return cls.from_dict(data, p)
+
+    # --- status ---------------------------------------------------------------------------------------------
+    @property
+    def schema_version(self) -> str | None:
+        return self.raw.get("schema_version")
+
+    @property
+    def aiperf_version(self) -> str | None:
+        return self.raw.get("aiperf_version")
+
+    @property
+    def benchmark_id(self) -> str | None:
+        return self.raw.get("benchmark_id")
+
+    @property
+    def is_complete(self) -> bool | None:
+        return self.raw.get("is_complete")
+
+    @property
+    def was_cancelled(self) -> bool | None:
+        return self.raw.get("was_cancelled")
+
+    @property
+    def incomplete_reason(self) -> str | None:
+        return self.raw.get("incomplete_reason")
+
+    @property
+    def start_time(self) -> str | None:
+        return self.raw.get("start_time")
+
+    @property
+    def end_time(self) -> str | None:
+        return self.raw.get("end_time")
+
+    @property
+    def input_config(self) -> Mapping[str, Any]:
+        return self.raw.get("input_config") or {}
+
+    @property
+    def cli_command(self) -> str | None:
+        return (self.raw.get("run_info") or {}).get("cli_command")
+
+    @property
+    def error_summary(self) -> list[ErrorSummaryEntry]:
+        out = []
+        for item in self.raw.get("error_summary") or []:
+            det = item.get("error_details") or {}
+            out.append(ErrorSummaryEntry(code=det.get("code"), type=str(det.get("type", "")),
+                                         message=str(det.get("message", "")), count=int(item.get("count", 0))))
+        return out
+
+    # --- metrics --------------------------------------------------------------------------------------------
+    def __contains__(self, name: object) -> bool:
+        return name in self.metrics
+
+    def metric(self, name: str) -> Metric | None:
+        return self.metrics.get(name)
+
+    def stat(self, name: str, stat: str) -> float | None:
+        """``stat`` of metric ``name``, or None when either is absent (never 0 for absent)."""
+        m = self.metrics.get(name)
+        return None if m is None else m.get(stat)
+
+    def scalar(self, name: str) -> float | None:
+        return self.stat(name, "avg")
+
+    def missing(self, names: Iterable[str]) -> list[str]:
+        return [n for n in names if n not in self.metrics]
+
+    @property
+    def warmup_metrics(self) -> dict[str, Metric]:
+        return _metrics_of(self.raw.get("warmup_metrics") or {})
+
+    @property
+    def request_error_rate_pct(self) -> float | None:
+        """Error rate in percent (aiperf's unit: 1.0 means 1 %)."""
+        return self.scalar("request_error_rate")
+
+    @property
+    def error_request_count(self) -> int:
+        """Failed requests; aiperf omits the key on clean runs, which here genuinely means zero."""
+        v = self.scalar("error_request_count")
+        return 0 if v is None else int(v)
+
+    @property
+    def request_count(self) -> int | None:
+        v = self.scalar("request_count")
+        return None if v is None else int(v)
+
+    @property
+    def extra_inputs(self) -> Mapping[str, Any]:
+        """The ``--extra-inputs`` as aiperf resolved them (``input_config.endpoint.extra``)."""
+        extra = (self.input_config.get("endpoint") or {}).get("extra") or {}
+        if isinstance(extra, list):  # some versions store [[k, v], ...]
+            return {k: v for k, v in extra}
+        return extra
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One line of ``profile_export.jsonl``."""
+
+    metadata: Mapping[str, Any]
+    metrics: Mapping[str, Mapping[str, Any]]
+    error: Mapping[str, Any] | None = None
+
+    @property
+    def phase(self) -> str | None:
+        return self.metadata.get("benchmark_phase")
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def value(self, name: str) -> Any:
+        """The metric's value (a number, or a list for ``inter_chunk_latency``), None when absent."""
+        m = self.metrics.get(name)
+        return None if m is None else m.get("value")
+
+    @property
+    def duration_s(self) -> float | None:
+        start, end = self.metadata.get("request_start_ns"), self.metadata.get("request_end_ns")
+        return None if start is None or end is None else (end - start) / 1e9
+
+
+def iter_records(path: str | Path, phase: str | None = "profiling") -> Iterator[RequestRecord]:
+    """Records of the jsonl; ``phase=None`` keeps every phase (warmup and profiling are mixed in the file)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / RECORDS_FILE
+    if not p.is_file():
+        raise ExportError(f"no aiperf per-request export at {p}")
+    with p.open() as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ExportError(f"{p}:{lineno}: not valid JSON ({err})") from None
+            rec = RequestRecord(metadata=obj.get("metadata") or {}, metrics=obj.get("metrics") or {},
+                                error=obj.get("error"))
+            if phase is None or rec.phase == phase:
+                yield rec
+
+
+def read_records(path: str | Path, phase: str | None = "profiling") -> list[RequestRecord]:
+    return list(iter_records(path, phase))

@@ -1,0 +1,49 @@
+"""Where the external tools the project installs live (``scripts/install.d/*.sh``).
+
+Everything sits under ``$ML4_TOOLS`` (default ``~/.cache/pytest-ml4``), keyed by version, so the suites find the
+same files the install step wrote. Each function returns a path and never installs anything; a missing tool is
+reported by :class:`ToolMissing` with the install command in its message.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+AIPERF_VERSION = "0.13.0"
+#: tiktoken names a cached encoding by the sha1 of its download URL (aiperf.md §2.1): o200k_base, the ``builtin``
+#: tokenizer of aiperf.
+O200K_CACHE_NAME = "fb374d419588a4632f3f557e76b4b70aebbca790"
+#: tiktoken's pinned sha256 of o200k_base (aiperf.md §2.1).
+O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
+
+
+class ToolMissing(RuntimeError):
+    """An external tool is not installed where the install step puts it."""
+
+
+def tools_dir() -> Path:
+    """Root of the installed tools: ``$ML4_TOOLS`` or ``~/.cache/pytest-ml4``."""
+    return Path(os.environ.get("ML4_TOOLS") or Path.home() / ".cache" / "pytest-ml4").expanduser()
+
+
+def aiperf_venv() -> Path:
+    """The aiperf venv (its own, ~1.2 GB, kept out of the project venv)."""
+    return tools_dir() / f"aiperf-{AIPERF_VERSION}"
+
+
+def aiperf_executable(required: bool = True) -> Path:
+    """Path of the ``aiperf`` CLI installed by ``scripts/install.d/10-aiperf.sh``."""
+    exe = aiperf_venv() / "bin" / "aiperf"
+    if required and not exe.is_file():
+        raise ToolMissing(f"aiperf {AIPERF_VERSION} not found at {exe}; run scripts/install.sh "
+                          f"(or bash scripts/install.d/10-aiperf.sh)")
+    return exe
+
+
+def tiktoken_cache_dir(required: bool = True) -> Path:
+    """The ``TIKTOKEN_CACHE_DIR`` holding the o200k_base encoding, seeded by the install step."""
+    cache = tools_dir() / "tiktoken-cache"
+    if required and not (cache / O200K_CACHE_NAME).is_file():
+        raise ToolMissing(f"tiktoken o200k_base cache not found in {cache}; run scripts/install.d/10-aiperf.sh")
+    return cache
