@@ -1,0 +1,84 @@
+"""Restart controller for a Dynamo deployment (DGD) on Kubernetes, through the official ``kubernetes`` client.
+
+Grove-managed DGDs are restarted by deleting their pods ("delete the pods directly and let Grove recreate them",
+dynamo.md §2). A restart deletes the pods of the chosen roles (``workers``, ``worker``, ``prefill``, ``decode``)
+and waits for: replacement pods Running and Ready, the DGD ``Ready`` condition True **and** ``state: successful``
+(dynamo.md §1.3), the frontend ``/health`` 200, and the model back in ``/v1/models``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kubernetes import client as k8s_client
+
+from pytest_ml4.control.base import Check, Controller, Progress, RestartError, health_check, model_listed_check
+from pytest_ml4.control.k8s import dgd_status, list_pods, pod_ready
+
+
+class KubernetesController(Controller):
+    """Delete the engine pods of one DGD and wait until the deployment serves again."""
+
+    kind = "kubernetes"
+
+    def __init__(self, api: k8s_client.ApiClient, namespace: str, dgd: str, *, frontend_url: str, base_url: str,
+                 model: str, roles: Sequence[str] = ("workers",), api_key: str | None = None,
+                 timeout_s: float = 2400.0) -> None:
+        super().__init__(timeout_s)
+        self.core = k8s_client.CoreV1Api(api)
+        self.custom = k8s_client.CustomObjectsApi(api)
+        self.namespace = namespace
+        self.dgd = dgd
+        self.roles = tuple(roles)
+        self.frontend_url = frontend_url
+        self.base_url = base_url
+        self.model = model
+        self._api_key = api_key
+        # role -> uids of the pods deleted by the last trigger
+        self._deleted: dict[str, set[str]] = {}
+
+    def describe(self) -> str:
+        return f"DGD {self.namespace}/{self.dgd} ({', '.join(self.roles)} pods)"
+
+    def pods(self, role: str = "all") -> list[Any]:
+        return list_pods(self.core, self.namespace, self.dgd, role)
+
+    def delete_pods(self, role: str) -> list[str]:
+        """Delete every pod of ``role``; returns their names. Nothing matched is an error, not a silent pass."""
+        pods = self.pods(role)
+        if not pods:
+            raise RestartError(f"no {role} pods found for DGD {self.namespace}/{self.dgd}")
+        self._deleted[role] = {p.metadata.uid for p in pods}
+        for pod in pods:
+            self.core.delete_namespaced_pod(pod.metadata.name, self.namespace)
+        return [p.metadata.name for p in pods]
+
+    def trigger(self, progress: Progress | None = None) -> dict[str, Any]:
+        self._deleted = {}
+        deleted = {role: self.delete_pods(role) for role in self.roles}
+        return {"deleted_pods": deleted}
+
+    def _replacements_ready(self) -> str | None:
+        problems: list[str] = []
+        for role, old in self._deleted.items():
+            pods = self.pods(role)
+            lingering = [p.metadata.name for p in pods if p.metadata.uid in old]
+            fresh = [p for p in pods if p.metadata.uid not in old]
+            ready = [p for p in fresh if pod_ready(p)]
+            if lingering:
+                problems.append(f"{role}: old pods still present {lingering}")
+            elif len(ready) < len(old):
+                problems.append(f"{role}: {len(ready)}/{len(old)} replacement pods ready "
+                                f"({', '.join(f'{p.metadata.name}={p.status.phase}' for p in fresh) or 'none yet'})")
+        return "; ".join(problems) or None
+
+    def _dgd_serving(self) -> str | None:
+        status = dgd_status(self.custom, self.namespace, self.dgd)
+        return None if status.serving else status.describe()
+
+    def ready_checks(self) -> list[tuple[str, Check]]:
+        return [("replacement pods Running and Ready", self._replacements_ready),
+                (f"DGD {self.dgd} Ready=True and state successful", self._dgd_serving),
+                ("frontend /health 200", health_check(self.frontend_url)),
+                (f"{self.model} in /v1/models", model_listed_check(self.base_url, self.model, self._api_key))]

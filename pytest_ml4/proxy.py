@@ -1,0 +1,271 @@
+"""A real LiteLLM proxy subprocess in front of an OpenAI-compatible backend (the simulator, in ``--sim`` runs).
+
+The RTX PRO deployment of seed 000 serves vLLM behind a LiteLLM proxy (``drop_params: true``, alias ``ml4``);
+open item 2 asks for retries so that an engine restart is not a client error. This module starts that proxy for
+real, with the config generated from the target's proxy file (``serving.proxy.config``) pointed at the backend,
+and either retry setting selectable:
+
+* ``num_retries`` (router retries, ``litellm_settings``): the setting that really retries 5xx and connection errors;
+  ``0`` is the only way to switch retries off (tooling.md §3.5);
+* ``max_retries`` (the deployment's ``litellm_params``): only quick reconnects inside the provider client.
+
+Works without pytest::
+
+    from pytest_ml4.proxy import LiteLLMProxy, ProxySettings
+    with LiteLLMProxy(ProxySettings.from_target(target, backend_base_url="http://127.0.0.1:9001/v1"),
+                      workdir=Path("run/proxy")) as proxy:
+        print(proxy.base_url)          # http://127.0.0.1:<port>/v1, key: the target's api_key_env
+
+Secrets: the proxy's master key and the backend key are referenced in the generated config as
+``os.environ/<VAR>`` (LiteLLM resolves them itself), so no key is written to the config, argv or a repr.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from pytest_ml4.targets import Target
+from pytest_ml4.tools import ToolMissing, tools_dir
+
+LITELLM_VERSION = "1.108.7"
+#: tooling.md §3.3: start-up took 10-29 s on 2 cores; "Allow >= 60 s for readiness in fixtures".
+DEFAULT_START_TIMEOUT_S = 90.0
+#: tooling.md §3.3: without these, ``import litellm`` tries to download the cost map and other files.
+OFFLINE_ENV: dict[str, str] = {
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS": "True",
+    "LITELLM_LOCAL_AUTOROUTER_PRESETS": "True",
+    "LITELLM_LOCAL_BLOG_POSTS": "True",
+    "LITELLM_LOCAL_POLICY_TEMPLATES": "True",
+    "LITELLM_TELEMETRY_DISABLED": "true",
+    "LITELLM_DONT_SHOW_FEEDBACK_BOX": "true",
+    "NO_PROXY": "127.0.0.1,localhost",
+    "no_proxy": "127.0.0.1,localhost",
+}
+#: Response header carrying the router's retry count on success (tooling.md §3.5; absent on errors).
+ATTEMPTED_RETRIES_HEADER = "x-litellm-attempted-retries"
+#: Variable the generated config names for the master key / backend key when the target names none.
+FALLBACK_KEY_ENV = "ML4_PROXY_KEY"
+
+
+class ProxyError(RuntimeError):
+    """The proxy could not be configured, did not start, or died; the message carries its log tail."""
+
+
+def litellm_venv() -> Path:
+    """The LiteLLM venv installed by ``scripts/install.d/40-litellm.sh``."""
+    return tools_dir() / f"litellm-{LITELLM_VERSION}"
+
+
+def litellm_executable(required: bool = True) -> Path:
+    exe = litellm_venv() / "bin" / "litellm"
+    if required and not exe.is_file():
+        raise ToolMissing(f"LiteLLM {LITELLM_VERSION} not found at {exe}; run scripts/install.sh "
+                          f"(or bash scripts/install.d/40-litellm.sh)")
+    return exe
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    """What the generated config says: where the backend is, the alias, the two retry settings."""
+
+    base_config: Path
+    backend_base_url: str
+    alias: str
+    backend_model: str
+    key_env: str
+    num_retries: int = 2
+    max_retries: int = 2
+    extra_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_target(cls, target: Target, backend_base_url: str, *, num_retries: int | None = None,
+                    max_retries: int | None = None) -> "ProxySettings":
+        """Settings from ``serving.proxy``; ``None`` keeps the target's retry values."""
+        proxy = target.serving.proxy
+        if proxy is None:
+            raise ProxyError(f"target {target.name} has no serving.proxy section")
+        backend_model = target.serving.engine_served_model_name or target.serving.served_model_name
+        return cls(base_config=target.resolve(proxy.config), backend_base_url=backend_base_url.rstrip("/"),
+                   alias=proxy.model_alias, backend_model=backend_model,
+                   key_env=target.endpoint.api_key_env or FALLBACK_KEY_ENV,
+                   num_retries=proxy.num_retries if num_retries is None else num_retries,
+                   max_retries=proxy.max_retries if max_retries is None else max_retries)
+
+    def with_retries(self, num_retries: int, max_retries: int | None = None) -> "ProxySettings":
+        return replace(self, num_retries=num_retries,
+                       max_retries=self.max_retries if max_retries is None else max_retries)
+
+
+def render_config(settings: ProxySettings) -> dict[str, Any]:
+    """The target's proxy config with the alias pointed at the backend and the chosen retry settings.
+
+    Every other setting of the file (``drop_params``, ``max_input_tokens``, timeouts) is kept as written.
+    """
+    try:
+        data = yaml.safe_load(settings.base_config.read_text())
+    except FileNotFoundError:
+        raise ProxyError(f"proxy config {settings.base_config} not found (serving.proxy.config)") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_list"), list):
+        raise ProxyError(f"proxy config {settings.base_config} has no model_list")
+    cfg = copy.deepcopy(data)
+    entries = [m for m in cfg["model_list"] if isinstance(m, dict) and m.get("model_name") == settings.alias]
+    if not entries:
+        raise ProxyError(f"proxy config {settings.base_config} has no model_list entry named {settings.alias!r}")
+    for entry in entries:
+        params = entry.setdefault("litellm_params", {})
+        # hosted_vllm/ is the provider the reference exercised; it passes vLLM extras such as min_tokens through.
+        params["model"] = f"hosted_vllm/{settings.backend_model}"
+        params["api_base"] = settings.backend_base_url
+        params["api_key"] = f"os.environ/{settings.key_env}"
+        params["max_retries"] = settings.max_retries
+    cfg.setdefault("litellm_settings", {})
+    cfg["litellm_settings"] = dict(cfg["litellm_settings"] or {}, num_retries=settings.num_retries)
+    general = dict(cfg.get("general_settings") or {})
+    general["master_key"] = f"os.environ/{settings.key_env}"
+    cfg["general_settings"] = general
+    return cfg
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LiteLLMProxy:
+    """Start/stop one LiteLLM proxy process on a free loopback port; ``.base_url`` is what clients use."""
+
+    def __init__(self, settings: ProxySettings, workdir: Path, *, env: Mapping[str, str] | None = None) -> None:
+        self.settings = settings
+        self.workdir = Path(workdir)
+        self._env = dict(env) if env is not None else None
+        self.port: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.config_file = self.workdir / "litellm-config.yaml"
+        self.log_file = self.workdir / "litellm.log"
+
+    def __repr__(self) -> str:
+        return (f"LiteLLMProxy(url={self.url if self.port else None!r}, pid={self.pid}, "
+                f"num_retries={self.settings.num_retries}, max_retries={self.settings.max_retries})")
+
+    # -- where it is
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise ProxyError("proxy not started")
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def num_retries(self) -> int:
+        return self.settings.num_retries
+
+    # -- life cycle
+    def start(self, timeout: float = DEFAULT_START_TIMEOUT_S) -> "LiteLLMProxy":
+        if self._proc is not None:
+            return self
+        exe = litellm_executable()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config_file.write_text(yaml.safe_dump(render_config(self.settings), sort_keys=False))
+        env = dict(os.environ if self._env is None else self._env)
+        env.update(OFFLINE_ENV)
+        env.update(self.settings.extra_env)
+        if not env.get(self.settings.key_env):
+            raise ProxyError(f"the proxy's key variable {self.settings.key_env} is not set")
+        self.port = free_port()
+        log = open(self.log_file, "ab")
+        try:
+            # Own session: stop() can end the proxy and anything it forked by the group id of this child.
+            self._proc = subprocess.Popen(
+                [str(exe), "--config", str(self.config_file), "--host", "127.0.0.1", "--port", str(self.port)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=self.workdir,
+                start_new_session=True)
+        finally:
+            log.close()
+        self._wait_live(timeout)
+        return self
+
+    def _wait_live(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                code = self._proc.returncode
+                self._proc = None
+                raise ProxyError(f"LiteLLM proxy exited with code {code} while starting; log tail:\n{self.log_tail()}")
+            try:
+                r = httpx.get(self.url + "/health/liveliness", timeout=2.0)
+                if r.status_code == 200:
+                    return
+                last = f"HTTP {r.status_code}"
+            except httpx.HTTPError as err:
+                last = type(err).__name__
+            time.sleep(0.25)
+        self.stop()
+        raise ProxyError(f"LiteLLM proxy not live on {self.url}/health/liveliness after {timeout:.0f} s "
+                         f"(last: {last}); log tail:\n{self.log_tail()}")
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=5)
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_file.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def __enter__(self) -> "LiteLLMProxy":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def attempted_retries(headers: Mapping[str, str]) -> int | None:
+    """The router's retry count from a successful response's headers (None when absent, e.g. on errors)."""
+    raw = headers.get(ATTEMPTED_RETRIES_HEADER)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None

@@ -1,0 +1,188 @@
+"""The fake Kubernetes API server, driven through the official ``kubernetes`` client like the plugin drives it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
+
+from pytest_ml4.control.k8s import api_client, dgd_status, list_pods, pod_ready
+from fake_k8s import LABEL_DGD, LABEL_TYPE, FakeKubeAPI, SelectorError, matches
+
+NS = "ml4"
+DGD = "dgd-a"
+# A process that announces its boot (with its pid) in its log, then idles: enough to see restarts and logs.
+BOOT = "import os, time; print(f'boot pid={os.getpid()}', flush=True); time.sleep(600)"
+
+
+class ProcBackend:
+    """A real child process writing to a log file, restartable like a pod's container."""
+
+    def __init__(self, log_file: Path, boot_delay: float = 0.0) -> None:
+        self.log_file = log_file
+        self.boot_delay = boot_delay
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        with open(self.log_file, "ab") as fh:
+            self.proc = subprocess.Popen([sys.executable, "-c", BOOT], stdout=fh, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while f"pid={self.proc.pid}" not in self.log_file.read_text() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(5)
+
+    def restart(self) -> None:
+        self.stop()
+        time.sleep(self.boot_delay)
+        self.start()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@pytest.fixture()
+def cluster(tmp_path: Path) -> Iterator[tuple[FakeKubeAPI, dict[str, ProcBackend]]]:
+    api = FakeKubeAPI()
+    backends = {role: ProcBackend(tmp_path / f"{role}.log", boot_delay=0.3) for role in ("frontend", "prefill",
+                                                                                        "decode")}
+    api.add_dgd(NS, DGD, {"components": [{"name": r, "type": r, "replicas": 1} for r in backends]})
+    for role, b in backends.items():
+        api.add_pod(NS, role.title(), {LABEL_DGD: DGD, LABEL_TYPE: role}, {"main": b})
+    api.add_pod(NS, "Other", {LABEL_DGD: "other", LABEL_TYPE: "decode", "legacy": "x"},
+                {"main": ProcBackend(tmp_path / "other.log")})
+    api.start()
+    try:
+        yield api, backends
+    finally:
+        api.wait_settled()
+        api.stop()
+        for p in api.pods.values():
+            for c in p.containers:
+                c.backend.stop()  # type: ignore[attr-defined]
+
+
+def _core(api: FakeKubeAPI) -> k8s.CoreV1Api:
+    return k8s.CoreV1Api(api_client(api.url))
+
+
+def _names(core: k8s.CoreV1Api, selector: str) -> list[str]:
+    return sorted(p.metadata.labels[LABEL_TYPE] + "@" + p.metadata.labels[LABEL_DGD]
+                  for p in core.list_namespaced_pod(NS, label_selector=selector).items)
+
+
+def test_label_selectors_filter_like_kubernetes(cluster: tuple[FakeKubeAPI, dict]) -> None:
+    core = _core(cluster[0])
+    assert _names(core, f"{LABEL_DGD}={DGD}") == ["decode@dgd-a", "frontend@dgd-a", "prefill@dgd-a"]
+    assert _names(core, f"{LABEL_DGD}=={DGD},{LABEL_TYPE}=prefill") == ["prefill@dgd-a"]
+    assert _names(core, f"{LABEL_TYPE} in (prefill, decode)") == ["decode@dgd-a", "decode@other", "prefill@dgd-a"]
+    assert _names(core, f"{LABEL_TYPE} notin (prefill,decode)") == ["frontend@dgd-a"]
+    assert _names(core, f"{LABEL_TYPE}!=decode,{LABEL_DGD}") == ["frontend@dgd-a", "prefill@dgd-a"]
+    assert _names(core, "!legacy") == ["decode@dgd-a", "frontend@dgd-a", "prefill@dgd-a"]
+    assert _names(core, "legacy") == ["decode@other"]
+    assert _names(core, f"{LABEL_DGD}=nothing") == []
+
+
+def test_bad_selector_is_a_400_status() -> None:
+    with pytest.raises(SelectorError):
+        matches("a in b", {})
+    api = FakeKubeAPI().start()
+    try:
+        with pytest.raises(ApiException) as err:
+            _core(api).list_namespaced_pod(NS, label_selector="a in b")
+        assert err.value.status == 400
+    finally:
+        api.stop()
+
+
+def test_missing_objects_are_404_status_bodies(cluster: tuple[FakeKubeAPI, dict]) -> None:
+    api, _ = cluster
+    core = _core(api)
+    with pytest.raises(ApiException) as err:
+        core.read_namespaced_pod("nope", NS)
+    assert err.value.status == 404 and '"reason":"NotFound"' in err.value.body.replace(" ", "")
+    with pytest.raises(ApiException) as err:
+        k8s.CustomObjectsApi(api_client(api.url)).get_namespaced_custom_object(
+            "nvidia.com", "v1beta1", NS, "dynamographdeployments", "nope")
+    assert err.value.status == 404
+
+
+def test_delete_replaces_pod_restarts_process_and_flips_dgd_readiness(
+        cluster: tuple[FakeKubeAPI, dict]) -> None:
+    api, backends = cluster
+    client = api_client(api.url)
+    core, custom = k8s.CoreV1Api(client), k8s.CustomObjectsApi(client)
+    assert dgd_status(custom, NS, DGD).serving
+    (old,) = list_pods(core, NS, DGD, "prefill")
+    old_pid = backends["prefill"].proc.pid
+    core.delete_namespaced_pod(old.metadata.name, NS)
+    seen_states = set()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        status = dgd_status(custom, NS, DGD)
+        seen_states.add((status.state, status.ready))
+        pods = list_pods(core, NS, DGD, "prefill")
+        if status.serving and pods and pods[0].metadata.uid != old.metadata.uid and pod_ready(pods[0]):
+            break
+        time.sleep(0.05)
+    assert ("pending", "False") in seen_states
+    (new,) = list_pods(core, NS, DGD, "prefill")
+    assert new.metadata.name != old.metadata.name and new.metadata.uid != old.metadata.uid
+    assert dgd_status(custom, NS, DGD).serving
+    new_pid = backends["prefill"].proc.pid
+    assert new_pid != old_pid
+    log = core.read_namespaced_pod_log(new.metadata.name, NS, container="main")
+    assert f"boot pid={new_pid}" in log and f"pid={old_pid}" not in log
+    with pytest.raises(ApiException) as err:
+        core.read_namespaced_pod(old.metadata.name, NS)
+    assert err.value.status == 404
+
+
+def test_crashed_container_restarts_in_place_with_previous_log(cluster: tuple[FakeKubeAPI, dict]) -> None:
+    api, backends = cluster
+    core = _core(api)
+    (pod,) = list_pods(core, NS, DGD, "decode")
+    with pytest.raises(ApiException) as err:
+        core.read_namespaced_pod_log(pod.metadata.name, NS, previous=True)
+    assert err.value.status == 400 and "previous terminated container" in err.value.body
+    old_pid = backends["decode"].proc.pid
+    os.kill(old_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        pod = core.read_namespaced_pod(pod.metadata.name, NS)
+        if pod.status.container_statuses[0].restart_count == 1 and pod_ready(pod):
+            break
+        time.sleep(0.05)
+    assert pod.status.container_statuses[0].restart_count == 1
+    previous = core.read_namespaced_pod_log(pod.metadata.name, NS, previous=True)
+    current = core.read_namespaced_pod_log(pod.metadata.name, NS)
+    assert f"pid={old_pid}" in previous and f"pid={old_pid}" not in current
+    assert f"pid={backends['decode'].proc.pid}" in current
+
+
+def test_log_since_seconds_and_tail_lines(cluster: tuple[FakeKubeAPI, dict], tmp_path: Path) -> None:
+    api, backends = cluster
+    core = _core(api)
+    (pod,) = list_pods(core, NS, DGD, "frontend")
+    time.sleep(1.2)
+    with open(backends["frontend"].log_file, "a") as fh:
+        fh.write("late one\nlate two\n")
+    time.sleep(0.3)
+    recent = core.read_namespaced_pod_log(pod.metadata.name, NS, since_seconds=1)
+    assert recent == "late one\nlate two\n"
+    assert core.read_namespaced_pod_log(pod.metadata.name, NS, tail_lines=1) == "late two\n"
+    assert "boot pid=" in core.read_namespaced_pod_log(pod.metadata.name, NS)
+    stamped = core.read_namespaced_pod_log(pod.metadata.name, NS, tail_lines=1, timestamps=True)
+    assert stamped.endswith("Z late two\n")
