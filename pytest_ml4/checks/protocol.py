@@ -1,0 +1,175 @@
+"""Protocol-level checks: control tokens, stream grammar, streamed == non-streamed, vLLM error bodies.
+
+Control tokens are Mistral tokenizer specials that the reasoning and tool parsers must consume (reference
+``vllm.md`` §3, §4.2, §3.1): when one reaches a client-visible field, the failure names the parser or layer
+that let it through.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from pytest_ml4.client import decode_json, quote_body
+from pytest_ml4.probe import StreamResult
+
+#: Each Mistral control token and the defect its appearance in client-visible output means.
+CONTROL_TOKENS: dict[str, str] = {
+    "[THINK]": "reasoning parser off",
+    "[/THINK]": "reasoning parser off",
+    "[TOOL_CALLS]": "tool parser off",
+    "[ARGS]": "tool parser off",
+    "[CALL_ID]": "tool parser off",
+    "[MODEL_SETTINGS]": "model-settings block leaked (tokenizer/chat-template mismatch)",
+    "[/MODEL_SETTINGS]": "model-settings block leaked (tokenizer/chat-template mismatch)",
+}
+
+
+def _excerpt(text: str, at: int, width: int = 60) -> str:
+    lo = max(0, at - width)
+    return repr(("..." if lo else "") + text[lo: at + width] + ("..." if at + width < len(text) else ""))
+
+
+def visible_fields(message: Mapping[str, Any]) -> dict[str, str]:
+    """Every client-visible string of an assistant message (non-streaming shape or :meth:`StreamResult.message`)."""
+    out: dict[str, str] = {}
+    for key in ("content", "reasoning", "reasoning_content", "refusal"):
+        if isinstance(message.get(key), str):
+            out[key] = message[key]
+    for i, call in enumerate(message.get("tool_calls") or []):
+        fn = call.get("function") or {}
+        for key in ("name", "arguments"):
+            if isinstance(fn.get(key), str):
+                out[f"tool_calls[{i}].function.{key}"] = fn[key]
+        if isinstance(call.get("id"), str):
+            out[f"tool_calls[{i}].id"] = call["id"]
+    return out
+
+
+def control_token_leaks(fields: Mapping[str, str]) -> list[str]:
+    """One message per leaked token, e.g. ``reasoning parser off: '[THINK]' leaked into content: '...'``."""
+    found: list[str] = []
+    for name, text in fields.items():
+        for token, defect in CONTROL_TOKENS.items():
+            at = text.find(token)
+            if at >= 0:
+                found.append(f"{defect}: {token!r} leaked into {name}: {_excerpt(text, at)}")
+    return found
+
+
+def assert_no_control_tokens(message: Mapping[str, Any], where: str) -> None:
+    leaks = control_token_leaks(visible_fields(message))
+    assert not leaks, f"{where}: " + "; ".join(leaks)
+
+
+def assert_stream_clean(result: StreamResult, where: str = "stream") -> None:
+    """HTTP 200, no grammar violation, no in-band error; the message lists every problem found."""
+    assert result.status_code == 200, f"{where}: HTTP {result.status_code}: {quote_body(result.http_error_text or '')}"
+    problems = list(result.violations)
+    assert not problems, f"{where}: stream grammar violated: " + "; ".join(problems)
+
+
+@dataclass
+class Assembled:
+    """What a client ends up with, normalised so a streamed and a non-streamed answer compare equal.
+
+    ``None`` and ``""`` are the same for content/reasoning (the stream's role chunk always carries
+    ``content: ""``, the non-streamed tool-call message has ``content: null``); ids are not compared (each
+    request gets fresh ones).
+    """
+
+    content: str
+    reasoning: str
+    tool_calls: list[tuple[str, str]] = field(default_factory=list)
+    tool_ids: list[str | None] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    @classmethod
+    def from_message(cls, message: Mapping[str, Any], finish_reason: str | None = None) -> "Assembled":
+        reasoning = message.get("reasoning")
+        if reasoning is None:
+            reasoning = message.get("reasoning_content")  # vLLM <= 0.11 name
+        calls = message.get("tool_calls") or []
+        return cls(content=message.get("content") or "", reasoning=reasoning or "",
+                   tool_calls=[((c.get("function") or {}).get("name") or "",
+                                (c.get("function") or {}).get("arguments") or "") for c in calls],
+                   tool_ids=[c.get("id") for c in calls], finish_reason=finish_reason)
+
+    @classmethod
+    def from_completion(cls, completion: Any) -> "Assembled":
+        """From an openai SDK ``ChatCompletion`` (or its ``model_dump()``), first choice."""
+        body = completion if isinstance(completion, Mapping) else completion.model_dump()
+        choice = body["choices"][0]
+        return cls.from_message(choice["message"], choice.get("finish_reason"))
+
+    @classmethod
+    def from_stream(cls, result: StreamResult) -> "Assembled":
+        return cls.from_message(result.message(), result.finish_reason)
+
+    def differences(self, other: "Assembled") -> list[str]:
+        """Human-readable differences (self = streamed, other = non-streamed by convention)."""
+        out = []
+        for key in ("content", "reasoning", "finish_reason"):
+            a, b = getattr(self, key), getattr(other, key)
+            if a != b:
+                out.append(f"{key}: streamed {quote_body(str(a))} vs non-streamed {quote_body(str(b))}")
+        if [n for n, _ in self.tool_calls] != [n for n, _ in other.tool_calls]:
+            out.append(f"tool names: streamed {[n for n, _ in self.tool_calls]} vs "
+                       f"non-streamed {[n for n, _ in other.tool_calls]}")
+        else:
+            for i, ((_, a), (_, b)) in enumerate(zip(self.tool_calls, other.tool_calls)):
+                if a != b:
+                    out.append(f"tool_calls[{i}].arguments: streamed {quote_body(a)} vs non-streamed {quote_body(b)}")
+        return out
+
+
+def assert_stream_equals_non_stream(streamed: Assembled, whole: Assembled) -> None:
+    diffs = streamed.differences(whole)
+    assert not diffs, "streamed assembly differs from the non-streamed answer: " + "; ".join(diffs)
+
+
+def error_message(body: Any) -> str:
+    """The message of an error body in any of the shapes met: vLLM ``{"error": {...}}``, vLLM <= 0.10 flat
+    ``{"object": "error", "message": ...}``, vLLM's auth middleware ``{"error": "Unauthorized"}``, LiteLLM."""
+    if isinstance(body, Mapping):
+        err = body.get("error", body)
+        if isinstance(err, Mapping):
+            return str(err.get("message", ""))
+        return str(err)
+    return str(body)
+
+
+def assert_rejected(resp: httpx.Response | StreamResult, status: int, message_contains: str, what: str) -> None:
+    """The request was refused with ``status`` and a JSON error whose message contains ``message_contains``.
+
+    A proxy (LiteLLM) wraps vLLM's error JSON as text inside its own message, so a substring check holds
+    across stacks; the status must match exactly.
+    """
+    if isinstance(resp, StreamResult):
+        code, text = resp.status_code, resp.http_error_text or ""
+        if code == 200:
+            raise AssertionError(f"{what}: accepted (HTTP 200, streamed {resp.describe()}); expected HTTP {status} "
+                                 f"with {message_contains!r}")
+        body: Any = resp.http_error if resp.http_error is not None else decode_json(_fake(resp), what)
+    else:
+        code, text = resp.status_code, resp.text
+        body = decode_json(resp, what) if code != 200 else None
+        if code == 200:
+            raise AssertionError(f"{what}: accepted (HTTP 200): {quote_body(text)}; expected HTTP {status} "
+                                 f"with {message_contains!r}")
+    assert code == status, f"{what}: HTTP {code}, expected {status}: {quote_body(text)}"
+    message = error_message(body)
+    if message_contains not in message:
+        # LiteLLM may escape the wrapped JSON; look in the raw text too before failing.
+        assert message_contains in text or message_contains in json.dumps(body), (
+            f"{what}: error message {quote_body(message)} does not contain {message_contains!r}")
+
+
+def _fake(result: StreamResult) -> httpx.Response:
+    return httpx.Response(result.status_code or 0, text=result.http_error_text or "",
+                          headers={"content-type": result.headers.get("content-type", "")},
+                          request=httpx.Request("POST", result.url or "http://unknown/"))

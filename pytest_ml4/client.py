@@ -1,0 +1,216 @@
+"""Client side of the suite: the endpoint description and the HTTP/OpenAI clients built from it.
+
+Works without pytest::
+
+    from pytest_ml4.client import Endpoint, make_openai, make_httpx, check_reachable
+    ep = Endpoint(base_url="http://127.0.0.1:8000/v1", api_key="...", model="mistral-large-4")
+    problem = check_reachable(ep)          # None, or one line naming the URL and the error
+    oai = make_openai(ep)                  # openai SDK, max_retries=0: the suite sees what the endpoint does
+    http = make_httpx(ep)                  # httpx.Client with base_url + bearer auth (stream probe, raw checks)
+
+The API key is held only on :class:`Endpoint` and in the clients' auth headers; it never appears in a repr,
+``str()``, log line or error message produced here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import openai
+
+#: Connect timeout: an unreachable endpoint must be reported within seconds, not minutes.
+CONNECT_TIMEOUT_S = 5.0
+#: Read timeout: long enough for a 4096-token generation queued behind a saturated batch (the seed saw TTFT p99
+#: of 155 s at c32 plus ~130 s of decode at 32 tok/s), short enough that a hung stream still ends the test.
+READ_TIMEOUT_S = 600.0
+#: How much of an unexpected body is quoted in an error message.
+QUOTE_CHARS = 200
+
+
+class EndpointConfigError(ValueError):
+    """The endpoint cannot be described (missing URL or API-key variable); the message is one line."""
+
+
+class BadResponseError(AssertionError):
+    """The endpoint answered something that is not the JSON it should be; the message quotes what came back.
+
+    A subclass of AssertionError so a test that hits it is reported as *failed* with this message.
+    """
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the suite talks to: an OpenAI-compatible base URL ending in ``/v1``, the key, the model name."""
+
+    base_url: str
+    api_key: str | None = field(default=None, repr=False)
+    model: str = "mistral-large-4"
+    metrics_url: str | None = None
+    simulated: bool = False
+    proxy: bool = False
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not self.base_url.rstrip("/").endswith("/v1"):
+            raise EndpointConfigError(f"endpoint base URL must end in /v1, got {_strip_userinfo(self.base_url)}")
+        object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
+
+    def __repr__(self) -> str:
+        # Header *names* only: extra headers may carry tokens too.
+        return (f"Endpoint(base_url={_strip_userinfo(self.base_url)!r}, model={self.model!r}, "
+                f"metrics_url={self.metrics_url!r}, simulated={self.simulated}, proxy={self.proxy}, "
+                f"api_key={'<set>' if self.api_key else None}, headers={sorted(self.headers)})")
+
+    __str__ = __repr__
+
+    @property
+    def root_url(self) -> str:
+        """The server root (base URL without ``/v1``), where vLLM serves ``/health``, ``/metrics``, ``/version``."""
+        return self.base_url[: -len("/v1")]
+
+    @property
+    def effective_metrics_url(self) -> str:
+        return self.metrics_url or f"{self.root_url}/metrics"
+
+    def host_for_display(self) -> str:
+        """``scheme://host:port`` without credentials, path or query: safe for report headers."""
+        parts = urlsplit(self.base_url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+        return f"{parts.scheme}://{host}{port}"
+
+    def auth_headers(self) -> dict[str, str]:
+        out = dict(self.headers)
+        if self.api_key:
+            out["Authorization"] = f"Bearer {self.api_key}"
+        return out
+
+
+def _strip_userinfo(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc += f":{parts.port}"
+    return parts._replace(netloc=netloc).geturl()
+
+
+def display_url(url: str) -> str:
+    """A URL fit for a message: no userinfo, no query string (keys sometimes travel as ``?api_key=``)."""
+    return _strip_userinfo(url).split("?", 1)[0]
+
+
+def _timeouts(read: float | None) -> tuple[float, float]:
+    return CONNECT_TIMEOUT_S, READ_TIMEOUT_S if read is None else read
+
+
+def make_openai(ep: Endpoint, timeout: float | None = None) -> openai.OpenAI:
+    """A synchronous openai SDK client; ``max_retries=0`` so retries never hide a flaky endpoint."""
+    connect, read = _timeouts(timeout)
+    return openai.OpenAI(base_url=ep.base_url, api_key=ep.api_key or "EMPTY", max_retries=0,
+                         timeout=openai.Timeout(read, connect=connect), default_headers=dict(ep.headers) or None)
+
+
+def make_async_openai(ep: Endpoint, timeout: float | None = None) -> openai.AsyncOpenAI:
+    """The asyncio twin of :func:`make_openai` (bursts of parallel requests)."""
+    connect, read = _timeouts(timeout)
+    return openai.AsyncOpenAI(base_url=ep.base_url, api_key=ep.api_key or "EMPTY", max_retries=0,
+                              timeout=openai.Timeout(read, connect=connect),
+                              default_headers=dict(ep.headers) or None)
+
+
+def _httpx_timeout(timeout: float | None) -> httpx.Timeout:
+    connect, read = _timeouts(timeout)
+    return httpx.Timeout(read, connect=connect)
+
+
+def make_httpx(ep: Endpoint, timeout: float | None = None) -> httpx.Client:
+    """An httpx client rooted at the base URL (``http.post("/chat/completions", ...)``) with bearer auth."""
+    return httpx.Client(base_url=ep.base_url + "/", headers=ep.auth_headers(), timeout=_httpx_timeout(timeout))
+
+
+def make_async_httpx(ep: Endpoint, timeout: float | None = None) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=ep.base_url + "/", headers=ep.auth_headers(),
+                             timeout=_httpx_timeout(timeout))
+
+
+def check_reachable(ep: Endpoint, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
+    """None when something answers HTTP at the endpoint, else one line naming the URL and the error.
+
+    Any HTTP status counts as reachable (a 401 or 404 is the tests' business); only transport failures
+    (refused, DNS, TLS, timeout) are reported, so the plugin can stop the session instead of failing every test.
+    """
+    url = f"{ep.base_url}/models"
+    try:
+        with httpx.Client(timeout=httpx.Timeout(timeout), headers=ep.auth_headers()) as http:
+            http.get(url)
+    except httpx.HTTPError as err:
+        return f"endpoint {display_url(url)} is unreachable: {type(err).__name__}: {_one_line(str(err)) or 'no detail'}"
+    return None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def quote_body(text: str | bytes, limit: int = QUOTE_CHARS) -> str:
+    """The first ``limit`` characters of a body, on one line, marked when cut."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    flat = _one_line(text)
+    return repr(flat[:limit] + ("..." if len(flat) > limit else ""))
+
+
+def decode_json(resp: httpx.Response, what: str = "response") -> Any:
+    """``resp.json()``, or a :class:`BadResponseError` quoting what came back (HTML error page, truncated JSON)."""
+    ctype = resp.headers.get("content-type", "")
+    try:
+        return json.loads(resp.text)
+    except ValueError:
+        raise BadResponseError(
+            f"{what} from {display_url(str(resp.request.url))} is not JSON (HTTP {resp.status_code}, "
+            f"content-type {ctype or 'none'}): {quote_body(resp.text)}") from None
+
+
+def explain_openai_error(err: BaseException) -> str:
+    """One line for an openai SDK exception, quoting the body the server sent (never the request headers)."""
+    if isinstance(err, openai.APIStatusError):
+        try:
+            body = err.response.text
+        except Exception:  # a streamed response whose body was already consumed
+            body = str(err.body)
+        return f"HTTP {err.status_code} {type(err).__name__}: {quote_body(body)}"
+    if isinstance(err, openai.APIResponseValidationError):
+        return f"malformed response ({type(err).__name__}): {quote_body(err.response.text)}"
+    if isinstance(err, openai.APIConnectionError):
+        cause = err.__cause__
+        return f"{type(err).__name__}: {err}" + (f" ({type(cause).__name__}: {_one_line(str(cause))})" if cause else "")
+    return f"{type(err).__name__}: {_one_line(str(err))}"
+
+
+def endpoint_from_env(*, url_env: str, model: str, api_key_env: str | None = None, requires_api_key: bool = False,
+                      metrics_url_env: str | None = None, proxy: bool = False,
+                      env: Mapping[str, str] | None = None, url: str | None = None,
+                      default_url: str | None = None) -> Endpoint:
+    """Build an :class:`Endpoint` from the environment variable *names* a target records.
+
+    Raises :class:`EndpointConfigError` with one line (naming the variable, never a value) when the URL or a
+    required key is missing.
+    """
+    env = os.environ if env is None else env
+    base = url or env.get(url_env) or default_url
+    if not base:
+        raise EndpointConfigError(f"no endpoint URL: set {url_env} (or pass --endpoint)")
+    key = env.get(api_key_env) if api_key_env else None
+    if requires_api_key and not key:
+        raise EndpointConfigError(
+            f"the target requires an API key but {api_key_env or '(no api_key_env in the target)'} is not set")
+    metrics = env.get(metrics_url_env) if metrics_url_env else None
+    return Endpoint(base_url=base, api_key=key, model=model, metrics_url=metrics or None, proxy=proxy)
