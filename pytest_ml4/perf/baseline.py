@@ -1,0 +1,165 @@
+"""Stored perf baselines (``fixtures/baselines/*.json``) and regression comparison.
+
+A baseline holds, per concurrency, the figures of :class:`pytest_ml4.perf.figures.PointFigures` plus the
+conditions it was measured under and a relative tolerance per figure. Comparison is direction-aware (throughput
+lower is worse, latency higher is worse) and in the spirit of pytest-benchmark's ``--benchmark-compare-fail``:
+``parse_compare_fail("itl_p50_ms:10%,tok_s_user:5%")`` gives thresholds that fail a run on a regression larger than
+the given percentage. A short run (other OSL or duration than the baseline's) is compared only on the figures that
+do not depend on the run length (``short_run_metrics``: per-token rates).
+
+File layout::
+
+    {"name", "provenance": {...}, "conditions": {"isl", "osl", "duration_s", ...},
+     "tolerances": {figure: fraction}, "ttft_value_max_concurrency": int, "short_run_metrics": [figure, ...],
+     "points": [{"concurrency": int, figure: number, ...}, ...]}
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_ml4.perf.figures import DIRECTION, PointFigures
+
+TTFT_FIGURES = ("ttft_p50_s", "ttft_p99_s")
+
+
+class BaselineError(ValueError):
+    """A baseline file is missing or malformed."""
+
+
+@dataclass(frozen=True)
+class Baseline:
+    name: str
+    points: Mapping[int, Mapping[str, float]]
+    tolerances: Mapping[str, float]
+    conditions: Mapping[str, Any] = field(default_factory=dict)
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+    ttft_value_max_concurrency: int | None = None
+    short_run_metrics: tuple[str, ...] = ()
+    path: Path | None = None
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Baseline":
+        p = Path(path)
+        if not p.is_file():
+            raise BaselineError(f"baseline not found: {p}")
+        try:
+            data = json.loads(p.read_text())
+            points = {int(pt["concurrency"]): {k: float(v) for k, v in pt.items() if k != "concurrency"
+                                                and isinstance(v, (int, float))}
+                      for pt in data["points"]}
+            return cls(name=str(data.get("name", p.stem)), points=points,
+                       tolerances={k: float(v) for k, v in (data.get("tolerances") or {}).items()},
+                       conditions=data.get("conditions") or {}, provenance=data.get("provenance") or {},
+                       ttft_value_max_concurrency=data.get("ttft_value_max_concurrency"),
+                       short_run_metrics=tuple(data.get("short_run_metrics") or ()), path=p)
+        except (KeyError, TypeError, ValueError) as err:
+            raise BaselineError(f"malformed baseline {p}: {err}") from None
+
+    def same_conditions(self, osl: int | None, duration_s: float | None) -> bool:
+        """Whether a run is comparable figure by figure (same OSL and window as the baseline)."""
+        return osl == self.conditions.get("osl") and duration_s == self.conditions.get("duration_s")
+
+    def comparable_figures(self, concurrency: int, full_run: bool) -> list[str]:
+        names = list(self.tolerances) if full_run else [m for m in self.short_run_metrics if m in self.tolerances]
+        if self.ttft_value_max_concurrency is not None and concurrency > self.ttft_value_max_concurrency:
+            names = [n for n in names if n not in TTFT_FIGURES]  # queueing: compared by shape elsewhere
+        return [n for n in names if n in self.points.get(concurrency, {})]
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """One figure against the baseline."""
+
+    concurrency: int
+    figure: str
+    measured: float
+    baseline: float
+    limit: float                # allowed relative change in the bad direction (0.1 = 10 %)
+
+    @property
+    def change(self) -> float:
+        """Signed relative change, measured vs baseline."""
+        return (self.measured - self.baseline) / self.baseline if self.baseline else 0.0
+
+    @property
+    def regression(self) -> float:
+        """How much worse (positive) or better (negative) than the baseline, relative."""
+        return self.change * -DIRECTION.get(self.figure, -1)
+
+    @property
+    def within_band(self) -> bool:
+        """Within ±limit either way (calibration: the simulator must match, not merely beat, the seed)."""
+        return abs(self.change) <= self.limit + 1e-9
+
+    @property
+    def regressed(self) -> bool:
+        return self.regression > self.limit + 1e-9
+
+    def describe(self) -> str:
+        return (f"c{self.concurrency} {self.figure}: {self.measured:.4g} vs baseline {self.baseline:.4g} "
+                f"({self.change:+.1%}, limit {self.limit:.0%})")
+
+
+def compare(points: Iterable[PointFigures], baseline: Baseline, *, full_run: bool,
+            tolerances: Mapping[str, float] | None = None) -> list[Deviation]:
+    """Deviations of every comparable figure; ``tolerances`` overrides the baseline's."""
+    tol = dict(baseline.tolerances)
+    if tolerances:
+        tol.update(tolerances)
+    out: list[Deviation] = []
+    for fig in points:
+        ref = baseline.points.get(fig.concurrency)
+        if ref is None:
+            continue
+        names = baseline.comparable_figures(fig.concurrency, full_run)
+        names += [n for n in (tolerances or {}) if n not in names and n in ref]
+        for name in names:
+            measured = fig.get(name)
+            if measured is None or name not in tol:
+                continue
+            out.append(Deviation(fig.concurrency, name, measured, ref[name], tol[name]))
+    return out
+
+
+_FAIL_EXPR = re.compile(r"^\s*([a-z0-9_]+)\s*:\s*([0-9.]+)\s*%\s*$")
+
+
+def parse_compare_fail(expr: str | Sequence[str] | None) -> dict[str, float]:
+    """``"itl_p50_ms:10%,tok_s_user:5%"`` -> ``{"itl_p50_ms": 0.10, "tok_s_user": 0.05}``."""
+    if not expr:
+        return {}
+    items = expr.split(",") if isinstance(expr, str) else [e for x in expr for e in x.split(",")]
+    out: dict[str, float] = {}
+    for item in items:
+        if not item.strip():
+            continue
+        m = _FAIL_EXPR.match(item)
+        if not m or m.group(1) not in DIRECTION:
+            raise BaselineError(f"bad --perf-compare-fail item '{item}': use FIGURE:N% with FIGURE one of "
+                                f"{', '.join(sorted(DIRECTION))}")
+        out[m.group(1)] = float(m.group(2)) / 100.0
+    return out
+
+
+def save_baseline(path: str | Path, name: str, points: Iterable[PointFigures], conditions: Mapping[str, Any],
+                  tolerances: Mapping[str, float], provenance: Mapping[str, Any]) -> Path:
+    """Write a sweep as a baseline file (``--perf-save``)."""
+    keep = ("requests", "out_tok_s", "tok_s_user", "tok_s_user_p50", "ttft_p50_s", "ttft_p99_s", "itl_p50_ms",
+            "itl_p99_ms", "decode_conc_avg", "reasoning_share")
+    rows = []
+    for fig in points:
+        row: dict[str, Any] = {"concurrency": fig.concurrency}
+        row.update({k: round(v, 4) for k in keep if (v := fig.get(k)) is not None})
+        rows.append(row)
+    data = {"name": name, "provenance": dict(provenance), "conditions": dict(conditions),
+            "tolerances": dict(tolerances), "short_run_metrics": ["tok_s_user", "itl_p50_ms"], "points": rows}
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(data, indent=2) + "\n")
+    return p

@@ -1,0 +1,110 @@
+"""The perf figures of one concurrency point, read from an aiperf summary in the seed table's units.
+
+Columns of seed 000's results table and the keys they come from ("keys: output_token_throughput,
+output_token_throughput_per_user, time_to_first_token, inter_token_latency, effective_decode_concurrency,
+reasoning_token_count, request_error_rate, output_sequence_length"). Absent metrics stay ``None``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pytest_ml4.perf.export import ProfileExport
+
+#: Which direction is better for each figure: +1 higher is better, -1 lower is better.
+DIRECTION: dict[str, int] = {
+    "out_tok_s": +1, "tok_s_user": +1, "tok_s_user_p50": +1,
+    "ttft_p50_s": -1, "ttft_p99_s": -1, "itl_p50_ms": -1, "itl_p99_ms": -1,
+    "decode_conc_avg": +1, "error_rate_pct": -1,
+}
+
+
+@dataclass(frozen=True)
+class PointFigures:
+    concurrency: int
+    requests: int | None
+    errors: int
+    error_rate_pct: float | None
+    out_tok_s: float | None            # aggregate output tok/s (output_token_throughput)
+    tok_s_user: float | None           # per-user tok/s, mean over requests (output_token_throughput_per_user avg)
+    tok_s_user_p50: float | None       # the Dynamo gate's "decode tok/s/user P50"
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    itl_p50_ms: float | None
+    itl_p99_ms: float | None
+    decode_conc_avg: float | None      # effective_decode_concurrency avg
+    decode_conc_p50: float | None
+    decode_conc_max: float | None
+    reasoning_share: float | None      # reasoning tokens / output tokens
+    osl_min: float | None
+    osl_max: float | None
+    osl_std: float | None
+    duration_s: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def get(self, name: str) -> float | None:
+        value = getattr(self, name, None)
+        return None if value is None else float(value)
+
+
+def _s(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1000.0
+
+
+def figures_from_export(ex: ProfileExport, concurrency: int) -> PointFigures:
+    reasoning = ex.stat("reasoning_token_count", "sum")
+    osl_total = ex.stat("output_sequence_length", "sum")
+    share = None if reasoning is None or not osl_total else reasoning / osl_total
+    return PointFigures(
+        concurrency=concurrency,
+        requests=ex.request_count,
+        errors=ex.error_request_count,
+        error_rate_pct=ex.request_error_rate_pct,
+        out_tok_s=ex.scalar("output_token_throughput"),
+        tok_s_user=ex.stat("output_token_throughput_per_user", "avg"),
+        tok_s_user_p50=ex.stat("output_token_throughput_per_user", "p50"),
+        ttft_p50_s=_s(ex.stat("time_to_first_token", "p50")),
+        ttft_p99_s=_s(ex.stat("time_to_first_token", "p99")),
+        itl_p50_ms=ex.stat("inter_token_latency", "p50"),
+        itl_p99_ms=ex.stat("inter_token_latency", "p99"),
+        decode_conc_avg=ex.stat("effective_decode_concurrency", "avg"),
+        decode_conc_p50=ex.stat("effective_decode_concurrency", "p50"),
+        decode_conc_max=ex.stat("effective_decode_concurrency", "max"),
+        reasoning_share=share,
+        osl_min=ex.stat("output_sequence_length", "min"),
+        osl_max=ex.stat("output_sequence_length", "max"),
+        osl_std=ex.stat("output_sequence_length", "std"),
+        duration_s=ex.scalar("benchmark_duration"),
+    )
+
+
+TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    # (field, header, format)
+    ("concurrency", "conc", "{:>4.0f}"),
+    ("requests", "req", "{:>4.0f}"),
+    ("out_tok_s", "agg tok/s", "{:>9.1f}"),
+    ("tok_s_user", "user tok/s", "{:>10.1f}"),
+    ("ttft_p50_s", "TTFT p50", "{:>8.2f}"),
+    ("ttft_p99_s", "TTFT p99", "{:>8.2f}"),
+    ("itl_p50_ms", "ITL p50", "{:>7.1f}"),
+    ("itl_p99_ms", "ITL p99", "{:>7.1f}"),
+    ("decode_conc_avg", "dec conc", "{:>8.1f}"),
+    ("reasoning_share", "reason", "{:>6.0%}"),
+)
+
+
+def format_row(values: dict[str, Any]) -> str:
+    cells = []
+    for name, header, fmt in TABLE_COLUMNS:
+        v = values.get(name)
+        width = max(len(header), len(fmt.format(0)) if v is not None else len(header))
+        cells.append(fmt.format(v) if v is not None else "-".rjust(width))
+    return "  ".join(cells)
+
+
+def format_header() -> str:
+    widths = [max(len(h), len(f.format(0))) for _, h, f in TABLE_COLUMNS]
+    return "  ".join(h.rjust(w) for (_, h, _), w in zip(TABLE_COLUMNS, widths))

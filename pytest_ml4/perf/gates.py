@@ -1,0 +1,119 @@
+"""Perf gates from the target YAML (``target.gates``), each a pass/fail with the figure, the limit and its source.
+
+* ``errors``: no failed requests beyond ``request_error_rate_max`` (percent; seed 000: "0 errors, 0 cancels");
+* ``dynamo``: decode tok/s/user P50 > ``decode_tok_s_user_p50_min`` and TTFT P50 < ``ttft_p50_s_max``
+  (seed 002: "decode tok/s/user P50 above 50 and TTFT P50 below 2 seconds"; dynamo.md §7 reads them as
+  ``output_token_throughput_per_user.p50`` and ``time_to_first_token.p50``);
+* ``saturation``: decode concurrency caps at ``max_num_seqs`` (seed 000: "at c16-c64 the measured effective
+  decode concurrency has p50 = 16.0") - at or above the cap the p50 is the cap, and never above it;
+* ``knee``: the latency knee is the first concurrency whose TTFT p99 exceeds ``ttft_p99_knee_s``; it is reported,
+  and gated only when the target says where it must lie (the sweep's knee must not come earlier than the
+  baseline's);
+* ``baseline``: figures within tolerance of the stored baseline (:mod:`pytest_ml4.perf.baseline`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pytest_ml4.perf.baseline import Baseline, Deviation
+from pytest_ml4.perf.figures import PointFigures
+from pytest_ml4.targets import Target
+
+
+@dataclass(frozen=True)
+class GateResult:
+    gate: str
+    concurrency: int | None
+    passed: bool
+    detail: str
+
+    def __str__(self) -> str:
+        where = f"c{self.concurrency} " if self.concurrency is not None else ""
+        return f"[{'PASS' if self.passed else 'FAIL'}] {self.gate}: {where}{self.detail}"
+
+
+def error_gate(fig: PointFigures, max_rate_pct: float) -> GateResult:
+    rate = fig.error_rate_pct
+    if rate is None:
+        return GateResult("errors", fig.concurrency, False, "request_error_rate missing from the export")
+    ok = rate <= max_rate_pct + 1e-12 and (max_rate_pct > 0 or fig.errors == 0)
+    return GateResult("errors", fig.concurrency, ok,
+                      f"{fig.errors} failed request(s), error rate {rate:.2f} % (max {max_rate_pct:g} %)")
+
+
+def dynamo_gates(fig: PointFigures, target: Target) -> list[GateResult]:
+    g = target.gates
+    out = []
+    if g.decode_tok_s_user_p50_min is not None:
+        v = fig.tok_s_user_p50
+        ok = v is not None and v > g.decode_tok_s_user_p50_min
+        out.append(GateResult("decode_tok_s_user_p50", fig.concurrency, ok,
+                              f"decode tok/s/user P50 {_f(v)} (must be > {g.decode_tok_s_user_p50_min:g})"))
+    if g.ttft_p50_s_max is not None:
+        v = fig.ttft_p50_s
+        ok = v is not None and v < g.ttft_p50_s_max
+        out.append(GateResult("ttft_p50", fig.concurrency, ok,
+                              f"TTFT P50 {_f(v, 's')} (must be < {g.ttft_p50_s_max:g} s)"))
+    return out
+
+
+def saturation_gate(fig: PointFigures, max_num_seqs: int) -> GateResult:
+    """Decode concurrency never exceeds the engine cap, and an oversubscribed point reaches it.
+
+    Seed 000 reads p50 = 16 at c16-c64 in 300 s windows; in a short run prefill and ramp take a larger share of
+    the window, so the p50 is reported and the gate checks the cap itself: max = max_num_seqs past the cap.
+    """
+    p50, peak = fig.decode_conc_p50, fig.decode_conc_max
+    if p50 is None or peak is None:
+        return GateResult("saturation", fig.concurrency, False, "effective_decode_concurrency missing")
+    cap = min(max_num_seqs, fig.concurrency)
+    over = peak > cap + 1e-9
+    why = f"decode concurrency p50 {p50:.1f}, max {peak:.1f}, cap {cap} (max_num_seqs {max_num_seqs})"
+    if fig.concurrency > max_num_seqs:
+        return GateResult("saturation", fig.concurrency, not over and peak >= max_num_seqs - 1e-9,
+                          why + ": must reach and never exceed the cap")
+    return GateResult("saturation", fig.concurrency, not over, why + ": must never exceed the cap")
+
+
+def latency_knee(points: Sequence[PointFigures], limit_s: float) -> int | None:
+    """First concurrency whose TTFT p99 exceeds ``limit_s`` (None: no knee inside the sweep)."""
+    for fig in sorted(points, key=lambda f: f.concurrency):
+        if fig.ttft_p99_s is not None and fig.ttft_p99_s > limit_s:
+            return fig.concurrency
+    return None
+
+
+def knee_gate(points: Sequence[PointFigures], limit_s: float, not_before: int | None) -> GateResult:
+    knee = latency_knee(points, limit_s)
+    label = "none inside the sweep" if knee is None else f"c{knee}"
+    if not_before is None:
+        return GateResult("knee", knee, True, f"latency knee (TTFT p99 > {limit_s:g} s): {label}")
+    ok = knee is None or knee >= not_before
+    return GateResult("knee", knee, ok, f"latency knee (TTFT p99 > {limit_s:g} s): {label}, "
+                                          f"must not come before c{not_before}")
+
+
+def baseline_gates(deviations: Iterable[Deviation], *, strict_band: bool = False) -> list[GateResult]:
+    """One result per compared figure: a regression beyond its limit fails (or any drift, with strict_band)."""
+    out = []
+    for d in deviations:
+        ok = d.within_band if strict_band else not d.regressed
+        out.append(GateResult(f"baseline:{d.figure}", d.concurrency, ok, d.describe()))
+    return out
+
+
+def point_gates(fig: PointFigures, target: Target) -> list[GateResult]:
+    """Gates one concurrency point must pass on its own."""
+    out = [error_gate(fig, target.gates.request_error_rate_max)]
+    out += dynamo_gates(fig, target)
+    return out
+
+
+def failures(results: Iterable[GateResult]) -> list[GateResult]:
+    return [r for r in results if not r.passed]
+
+
+def _f(v: float | None, unit: str = "") -> str:
+    return "absent" if v is None else f"{v:.3g}{(' ' + unit) if unit else ''}"
