@@ -1,0 +1,74 @@
+"""``ml4-preflight PATH...``: print preflight findings for config files; exit 1 on errors, 2 on bad usage.
+
+Paths may be files or directories (searched for .yaml/.yml/.service/.sh/.cmd/.conf).  Each file is tied to
+its hardware through ``--target``, through the target whose ``manifests:`` list names it, or through a
+``# ml4-target: NAME`` comment in the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from pytest_ml4.preflight.lint import lint_paths
+from pytest_ml4.preflight.model import Severity
+from pytest_ml4.preflight.rules import RULES
+from pytest_ml4.targets import TargetError, load_target
+
+_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ml4-preflight", description=__doc__.splitlines()[0])
+    p.add_argument("paths", nargs="*", help="config files or directories")
+    p.add_argument("--target", help="target name or YAML path the configs deploy (sets the hardware)")
+    p.add_argument("--rule", action="append", default=[], help="run only this rule id (repeatable)")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--list-rules", action="store_true", help="print the rules with their sources and exit")
+    p.add_argument("--quiet", action="store_true", help="errors only")
+    return p
+
+
+def _list_rules() -> None:
+    for r in RULES.values():
+        print(f"{r.id} [{r.severity.value}] ({', '.join(r.kinds)})\n    {r.message}\n    fix: {r.fix}\n"
+              f"    source: {r.source}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.list_rules:
+        _list_rules()
+        return 0
+    if not args.paths:
+        print("ml4-preflight: give at least one PATH (or --list-rules)", file=sys.stderr)
+        return 2
+    unknown = [r for r in args.rule if r not in RULES]
+    if unknown:
+        print(f"ml4-preflight: unknown rule(s) {', '.join(unknown)}; see --list-rules", file=sys.stderr)
+        return 2
+    try:
+        target = load_target(args.target) if args.target else None
+        report = lint_paths(args.paths, target, [RULES[r] for r in args.rule] or None)
+    except (TargetError, FileNotFoundError) as err:
+        print(f"ml4-preflight: {err}", file=sys.stderr)
+        return 2
+    findings = sorted(report.findings, key=lambda f: (_ORDER[f.severity], f.path, f.line or 0, f.rule_id))
+    if args.quiet:
+        findings = [f for f in findings if f.severity is Severity.ERROR]
+    if args.format == "json":
+        print(json.dumps({"documents": len(report.documents), "findings": [f.as_dict() for f in findings]},
+                         indent=2))
+    else:
+        for f in findings:
+            print(f.format())
+        n_err = len(report.errors())
+        n_warn = sum(1 for f in report.findings if f.severity is Severity.WARNING)
+        print(f"ml4-preflight: {len(report.documents)} document(s), {len(report.rules)} rule(s): "
+              f"{n_err} error(s), {n_warn} warning(s)")
+    return 1 if report.errors() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
