@@ -1,1 +1,340 @@
-"""pytest glue for the report concern (fixtures, options in the ml4 group); the core lives outside this file."""
+"""pytest glue for the report concern: Allure results in the run folder, labels, redaction, summary, xdist safety.
+
+What it does (the work itself lives in :mod:`pytest_ml4.report`):
+
+* Allure results go to ``<run_dir>/allure-results`` when the user gave no ``--alluredir`` (ini ``ml4_allure``
+  turns that off), and every file allure-pytest writes passes through the run's redactor.
+* ``--clean-alluredir`` together with ``-n`` is refused: under xdist a replacement worker would wipe the other
+  workers' results (tooling.md §2, bug 1).
+* A test whose xdist worker crashed is written as a **broken** Allure result (allure-python#825).
+* Labels: epic = target, feature = suite, story = check, severity = what a failure blocks; titles from docstrings.
+* Reports (console, JUnit XML) are scrubbed of secrets: exception text, captured output, user properties, logs.
+* At session end (controller only under xdist): ``environment.properties``, ``executor.json``,
+  ``categories.json`` and the previous report's history into the results, ``summary.json`` into the run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import allure_commons
+import pytest
+from allure_commons.logger import AllureFileLogger
+
+from pytest_ml4.report import labels as _labels
+from pytest_ml4.report.categories import categorize, write_categories
+from pytest_ml4.report.environment import (
+    engine_version,
+    environment_properties,
+    executor_from_env,
+    git_sha,
+    package_version,
+    write_environment,
+    write_executor,
+)
+from pytest_ml4.report.history import (
+    REPORT_DIRNAME,
+    RESULTS_DIRNAME,
+    previous_run,
+    seed_history,
+)
+from pytest_ml4.report.redact import DEFAULT as REDACTOR
+from pytest_ml4.report.redact import register_secret_env
+from pytest_ml4.report.results import RedactingFileLogger, write_crash_result
+from pytest_ml4.report.summary import CheckRecord, build_summary, write_summary
+
+_LABEL_TYPES = ("epic", "feature", "story", "severity")
+_LABELS_DIR = ".ml4-report"
+_XDIST_CRASH_WHEN = "???"  # pytest-xdist's synthetic report for a crashed worker uses this phase name
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ml4")
+    group.addoption("--ml4-no-allure", dest="ml4_no_allure", action="store_true", default=None,
+                    help="do not write Allure results into <run folder>/allure-results when --alluredir is not "
+                         "given (ini: ml4_allure = false)")
+    parser.addini("ml4_allure", "write Allure results under <run folder>/allure-results by default",
+                  type="bool", default=True)
+
+
+# ------------------------------------------------------------------------------------------------ configure
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    # Runs before any pytest_configure, i.e. before allure-pytest could wipe the folder.
+    clean = getattr(config.option, "clean_alluredir", False)
+    xdist = getattr(config.option, "numprocesses", None) or getattr(config.option, "tx", None)
+    if clean and xdist and not hasattr(config, "workerinput"):
+        raise pytest.UsageError(
+            "--clean-alluredir cannot be combined with -n/--tx: under pytest-xdist a restarted worker deletes the "
+            "results the other workers wrote (allure-python is not xdist-aware). Each run already gets its own "
+            "folder under the run directory; to reuse an --alluredir, empty it before starting pytest.")
+
+
+class _ReportState:
+    """Per-process bookkeeping: labels by node id, the checks seen (controller), the start time."""
+
+    def __init__(self) -> None:
+        self.started = time.time()
+        self.labels: dict[str, dict[str, str]] = {}
+        self.titles: dict[str, str] = {}
+        self.suites: dict[str, str] = {}
+        self.checks: dict[str, CheckRecord] = {}
+
+
+_STATE = pytest.StashKey[_ReportState]()
+
+
+def _ml4_state(config: pytest.Config) -> Any:
+    from pytest_ml4.plugin import STATE_KEY
+
+    return config.stash.get(STATE_KEY, None)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    # trylast: the lead's pytest_configure has built the ml4 state and allure-pytest has set up its logger.
+    config.stash[_STATE] = _ReportState()
+    state = _ml4_state(config)
+    if state is not None and state.target is not None:
+        register_secret_env(state.target.endpoint.api_key_env)
+    register_secret_env(config.getoption("ml4_api_key_env", None))
+    if _wants_default_alluredir(config, state):
+        results = state.ensure_run_dir() / RESULTS_DIRNAME
+        config.option.allure_report_dir = str(results)
+        _register_allure(config, results)
+    _swap_in_redacting_logger(config)
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_ControllerHooks(config), "ml4-report-controller")
+
+
+def _wants_default_alluredir(config: pytest.Config, state: Any) -> bool:
+    if state is None or state.target is None or config.option.allure_report_dir:
+        return False
+    if config.option.collectonly or getattr(config.option, "help", False) or getattr(config.option, "version", 0):
+        return False
+    if config.getoption("ml4_no_allure") or not config.getini("ml4_allure"):
+        return False
+    return not hasattr(config, "workerinput") or state.run_dir is not None
+
+
+def _register_allure(config: pytest.Config, results: Path) -> None:
+    """What allure-pytest's own pytest_configure does for ``--alluredir``, done after it for our default folder."""
+    from allure_pytest.listener import AllureListener
+
+    listener = AllureListener(config)
+    config.pluginmanager.register(listener, "allure_listener")
+    allure_commons.plugin_manager.register(listener)
+    config.add_cleanup(lambda: allure_commons.plugin_manager.unregister(listener))
+    file_logger = RedactingFileLogger(results, clean=False, redactor=REDACTOR)
+    allure_commons.plugin_manager.register(file_logger)
+    config.add_cleanup(lambda: allure_commons.plugin_manager.unregister(file_logger))
+
+
+def _swap_in_redacting_logger(config: pytest.Config) -> None:
+    """Replace allure-pytest's plain file logger (user-given --alluredir) with the redacting one."""
+    for plugin in list(allure_commons.plugin_manager.get_plugins()):
+        if type(plugin) is AllureFileLogger:
+            report_dir = plugin._report_dir
+            allure_commons.plugin_manager.unregister(plugin)
+            redacting = RedactingFileLogger(report_dir, clean=False, redactor=REDACTOR)
+            allure_commons.plugin_manager.register(redacting)
+            config.add_cleanup(lambda r=redacting: allure_commons.plugin_manager.unregister(r))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # Live logs and the --log-file go straight to their handlers, not through reports: filter them too.
+    lp = session.config.pluginmanager.get_plugin("logging-plugin")
+    for name in ("caplog_handler", "report_handler", "log_file_handler", "log_cli_handler"):
+        handler = getattr(lp, name, None)
+        if isinstance(handler, logging.Handler):
+            handler.addFilter(_RedactFilter())
+
+
+class _RedactFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = REDACTOR.redact_text(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
+
+
+# ------------------------------------------------------------------------------------------------ labels
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    state = _ml4_state(config)
+    target = state.target.name if state is not None and state.target is not None else None
+    rs = config.stash[_STATE]
+    for item in items:
+        names = {m.name for m in item.iter_markers()}
+        func = getattr(item, "function", None)
+        original = getattr(item, "originalname", item.name)
+        wanted = _labels.check_labels(target, names, item.path.name, original)
+        present = {m.kwargs.get("label_type") for m in item.iter_markers("allure_label")}
+        for key, value in wanted.items():
+            if key not in present:  # one style per label: never duplicate a decorator's label
+                item.add_marker(pytest.mark.allure_label(value, label_type=key))
+        title = _labels.check_title(func, original)
+        if func is not None and not hasattr(func, "__allure_display_name__"):
+            # allure formats the title with the test's parameters; {param_id} shows which case this is.
+            func.__allure_display_name__ = title + (" [{param_id}]" if hasattr(item, "callspec") else "")
+        rs.labels[item.nodeid] = dict(wanted)
+        rs.suites[item.nodeid] = _labels.suite_of(names, item.path.name).marker
+        rs.titles[item.nodeid] = title + (f" [{item.callspec.id}]" if hasattr(item, "callspec") else "")
+    _share_labels(config, rs)
+
+
+def _share_labels(config: pytest.Config, rs: _ReportState) -> None:
+    """xdist workers leave their label map in the run folder for the controller's crash results."""
+    wi = getattr(config, "workerinput", None)
+    state = _ml4_state(config)
+    if wi is None or state is None or state.run_dir is None:
+        return
+    folder = state.run_dir / _LABELS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f"labels-{wi['workerid']}.json.tmp"
+    tmp.write_text(json.dumps({"labels": rs.labels, "titles": rs.titles, "suites": rs.suites}), encoding="utf-8")
+    os.replace(tmp, folder / f"labels-{wi['workerid']}.json")
+
+
+def _shared_labels(run_dir: Path | None, nodeid: str) -> tuple[dict[str, str], str | None, str]:
+    """(labels, title, suite) of a node id from the workers' label maps (empty when none was written)."""
+    if run_dir is None:
+        return {}, None, "default"
+    for path in sorted((run_dir / _LABELS_DIR).glob("labels-*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if nodeid in data["labels"]:
+            return data["labels"][nodeid], data["titles"].get(nodeid), data["suites"].get(nodeid, "default")
+    return {}, None, "default"
+
+
+# ------------------------------------------------------------------------------------------------ reports
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
+    report = yield
+    rs = item.config.stash[_STATE]
+    # Attributes on the report travel to the xdist controller with it (pytest serialises report.__dict__).
+    report.ml4_suite = rs.suites.get(item.nodeid, "default")
+    report.ml4_title = rs.titles.get(item.nodeid, item.name)
+    if report.failed:
+        exc = call.excinfo.value if call.excinfo is not None else None
+        # allure-pytest's rule: assertion failures are "failed" (a verdict), anything else is "broken".
+        verdict = isinstance(exc, (AssertionError, pytest.fail.Exception))
+        report.ml4_status = "failed" if verdict and report.when == "call" else "broken"
+    _scrub_report(report)
+    return report
+
+
+def _scrub_report(report: pytest.TestReport) -> None:
+    """Redact exception text, captured output and user properties of a report (console and JUnit XML)."""
+    if report.longrepr is not None:
+        text = str(report.longrepr)
+        if REDACTOR.find_leaks(text):
+            report.longrepr = REDACTOR.redact_text(text)
+    report.sections = [(title, REDACTOR.redact_text(body)) for title, body in report.sections]
+    report.user_properties = [(k, REDACTOR(v)) for k, v in report.user_properties]
+
+
+class _ControllerHooks:
+    """Hooks that only the controller (or a run without xdist) runs: it sees every report, writes the files."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.rs: _ReportState = config.stash[_STATE]
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == _XDIST_CRASH_WHEN and "crashed while running" in str(report.longrepr):
+            self._record_crash(report)
+        _record_check(self.rs, report)
+
+    def _record_crash(self, report: pytest.TestReport) -> None:
+        state = _ml4_state(self.config)
+        alluredir = self.config.option.allure_report_dir
+        message = REDACTOR.redact_text(str(report.longrepr))
+        run_dir = state.run_dir if state is not None else None
+        labels, title, suite = _shared_labels(run_dir, report.nodeid)
+        report.ml4_title, report.ml4_suite = title, suite
+        if alluredir:
+            write_crash_result(Path(alluredir), report.nodeid, message, labels, title, report.duration)
+        report.ml4_status = "broken"
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        state = _ml4_state(self.config)
+        alluredir = Path(self.config.option.allure_report_dir) if self.config.option.allure_report_dir else None
+        run_dir = state.run_dir if state is not None and state.target is not None else None
+        versions = _versions(state)
+        if run_dir is not None:
+            doc = build_summary(run_dir=run_dir, target=state.target.name, simulated=state.use_sim,
+                                faults=state.faults, versions=versions, checks=list(self.rs.checks.values()),
+                                started=self.rs.started, finished=time.time(), exit_status=int(exitstatus))
+            write_summary(run_dir, doc)
+        if alluredir is None:
+            return
+        target = state.target if state is not None else None
+        write_environment(alluredir, environment_properties(
+            target, simulated=bool(state and state.use_sim), engine=versions.get("engine_reported"),
+            faults=tuple(state.faults) if state is not None else ()))
+        executor = executor_from_env()
+        if "buildOrder" not in executor and run_dir is not None:
+            # Outside CI, number local runs by their position among the stored runs so the trend is ordered.
+            executor["buildOrder"] = sum(1 for p in run_dir.parent.glob("*/summary.json"))
+        write_executor(alluredir, executor)
+        write_categories(alluredir)
+        if run_dir is not None and not (alluredir / "history").is_dir():
+            prev = previous_run(run_dir)
+            seed_history(alluredir, prev / REPORT_DIRNAME if prev else None)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        alluredir = self.config.option.allure_report_dir
+        state = _ml4_state(self.config)
+        if not alluredir or state is None or state.run_dir is None:
+            return
+        if Path(alluredir).resolve().parent == state.run_dir.resolve():
+            terminalreporter.write_line(f"ml4 report: Allure results in {alluredir}; "
+                                        f"HTML: ml4-report generate {state.run_dir}")
+
+
+def _versions(state: Any) -> dict[str, str]:
+    """Engine version as the endpoint reports it (``/version``), else as configured; suite and git versions."""
+    out = {"suite": package_version("pytest-ml4"), "git_sha": git_sha(), "pytest": package_version("pytest")}
+    if state is None or state.target is None:
+        return out
+    target = state.target
+    urls = []
+    if state.sim_info:
+        urls.append(state.sim_info["url"])
+    else:
+        for var in (target.endpoint.metrics_url_env, target.endpoint.url_env):
+            if var and os.environ.get(var):
+                urls.append(os.environ[var])
+        if state.config.getoption("ml4_endpoint"):
+            urls.insert(0, state.config.getoption("ml4_endpoint"))
+    reported = engine_version(urls) if urls else None
+    out["engine"] = reported or target.engine.version
+    if reported:
+        out["engine_reported"] = reported
+    return out
+
+
+def _record_check(rs: _ReportState, report: pytest.TestReport) -> None:
+    check = rs.checks.get(report.nodeid)
+    if check is None:
+        title = getattr(report, "ml4_title", None) or report.nodeid.rsplit("::", 1)[-1]
+        check = CheckRecord(report.nodeid, title, getattr(report, "ml4_suite", None) or "default")
+        rs.checks[report.nodeid] = check
+    check.duration_s = round(check.duration_s + report.duration, 3)
+    if report.skipped and check.outcome == "passed":
+        check.outcome = "skipped"
+    elif report.failed and check.outcome in ("passed", "skipped"):
+        check.outcome = getattr(report, "ml4_status", "broken")
+        crash = getattr(report.longrepr, "reprcrash", None)
+        check.message = REDACTOR.redact_text(crash.message if crash else str(report.longrepr))[:500]
+        check.categories = categorize(check.outcome, check.message)

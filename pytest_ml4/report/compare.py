@@ -1,0 +1,232 @@
+"""Nightly regression: compare the latest run with the previous one and with the stored baseline.
+
+Inputs are the runs' ``summary.json`` files (:mod:`pytest_ml4.report.summary`) under one reports root and a
+baseline file (the target's ``perf.baseline`` or any file with per-concurrency perf points). A perf figure
+regresses when it is worse than the reference by more than the tolerance (relative; the direction — lower or
+higher is better — comes from the metric's name). A check or gate that passed in the previous run and fails now
+is a regression too. :func:`trend_png` draws the key perf figures over all stored runs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_ml4.report.summary import SUMMARY_NAME, load_summary, perf_points
+
+# Checked in order: "error" must win over "tok_s" in e.g. "error_tok_s"; unknown metrics are shown, not judged.
+_LOWER_BETTER = re.compile(r"(?i)error|fail|ttft|itl|tpot|latency|e2e|duration|time_to")
+_HIGHER_BETTER = re.compile(r"(?i)tok_s|tokens_per_s|throughput|tps|per_user|goodput|req(uest)?s_per_s|rps|decode_conc")
+#: Metrics drawn in the trend, by preference (first matching regex per panel).
+TREND_PATTERNS = (r"(?i)ttft.*p50|p50.*ttft", r"(?i)per_user|tok_s_user",
+                  r"(?i)itl.*p50|p50.*itl", r"(?i)^(out(put)?_)?(throughput|tok_s|tokens_per_s)")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One compared figure."""
+
+    scope: str            # "vs previous" | "vs baseline"
+    subject: str          # "c16 ttft_p50_s", "check tests/...", "gate suite: smoke"
+    reference: float | str | None
+    latest: float | str | None
+    change: str
+    regressed: bool
+
+
+@dataclass
+class Comparison:
+    """All rows of a comparison and the runs it looked at."""
+
+    latest: str
+    previous: str | None
+    baseline: str | None
+    tolerance: float
+    rows: list[Row]
+
+    @property
+    def regressions(self) -> list[Row]:
+        return [r for r in self.rows if r.regressed]
+
+
+def direction(metric: str) -> int:
+    """-1 when lower is better, +1 when higher is better, 0 when the name does not say."""
+    if _LOWER_BETTER.search(metric):
+        return -1
+    if _HIGHER_BETTER.search(metric):
+        return 1
+    return 0
+
+
+def judge(metric: str, reference: float, latest: float, tolerance: float) -> tuple[str, bool]:
+    """(change text, regressed?) for one figure."""
+    sign = direction(metric)
+    if reference == 0:
+        worse = (sign < 0 and latest > 0) or (sign > 0 and latest < 0)
+        return ("=" if latest == 0 else f"{latest:+.4g} abs"), worse
+    rel = (latest - reference) / abs(reference)
+    worse = (sign < 0 and rel > tolerance) or (sign > 0 and rel < -tolerance)
+    return f"{rel:+.1%}", worse
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Reference perf figures per concurrency, with optional per-metric tolerances and value limits."""
+
+    points: Mapping[int, Mapping[str, float]]
+    tolerances: Mapping[str, float]
+    # metric prefix -> highest concurrency at which its value is comparable (e.g. TTFT past the knee is queueing
+    # and depends on the run's length; the perf baseline says so with "ttft_value_max_concurrency").
+    value_max_concurrency: Mapping[str, int]
+    name: str = ""
+
+    def tolerance(self, metric: str, default: float) -> float:
+        return float(self.tolerances.get(metric, default))
+
+    def comparable(self, metric: str, concurrency: int) -> bool:
+        limits = [c for prefix, c in self.value_max_concurrency.items() if metric.startswith(prefix)]
+        return all(concurrency <= c for c in limits)
+
+
+def compare_perf(scope: str, reference: Mapping[int, Mapping[str, float]],
+                 latest: Mapping[int, Mapping[str, float]], tolerance: float,
+                 baseline: Baseline | None = None) -> list[Row]:
+    """Rows for every (concurrency, metric) present in both whose direction is known."""
+    rows = []
+    for conc in sorted(set(reference) & set(latest)):
+        for metric in sorted(set(reference[conc]) & set(latest[conc])):
+            if direction(metric) == 0 or (baseline is not None and not baseline.comparable(metric, conc)):
+                continue
+            tol = baseline.tolerance(metric, tolerance) if baseline is not None else tolerance
+            ref, new = reference[conc][metric], latest[conc][metric]
+            change, worse = judge(metric, ref, new, tol)
+            rows.append(Row(scope, f"c{conc} {metric}", ref, new, change, worse))
+    return rows
+
+
+def compare_verdicts(previous: Mapping[str, Any], latest: Mapping[str, Any]) -> list[Row]:
+    """Checks and gates that passed in the previous run and fail now (newly passing ones are listed too)."""
+    rows = []
+    prev_checks = {c["nodeid"]: c["outcome"] for c in previous.get("checks", [])}
+    for check in latest.get("checks", []):
+        before = prev_checks.get(check["nodeid"])
+        if before is not None and before != check["outcome"] and "skipped" not in (before, check["outcome"]):
+            bad = before == "passed" and check["outcome"] in ("failed", "broken")
+            rows.append(Row("vs previous", f"check {check['nodeid']}", before, check["outcome"],
+                            "now failing" if bad else "changed", bad))
+    prev_gates = {g["name"]: g["passed"] for g in previous.get("gates", [])}
+    for gate in latest.get("gates", []):
+        before = prev_gates.get(gate["name"])
+        if before is True and gate["passed"] is False:
+            rows.append(Row("vs previous", f"gate {gate['name']}", "passed", "failed", "now failing", True))
+    return rows
+
+
+def stored_runs(root: Path, target: str | None = None) -> list[dict[str, Any]]:
+    """Summaries of all runs under ``root`` (optionally of one target), oldest first."""
+    docs = []
+    for path in sorted(root.glob(f"*/{SUMMARY_NAME}")):
+        try:
+            doc = load_summary(path)
+        except (OSError, ValueError):
+            continue  # a run still in progress or from an older schema is not part of the trend
+        if target is None or doc.get("target") == target:
+            docs.append(doc)
+    return sorted(docs, key=lambda d: (d.get("started") or "", d.get("run_id") or ""))
+
+
+def load_baseline(path: Path) -> Baseline:
+    """A baseline file: a perf baseline fixture (``fixtures/baselines/<target>.json``) or a run's summary.json."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    tolerances = {k: float(v) for k, v in (data.get("tolerances") or {}).items() if isinstance(v, (int, float))}
+    limits = {k.removesuffix("_value_max_concurrency"): int(v) for k, v in data.items()
+              if k.endswith("_value_max_concurrency") and isinstance(v, int)}
+    return Baseline(perf_points(data), tolerances, limits, str(path))
+
+
+def compare_runs(runs: Sequence[Mapping[str, Any]], baseline: Baseline | None, tolerance: float) -> Comparison:
+    """Compare the last run with the one before it and with the baseline."""
+    if not runs:
+        raise ValueError("no stored runs to compare")
+    latest = runs[-1]
+    latest_perf = perf_points(latest)
+    rows: list[Row] = []
+    previous = runs[-2] if len(runs) > 1 else None
+    if previous is not None:
+        rows += compare_perf("vs previous", perf_points(previous), latest_perf, tolerance)
+        rows += compare_verdicts(previous, latest)
+    if baseline is not None:
+        rows += compare_perf("vs baseline", baseline.points, latest_perf, tolerance, baseline)
+    return Comparison(latest["run_id"], previous["run_id"] if previous else None,
+                      baseline.name if baseline is not None else None, tolerance, rows)
+
+
+def format_table(comp: Comparison) -> str:
+    """A plain-text table for the console / CI log."""
+    head = [f"latest run: {comp.latest}", f"previous run: {comp.previous or '(none)'}",
+            f"baseline: {comp.baseline or '(none)'}", f"tolerance: {comp.tolerance:.0%}"]
+    cols = ("scope", "figure", "reference", "latest", "change", "verdict")
+    body = [(r.scope, r.subject, _fmt(r.reference), _fmt(r.latest), r.change,
+             "REGRESSION" if r.regressed else "ok") for r in comp.rows]
+    if not body:
+        return "\n".join(head + ["nothing to compare (no previous run with the same figures and no baseline)"])
+    widths = [max(len(str(x)) for x in col) for col in zip(cols, *body)]
+    lines = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in (cols, *body)]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    tail = f"{len(comp.regressions)} regression(s) beyond tolerance" if comp.regressions else "no regressions"
+    return "\n".join(head + [""] + lines + ["", tail])
+
+
+def _fmt(v: float | str | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def trend_metrics(runs: Sequence[Mapping[str, Any]], limit: int = 4) -> list[str]:
+    """The key perf figures to draw: one per :data:`TREND_PATTERNS` entry found in the runs."""
+    names = sorted({m for doc in runs for figs in perf_points(doc).values() for m in figs})
+    chosen: list[str] = []
+    for pattern in TREND_PATTERNS:
+        match = next((n for n in names if re.search(pattern, n) and n not in chosen), None)
+        if match:
+            chosen.append(match)
+    return chosen[:limit]
+
+
+def trend_png(runs: Sequence[Mapping[str, Any]], out: Path, baseline: Baseline | None = None) -> Path | None:
+    """Draw the key perf figures per concurrency over the stored runs; None when no run has perf figures."""
+    metrics = trend_metrics(runs)
+    if not metrics:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display on CI machines
+    import matplotlib.pyplot as plt
+
+    labels = [str(d.get("started") or d["run_id"])[:16].replace("T", " ") for d in runs]
+    fig, axes = plt.subplots(len(metrics), 1, figsize=(10, 3.2 * len(metrics)), squeeze=False)
+    for ax, metric in zip(axes[:, 0], metrics):
+        concs = sorted({c for d in runs for c, figs in perf_points(d).items() if metric in figs})
+        for conc in concs:
+            ys = [perf_points(d).get(conc, {}).get(metric) for d in runs]
+            line = ax.plot(range(len(runs)), [float("nan") if y is None else y for y in ys], marker="o",
+                           label=f"c{conc}")[0]
+            base = baseline.points.get(conc, {}) if baseline is not None else {}
+            if metric in base and baseline is not None and baseline.comparable(metric, conc):
+                ax.axhline(base[metric], color=line.get_color(), linestyle="--", linewidth=0.8)
+        better = {-1: "lower is better", 1: "higher is better"}.get(direction(metric), "")
+        ax.set_title(f"{metric} ({better})" if better else metric)
+        ax.set_xticks(range(len(runs)), labels, rotation=20, fontsize=7)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=min(len(concs), 7))
+    fig.suptitle(f"{runs[-1].get('target')}: key perf figures over {len(runs)} runs (dashed: baseline)")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

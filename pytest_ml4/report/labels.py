@@ -1,0 +1,86 @@
+"""Allure labels and titles for the checks, in terms a release manager reads.
+
+* epic = the deployment target (``rtxpro6000-tp8``), feature = the suite ("Tool calling"), story = the check
+  ("Parallel tool calls are returned in order"), severity = what a failure blocks (``fixtures/report/suites.yaml``).
+* Titles come from the test's docstring (first line), else from its name made readable.
+
+Plain functions over marker names and test names so they work without pytest; ``plugin_report`` applies them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pytest_ml4.targets import FIXTURES_DIR
+
+SUITES_FILE = FIXTURES_DIR / "report" / "suites.yaml"
+SEVERITIES = ("blocker", "critical", "normal", "minor", "trivial")
+
+
+@dataclass(frozen=True)
+class SuiteInfo:
+    """One suite as the report presents it."""
+
+    marker: str
+    title: str
+    severity: str
+    blocks: str
+
+
+@lru_cache(maxsize=4)
+def load_suites(path: Path = SUITES_FILE) -> dict[str, SuiteInfo]:
+    """Suite catalogue keyed by marker name (plus ``default`` for unmarked checks)."""
+    raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    out = {}
+    for marker, spec in raw.items():
+        if spec["severity"] not in SEVERITIES:
+            raise ValueError(f"{path}: suite {marker!r} has severity {spec['severity']!r}, not one of {SEVERITIES}")
+        out[marker] = SuiteInfo(marker, spec["title"], spec["severity"], spec["blocks"])
+    if "default" not in out:
+        raise ValueError(f"{path}: needs a 'default' entry for checks without a suite marker")
+    return out
+
+
+def suite_of(marker_names: set[str] | list[str], module: str = "") -> SuiteInfo:
+    """The suite a check belongs to: its suite marker, else its module name (``test_tools.py`` -> tools)."""
+    suites = load_suites()
+    # The most severe matching suite wins, so a smoke check also marked tools counts as smoke.
+    found = [suites[m] for m in marker_names if m in suites and m != "default"]
+    if found:
+        return min(found, key=lambda s: SEVERITIES.index(s.severity))
+    stem = Path(module).stem.removeprefix("test_")
+    return suites.get(stem, suites["default"])
+
+
+def humanize(name: str) -> str:
+    """``test_parallel_tool_calls_in_order`` -> ``Parallel tool calls in order``."""
+    words = re.sub(r"^test_?", "", name).replace("_", " ").strip()
+    return (words[:1].upper() + words[1:]) if words else name
+
+
+def check_title(func: Callable[..., Any] | None, name: str) -> str:
+    """Title of a check: the first docstring line, else the humanized function name."""
+    doc = inspect.getdoc(func) if func is not None else None
+    if doc:
+        first = doc.strip().splitlines()[0].strip().rstrip(".")
+        if first:
+            return first
+    return humanize(name)
+
+
+def check_labels(target_name: str | None, marker_names: set[str] | list[str], module: str,
+                 func_name: str) -> dict[str, str]:
+    """Allure labels for one check: epic (target), feature (suite), story (check), severity."""
+    suite = suite_of(marker_names, module)
+    labels = {"feature": suite.title, "story": humanize(func_name), "severity": suite.severity}
+    if target_name:
+        labels["epic"] = target_name
+    return labels

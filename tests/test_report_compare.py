@@ -1,0 +1,112 @@
+"""Run summaries and the nightly comparison (``ml4-report compare``): table, trend PNG, exit status."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_ml4.report.cli import main
+from pytest_ml4.report.compare import compare_runs, direction, format_table, load_baseline, stored_runs, trend_png
+from pytest_ml4.report.summary import CheckRecord, build_summary, perf_points, write_summary
+
+REPO = Path(__file__).resolve().parent.parent
+BASELINE = REPO / "fixtures" / "baselines" / "rtxpro6000-tp8.json"
+
+
+def _points(scale_itl: float = 1.0, scale_tok: float = 1.0) -> list[dict[str, float]]:
+    base = {c["concurrency"]: c for c in json.loads(BASELINE.read_text())["points"]}
+    return [{"concurrency": c, "itl_p50_ms": p["itl_p50_ms"] * scale_itl, "tok_s_user": p["tok_s_user"] * scale_tok,
+             "ttft_p50_s": p["ttft_p50_s"], "out_tok_s": p["out_tok_s"] * scale_tok, "requests": p["requests"]}
+            for c, p in sorted(base.items())]
+
+
+def _run(root: Path, name: str, *, points: list[dict[str, float]] | None, outcome: str = "passed",
+         started: float = 1.0e9, target: str = "rtxpro6000-tp8") -> Path:
+    run = root / name
+    run.mkdir(parents=True)
+    if points is not None:
+        (run / "perf-summary.json").write_text(json.dumps(
+            {"points": points, "gates": [{"name": "zero errors", "passed": outcome == "passed", "value": 0}]}))
+    checks = [CheckRecord("suites/test_smoke.py::test_health", "Health", "smoke", "passed"),
+              CheckRecord("suites/test_tools.py::test_parallel", "Parallel", "tools", outcome,
+                          message="" if outcome == "passed" else "AssertionError: stream grammar broken")]
+    doc = build_summary(run_dir=run, target=target, simulated=True, faults=(), versions={"engine": "0.33.0"},
+                        checks=checks, started=started, finished=started + 60, exit_status=0)
+    write_summary(run, doc)
+    return run
+
+
+def test_summary_holds_gates_versions_and_perf_per_concurrency(tmp_path: Path) -> None:
+    run = _run(tmp_path, "r1", points=_points(), outcome="failed")
+    doc = json.loads((run / "summary.json").read_text())
+    assert doc["schema"] == 1 and doc["target"] == "rtxpro6000-tp8" and doc["versions"]["engine"] == "0.33.0"
+    assert doc["tests"] == {"total": 2, "passed": 1, "failed": 1, "broken": 0, "skipped": 0}
+    assert doc["suites"]["tools"]["failed"] == 1
+    gates = {g["name"]: g["passed"] for g in doc["gates"]}
+    assert gates == {"suite: smoke": True, "suite: tools": False, "zero errors": False}
+    assert doc["perf"]["16"]["itl_p50_ms"] == pytest.approx(31.5)
+    assert doc["duration_s"] == 60
+
+
+def test_perf_points_accepts_list_and_mapping_shapes() -> None:
+    as_list = {"points": [{"concurrency": 4, "x_s": 1, "flag": True, "label": "a"}]}
+    as_map = {"per_concurrency": {"4": {"x_s": 1}}}
+    assert perf_points(as_list) == perf_points(as_map) == {4: {"x_s": 1.0}}
+    assert perf_points({"nothing": 1}) == {}
+
+
+def test_direction_of_seed_figures() -> None:
+    assert [direction(m) for m in ("ttft_p50_s", "itl_p99_ms", "error_rate_pct", "out_tok_s", "tok_s_user",
+                                   "decode_conc_avg", "requests")] == [-1, -1, -1, 1, 1, 1, 0]
+
+
+def test_itl_regression_beyond_tolerance_is_flagged_vs_previous_and_baseline(tmp_path: Path) -> None:
+    _run(tmp_path, "20261101-a", points=_points(), started=1.0e9)
+    _run(tmp_path, "20261102-a", points=_points(scale_itl=1.25), started=1.1e9)
+    runs = stored_runs(tmp_path, "rtxpro6000-tp8")
+    comp = compare_runs(runs, load_baseline(BASELINE), tolerance=0.10)
+    bad = {(r.scope, r.subject) for r in comp.regressions}
+    assert ("vs previous", "c16 itl_p50_ms") in bad
+    assert ("vs baseline", "c16 itl_p50_ms") in bad
+    assert not any("tok_s" in s or "requests" in s for _, s in bad)
+    # TTFT past c16 is queueing (baseline: ttft_value_max_concurrency 16): never judged by value.
+    assert not any(r.subject in ("c32 ttft_p50_s", "c64 ttft_p50_s") for r in comp.rows if r.scope == "vs baseline")
+    table = format_table(comp)
+    assert "REGRESSION" in table and "+25.0%" in table and "regression(s) beyond tolerance" in table
+
+
+def test_small_drift_within_tolerance_and_verdict_changes(tmp_path: Path) -> None:
+    _run(tmp_path, "20261101-a", points=_points(), started=1.0e9)
+    _run(tmp_path, "20261102-a", points=_points(scale_itl=1.05, scale_tok=0.97), outcome="failed", started=1.1e9)
+    comp = compare_runs(stored_runs(tmp_path), None, tolerance=0.10)
+    subjects = {r.subject for r in comp.regressions}
+    assert subjects == {"check suites/test_tools.py::test_parallel", "gate suite: tools", "gate zero errors"}
+
+
+def test_trend_png_draws_the_key_figures(tmp_path: Path) -> None:
+    for i, scale in enumerate((1.0, 1.02, 0.97)):
+        _run(tmp_path, f"2026110{i + 1}-a", points=_points(scale_itl=scale), started=1.0e9 + i)
+    out = trend_png(stored_runs(tmp_path), tmp_path / "trend.png", load_baseline(BASELINE))
+    assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.stat().st_size > 10_000
+    assert trend_png([{"run_id": "x", "perf": {}}], tmp_path / "none.png") is None
+
+
+def test_cli_compare_exit_status_and_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _run(tmp_path, "20261101-a", points=_points(), started=1.0e9)
+    _run(tmp_path, "20261102-a", points=_points(scale_itl=1.02), started=1.1e9)
+    _run(tmp_path, "20261100-b", points=_points(scale_itl=3.0), started=0.9e9, target="gb300-agg")
+    assert main(["compare", "--runs", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "baseline: " + str(BASELINE) in out and "no regressions" in out
+    assert (tmp_path / "20261102-a" / "trend.png").is_file()
+
+    _run(tmp_path, "20261103-a", points=_points(scale_itl=1.5), started=1.2e9)
+    assert main(["compare", "--runs", str(tmp_path), "--png", str(tmp_path / "t.png")]) == 1
+    assert "REGRESSION" in capsys.readouterr().out
+    # A looser tolerance accepts the same run; an unknown baseline path is a usage error.
+    assert main(["compare", "--runs", str(tmp_path), "--tolerance", "0.6", "--baseline", "none"]) == 0
+    assert main(["compare", "--runs", str(tmp_path), "--baseline", str(tmp_path / "missing.json")]) == 2
+    assert main(["compare", "--runs", str(tmp_path / "empty")]) == 2
