@@ -26,6 +26,7 @@ from pytest_ml4.preflight.shell import (ShellScript, find_program, is_run_unique
 
 #: Annotation a DGD / Job carries when it is a pure performance run (synthetic acceptance allowed there).
 RUN_PURPOSE_ANNOTATION = "pytest-ml4/run-purpose"
+REDACTED = "<redacted>"
 _COMMENT_TARGET = re.compile(r"^\s*#\s*ml4-target:\s*(\S+)", re.M)
 _COMMENT_PURPOSE = re.compile(r"^\s*#\s*ml4-run-purpose:\s*(\S+)", re.M)
 # Env/config names that hold secrets: a name component "key", "token", "secret", "password" (not "tokens").
@@ -110,16 +111,24 @@ def _vllm_launches(script: ShellScript, path: str, kind: str, env: dict[str, str
         raw = parse_flags(prog, cmd.argv[start:], line)
         secrets = _flag_secrets(raw, line, "vllm serve")
         engine = parse_flags(prog, [script.expand(w) for w in cmd.argv[start:]], line)
-        yield VllmLaunch(path=path, kind=kind, engine=engine, env=dict(script.variables), secrets=secrets,
+        _flag_secrets(engine, line, "vllm serve")  # blanks values that came in through ${VAR} expansion
+        yield VllmLaunch(path=path, kind=kind, engine=engine, env=redact_env(script.variables), secrets=secrets,
                          line=line)
 
 
 def _flag_secrets(args: EngineArgs, line: int | None, where: str) -> list[SecretLiteral]:
+    """Literal values of secret flags (``--api-key sk-...``); the values are then blanked in ``args``."""
     out = []
     for name, values in args.flags.items():
         if is_secret_name(name) and any(v is not None and not is_reference(v) for v in values):
             out.append(SecretLiteral(name=f"--{name}", line=line, where=where))
+            args.flags[name] = [REDACTED if v is not None and not is_reference(v) else v for v in values]
     return out
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with literal values of secret-named variables replaced, so no document repr holds a secret."""
+    return {k: (REDACTED if is_secret_name(k) and not is_reference(v) else v) for k, v in env.items()}
 
 
 # ---------------------------------------------------------------------------------------------- shell
@@ -132,7 +141,7 @@ def parse_shell(text: str, path: str) -> list[Document]:
     for launch in _vllm_launches(script, path, "shell", script.variables):
         launch.run_purpose = purpose
         docs.append(launch)
-    perf = _perf_from_script(script, path, kind="shell", env={}, name=path)
+    perf = _perf_from_script(script, path, kind="shell", env={}, name="")
     if perf is not None:
         perf.run_purpose = purpose
         docs.append(perf)
@@ -154,7 +163,8 @@ def _perf_from_script(script: ShellScript, path: str, *, kind: str, env: dict[st
         invocations.append(AiperfInvocation(args=args, line=line, loop_vars=cmd.loop_vars, artifact_dir=art))
     if not invocations:
         return None
-    return PerfRun(path=path, kind=kind, name=name, invocations=invocations, env={**env, **script.variables},
+    return PerfRun(path=path, kind=kind, name=name, invocations=invocations,
+                   env=redact_env({**env, **script.variables}),
                    run_unique_vars=frozenset(script.run_unique_vars), secrets=secrets,
                    line=invocations[0].line)
 
@@ -199,8 +209,8 @@ def parse_yaml(text: str, path: str) -> list[Document]:
         if kind == "DynamoGraphDeployment":
             doc = parse_dgd(data, path, lines, start)
         elif "model_list" in data:
-            doc = LiteLLMConfig(path=path, kind="litellm", data=data, line=start,
-                                secrets=_litellm_secrets(data, lines, start))
+            secrets = _litellm_secrets(data, lines, start)
+            doc = LiteLLMConfig(path=path, kind="litellm", data=_redact_tree(data), line=start, secrets=secrets)
         elif kind in ("Job", "CronJob", "ConfigMap", "Pod"):
             doc = parse_perf_manifest(data, path, lines, start)
         else:
@@ -329,6 +339,7 @@ def _dgd_component(name: str, comp: dict[str, Any], alpha: bool, global_env: tup
         for s in _flag_secrets(raw, line, f"component {name} args"):
             doc.secrets.append(s)
         parsed = parse_flags(prog, [script.expand(w) for w in cmd.argv[idx:]], line)
+        _flag_secrets(parsed, line, "")
         if prog == "dynamo.frontend":
             frontend = FrontendArgs(args=parsed, env=env)
         elif prog in ("dynamo.vllm", "vllm serve"):
@@ -337,7 +348,7 @@ def _dgd_component(name: str, comp: dict[str, Any], alpha: bool, global_env: tup
     resources = container.get("resources") or comp.get("resources") or {}
     replicas = comp.get("replicas")
     return DgdComponent(name=name, role=role, replicas=int(replicas) if isinstance(replicas, int) else None,
-                        env=env, env_refs=refs, engine=engine, frontend=frontend, resources=resources,
+                        env=redact_env(env), env_refs=refs, engine=engine, frontend=frontend, resources=resources,
                         shared_memory=_shared_memory(comp), line=line)
 
 
@@ -386,6 +397,15 @@ def _litellm_secrets(data: Any, lines: list[str], start: int, trail: str = "") -
         for i, item in enumerate(data):
             out += _litellm_secrets(item, lines, start, f"{trail}[{i}]")
     return out
+
+
+def _redact_tree(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: (REDACTED if isinstance(v, str) and is_secret_name(str(k)) and not is_reference(v)
+                    else _redact_tree(v)) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_redact_tree(v) for v in data]
+    return data
 
 
 # ---------------------------------------------------------------------------------------------- perf Jobs

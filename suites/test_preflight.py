@@ -1,0 +1,66 @@
+"""Preflight suite: lint the target's deployment configs, one test per rule (issue 6).
+
+Runs without any endpoint: ``pytest --target NAME -m preflight suites/``.  Each rule is one test (the Allure
+report shows its message, fix and seed source) covering all of the target's manifests at once, so cross-file
+rules such as the DGD name-prefix check see every file.  Error findings fail the test; warnings are attached.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import allure
+import pytest
+
+from pytest_ml4.preflight import RULES, Report, Severity
+from pytest_ml4.preflight.loader import load_file
+from pytest_ml4.targets import Target
+
+pytestmark = pytest.mark.preflight
+
+
+def _findings_text(report: Report, rule_id: str) -> str:
+    return "\n".join(f.format() for f in report.by_rule(rule_id)) or "no findings"
+
+
+@pytest.mark.parametrize("rule_id", list(RULES))
+def test_rule(rule_id: str, ml4_preflight_report: Report, ml4_preflight_paths: list[Path],
+              ml4_target: Target) -> None:
+    rule = RULES[rule_id]
+    allure.dynamic.title(f"preflight {rule_id}")
+    allure.dynamic.description(f"{rule.message}\n\nFix: {rule.fix}\n\nSource: {rule.source}")
+    allure.dynamic.parameter("manifests", ", ".join(p.name for p in ml4_preflight_paths))
+    allure.dynamic.parameter("target", ml4_target.name)
+    applicable = [d for d in ml4_preflight_report.documents if d.kind in _kinds(rule.kinds)]
+    for doc in applicable:
+        with allure.step(f"{rule_id} on {doc.path} ({doc.kind})"):
+            mine = [f for f in ml4_preflight_report.by_rule(rule_id) if f.path == doc.path]
+            allure.attach("\n".join(f.format() for f in mine) or "no findings", name=f"{doc.path} findings",
+                          attachment_type=allure.attachment_type.TEXT)
+    findings = ml4_preflight_report.by_rule(rule_id)
+    if findings:
+        allure.attach(_findings_text(ml4_preflight_report, rule_id), name="findings",
+                      attachment_type=allure.attachment_type.TEXT)
+    errors = [f for f in findings if f.severity is Severity.ERROR]
+    assert not errors, f"{len(errors)} {rule_id} error(s):\n" + "\n".join(f.format() for f in errors)
+
+
+def _kinds(rule_kinds: tuple[str, ...]) -> set[str]:
+    # Rule kinds name document families; documents carry the concrete kind they were read from.
+    mapping = {"vllm": {"systemd", "shell"}, "dgd": {"dgd"}, "litellm": {"litellm"}, "perf": {"perf-job", "shell"}}
+    out: set[str] = set()
+    for k in rule_kinds:
+        out |= mapping.get(k, {k})
+    return out
+
+
+def test_manifests_parse(ml4_preflight_paths: list[Path], ml4_target: Target) -> None:
+    """Every manifest the target lists yields at least one deployable document and no parse error."""
+    empty, broken = [], []
+    for path in ml4_preflight_paths:
+        docs = load_file(path, ml4_target) if path.is_file() else []
+        if not docs:
+            empty.append(str(path))
+        broken += [f"{d.path}: {e}" for d in docs for e in d.errors]
+    assert not empty, f"no vLLM launch, DGD, LiteLLM config or aiperf run found in: {', '.join(empty)}"
+    assert not broken, "\n".join(broken)
