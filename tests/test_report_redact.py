@@ -95,3 +95,15 @@ def test_leak_context_does_not_contain_the_secret(red: Redactor) -> None:
     leaks = red.find_leaks(f"prefix {KEY} suffix")
     assert leaks and all(KEY not in leak.context for leak in leaks)
     assert leaks[0].kind == "known secret"
+
+
+def test_truncated_fragments_of_a_long_key_are_masked() -> None:
+    # pytest shows long strings in assertion diffs as "head...tail"; the tail alone is still a leak.
+    key = "sk-ml4-plugin-test-3f9a2c7e5b1d4680"
+    red = Redactor([key])
+    text = "assert 'sk-ml4-plugin-test-3f9...a2c7e5b1d4680' == 'x' and 'plugin-t' is short"
+    assert {lk.kind for lk in red.find_leaks(text)} >= {"part of a known secret"}
+    out = red.redact_text(text)
+    assert "a2c7e5b1d4680" not in out and "plugin-test-3f9" not in out
+    assert "'plugin-t' is short" in out, "runs shorter than the fragment length stay"
+    assert red.find_leaks(out) == []

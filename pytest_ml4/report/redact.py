@@ -27,6 +27,10 @@ MASK = "***"
 
 # Shorter "secrets" would turn ordinary words into masks all over the report; real API keys are far longer.
 MIN_SECRET_LEN = 6
+# pytest's assertion diffs and other truncating reprs show a long value as "head...tail": any run of this many
+# characters of a known secret (of at least FRAGMENT_SECRET_LEN) counts as the secret.
+FRAGMENT_LEN = 10
+FRAGMENT_SECRET_LEN = 20
 
 _SCHEME_RE = re.compile(r"(?i)\b(bearer|basic)(\s+)(?!\*\*\*)[A-Za-z0-9._~+/=:-]{6,}")
 _SK_RE = re.compile(r"\bsk-(?!\*\*\*)[A-Za-z0-9_-]{8,}")
@@ -88,6 +92,9 @@ class Redactor:
         """Redact a string."""
         for secret in self.secrets():
             text = text.replace(secret, MASK)
+        for secret in self.secrets():
+            for start, end in reversed(_fragment_spans(text, secret)):
+                text = text[:start] + MASK + text[end:]
         text = _SCHEME_RE.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", text)
         text = _SK_RE.sub("sk-" + MASK, text)
         text = _PAIR_RE.sub(lambda m: m.group(1) + MASK, text)
@@ -129,11 +136,40 @@ class Redactor:
             start = text.find(secret)
             if start >= 0:
                 leaks.append(Leak("known secret", start, _context(text, start, len(secret))))
+            else:
+                leaks += [Leak("part of a known secret", a, _context(text, a, b - a))
+                          for a, b in _fragment_spans(text, secret)]
         for kind, regex in (("bearer/basic credential", _SCHEME_RE), ("sk- key", _SK_RE),
                             ("key=value credential", _PAIR_RE), ("URL credentials", _USERINFO_RE)):
             for m in regex.finditer(text):
                 leaks.append(Leak(kind, m.start(), _context(text, m.start(), m.end() - m.start())))
         return leaks
+
+
+def _fragment_spans(text: str, secret: str) -> list[tuple[int, int]]:
+    """Non-overlapping spans of ``text`` that are runs of >= FRAGMENT_LEN characters of ``secret``, in order."""
+    if len(secret) < FRAGMENT_SECRET_LEN:
+        return []
+    spans: list[tuple[int, int]] = []
+    for i in range(len(secret) - FRAGMENT_LEN + 1):
+        frag = secret[i:i + FRAGMENT_LEN]
+        pos = text.find(frag)
+        while pos >= 0:
+            # Grow the match both ways while text and secret keep agreeing, so the whole fragment is masked.
+            a, b, si, sj = pos, pos + FRAGMENT_LEN, i, i + FRAGMENT_LEN
+            while a > 0 and si > 0 and text[a - 1] == secret[si - 1]:
+                a, si = a - 1, si - 1
+            while b < len(text) and sj < len(secret) and text[b] == secret[sj]:
+                b, sj = b + 1, sj + 1
+            spans.append((a, b))
+            pos = text.find(frag, pos + 1)
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
+        else:
+            merged.append((a, b))
+    return merged
 
 
 def _context(text: str, start: int, length: int) -> str:

@@ -1,0 +1,170 @@
+"""The report plugin through pytester: default Allure folder in the run folder, labels, metadata files,
+summary, redaction of every output, --clean-alluredir with -n refused, a crashed xdist worker shown as broken."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pytest_ml4.report.categories import load_categories
+from pytest_ml4.report.environment import read_environment
+from pytest_ml4.report.redact import Redactor
+from pytest_ml4.report.scan import scan_paths
+
+KEY = "sk-ml4-plugin-test-3f9a2c7e5b1d4680"
+GATE, PROTOCOL, UNREACHABLE, CRASH, DEFECT = (c["name"] for c in load_categories())
+
+CHECKS = textwrap.dedent('''
+    import logging, os
+    import allure
+    import pytest
+
+    KEY = os.environ["LLM_API_KEY"]
+
+    @pytest.mark.smoke
+    def test_health_answers():
+        """The engine reports healthy."""
+
+    @pytest.mark.perf
+    def test_ttft_gate():
+        assert 3.0 <= 2.0, "gate TTFT p50 3.0 s exceeds 2.0 s at c16"
+
+    @pytest.mark.tools
+    def test_tool_arguments_are_json():
+        raise KeyError("choices")
+
+    @pytest.mark.tools
+    @allure.feature("Hand-picked feature")
+    @pytest.mark.parametrize("conc", [1, 2])
+    def test_burst(conc):
+        pass
+
+    @pytest.mark.reasoning
+    def test_leaky(record_property):
+        logging.getLogger("ml4.test").warning("sending Authorization: Bearer %s", KEY)
+        print("headers:", {"Authorization": "Bearer " + KEY})
+        record_property("api_key", KEY)
+        allure.attach('{"api_key": "%s", "note": "x"}' % KEY, "request", allure.attachment_type.JSON)
+        allure.attach(b"raw " + KEY.encode(), "raw", allure.attachment_type.TEXT)
+        assert KEY == "something else", f"server rejected key {KEY}"
+''')
+
+
+def _results(alluredir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in alluredir.glob("*-result.json")]
+
+
+def _labels(result: dict, name: str) -> list[str]:
+    return [lb["value"] for lb in result["labels"] if lb["name"] == name]
+
+
+def _assert_no_leak(*paths: Path, text: str = "") -> None:
+    red = Redactor([KEY])
+    leaks = scan_paths(list(paths), red) + [str(lk) for lk in red.find_leaks(text)]
+    assert not leaks, "\n".join(map(str, leaks))
+
+
+def test_single_process_run_writes_a_complete_redacted_report(pytester: pytest.Pytester,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLM_API_KEY", KEY)
+    pytester.makepyfile(test_checks=CHECKS)
+    reports = pytester.path / "reports"
+    junit = pytester.path / "junit.xml"
+    result = pytester.runpytest_subprocess("--target", "rtxpro6000-tp8", "--ml4-reports", str(reports),
+                                           f"--junitxml={junit}", "-rA", "--log-level=INFO", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3, failed=3)
+    (run_dir,) = [p for p in reports.iterdir() if p.is_dir()]
+    alluredir = run_dir / "allure-results"
+    result.stdout.fnmatch_lines([f"ml4 report: Allure results in {alluredir}; HTML: ml4-report generate {run_dir}"])
+
+    env = read_environment(alluredir / "environment.properties")
+    assert env["Target"] == "rtxpro6000-tp8" and env["Endpoint"] == "live deployment"
+    assert json.loads((alluredir / "executor.json").read_text())["name"] in ("local", "GitHub Actions",
+                                                                           "GitLab CI", "Jenkins")
+    assert [c["name"] for c in json.loads((alluredir / "categories.json").read_text())][0] == GATE
+
+    by_name = {r["name"]: r for r in _results(alluredir)}
+    assert set(by_name) == {"The engine reports healthy", "Ttft gate", "Tool arguments are json",
+                            "Burst [1]", "Burst [2]", "Leaky"}
+    health = by_name["The engine reports healthy"]
+    assert _labels(health, "epic") == ["rtxpro6000-tp8"]
+    assert _labels(health, "feature") == ["Smoke: the endpoint serves the model"]
+    assert _labels(health, "story") == ["Health answers"]
+    assert _labels(health, "severity") == ["blocker"]
+    assert _labels(by_name["Burst [1]"], "feature") == ["Hand-picked feature"], "a decorator's label is kept, once"
+    assert by_name["Tool arguments are json"]["status"] == "broken"
+    assert by_name["Ttft gate"]["status"] == "failed"
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["target"] == "rtxpro6000-tp8" and summary["exit_status"] == 1
+    assert summary["tests"] == {"total": 6, "passed": 3, "failed": 2, "broken": 1, "skipped": 0}
+    checks = {c["nodeid"].split("::")[1]: c for c in summary["checks"]}
+    assert checks["test_ttft_gate"]["categories"] == [GATE]
+    assert checks["test_leaky"]["categories"] == [PROTOCOL]
+    assert checks["test_tool_arguments_are_json"]["categories"] == [DEFECT]
+    assert checks["test_burst[1]"]["suite"] == "tools"
+    assert {g["name"]: g["passed"] for g in summary["gates"]}["suite: smoke"] is True
+
+    # The key was in an assertion message, a log record, stdout, a user property and two attachments.
+    assert any(p.suffix == ".json" and "api_key" in p.read_text() for p in alluredir.glob("*-attachment*"))
+    _assert_no_leak(alluredir, junit, run_dir / "summary.json", text=result.stdout.str() + result.stderr.str())
+
+
+def test_explicit_alluredir_is_redacted_and_clean_alluredir_with_xdist_is_refused(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLM_API_KEY", KEY)
+    pytester.makepyfile(test_checks=CHECKS)
+    mine = pytester.path / "mine"
+    result = pytester.runpytest_subprocess("--target", "rtxpro6000-tp8", "--ml4-reports", "reports",
+                                           f"--alluredir={mine}", "-k", "leaky", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    assert len(_results(mine)) == 1 and (mine / "environment.properties").is_file()
+    _assert_no_leak(mine, text=result.stdout.str())
+
+    refused = pytester.runpytest_subprocess("--target", "rtxpro6000-tp8", f"--alluredir={mine}",
+                                            "--clean-alluredir", "-n", "2", "-p", "no:cacheprovider")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["*--clean-alluredir cannot be combined with -n*"])
+    assert len(_results(mine)) == 1, "nothing may be wiped before the refusal"
+
+
+CRASHER = textwrap.dedent('''
+    import os
+    import pytest
+
+    pytestmark = pytest.mark.preflight
+
+    @pytest.mark.parametrize("i", range(4))
+    def test_fine(i):
+        pass
+
+    def test_worker_dies():
+        """The worker process dies mid-check."""
+        os._exit(3)
+''')
+
+
+def test_crashed_xdist_worker_shows_as_broken(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_crash=CRASHER)
+    reports = pytester.path / "reports"
+    # -m preflight: the run needs no endpoint, so the controller does not probe one before starting workers.
+    result = pytester.runpytest_subprocess("--target", "rtxpro6000-tp8", "--ml4-reports", str(reports),
+                                           "-n", "2", "-m", "preflight", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4, failed=1)
+    (run_dir,) = [p for p in reports.iterdir() if p.is_dir()]
+    results = _results(run_dir / "allure-results")
+    broken = [r for r in results if r["status"] == "broken"]
+    assert len(results) == 5 and len(broken) == 1
+    crash = broken[0]
+    assert crash["name"] == "The worker process dies mid-check"
+    assert "worker-crash" in _labels(crash, "tag")
+    assert _labels(crash, "epic") == ["rtxpro6000-tp8"]
+    assert _labels(crash, "feature") == ["Preflight: deployment configuration"]
+    assert "crashed while running" in crash["statusDetails"]["message"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    dead = next(c for c in summary["checks"] if c["nodeid"].endswith("test_worker_dies"))
+    assert dead["outcome"] == "broken" and dead["categories"] == [CRASH]
+    assert summary["tests"]["passed"] == 4
