@@ -1,0 +1,24 @@
+"""Log reader over a plain file (the simulator's log, a ``vllm serve ... > engine.log`` redirect, a copied journal)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pytest_ml4.logs.records import LogReader, LogRecord, Since, filter_since, records_from_text
+
+
+class FileLogReader(LogReader):
+    """Every line of ``path``; a missing file reads as no lines (the engine may not have written any yet)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def describe(self) -> str:
+        return f"file {self.path}"
+
+    def read(self, since: Since = None) -> list[LogRecord]:
+        try:
+            text = self.path.read_text(errors="replace")
+        except FileNotFoundError:
+            return []
+        return filter_since(records_from_text(text, source=str(self.path)), since)

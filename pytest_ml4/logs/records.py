@@ -1,0 +1,150 @@
+"""Log records and the one reader interface every log source implements (file, journald, Kubernetes).
+
+A :class:`LogRecord` is one line of an engine's log with the time it was written where the source knows it.
+A :class:`LogReader` returns records oldest first; ``since_last_boot()`` cuts them to the current engine's lines
+so checks judge the engine that is running now, not last week's crash.
+
+Implementing a reader (e.g. ``pytest_ml4.logs.kubernetes``) means writing ``read(since)`` and ``describe()``;
+``records_from_text`` turns raw text into records, and overriding ``boot_groups`` lets a source that knows its
+restarts (journald's invocation id, a pod's container restarts) say where each boot starts.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+#: Terminal colour codes: vLLM colours its prefix unless NO_COLOR is set, and journald keeps the bytes.
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+#: vLLM (all versions, reference vllm.md §9.1): ``LEVEL MM-DD HH:MM:SS [file:line]``, optionally after ``(Proc pid=N) ``.
+_VLLM_PREFIX = re.compile(r"^(?:\((?P<proc>[^)\s]+) pid=(?P<pid>\d+)\) )?(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+                          r"(?P<md>\d\d-\d\d) (?P<hms>\d\d:\d\d:\d\d)(?:\.\d+)? \[")
+#: Dynamo / Rust tracing lines start with an RFC 3339 time stamp.
+_ISO_PREFIX = re.compile(r"^(?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?)\s")
+
+Since = float | _dt.datetime | None
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    """One log line. ``time`` is epoch seconds (None where the line carries none and nothing came before it)."""
+
+    text: str
+    time: float | None = None
+    source: str = ""
+    index: int = 0
+    pid: int | None = None
+    #: A restart id where the source has one (journald ``_SYSTEMD_INVOCATION_ID``, a container's restart count).
+    boot_id: str | None = None
+    extra: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def since_epoch(since: Since) -> float | None:
+    """``since`` as epoch seconds (naive datetimes are local time, like journalctl's --since)."""
+    if since is None or isinstance(since, (int, float)):
+        return since
+    return since.timestamp()
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+def line_time(text: str, *, year: int | None = None, tz: _dt.tzinfo | None = None) -> float | None:
+    """The time a vLLM or Dynamo line was logged, as epoch seconds; None when the line has no stamp.
+
+    vLLM stamps carry no year (``%m-%d %H:%M:%S``, local time): the current year is assumed, or last year when that
+    would put the line in the future (a log read just after New Year).
+    """
+    m = _VLLM_PREFIX.match(text)
+    if m:
+        now = _dt.datetime.now(tz)
+        y = year or now.year
+        try:
+            when = _dt.datetime.strptime(f"{y}-{m['md']} {m['hms']}", "%Y-%m-%d %H:%M:%S").replace(tzinfo=tz)
+        except ValueError:
+            return None
+        if year is None and when > now + _dt.timedelta(days=1):
+            when = when.replace(year=y - 1)
+        return when.timestamp()
+    m = _ISO_PREFIX.match(text)
+    if m:
+        try:
+            return _dt.datetime.fromisoformat(m["iso"].replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def line_pid(text: str) -> int | None:
+    m = _VLLM_PREFIX.match(text)
+    return int(m["pid"]) if m and m["pid"] else None
+
+
+def records_from_text(text: str | Iterable[str], *, source: str = "", start_index: int = 0,
+                      boot_id: str | None = None) -> list[LogRecord]:
+    """Split raw log text into records; lines without a stamp (tracebacks) take the stamp of the line before."""
+    lines = text.splitlines() if isinstance(text, str) else [ln.rstrip("\n") for ln in text]
+    out: list[LogRecord] = []
+    last: float | None = None
+    for i, raw in enumerate(lines):
+        line = strip_ansi(raw)
+        t = line_time(line)
+        last = t if t is not None else last
+        out.append(LogRecord(text=line, time=last, source=source, index=start_index + i, pid=line_pid(line),
+                             boot_id=boot_id))
+    return out
+
+
+def filter_since(records: Sequence[LogRecord], since: Since) -> list[LogRecord]:
+    """Records at or after ``since`` (records without any time are kept: nothing proves they are older)."""
+    t = since_epoch(since)
+    if t is None:
+        return list(records)
+    return [r for r in records if r.time is None or r.time >= t - 1e-6]
+
+
+class LogReader(ABC):
+    """One source of engine log lines."""
+
+    @abstractmethod
+    def read(self, since: Since = None) -> list[LogRecord]:
+        """Records oldest first; ``since`` (epoch seconds or datetime) drops older ones."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Where the lines come from, for failure messages (never a secret)."""
+
+    def boot_groups(self, records: Sequence[LogRecord]) -> list[list[LogRecord]]:
+        """Records split per restart where the source knows its restarts (default: by ``boot_id`` changes)."""
+        groups: list[list[LogRecord]] = [[]]
+        current: str | None = None
+        for r in records:
+            # Lines without an id (a source that does not know) stay with the boot before them.
+            if r.boot_id is not None and r.boot_id != current:
+                if groups[-1] and current is not None:
+                    groups.append([])
+                current = r.boot_id
+            groups[-1].append(r)
+        return [g for g in groups if g]
+
+    def since_last_boot(self, since: Since = None) -> list[LogRecord]:
+        """Only the current engine's lines: the last restart group, cut at its last boot-marker line."""
+        from pytest_ml4.logs.signatures import last_boot_start
+
+        records = self.read(since)
+        groups = self.boot_groups(records)
+        current = groups[-1] if groups else []
+        return current[last_boot_start(current):]
+
+    def tail(self, n: int = 40) -> list[str]:
+        return [r.text for r in self.read()[-n:]]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.describe()})"
