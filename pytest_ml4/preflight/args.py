@@ -52,7 +52,7 @@ def parse_flags(program: str, words: list[str], line: int | None = None) -> Engi
         else:
             value = None
         i += 1
-        base, dot, sub = key.partition(".")
+        base, dot, _ = key.partition(".")
         if dot and base in JSON_FLAGS:
             # Keep the JSON sub-key as written (JSON keys use underscores).
             out.dotted.setdefault(base, {})[name.lstrip("-").partition(".")[2]] = value or "true"

@@ -15,7 +15,12 @@ from pathlib import Path
 import yaml
 
 from pytest_ml4.preflight.model import Document, HardwareInfo, relpath
-from pytest_ml4.preflight.parsers import comment_target, parse_shell, parse_systemd_unit, parse_yaml
+from pytest_ml4.preflight.parsers import (
+    comment_target,
+    parse_shell,
+    parse_systemd_unit,
+    parse_yaml,
+)
 from pytest_ml4.targets import Target, TargetError, known_targets, load_target
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".service", ".sh", ".bash", ".cmd", ".conf")
@@ -98,4 +103,4 @@ def load_paths(paths: list[str | Path], target: Target | None = None) -> list[Do
     return docs
 
 
-__all__ = ["collect_files", "load_file", "load_paths", "target_for_file", "hardware_of", "known_targets"]
+__all__ = ["collect_files", "hardware_of", "known_targets", "load_file", "load_paths", "target_for_file"]

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal
+from typing import Any, Literal
 
 from pytest_ml4.targets import Engine, Hardware, Target
 

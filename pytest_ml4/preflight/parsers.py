@@ -13,22 +13,40 @@ Secrets are never stored: a literal secret becomes a :class:`SecretLiteral` nami
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import yaml
 
 from pytest_ml4.preflight.args import parse_flags
-from pytest_ml4.preflight.model import (AiperfInvocation, DgdComponent, DgdDocument, Document, EngineArgs,
-                                        FrontendArgs, HardwareInfo, LiteLLMConfig, PerfRun, SecretLiteral,
-                                        UNKNOWN_HARDWARE, VllmLaunch)
-from pytest_ml4.preflight.shell import (ShellScript, find_program, is_run_unique, logical_lines,
-                                        parse_script, split_words)
+from pytest_ml4.preflight.model import (
+    UNKNOWN_HARDWARE,
+    AiperfInvocation,
+    DgdComponent,
+    DgdDocument,
+    Document,
+    EngineArgs,
+    FrontendArgs,
+    HardwareInfo,
+    LiteLLMConfig,
+    PerfRun,
+    SecretLiteral,
+    VllmLaunch,
+)
+from pytest_ml4.preflight.shell import (
+    ShellScript,
+    find_program,
+    is_run_unique,
+    logical_lines,
+    parse_script,
+    split_words,
+)
 
 #: Annotation a DGD / Job carries when it is a pure performance run (synthetic acceptance allowed there).
 RUN_PURPOSE_ANNOTATION = "pytest-ml4/run-purpose"
 REDACTED = "<redacted>"
-_COMMENT_TARGET = re.compile(r"^\s*#\s*ml4-target:\s*(\S+)", re.M)
-_COMMENT_PURPOSE = re.compile(r"^\s*#\s*ml4-run-purpose:\s*(\S+)", re.M)
+_COMMENT_TARGET = re.compile(r"^\s*#\s*ml4-target:\s*(\S+)", re.MULTILINE)
+_COMMENT_PURPOSE = re.compile(r"^\s*#\s*ml4-run-purpose:\s*(\S+)", re.MULTILINE)
 # Env/config names that hold secrets: a name component "key", "token", "secret", "password" (not "tokens").
 _SECRET_PART = {"key", "apikey", "token", "secret", "password", "passwd", "credentials"}
 _FIELD_REF_UNIQUE = {"metadata.name", "metadata.uid"}  # differ for every pod, so per run
@@ -42,7 +60,7 @@ def is_secret_name(name: str) -> bool:
 def is_reference(value: str) -> bool:
     """A value that points at a secret instead of being one: ``$VAR``, ``${VAR}``, ``os.environ/VAR``."""
     v = value.strip()
-    return v == "" or v.startswith("$") or v.startswith("os.environ/") or v.startswith("%") or v == "<redacted>"
+    return v in ("", REDACTED) or v.startswith(("$", "os.environ/", "%"))
 
 
 def comment_target(text: str) -> str | None:
@@ -341,7 +359,7 @@ def _dgd_component(name: str, comp: dict[str, Any], alpha: bool, global_env: tup
         parsed = parse_flags(prog, [script.expand(w) for w in cmd.argv[idx:]], line)
         _flag_secrets(parsed, line, "")
         if prog == "dynamo.frontend":
-            frontend = FrontendArgs(args=parsed, env=env)
+            frontend = FrontendArgs(args=parsed, env=redact_env(env))
         elif prog in ("dynamo.vllm", "vllm serve"):
             engine = parsed
     role = _role(comp, alpha, engine, frontend)
@@ -480,5 +498,15 @@ def parse_perf_manifest(data: dict[str, Any], path: str, lines: list[str], start
     return best
 
 
-__all__ = ["parse_systemd_unit", "parse_shell", "parse_yaml", "parse_dgd", "parse_perf_manifest", "is_secret_name",
-           "is_reference", "is_run_unique", "comment_target", "yaml_documents"]
+__all__ = [
+    "comment_target",
+    "is_reference",
+    "is_run_unique",
+    "is_secret_name",
+    "parse_dgd",
+    "parse_perf_manifest",
+    "parse_shell",
+    "parse_systemd_unit",
+    "parse_yaml",
+    "yaml_documents",
+]

@@ -13,7 +13,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
+_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?[-=+?][^}]*)?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 # Words that open/close compound commands; the command after them is still a command.
 _LEADERS = {"then", "else", "do", "{", "!", "time", "exec", "env", "nohup", "sudo"}

@@ -7,7 +7,7 @@ line or reference fact it encodes (``seeds/000`` = the RTX PRO write-up, ``seeds
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from pytest_ml4.preflight.model import CheckFn, Rule, Severity
 
@@ -27,11 +27,13 @@ def rule(id: str, severity: Severity, message: str, fix: str, source: str,
 
 def _load() -> None:
     # Importing the modules registers their rules; the order here is the order of the report.
-    from pytest_ml4.preflight.rules import engine  # noqa: F401
-    from pytest_ml4.preflight.rules import dynamo  # noqa: F401
-    from pytest_ml4.preflight.rules import proxy  # noqa: F401
-    from pytest_ml4.preflight.rules import perf  # noqa: F401
-    from pytest_ml4.preflight.rules import secrets  # noqa: F401
+    from pytest_ml4.preflight.rules import (
+        dynamo,  # noqa: F401
+        engine,  # noqa: F401
+        perf,  # noqa: F401
+        proxy,  # noqa: F401
+        secrets,  # noqa: F401
+    )
 
 
 _load()

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
-from pytest_ml4.preflight.model import DgdComponent, DgdDocument, Document, EngineArgs, LintContext, VllmLaunch
+from pytest_ml4.preflight.model import (
+    DgdComponent,
+    DgdDocument,
+    Document,
+    EngineArgs,
+    LintContext,
+    VllmLaunch,
+)
 from pytest_ml4.targets import Engine
 
 #: vLLM's default --gpu-memory-utilization since 0.22 (reference vllm.md §8: "0.9 (<= 0.19) -> 0.92 (0.22+)").

@@ -4,9 +4,17 @@ session affinity, migration), the Vera Rubin stability settings and the Mistral 
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
-from pytest_ml4.preflight.model import DgdComponent, DgdDocument, Finding, LintContext, PerfRun, Severity
+from pytest_ml4.preflight.model import (
+    DgdComponent,
+    DgdDocument,
+    Finding,
+    LintContext,
+    PerfRun,
+    Severity,
+)
 from pytest_ml4.preflight.rules import RULES, rule
 from pytest_ml4.preflight.rules.common import engine_sites, truthy
 

@@ -3,7 +3,7 @@ cache manager, synthetic spec-decode acceptance, the RTX unit's allocator settin
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from pytest_ml4.memory import MemoryPlan, plan_memory
 from pytest_ml4.preflight.model import Finding, LintContext, Severity, VllmLaunch

@@ -3,9 +3,16 @@ and perf Jobs pointed at a deployment that exists."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
-from pytest_ml4.preflight.model import AiperfInvocation, DgdDocument, Finding, LintContext, PerfRun, Severity
+from pytest_ml4.preflight.model import (
+    AiperfInvocation,
+    DgdDocument,
+    Finding,
+    LintContext,
+    PerfRun,
+    Severity,
+)
 from pytest_ml4.preflight.rules import RULES, rule
 from pytest_ml4.preflight.rules.common import truthy
 from pytest_ml4.preflight.shell import is_run_unique

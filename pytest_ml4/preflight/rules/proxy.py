@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from pytest_ml4.preflight.model import Finding, LintContext, LiteLLMConfig, Severity
 from pytest_ml4.preflight.rules import RULES, rule

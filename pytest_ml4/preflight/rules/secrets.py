@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from pytest_ml4.preflight.model import Finding, LintContext, Severity
 from pytest_ml4.preflight.rules import RULES, rule
