@@ -1,0 +1,73 @@
+"""``python -m pytest_ml4.sim`` / ``ml4-sim``: run the embedded vLLM 0.33 simulator for a target.
+
+    python -m pytest_ml4.sim --target rtxpro6000-tp8 --port 8000 [--host 127.0.0.1] [--log-file F]
+                             [--fault NAME[=VALUE]]... [--set section.field=value]...
+
+The API key (when the target requires one) is read from the environment variable named by
+``endpoint.api_key_env``, never from argv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from typing import Any
+
+from pytest_ml4.sim.faults import ActiveFaults, FaultError, describe
+from pytest_ml4.targets import Target, TargetError, deep_merge, load_target, parse_override
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pytest_ml4.sim", description="Embedded vLLM 0.33 simulator",
+                                epilog="faults:\n" + describe(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True, help="target name (targets/<name>.yaml) or path to a YAML file")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--log-file", default=None, help="append vLLM-format log lines here (default: stderr)")
+    p.add_argument("--fault", action="append", default=[], metavar="NAME[=VALUE]", help="inject a named fault")
+    p.add_argument("--set", action="append", default=[], metavar="section.field=value", dest="overrides",
+                   help="override a target field (YAML value)")
+    return p
+
+
+def load_with_overrides(target: str, exprs: list[str]) -> Target:
+    merged: dict[str, Any] = {}
+    for expr in exprs:
+        merged = deep_merge(merged, parse_override(expr))
+    return load_target(target, overrides=merged or None)
+
+
+def api_key_for(target: Target) -> str | None:
+    """The key from the environment, or None when the target needs none; raises SystemExit if it is missing."""
+    ep = target.endpoint
+    if not ep.requires_api_key:
+        return None
+    if not ep.api_key_env:
+        raise SystemExit(f"error: target {target.name} requires an API key but names no endpoint.api_key_env")
+    key = os.environ.get(ep.api_key_env)
+    if not key:
+        raise SystemExit(f"error: target {target.name} requires an API key: set the environment variable "
+                         f"{ep.api_key_env}")
+    return key
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        target = load_with_overrides(args.target, args.overrides)
+        faults = ActiveFaults(args.fault)
+    except (TargetError, FaultError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    key = api_key_for(target)
+    from pytest_ml4.sim.server import SimConfig, serve  # aiohttp imported only once arguments are valid
+
+    cfg = SimConfig(target=target, host=args.host, port=args.port, faults=faults, api_key=key,
+                    log_file=args.log_file)
+    return asyncio.run(serve(cfg))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""The simulator's ``/metrics``: vLLM 0.33's Prometheus series, driven by the engine loop.
+
+The metric catalogue (names, types, HELP texts, label sets, histogram buckets) is read from the reference
+exposition ``fixtures/transcripts/metrics.txt`` (vllm-0.33-transcripts), so the simulator exposes exactly the
+families real 0.33 exposes.  Values come from real traffic.  Rendering goes through ``prometheus_client`` in
+single-process mode, which also yields the ``*_created`` gauges and the python/process collectors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, generate_latest, GC_COLLECTOR,
+                               PLATFORM_COLLECTOR, PROCESS_COLLECTOR)
+from prometheus_client.parser import text_string_to_metric_families
+
+from pytest_ml4.targets import FIXTURES_DIR, Target
+
+REFERENCE_METRICS = FIXTURES_DIR / "transcripts" / "metrics.txt"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_BASE_LABELS = ("model_name", "engine")
+# Histograms whose buckets are vLLM's build_1_2_5_buckets(max_model_len) (the reference used 131072).
+_TOKEN_HISTOGRAMS = {"vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+                     "vllm:request_max_num_generation_tokens", "vllm:request_params_max_tokens",
+                     "vllm:request_prefill_kv_computed_tokens"}
+
+
+@dataclass
+class _Family:
+    name: str
+    kind: str
+    help: str
+    labels: tuple[str, ...]
+    children: list[dict[str, str]]
+    buckets: tuple[float, ...] = ()
+
+
+def _catalogue(path: Path) -> list[_Family]:
+    fams: list[_Family] = []
+    for fam in text_string_to_metric_families(path.read_text()):
+        if not fam.name.startswith("vllm:") or fam.name.endswith("_created") or fam.name == "vllm:cache_config_info":
+            continue
+        labels: list[str] = []
+        children: list[dict[str, str]] = []
+        buckets: list[float] = []
+        for s in fam.samples:
+            extra = {k: v for k, v in s.labels.items() if k not in _BASE_LABELS and k != "le"}
+            for k in s.labels:
+                if k != "le" and k not in labels:
+                    labels.append(k)
+            if extra and extra not in children:
+                children.append(extra)
+            if s.name.endswith("_bucket") and s.labels["le"] != "+Inf":
+                b = float(s.labels["le"])
+                if b not in buckets:
+                    buckets.append(b)
+        fams.append(_Family(fam.name, fam.type, fam.documentation, tuple(labels), children, tuple(buckets)))
+    return fams
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """vLLM's ``build_1_2_5_buckets``: 1, 2, 5, 10, 20, 50, ... up to ``max_value``."""
+    out: list[int] = []
+    exp = 0
+    while True:
+        for m in (1, 2, 5):
+            v = m * 10 ** exp
+            if v > max_value:
+                return out
+            out.append(v)
+        exp += 1
+
+
+def cache_config_labels(target: Target, num_gpu_blocks: int) -> dict[str, str]:
+    """``vllm:cache_config_info`` labels: the 0.33 CacheConfig field set (vllm.md §8), values from the target."""
+    eng = target.engine
+    return {
+        "_block_size_resolved": "True", "block_size": str(eng.block_size), "cache_dtype": eng.kv_cache_dtype,
+        "cache_hit_alignment_tokens": "None", "effective_attention_block_size": "None",
+        "enable_mamba_shared_prefix_checkpoint": "False", "enable_prefix_caching": "True",
+        "gpu_memory_utilization": str(eng.gpu_memory_utilization), "hash_block_size": "None",
+        "is_attention_free": "False", "kv_cache_dtype_skip_layers": "[]", "kv_cache_layout": "None",
+        "kv_cache_max_concurrency": "None", "kv_cache_memory_bytes": "None", "kv_cache_size_tokens": "None",
+        "kv_offloading_backend": "native",
+        "kv_offloading_size": str(eng.kv_offloading_size_gib) if eng.kv_offloading_size_gib else "None",
+        "kv_sharing_fast_prefill": "False", "mamba_block_size": "None", "mamba_cache_dtype": "auto",
+        "mamba_cache_mode": "none", "mamba_page_size_padded": "None", "mamba_ssm_cache_dtype": "auto",
+        "num_cpu_blocks": "0", "num_gpu_blocks": str(num_gpu_blocks), "num_gpu_blocks_override": "None",
+        "prefix_cache_retention_interval": "0", "prefix_caching_hash_algo": "sha256", "prefix_match_unit": "None",
+        "replayssm_buffer_len": "16", "simple_cpu_offload_num_blocks": "None", "skip_page_size_padded": "None",
+        "sliding_window": "None", "swa_bounded_replay": "True", "use_kda_recoverssm": "False",
+        "use_replayssm": "False", "user_specified_block_size": "True",
+    }
+
+
+class SimMetrics:
+    """All ``vllm:*`` series of one simulated engine (engine label ``"0"``)."""
+
+    def __init__(self, target: Target, model_name: str, num_gpu_blocks: int, engine: str = "0",
+                 catalogue: Path = REFERENCE_METRICS) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        for c in (GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR):
+            try:
+                self.registry.register(c)
+            except ValueError:
+                pass
+        self.base = {"model_name": model_name, "engine": engine}
+        spec = target.engine.speculative
+        self.num_spec = spec.num_speculative_tokens if spec else 0
+        self._m: dict[str, Any] = {}
+        for fam in _catalogue(catalogue):
+            if fam.name.startswith("vllm:spec_decode") and not self.num_spec:
+                continue
+            self._m[fam.name] = self._make(fam, target)
+        info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                     labelnames=[*cache_config_labels(target, num_gpu_blocks), "engine"], registry=self.registry)
+        info.labels(**cache_config_labels(target, num_gpu_blocks), engine=engine).set(1)
+        self.gauge("vllm:engine_sleep_state", 1, sleep_state="awake")
+
+    def _make(self, fam: _Family, target: Target) -> Any:
+        name = fam.name
+        kw: dict[str, Any] = {"labelnames": list(fam.labels), "registry": self.registry}
+        if fam.kind == "counter":
+            metric: Any = Counter(name, fam.help, **kw)
+        elif fam.kind == "histogram":
+            buckets = (build_1_2_5_buckets(target.engine.max_model_len) if name in _TOKEN_HISTOGRAMS
+                       else list(fam.buckets))
+            metric = Histogram(name, fam.help, buckets=buckets, **kw)
+        else:
+            metric = Gauge(name, fam.help, **kw)
+        children = fam.children
+        if name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            children = [{"position": str(i)} for i in range(self.num_spec)]
+        if not children:
+            metric.labels(**self._labels(fam, {}))
+        for extra in children:
+            metric.labels(**self._labels(fam, extra))
+        return metric
+
+    def _labels(self, fam: _Family, extra: dict[str, str]) -> dict[str, str]:
+        return {k: (self.base[k] if k in self.base else extra.get(k, "")) for k in fam.labels}
+
+    def _child(self, name: str, **extra: str) -> Any:
+        m = self._m[name]
+        return m.labels(**{k: self.base.get(k, extra.get(k, "")) for k in m._labelnames})
+
+    # -- update helpers used by the engine loop
+    def inc(self, name: str, amount: float = 1.0, **extra: str) -> None:
+        if name in self._m and amount:
+            self._child(name, **extra).inc(amount)
+
+    def gauge(self, name: str, value: float, **extra: str) -> None:
+        if name in self._m:
+            self._child(name, **extra).set(value)
+
+    def observe(self, name: str, value: float) -> None:
+        if name in self._m:
+            self._child(name).observe(value)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._m)

@@ -1,0 +1,153 @@
+"""The simulator's deterministic "model": what it thinks, says and calls for a chat request.
+
+It answers simple arithmetic correctly, answers from tool results when the conversation ends with ``tool``
+messages, calls the best-matching tool when tools are offered, and otherwise replies with a readiness sentence.
+Unless ``reasoning_effort`` is ``"none"`` it thinks first, longer for higher effort.  Texts come from
+``fixtures/sim/responder.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pytest_ml4.sim import toolgen
+from pytest_ml4.sim.tokenizer import message_text
+from pytest_ml4.targets import FIXTURES_DIR
+
+RESPONDER_DATA = FIXTURES_DIR / "sim" / "responder.json"
+
+_ARITH = re.compile(r"(-?\d+(?:\.\d+)?)\s*(\+|-|\*|/|x|×|÷|plus|minus|times|multiplied by|divided by)\s*(-?\d+(?:\.\d+)?)",
+                    re.IGNORECASE)
+_OPS = {"+": "+", "plus": "+", "-": "-", "minus": "-", "*": "*", "x": "*", "×": "*", "times": "*",
+        "multiplied by": "*", "/": "/", "÷": "/", "divided by": "/"}
+
+
+@dataclass
+class ToolCallPlan:
+    name: str
+    arguments: str
+
+
+@dataclass
+class Plan:
+    """Raw model output before tokenisation: reasoning (None = no thinking), content, tool calls."""
+
+    reasoning: str | None
+    content: str
+    tool_calls: list[ToolCallPlan] = field(default_factory=list)
+    #: Deterministic reasoning share (0.50-0.68) used when output is padded to a fixed length.
+    reasoning_share: float = 0.58
+
+
+@lru_cache(maxsize=4)
+def load_data(path: Path = RESPONDER_DATA) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:.6g}"
+
+
+def arithmetic(text: str) -> dict[str, str] | None:
+    """``{"a", "op", "b", "result"}`` for the first ``a <op> b`` in ``text``, else None."""
+    m = _ARITH.search(text)
+    if not m:
+        return None
+    a, op, b = float(m.group(1)), _OPS[m.group(2).lower()], float(m.group(3))
+    if op == "/" and b == 0:
+        return None
+    result = {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else 0.0}[op]
+    return {"a": _fmt(a), "op": op, "b": _fmt(b), "result": _fmt(result)}
+
+
+def _last_user_text(messages: list[Any]) -> str:
+    for m in reversed(messages):
+        if isinstance(m, dict) and m.get("role") == "user":
+            return message_text(m)
+    return ""
+
+
+def _trailing_tool_results(messages: list[Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for m in reversed(messages):
+        if isinstance(m, dict) and m.get("role") == "tool":
+            out.append(m)
+        else:
+            break
+    return list(reversed(out))
+
+
+def _tool_name_for(messages: list[Any], call_id: str | None) -> str:
+    for m in messages:
+        if isinstance(m, dict) and m.get("role") == "assistant":
+            for tc in m.get("tool_calls") or []:
+                if call_id is None or tc.get("id") == call_id:
+                    return str((tc.get("function") or {}).get("name", "the tool"))
+    return "the tool"
+
+
+def _share(seed_text: str) -> float:
+    # Stable per prompt, spread over the seed's observed 50-68% band.
+    h = int(hashlib.sha256(seed_text.encode()).hexdigest()[:8], 16)
+    return 0.50 + (h % 19) / 100.0
+
+
+def _reasoning(kind: str, effort: str, fill: dict[str, str]) -> str:
+    data = load_data()
+    n = int(data["reasoning_sentences_by_effort"].get(effort, 2))
+    sentences = data["reasoning"][kind][:n]
+    return " ".join(s.format(**fill) for s in sentences)
+
+
+def plan_response(body: dict[str, Any], tool_choice: Any) -> Plan:
+    """Decide what the model outputs for a validated request; ``tool_choice`` is already resolved."""
+    data = load_data()
+    messages = body.get("messages") or []
+    user = _last_user_text(messages)
+    effort = body.get("reasoning_effort") or data["default_effort"]
+    thinks = effort != "none"
+    tools = body.get("tools") or []
+    stop = frozenset(data["stop_words"])
+    share = _share(user)
+
+    results = _trailing_tool_results(messages)
+    if results:
+        name = _tool_name_for(messages, results[0].get("tool_call_id"))
+        text = " ".join(message_text(r) for r in results).strip()
+        reasoning = _reasoning("tool_result", effort, {"tool": name}) if thinks else None
+        return Plan(reasoning, data["tool_result_answer"].format(tool=name, result=text), [], share)
+
+    tool = _choose_tool(tools, tool_choice, user, stop)
+    if tool is not None:
+        exclude = set(toolgen.words(toolgen.tool_name(tool)))
+        facts = toolgen.PromptFacts.of(user, stop, exclude)
+        calls = [ToolCallPlan(toolgen.tool_name(tool), json.dumps(args, ensure_ascii=False))
+                 for args in toolgen.generate_calls(tool, facts)]
+        reasoning = _reasoning("tool", effort, {"tool": toolgen.tool_name(tool)}) if thinks else None
+        return Plan(reasoning, "", calls, share)
+
+    arith = arithmetic(user)
+    if arith:
+        reasoning = _reasoning("arithmetic", effort, arith) if thinks else None
+        return Plan(reasoning, data["arithmetic_answer"].format(**arith), [], share)
+    reasoning = _reasoning("general", effort, {}) if thinks else None
+    return Plan(reasoning, data["readiness"], [], share)
+
+
+def _choose_tool(tools: list[dict[str, Any]], tool_choice: Any, prompt: str,
+                 stop: frozenset[str]) -> dict[str, Any] | None:
+    if not tools or tool_choice == "none":
+        return None
+    if isinstance(tool_choice, dict):
+        wanted = (tool_choice.get("function") or {}).get("name")
+        return next((t for t in tools if toolgen.tool_name(t) == wanted), None)
+    best = toolgen.pick_tool(tools, prompt, stop)
+    if best is None and tool_choice == "required":
+        return tools[0]
+    return best

@@ -1,0 +1,373 @@
+"""The simulator's HTTP server (aiohttp, one process, one event loop): vLLM 0.33's OpenAI-compatible API.
+
+Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``/health``, ``/ping``, ``/version``, ``/load``,
+``/metrics``.  Requests are validated like vLLM (``validation.py``), answered by the deterministic responder,
+tokenised with Tekken, scheduled by the engine loop and rendered byte-exactly (``wire.py``).  Log lines go to
+the log file in vLLM's format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import os
+import random
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import IO, Any, Awaitable, Callable
+
+from aiohttp import web
+
+from pytest_ml4.sim import wire
+from pytest_ml4.sim.boot import BootResult, boot_sequence
+from pytest_ml4.sim.engine import Engine, Sequence
+from pytest_ml4.sim.faults import ActiveFaults
+from pytest_ml4.sim.logfmt import uvicorn_line, vllm_line
+from pytest_ml4.sim.perfmodel import PerfModel
+from pytest_ml4.sim.promstats import CONTENT_TYPE, SimMetrics
+from pytest_ml4.sim.responder import plan_response
+from pytest_ml4.sim.tokenizer import SimTokenizer, get_tokenizer
+from pytest_ml4.sim.validation import (ApiError, Context, check_request, engine_dead, parse_chat,
+                                       resolve_max_tokens)
+from pytest_ml4.targets import Target
+
+#: Path prefixes vLLM's API-key middleware guards (vllm/entrypoints/serve/middleware/authenticate.py).
+_GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
+_REASONING_FIELDS = ("reasoning", "reasoning_content", "both")
+
+
+class LogWriter:
+    """Appends vLLM-format lines to the log file (or stderr), flushed per line so readers can tail it."""
+
+    def __init__(self, path: str | None, pid: int) -> None:
+        self.pid = pid
+        self._fh: IO[str] = open(path, "a", buffering=1, encoding="utf-8") if path else sys.stderr
+
+    def raw(self, line: str) -> None:
+        self._fh.write(line + "\n")
+        self._fh.flush()
+
+    def api(self, level: str, fileinfo: str, lineno: int, message: str) -> None:
+        self.raw(vllm_line("APIServer", self.pid, level, fileinfo, lineno, message))
+
+    def uvicorn(self, message: str) -> None:
+        self.raw(uvicorn_line(message))
+
+
+@dataclass
+class SimConfig:
+    target: Target
+    host: str = "127.0.0.1"
+    port: int = 8000
+    faults: ActiveFaults = field(default_factory=ActiveFaults)
+    api_key: str | None = None
+    log_file: str | None = None
+
+
+def served_names(target: Target) -> list[str]:
+    return [target.serving.engine_served_model_name or target.serving.served_model_name]
+
+
+def fingerprint(target: Target) -> str:
+    """``vllm-<version>-tpN-<hash8>`` (fingerprint mode ``full``, vllm.md §1.2)."""
+    digest = hashlib.sha256(f"{target.name}|{target.engine.model_path}|{target.engine.version}".encode()).hexdigest()
+    return f"vllm-{target.engine.version}-tp{target.topology.tensor_parallel}-{digest[:8]}"
+
+
+class SimServer:
+    """State of one running simulator (the aiohttp application's handlers)."""
+
+    def __init__(self, cfg: SimConfig, boot: BootResult, log: LogWriter, tokenizer: SimTokenizer) -> None:
+        t = cfg.target
+        self.cfg = cfg
+        self.target = t
+        self.log = log
+        self.tok = tokenizer
+        self.faults = cfg.faults
+        self.names = served_names(t)
+        self.ctx = Context(served_names=self.names, max_model_len=t.engine.max_model_len)
+        self.created = int(time.time())
+        self.fingerprint = fingerprint(t)
+        field_mode = str(t.sim.extra.get("reasoning_field", "reasoning"))
+        if field_mode not in _REASONING_FIELDS:
+            raise ValueError(f"sim.extra.reasoning_field must be one of {_REASONING_FIELDS}, got {field_mode!r}")
+        self.reasoning_parser = bool(t.engine.reasoning_parser) and not self.faults.has("reasoning_parser_off")
+        self.opts = wire.WireOptions(
+            reasoning_parser=self.reasoning_parser,
+            tool_parser=bool(t.engine.tool_call_parser) and t.engine.enable_auto_tool_choice
+            and not self.faults.has("tool_parser_off"),
+            reasoning_field=field_mode,
+            invalid_tool_json=self.faults.has("invalid_tool_json"),
+            bad_tool_ids=self.faults.has("bad_tool_ids"),
+            reasoning_usage_missing=self.faults.has("reasoning_usage_missing"),
+        )
+        self.metrics = SimMetrics(t, self.names[0], boot.num_gpu_blocks)
+        perf = PerfModel(t, itl_factor=self.faults.value("slow_decode", 1.0) or 1.0,
+                         ttft_extra_s=self.faults.value("ttft_spike", 0.0))
+        self.engine = Engine(perf=perf, metrics=self.metrics, max_num_seqs=t.engine.max_num_seqs,
+                             kv_pool_tokens=boot.kv_pool_tokens or t.engine.max_model_len, log=log.api,
+                             seed=int(t.sim.extra.get("seed", 0)),
+                             stats_interval_s=float(t.sim.extra.get("stats_interval_s", 10.0)),
+                             crash_on_first_step=self._crash if boot.crash_on_first_step else None)
+        self.boot = boot
+        self.rng = random.Random(int(t.sim.extra.get("seed", 0)) + 1)
+        self.error_rng = random.Random(int(t.sim.extra.get("seed", 0)) + 2)
+
+    # ------------------------------------------------------------------ app
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._auth_middleware, self._access_log_middleware],
+                              client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/ping", self.health)
+        app.router.add_post("/ping", self.health)
+        app.router.add_get("/version", self.version)
+        app.router.add_get("/load", self.load)
+        app.router.add_get("/metrics", self.metrics_handler)
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_startup(self, app: web.Application) -> None:
+        self.engine.start()
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        await self.engine.stop()
+
+    @web.middleware
+    async def _auth_middleware(self, request: web.Request,
+                               handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        key = self.cfg.api_key
+        if key and request.method != "OPTIONS" and request.path.startswith(_GUARDED_PREFIXES):
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            # Constant-time comparison, like vLLM's middleware.
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), key.encode()):
+                return web.Response(status=401, text='{"error":"Unauthorized"}', content_type="application/json")
+        return await handler(request)
+
+    @web.middleware
+    async def _access_log_middleware(self, request: web.Request,
+                                     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                                     ) -> web.StreamResponse:
+        resp = await handler(request)
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        host = f"{peer[0]}:{peer[1]}" if peer else "-"
+        status = resp.status
+        reason = resp.reason or ""
+        self.log.uvicorn(f'{host} - "{request.method} {request.path_qs} HTTP/{request.version.major}.'
+                         f'{request.version.minor}" {status} {reason}')
+        return resp
+
+    # ------------------------------------------------------------------ simple endpoints
+    async def health(self, request: web.Request) -> web.Response:
+        # EngineDeadError -> 503 (vllm/entrypoints/serve/instrumentator/health.py).
+        return web.Response(status=503 if self.engine.dead else 200, body=b"")
+
+    async def version(self, request: web.Request) -> web.Response:
+        return _json(f'{{"version":"{self.target.engine.version}"}}')
+
+    async def load(self, request: web.Request) -> web.Response:
+        return _json(f'{{"server_load":{self.engine.load}}}')
+
+    async def models(self, request: web.Request) -> web.Response:
+        cards = []
+        for name in self.names:
+            cards.append({"id": name, "object": "model", "created": self.created, "owned_by": "vllm",
+                          "root": self.target.engine.model_path, "parent": None,
+                          "max_model_len": self.target.engine.max_model_len,
+                          "permission": [{"id": f"modelperm-{_hex16()}", "object": "model_permission",
+                                          "created": self.created, "allow_create_engine": False,
+                                          "allow_sampling": True, "allow_logprobs": True,
+                                          "allow_search_indices": False, "allow_view": True,
+                                          "allow_fine_tuning": False, "organization": "*", "group": None,
+                                          "is_blocking": False}]})
+        return _json(wire._dumps({"object": "list", "data": cards}))
+
+    async def metrics_handler(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    # ------------------------------------------------------------------ chat
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body, req = parse_chat(await request.read())
+            tool_choice = check_request(req, self.ctx)
+            prompt_tokens = self.tok.prompt_tokens(body)
+            max_tokens, requested = resolve_max_tokens(req, prompt_tokens, self.ctx)
+            if self.faults.has("error_rate") and self.error_rng.random() < self.faults.value("error_rate"):
+                self.metrics.inc("vllm:request_success", finished_reason="error")
+                raise engine_dead()
+        except ApiError as e:
+            return _json(e.body(), status=e.status)
+
+        plan = plan_response(body, tool_choice)
+        if not req.include_reasoning:
+            plan.reasoning = None
+        out = wire.build_output(plan, self.tok, wire.Limits(max_tokens, req.min_tokens, req.ignore_eos), self.opts)
+        ids = [wire.tool_call_id(self.rng, self.opts.bad_tool_ids) for _ in out.call_names]
+        keep_parallel = req.parallel_tool_calls is not False
+        named = isinstance(tool_choice, dict)
+        forced = named or tool_choice == "required"
+        has_calls = bool(out.call_names)
+        finish = out.finish
+        if has_calls and finish == "stop" and not named:
+            finish = "tool_calls"
+        req_id = "chatcmpl-" + (request.headers.get("X-Request-Id") or _hex16())
+        seq = Sequence(req_id=req_id, prompt_tokens=prompt_tokens, output_tokens=out.completion_tokens,
+                       max_tokens=max_tokens, finish_reason=out.finish, params_max_tokens=requested)
+        self.engine.add(seq)
+        if req.stream:
+            return await self._stream(request, req, out, seq, ids, keep_parallel, finish, prompt_tokens)
+        try:
+            while seq.emitted < seq.output_tokens:
+                if await seq.queue.get() == 0:
+                    raise engine_dead()
+        except ApiError as e:
+            return _json(e.body(), status=e.status)
+        asm = wire.assemble(out, ids, keep_parallel)
+        content_override = "" if (forced and has_calls and not asm.content) else None
+        message = wire.message_json(asm, content_override, self.opts.reasoning_field)
+        reasoning_tokens = None
+        if self.reasoning_parser:
+            reasoning_tokens = 0 if self.opts.reasoning_usage_missing else asm.reasoning_tokens
+        text = wire.response_body(req_id=req_id, created=int(time.time()), model=self.names[0], message=message,
+                                  finish=finish, prompt_tokens=prompt_tokens, completion_tokens=out.completion_tokens,
+                                  reasoning_tokens=reasoning_tokens, fingerprint=self.fingerprint)
+        return _json(text)
+
+    async def _stream(self, request: web.Request, req: Any, out: wire.Output, seq: Sequence, ids: list[str],
+                      keep_parallel: bool, finish: str, prompt_tokens: int) -> web.StreamResponse:
+        opts = req.stream_options
+        include_usage = bool(opts and opts.include_usage)
+        renderer = wire.StreamRenderer(
+            out, req_id=seq.req_id, created=int(time.time()), model=self.names[0], opts=self.opts, ids=ids,
+            keep_parallel=keep_parallel, include_usage=include_usage,
+            continuous=bool(opts and opts.continuous_usage_stats), prompt_tokens=prompt_tokens,
+            fingerprint=self.fingerprint, reasoning_details=self.reasoning_parser, finish_reason=finish)
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await resp.prepare(request)
+        midstream_at = out.completion_tokens // 2 if self.faults.has("midstream_error") else -1
+        try:
+            first = True
+            while renderer.pos < len(out.tokens):
+                n = await seq.queue.get()
+                if n == 0:
+                    err = engine_dead()
+                    await resp.write((renderer.error_event(err.message, err.err_type, err.status)
+                                      + renderer.DONE).encode())
+                    return resp
+                chunks = renderer.step(n)
+                if first:
+                    chunks.insert(0, renderer.role_chunk())
+                    first = False
+                if chunks:
+                    await resp.write("".join(chunks).encode())
+                if 0 <= midstream_at <= renderer.pos and renderer.pos < len(out.tokens):
+                    self.engine.abort(seq)
+                    await resp.write((renderer.error_event("The server had an error while processing your "
+                                                           "request.", "InternalServerError", 500)
+                                      + renderer.DONE).encode())
+                    return resp
+            tail = ""
+            if include_usage and not self.faults.has("no_usage_chunk"):
+                tail += renderer.usage_chunk()
+            if not self.faults.has("no_done"):
+                tail += renderer.DONE
+            if tail:
+                await resp.write(tail.encode())
+            await resp.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.engine.abort(seq)
+            raise
+        return resp
+
+    # ------------------------------------------------------------------ engine death
+    def _crash(self) -> None:
+        for line in self.boot.crash_lines:
+            self.log.raw(line)
+        self.log.raw(vllm_line("EngineCore", self.log.pid, "ERROR", "core.py", 1056,
+                               "EngineCore encountered a fatal error."))
+        self.log.api("ERROR", "async_llm.py", 541, "AsyncLLM output_handler failed.")
+        self.log.raw(vllm_line("APIServer", self.log.pid, "ERROR", "core_client.py", 610,
+                               "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup"))
+        os._exit(1)
+
+
+def _hex16() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def _json(text: str, status: int = 200) -> web.Response:
+    return web.Response(status=status, text=text, content_type="application/json")
+
+
+# ---------------------------------------------------------------------- process entry
+def startup_lines(cfg: SimConfig, log: LogWriter) -> None:
+    t = cfg.target
+    e = t.engine
+    log.api("INFO", "utils.py", 299, f"vLLM server version {e.version}, serving model {e.model_path}")
+    args: dict[str, Any] = {"model_tag": e.model_path, "host": cfg.host, "port": cfg.port,
+                            "served_model_name": served_names(t), "max_model_len": e.max_model_len,
+                            "max_num_seqs": e.max_num_seqs, "max_num_batched_tokens": e.max_num_batched_tokens,
+                            "gpu_memory_utilization": e.gpu_memory_utilization, "kv_cache_dtype": e.kv_cache_dtype,
+                            "tensor_parallel_size": t.topology.tensor_parallel, "tokenizer_mode": "mistral"}
+    if e.reasoning_parser:
+        args["reasoning_parser"] = e.reasoning_parser
+    if e.tool_call_parser:
+        args["tool_call_parser"] = e.tool_call_parser
+        args["enable_auto_tool_choice"] = e.enable_auto_tool_choice
+    if e.speculative:
+        args["speculative_config"] = {"method": e.speculative.method,
+                                      "num_speculative_tokens": e.speculative.num_speculative_tokens}
+    if cfg.api_key:
+        args["api_key"] = ["[redacted]"]
+    log.api("INFO", "utils.py", 233, f"non-default args: {args}")
+
+
+def route_lines(cfg: SimConfig, log: LogWriter) -> None:
+    log.api("INFO", "api_server.py", 1521, "Supported tasks: ['generate']")
+    log.api("INFO", "api_server.py", 1890, f"Starting vLLM server on http://{cfg.host}:{cfg.port}")
+    log.api("INFO", "launcher.py", 46, "Available routes are:")
+    for path, methods in (("/health", "GET"), ("/load", "GET"), ("/ping", "GET, POST"), ("/version", "GET"),
+                          ("/v1/models", "GET"), ("/v1/chat/completions", "POST"), ("/metrics", "GET")):
+        log.api("INFO", "launcher.py", 54, f"Route: {path}, Methods: {methods}")
+
+
+async def serve(cfg: SimConfig) -> int:
+    """Boot, bind, serve until cancelled; returns the process exit code."""
+    pid = os.getpid()
+    log = LogWriter(cfg.log_file, pid)
+    startup_lines(cfg, log)
+    boot = boot_sequence(cfg.target, pid)
+    for line in boot.lines:
+        log.raw(line)
+    if not boot.alive:
+        if boot.exit_message:
+            log.raw(vllm_line("EngineCore", pid, "ERROR", "core.py", 1102, "EngineCore failed to start."))
+        log.raw(vllm_line("APIServer", pid, "ERROR", "utils.py", 920,
+                          "RuntimeError: Engine core initialization failed. See root cause above. "
+                          "Failed core proc(s): {'EngineCore_DP0': 1}"))
+        return 1
+    tokenizer = get_tokenizer(cfg.target.engine.tokenizer_version)
+    sim = SimServer(cfg, boot, log, tokenizer)
+    route_lines(cfg, log)
+    runner = web.AppRunner(sim.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port, reuse_address=True)
+    log.uvicorn(f"Started server process [{pid}]")
+    log.uvicorn("Waiting for application startup.")
+    await site.start()
+    log.uvicorn("Application startup complete.")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    import signal
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.uvicorn("Shutting down")
+    await runner.cleanup()
+    log.uvicorn(f"Finished server process [{pid}]")
+    return 0

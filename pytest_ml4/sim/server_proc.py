@@ -1,0 +1,179 @@
+"""``SimServer``: start/stop the simulator as a subprocess on a free loopback port (Python API).
+
+Pattern of vLLM's ``RemoteOpenAIServer`` / pytest-httpserver: spawn ``python -m pytest_ml4.sim``, poll
+``/health`` until it answers 200, fail fast with the log tail when the process dies or the wait times out, stop
+by PID (SIGTERM, then SIGKILL).  The API key travels in the child's environment, never in argv.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import httpx
+
+from pytest_ml4.sim.faults import FaultSpec, parse_fault
+from pytest_ml4.targets import Target
+
+
+class SimServerError(RuntimeError):
+    """The simulator did not come up (the message carries the reason and the log tail)."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _flatten(prefix: str, value: Any) -> list[str]:
+    if isinstance(value, Mapping):
+        out: list[str] = []
+        for k, v in value.items():
+            out += _flatten(f"{prefix}.{k}" if prefix else str(k), v)
+        return out
+    import json
+
+    # JSON is valid YAML, so parse_override on the other side restores the exact value.
+    return [f"{prefix}={json.dumps(value)}"]
+
+
+class SimServer:
+    """A simulator subprocess for one target."""
+
+    def __init__(self, target: Target | str, *, port: int = 0, faults: Iterable[str | FaultSpec] = (),
+                 overrides: Mapping[str, Any] | Iterable[str] | None = None, log_file: str | os.PathLike[str] | None
+                 = None, env: Mapping[str, str] | None = None, host: str = "127.0.0.1",
+                 extra_args: Iterable[str] = ()) -> None:
+        self.target = target if isinstance(target, Target) else None
+        # A Target object may carry in-memory overrides: hand the child exactly that object, as a YAML file.
+        self.target_ref = self._materialise(target) if isinstance(target, Target) else str(target)
+        self.host = host
+        self._requested_port = port
+        self.port = port
+        self.faults = tuple(parse_fault(f) for f in faults)
+        self.overrides = self._override_args(overrides)
+        self._own_log = log_file is None
+        self.log_file = Path(log_file) if log_file else Path(tempfile.mkstemp(prefix="ml4-sim-", suffix=".log")[1])
+        self.env = dict(env) if env is not None else None
+        # Extra CLI arguments for other roles (e.g. a Dynamo frontend mode added later).
+        self.extra_args = list(extra_args)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @staticmethod
+    def _materialise(target: Target) -> str:
+        import yaml
+
+        data = target.model_dump(mode="json", exclude={"path"})
+        fd, path = tempfile.mkstemp(prefix=f"ml4-target-{target.name}-", suffix=".yaml")
+        with os.fdopen(fd, "w") as fh:
+            yaml.safe_dump(data, fh, sort_keys=False)
+        return path
+
+    @staticmethod
+    def _override_args(overrides: Mapping[str, Any] | Iterable[str] | None) -> list[str]:
+        if overrides is None:
+            return []
+        if isinstance(overrides, Mapping):
+            return _flatten("", overrides)
+        return [str(o) for o in overrides]
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def argv(self) -> list[str]:
+        args = [sys.executable, "-m", "pytest_ml4.sim", "--target", str(self.target_ref), "--host", self.host,
+                "--port", str(self.port), "--log-file", str(self.log_file)]
+        for f in self.faults:
+            args += ["--fault", str(f)]
+        for o in self.overrides:
+            args += ["--set", o]
+        return args + self.extra_args
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, timeout: float = 60.0) -> "SimServer":
+        if self.proc and self.proc.poll() is None:
+            return self
+        self.port = self._requested_port or free_port(self.host)
+        env = dict(os.environ if self.env is None else {**os.environ, **self.env})
+        stderr_path = self.log_file.with_suffix(self.log_file.suffix + ".stderr")
+        self._stderr = open(stderr_path, "wb")
+        self.proc = subprocess.Popen(self.argv(), env=env, stdout=subprocess.DEVNULL, stderr=self._stderr,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        url = self.url + "/health"
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                err = stderr_path.read_text(errors="replace").strip()[-2000:]
+                raise SimServerError(f"simulator for {self.target_ref} exited with code {code} before becoming "
+                                     f"healthy\n--- log tail ({self.log_file}) ---\n{self.log_tail()}"
+                                     + (f"\n--- stderr ---\n{err}" if err else ""))
+            try:
+                if httpx.get(url, timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise SimServerError(f"simulator for {self.target_ref} not healthy on {url} after {timeout:.0f} s"
+                                     f"\n--- log tail ({self.log_file}) ---\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=timeout)
+            except ProcessLookupError:
+                pass
+        if getattr(self, "_stderr", None):
+            self._stderr.close()
+
+    def restart(self, timeout: float = 60.0) -> "SimServer":
+        """Stop and start again on the same port (clients keep their base URL)."""
+        port = self.port
+        self.stop()
+        self._requested_port = port or self._requested_port
+        return self.start(timeout)
+
+    def is_running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def __enter__(self) -> "SimServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"SimServer(target={self.target_ref!r}, url={self.url!r}, pid={self.pid})"

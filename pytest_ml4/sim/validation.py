@@ -1,0 +1,190 @@
+"""Request validation with vLLM 0.33's error bodies (reference vllm.md §4.6, §5, §6; errors.txt).
+
+``validate_chat(body, ctx)`` returns a normalised request or raises :class:`ApiError`, whose ``body()`` is the
+exact JSON vLLM sends.  Pydantic type errors use FastAPI's ``"Bad Request"`` style; vLLM's own validation errors
+carry the ``(parameter=…[, value=…])`` suffix of ``VLLMValidationError``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from pytest_ml4.sim.tokenizer import REASONING_EFFORTS
+
+ENGINE_DEAD_MESSAGE = "The server had an error while processing your request."
+
+
+class ApiError(Exception):
+    """An error response: HTTP status, OpenAI-style error object."""
+
+    def __init__(self, status: int, message: str, err_type: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type
+        self.param = param
+
+    def body(self) -> str:
+        return json.dumps({"error": {"message": self.message, "type": self.err_type, "param": self.param,
+                                     "code": self.status}}, ensure_ascii=False, separators=(",", ":"))
+
+
+def vllm_validation(message: str, parameter: str, value: Any = None, with_value: bool = False) -> ApiError:
+    """``VLLMValidationError`` -> 400 BadRequestError with the ``(parameter=…)`` suffix."""
+    suffix = f" (parameter={parameter}, value={value})" if with_value else f" (parameter={parameter})"
+    return ApiError(400, message + suffix, "BadRequestError", parameter)
+
+
+def engine_dead() -> ApiError:
+    return ApiError(500, ENGINE_DEAD_MESSAGE, "InternalServerError", None)
+
+
+class _StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+class ChatRequest(BaseModel):
+    """The typed subset of vLLM's ChatCompletionRequest the simulator looks at; unknown fields are allowed."""
+
+    model_config = ConfigDict(extra="allow")
+    messages: list[Any]
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    min_tokens: int = 0
+    n: int | None = 1
+    seed: int | None = None
+    stream: bool | None = False
+    stream_options: _StreamOptions | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = True
+    ignore_eos: bool = False
+    include_reasoning: bool = True
+    reasoning_effort: str | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    stop: str | list[str] | None = None
+
+
+def _sanitize_input(value: Any) -> Any:
+    # vLLM's validation handler summarises containers instead of echoing them.
+    if isinstance(value, dict):
+        return f"<dict of {len(value)} items>"
+    if isinstance(value, list):
+        return f"<list of {len(value)} items>"
+    return value
+
+
+def _pydantic_error(err: ValidationError) -> ApiError:
+    errors = err.errors()
+    rendered = []
+    for e in errors:
+        loc = ".".join(["body", *(str(x) for x in e["loc"])])
+        rendered.append(repr({"type": e["type"], "loc": loc, "msg": e["msg"], "input": _sanitize_input(e["input"])}))
+    n = len(errors)
+    message = f"{n} validation error{'s' if n != 1 else ''}:\n  " + "\n  ".join(rendered)
+    first_loc = ".".join(["body", *(str(x) for x in errors[0]["loc"])])
+    return ApiError(400, message, "Bad Request", first_loc)
+
+
+@dataclass
+class Context:
+    served_names: list[str]
+    max_model_len: int
+    mistral_tokenizer: bool = True
+
+
+def parse_chat(raw: bytes) -> tuple[dict[str, Any], ChatRequest]:
+    """JSON + pydantic validation (FastAPI's request validation step)."""
+    try:
+        body = json.loads(raw or b"null")
+    except json.JSONDecodeError as e:
+        raise ApiError(400, f"1 validation error:\n  {{'type': 'json_invalid', 'loc': 'body.{e.pos}', "
+                       f"'msg': 'JSON decode error', 'input': {{}}}}", "Bad Request", f"body.{e.pos}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "1 validation error:\n  {'type': 'model_attributes_type', 'loc': 'body', 'msg': "
+                       "'Input should be a valid dictionary or object to extract fields from', 'input': "
+                       f"{_sanitize_input(body)!r}}}", "Bad Request", "body")
+    try:
+        req = ChatRequest.model_validate(body)
+    except ValidationError as e:
+        raise _pydantic_error(e) from None
+    return body, req
+
+
+def check_request(req: ChatRequest, ctx: Context) -> Any:
+    """vLLM's request-level checks; returns the resolved ``tool_choice``."""
+    if req.stream_options is not None and not req.stream:
+        raise vllm_validation("Stream options can only be defined when `stream=True`.", "stream_options")
+    if req.tools is not None and len(req.tools) == 0:
+        raise vllm_validation("`tools` must not be an empty array. Either provide at least one tool or omit the "
+                              "field entirely.", "tools")
+    tool_choice = req.tool_choice
+    if tool_choice is not None and tool_choice != "none" and not req.tools:
+        raise vllm_validation("When using `tool_choice`, `tools` must be set.", "tool_choice")
+    if isinstance(tool_choice, str) and tool_choice not in ("none", "auto", "required"):
+        raise vllm_validation(f"Invalid value for `tool_choice`: {tool_choice}! Only named tools, \"none\", "
+                              "\"auto\" or \"required\" are supported.", "tool_choice")
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name")
+        names = [(t.get("function") or {}).get("name") for t in req.tools or []]
+        if name not in names:
+            raise vllm_validation("The tool specified in `tool_choice` does not match any of the specified "
+                                  "`tools`", "tool_choice")
+    if tool_choice is None:
+        tool_choice = "auto" if req.tools else "none"
+    if req.model is not None and req.model not in ctx.served_names:
+        raise ApiError(404, f"The model `{req.model}` does not exist. Valid aliases: {', '.join(ctx.served_names)}.",
+                       "NotFoundError", "model")
+    if ctx.mistral_tokenizer and (req.chat_template_kwargs is not None or req.chat_template is not None):
+        raise vllm_validation("chat_template is not supported for Mistral tokenizers.", "chat_template")
+    if req.reasoning_effort is not None and req.reasoning_effort not in REASONING_EFFORTS:
+        raise vllm_validation(f"reasoning_effort={req.reasoning_effort} is not supported by Mistral models. "
+                              f"Supported values are: {list(REASONING_EFFORTS)}.", "reasoning_effort",
+                              req.reasoning_effort, with_value=True)
+    if req.temperature is not None and not 0 <= req.temperature <= 2:
+        raise vllm_validation(f"temperature must be in [0, 2], got {req.temperature}.", "temperature",
+                              req.temperature, with_value=True)
+    if req.top_p is not None and not 0 < req.top_p <= 1:
+        raise vllm_validation(f"top_p must be in (0, 1], got {req.top_p}.", "top_p", req.top_p, with_value=True)
+    if req.min_tokens < 0:
+        raise vllm_validation(f"min_tokens must be greater than or equal to 0, got {req.min_tokens}.",
+                              "min_tokens", req.min_tokens, with_value=True)
+    return tool_choice
+
+
+def resolve_max_tokens(req: ChatRequest, prompt_tokens: int, ctx: Context) -> tuple[int, int | None]:
+    """Effective max tokens (``max_completion_tokens`` wins, clamped to the context) and the requested value."""
+    if prompt_tokens > ctx.max_model_len or (prompt_tokens == ctx.max_model_len):
+        raise vllm_validation(
+            f"This model's maximum context length is {ctx.max_model_len} tokens. However, your prompt contains "
+            f"{prompt_tokens} input tokens, which exceeds this limit even without any output tokens. Please reduce "
+            "the length of the input prompt.", "input_tokens", prompt_tokens, with_value=True)
+    field, requested = ("max_completion_tokens", req.max_completion_tokens)
+    if requested is None:
+        field, requested = ("max_tokens", req.max_tokens)
+    if requested is not None and requested > ctx.max_model_len:
+        raise vllm_validation(f"{field}={requested} cannot be greater than max_model_len={ctx.max_model_len}. "
+                              "Please request fewer output tokens.", field, requested, with_value=True)
+    if requested is not None and requested < 1:
+        raise vllm_validation(f"max_tokens must be at least 1, got {requested}.", "max_tokens", requested,
+                              with_value=True)
+    room = ctx.max_model_len - prompt_tokens
+    effective = room if requested is None else min(requested, room)
+    if req.min_tokens > effective:
+        raise vllm_validation(f"min_tokens must be less than or equal to max_tokens={effective}, got "
+                              f"{req.min_tokens}.", "min_tokens", req.min_tokens, with_value=True)
+    return effective, requested
