@@ -13,7 +13,7 @@ import allure
 import pytest
 
 from pytest_ml4.preflight import RULES, Report, Severity
-from pytest_ml4.preflight.loader import load_file
+from pytest_ml4.preflight.loader import collect_files, load_file
 from pytest_ml4.targets import Target
 
 pytestmark = pytest.mark.preflight
@@ -57,8 +57,8 @@ def _kinds(rule_kinds: tuple[str, ...]) -> set[str]:
 def test_manifests_parse(ml4_preflight_paths: list[Path], ml4_target: Target) -> None:
     """Every manifest the target lists yields at least one deployable document and no parse error."""
     empty, broken = [], []
-    for path in ml4_preflight_paths:
-        docs = load_file(path, ml4_target) if path.is_file() else []
+    for path in collect_files(list(ml4_preflight_paths)):
+        docs = load_file(path, ml4_target)
         if not docs:
             empty.append(str(path))
         broken += [f"{d.path}: {e}" for d in docs for e in d.errors]

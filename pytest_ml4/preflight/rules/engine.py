@@ -170,3 +170,51 @@ def check_expandable(ctx: LintContext) -> Iterator[Finding]:
         if "expandable_segments:true" not in conf.replace(" ", "").lower():
             detail = f"PYTORCH_CUDA_ALLOC_CONF={conf}" if conf else "PYTORCH_CUDA_ALLOC_CONF not set"
             yield r.finding(doc, detail, line=doc.engine.line, where="vllm serve")
+
+
+def _drift(site: EngineSite) -> list[str]:
+    """Where the launch's flags disagree with the target's engine section (only flags the launch sets)."""
+    base = site.base_engine()
+    target = site.doc.target
+    if base is None or target is None:
+        return []
+    out: list[str] = []
+    for flag, want in (("max-model-len", base.max_model_len), ("max-num-seqs", base.max_num_seqs),
+                       ("max-num-batched-tokens", base.max_num_batched_tokens),
+                       ("gpu-memory-utilization", base.gpu_memory_utilization), ("block-size", base.block_size),
+                       ("tensor-parallel-size", target.topology.tensor_parallel),
+                       ("kv-offloading-size", base.kv_offloading_size_gib)):
+        have = site.args.number(flag)
+        if have is not None and (want is None or abs(have - float(want)) > 1e-9):
+            out.append(f"--{flag} {have:g} vs {want}")
+    dtype = site.args.kv_cache_dtype()
+    if dtype is not None and dtype != base.kv_cache_dtype:
+        out.append(f"--kv-cache-dtype {dtype} vs {base.kv_cache_dtype}")
+    spec = site.args.speculative() or {}
+    want_spec = base.speculative
+    have_spec = (str(spec.get("method")), int(spec.get("num_speculative_tokens", 0))) if spec else None
+    if have_spec != ((want_spec.method, want_spec.num_speculative_tokens) if want_spec else None):
+        out.append(f"speculative {have_spec} vs {want_spec.method if want_spec else None}")
+    if site.args.switch("disable-hybrid-kv-cache-manager") != base.disable_hybrid_kv_cache_manager:
+        out.append(f"--disable-hybrid-kv-cache-manager vs {base.disable_hybrid_kv_cache_manager}")
+    served = site.args.get("served-model-name")
+    want_name = target.serving.engine_served_model_name or target.serving.served_model_name
+    if served is not None and served != want_name:
+        out.append(f"--served-model-name {served} vs {want_name}")
+    return out
+
+
+@rule("target-manifest-drift", Severity.ERROR,
+      "deployed flags differ from the target YAML the suites judge by: memory, KV and perf gates are computed "
+      "for a configuration that is not the one running",
+      "make targets/<name>.yaml (engine / prefill_engine / topology / serving) and the manifest say the same",
+      "docs/ARCHITECTURE.md 'every default number ... names the seed or reference line it comes from': the target "
+      "is the suite's copy of the seed's flags (seeds/000 stable unit, seeds/002 recipes), the manifest the "
+      "deployed one", ENGINES)
+def check_drift(ctx: LintContext) -> Iterator[Finding]:
+    r = RULES["target-manifest-drift"]
+    for site in engine_sites(ctx):
+        diffs = _drift(site)
+        if diffs and site.doc.target is not None:
+            yield r.finding(site.doc, f"target {site.doc.target.name}: " + "; ".join(diffs), line=site.line,
+                            where=site.where)
