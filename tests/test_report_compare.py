@@ -8,8 +8,20 @@ from pathlib import Path
 import pytest
 
 from pytest_ml4.report.cli import main
-from pytest_ml4.report.compare import compare_runs, direction, format_table, load_baseline, stored_runs, trend_png
-from pytest_ml4.report.summary import CheckRecord, build_summary, perf_points, write_summary
+from pytest_ml4.report.compare import (
+    compare_runs,
+    direction,
+    format_table,
+    load_baseline,
+    stored_runs,
+    trend_png,
+)
+from pytest_ml4.report.summary import (
+    CheckRecord,
+    build_summary,
+    perf_points,
+    write_summary,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 BASELINE = REPO / "fixtures" / "baselines" / "rtxpro6000-tp8.json"

@@ -9,10 +9,22 @@ from pathlib import Path
 import pytest
 
 from pytest_ml4.report.categories import categorize, load_categories, write_categories
-from pytest_ml4.report.environment import (engine_version, environment_properties, executor_from_env,
-                                           read_environment, write_environment, write_executor)
+from pytest_ml4.report.environment import (
+    engine_version,
+    environment_properties,
+    executor_from_env,
+    read_environment,
+    write_environment,
+    write_executor,
+)
 from pytest_ml4.report.history import extract_history, previous_run, seed_history
-from pytest_ml4.report.labels import check_labels, check_title, humanize, load_suites, suite_of
+from pytest_ml4.report.labels import (
+    check_labels,
+    check_title,
+    humanize,
+    load_suites,
+    suite_of,
+)
 from pytest_ml4.report.results import write_crash_result
 from pytest_ml4.targets import load_target
 

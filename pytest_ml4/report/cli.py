@@ -10,6 +10,7 @@ Everything runs offline: the Allure CLI and Chromium are local installs (scripts
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -74,6 +75,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"report: {index}" + (f" (history from {previous})" if previous else ""))
         if args.render:
             shown = render_report(index, run_dir)
+            # What the browser showed, kept beside the screenshots for CI logs and tests.
+            seen = {"overview_text": shown.overview_text, "tree_names": shown.tree_names,
+                    "screenshots": [str(p) for p in shown.screenshots]}
+            (run_dir / "report-render.json").write_text(json.dumps(seen, indent=2), encoding="utf-8")
             print(f"rendered: {len(shown.tree_names)} tree entries; screenshots: "
                   + ", ".join(str(p) for p in shown.screenshots))
     except (ReportError, ToolMissing) as err:

@@ -67,27 +67,25 @@ def engine_version(urls: list[str], timeout: float = 3.0) -> str | None:
 
 def environment_properties(target: Target | None, *, simulated: bool, engine: str | None = None,
                            faults: tuple[str, ...] = (), extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Key/value pairs for the Environment widget (ordered as shown)."""
+    """Key/value pairs for the Environment widget, most important first (the widget shows the first five)."""
     props: dict[str, str] = {}
     if target is not None:
-        props.update({
-            "Target": target.name,
-            "Hardware": f"{target.hardware.count}x {target.hardware.gpu}"
-                        + (f" ({target.hardware.nodes} nodes)" if target.hardware.nodes > 1 else ""),
-            "Topology": f"{target.topology.kind}, TP={target.topology.tensor_parallel}",
-            "Serving": target.serving.stack,
-            "Model": f"{target.serving.served_model_name} ({target.engine.model_path})",
-            "Engine version": engine or f"{target.engine.version} (configured; endpoint has no /version)",
-        })
+        props["Target"] = target.name
     props["Endpoint"] = "simulated (embedded vLLM simulator)" if simulated else "live deployment"
     if faults:
         props["Injected faults"] = ", ".join(faults)
-    props.update({
-        "Suite version": f"pytest-ml4 {package_version('pytest-ml4')}",
-        "Git sha": git_sha(),
-        "Python": platform.python_version(),
-        "pytest": package_version("pytest"),
-    })
+    if target is not None:
+        props["Engine version"] = engine or f"{target.engine.version} (configured; endpoint has no /version)"
+        props["Model"] = f"{target.serving.served_model_name} ({target.engine.model_path})"
+    props["Suite version"] = f"pytest-ml4 {package_version('pytest-ml4')}"
+    props["Git sha"] = git_sha()
+    if target is not None:
+        nodes = f" ({target.hardware.nodes} nodes)" if target.hardware.nodes > 1 else ""
+        props["Hardware"] = f"{target.hardware.count}x {target.hardware.gpu}{nodes}"
+        props["Topology"] = f"{target.topology.kind}, TP={target.topology.tensor_parallel}"
+        props["Serving"] = target.serving.stack
+    props["Python"] = platform.python_version()
+    props["pytest"] = package_version("pytest")
     props.update(extra or {})
     return redact(props)
 
