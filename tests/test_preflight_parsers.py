@@ -307,3 +307,16 @@ def test_aiperf_same_dir_twice_and_pod_name_fieldref(tmp_path: Path) -> None:
 def test_unreadable_yaml_is_a_parse_finding(tmp_path: Path) -> None:
     p = write(tmp_path, "bad.yaml", "kind: DynamoGraphDeployment\nspec: [unclosed\n")
     assert "config-parse" in rules_hit(p)
+
+
+def test_url_password_is_a_literal_secret(tmp_path: Path) -> None:
+    p = write(tmp_path, "l.yaml", """
+        model_list: [{model_name: ml4, litellm_params: {model: x}}]
+        litellm_settings: {num_retries: 2}
+        general_settings:
+          database_url: postgresql://llm:pw-literal-123@db:5432/litellm
+          alerting_url: postgresql://llm:${DB_PASSWORD}@db:5432/litellm
+        """)
+    report = lint_paths([p])
+    (f,) = report.by_rule("literal-secret")
+    assert "database_url" in f.message and "pw-literal-123" not in f.format() + repr(report.documents)

@@ -63,6 +63,18 @@ def is_reference(value: str) -> bool:
     return v in ("", REDACTED) or v.startswith(("$", "os.environ/", "%"))
 
 
+# A password inside a URL (postgresql://user:pw@host); a ${VAR} / os.environ/ password is a reference.
+_URL_PASSWORD = re.compile(r"://[^/\s:@]+:(?P<pw>[^/\s@]+)@")
+
+
+def literal_secret(name: str, value: str) -> bool:
+    """A secret written out: a secret-named setting with a literal value, or any value with a URL password."""
+    if is_secret_name(name) and not is_reference(value):
+        return True
+    m = _URL_PASSWORD.search(value)
+    return bool(m) and not is_reference(m.group("pw"))
+
+
 def comment_target(text: str) -> str | None:
     m = _COMMENT_TARGET.search(text)
     return m.group(1) if m else None
@@ -96,7 +108,7 @@ def parse_systemd_unit(text: str, path: str) -> list[Document]:
                 if not eq:
                     continue
                 env[name] = val
-                if is_secret_name(name) and not is_reference(val):
+                if literal_secret(name, val):
                     secrets.append(SecretLiteral(name=name, line=lineno, where="Environment="))
         elif key == "EnvironmentFile":
             env_files.append(value.lstrip("-"))
@@ -146,7 +158,7 @@ def _flag_secrets(args: EngineArgs, line: int | None, where: str) -> list[Secret
 
 def redact_env(env: dict[str, str]) -> dict[str, str]:
     """``env`` with literal values of secret-named variables replaced, so no document repr holds a secret."""
-    return {k: (REDACTED if is_secret_name(k) and not is_reference(v) else v) for k, v in env.items()}
+    return {k: (REDACTED if literal_secret(k, v) else v) for k, v in env.items()}
 
 
 # ---------------------------------------------------------------------------------------------- shell
@@ -342,7 +354,7 @@ def _dgd_component(name: str, comp: dict[str, Any], alpha: bool, global_env: tup
     line = find_line(lines, start, rf"name:\s*['\"]?{re.escape(name)}['\"]?\s*$") or \
         find_line(lines, start, rf"^\s*{re.escape(name)}:\s*$")
     for var, value in env.items():
-        if is_secret_name(var) and not is_reference(value):
+        if literal_secret(var, value):
             doc.secrets.append(SecretLiteral(name=var, line=line, where=f"component {name} env"))
     script_text, _ = container_script(container)
     script = parse_script(script_text, base_env=env)
@@ -408,7 +420,7 @@ def _litellm_secrets(data: Any, lines: list[str], start: int, trail: str = "") -
             where = f"{trail}.{key}" if trail else str(key)
             if isinstance(value, (dict, list)):
                 out += _litellm_secrets(value, lines, start, where)
-            elif isinstance(value, str) and is_secret_name(str(key)) and not is_reference(value):
+            elif isinstance(value, str) and literal_secret(str(key), value):
                 out.append(SecretLiteral(name=str(key), where=where,
                                          line=find_line(lines, start, rf"^\s*-?\s*{re.escape(str(key))}\s*:")))
     elif isinstance(data, list):
@@ -419,7 +431,7 @@ def _litellm_secrets(data: Any, lines: list[str], start: int, trail: str = "") -
 
 def _redact_tree(data: Any) -> Any:
     if isinstance(data, dict):
-        return {k: (REDACTED if isinstance(v, str) and is_secret_name(str(k)) and not is_reference(v)
+        return {k: (REDACTED if isinstance(v, str) and literal_secret(str(k), v)
                     else _redact_tree(v)) for k, v in data.items()}
     if isinstance(data, list):
         return [_redact_tree(v) for v in data]
@@ -481,7 +493,7 @@ def parse_perf_manifest(data: dict[str, Any], path: str, lines: list[str], start
         if perf is None:
             continue
         for var, value in env.items():
-            if is_secret_name(var) and not is_reference(value):
+            if literal_secret(var, value):
                 perf.secrets.append(SecretLiteral(name=var, where=f"Job {name} env"))
         if best is None:
             best = perf
@@ -503,6 +515,7 @@ __all__ = [
     "is_reference",
     "is_run_unique",
     "is_secret_name",
+    "literal_secret",
     "parse_dgd",
     "parse_perf_manifest",
     "parse_shell",
