@@ -118,6 +118,7 @@ class SimServer:
         if self.proc and self.proc.poll() is None:
             return self
         self.port = self._requested_port or free_port(self.host)
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ if self.env is None else {**os.environ, **self.env})
         stderr_path = self.log_file.with_suffix(self.log_file.suffix + ".stderr")
         self._stderr = open(stderr_path, "wb")
