@@ -107,3 +107,11 @@ def test_truncated_fragments_of_a_long_key_are_masked() -> None:
     assert "a2c7e5b1d4680" not in out and "plugin-test-3f9" not in out
     assert "'plugin-t' is short" in out, "runs shorter than the fragment length stay"
     assert red.find_leaks(out) == []
+
+
+@pytest.mark.parametrize("text", [
+    "args: {'api_key': '[redacted]'}", "api_key=None", '"api_key": null', "api_key: ***",
+    "export LLM_API_KEY; curl -H \"x-api-key: ${LLM_API_KEY}\"", "api_key=$LLM_API_KEY",
+])
+def test_placeholders_are_not_leaks(text: str) -> None:
+    assert Redactor().find_leaks(text) == []
