@@ -320,3 +320,22 @@ def test_url_password_is_a_literal_secret(tmp_path: Path) -> None:
     report = lint_paths([p])
     (f,) = report.by_rule("literal-secret")
     assert "database_url" in f.message and "pw-literal-123" not in f.format() + repr(report.documents)
+
+
+def test_drift_against_another_target() -> None:
+    # The GB300 aggregated recipe checked against the disaggregated target: name, roles and flags differ.
+    report = lint_paths([REPO_ROOT / "targets" / "gb300-agg" / "deploy.yaml"], load_target("gb300-disagg"))
+    text = " ".join(f.message for f in report.by_rule("target-manifest-drift"))
+    assert "DGD name mistral-large-4-agg-gb300 vs control.dgd mistral-large-4-disagg-gb300" in text
+    assert "--kv-offloading-size 200 vs None" in text
+
+
+def test_unit_and_proxy_alias_drift(tmp_path: Path) -> None:
+    unit = (REPO_ROOT / "targets" / "rtxpro6000-tp8" / "vllm-ml4.service").read_text()
+    renamed = write(tmp_path, "vllm-other.service", RTX + unit)
+    (f,) = lint_paths([renamed]).by_rule("target-manifest-drift")
+    assert "unit file vllm-other.service vs target unit vllm-ml4.service" in f.message
+    proxy = (REPO_ROOT / "targets" / "rtxpro6000-tp8" / "litellm.yaml").read_text()
+    other = write(tmp_path, "litellm.yaml", RTX + proxy.replace("model_name: ml4", "model_name: ml4-beta"))
+    (g,) = lint_paths([other]).by_rule("target-manifest-drift")
+    assert "proxy.model_alias ml4" in g.message

@@ -26,13 +26,14 @@ def rule(id: str, severity: Severity, message: str, fix: str, source: str,
 
 
 def _load() -> None:
-    # Importing the modules registers their rules; the order here is the order of the report.
+    # Importing the modules registers their rules (in import order).
     from pytest_ml4.preflight.rules import (
         dynamo,  # noqa: F401
         engine,  # noqa: F401
         perf,  # noqa: F401
         proxy,  # noqa: F401
         secrets,  # noqa: F401
+        target,  # noqa: F401
     )
 
 
