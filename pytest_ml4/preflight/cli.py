@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--list-rules", action="store_true", help="print the rules with their sources and exit")
     p.add_argument("--quiet", action="store_true", help="errors only")
+    p.add_argument("--verbose", action="store_true", help="also list each document and the hardware it maps to")
     return p
 
 
@@ -61,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"documents": len(report.documents), "findings": [f.as_dict() for f in findings]},
                          indent=2))
     else:
+        if args.verbose:
+            for d in report.documents:
+                print(f"{d.path}: {d.kind} on {d.hardware.family or 'unknown hardware'} ({d.hardware.origin})")
         for f in findings:
             print(f.format())
         n_err = len(report.errors())

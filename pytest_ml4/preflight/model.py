@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pytest_ml4.targets import Engine, Hardware, Target
 
@@ -80,9 +80,6 @@ class SecretLiteral:
     name: str
     line: int | None = None
     where: str = ""
-
-
-Role = Literal["single", "agg", "prefill", "decode"]
 
 
 @dataclass
@@ -160,18 +157,6 @@ class EngineArgs:
     def disaggregation_mode(self) -> str | None:
         return self.get("disaggregation-mode")
 
-    def all_tokens(self) -> Iterable[str]:
-        """Every flag name and value (for settings that may live in a flag, a JSON key or elsewhere)."""
-        for name, values in self.flags.items():
-            yield name
-            for v in values:
-                if v is not None:
-                    yield v
-        for name, sub in self.dotted.items():
-            for key, value in sub.items():
-                yield f"{name}.{key}"
-                yield value
-
     def to_engine(self, base: Engine | None) -> Engine | None:
         """The target's :class:`Engine` with the values this launch sets (for the memory model)."""
         if base is None:
@@ -218,10 +203,6 @@ class Document:
     run_purpose: str | None = None
     line: int | None = None
     errors: list[str] = field(default_factory=list)
-
-    @property
-    def label(self) -> str:
-        return self.path
 
 
 @dataclass
