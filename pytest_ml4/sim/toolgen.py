@@ -16,6 +16,8 @@ _WORD = re.compile(r"[A-Za-z][A-Za-z0-9']*")
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?")
 _QUOTED = re.compile(r"[\"“']([^\"”']{1,80})[\"”']")
 _PROPER = re.compile(r"\b[A-Z][a-zà-ÿ]+(?:[ -][A-Z][a-zà-ÿ]+)*\b")
+_IDENT = re.compile(r"\b[A-Z0-9]*[A-Z][A-Z0-9]*(?:-[A-Z0-9]+)+\b|\b[A-Z]+\d+[A-Z0-9]*\b")
+_ID_HINTS = ("sku", "id", "code", "ref", "number", "serial")
 
 
 def words(text: str) -> list[str]:
@@ -38,6 +40,7 @@ class PromptFacts:
     numbers: list[float] = field(default_factory=list)
     quoted: list[str] = field(default_factory=list)
     proper_nouns: list[str] = field(default_factory=list)
+    identifiers: list[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, text: str, stop_words: frozenset[str], exclude: set[str]) -> "PromptFacts":
@@ -46,14 +49,15 @@ class PromptFacts:
         proper: list[str] = []
         for m in _PROPER.finditer(text):
             name = m.group(0)
-            # A capitalised first word of a sentence is usually not a name ("What", "Please", "Get").
+            # A capitalised single first word of a sentence is usually not a name ("What", "Please", "Say").
             at_start = m.start() == 0 or text[: m.start()].rstrip()[-1:] in ".?!:"
-            if name.lower() in stop_words or name.lower() in exclude or (at_start and " " not in name
-                                                                         and name.lower() in _SENTENCE_STARTS):
+            if name.lower() in stop_words or name.lower() in exclude or (at_start and " " not in name):
                 continue
             if name not in proper:
                 proper.append(name)
-        return cls(text=text, stop_words=stop_words, numbers=nums, quoted=quoted, proper_nouns=proper)
+        idents = list(dict.fromkeys(_IDENT.findall(text)))
+        return cls(text=text, stop_words=stop_words, numbers=nums, quoted=quoted, proper_nouns=proper,
+                   identifiers=idents)
 
 
 _SENTENCE_STARTS = {"what", "please", "get", "tell", "show", "find", "call", "use", "give", "check", "how", "can",
@@ -103,6 +107,7 @@ class ArgGenerator:
         self._num_i = 0
         self._quote_i = 0
         self._noun_i = 0
+        self._enum_i: dict[tuple[str, ...], int] = {}
 
     def object(self, schema: dict[str, Any], required_only: bool = False) -> dict[str, Any]:
         props: dict[str, Any] = schema.get("properties") or {}
@@ -123,7 +128,9 @@ class ArgGenerator:
         text = self.facts.text.lower()
         if any(w in text for w in words(name) if w not in self.facts.stop_words and len(w) > 2):
             return True
-        enum = schema.get("enum") if isinstance(schema, dict) else None
+        if not isinstance(schema, dict):
+            return False
+        enum = schema.get("enum") or (schema.get("items") or {}).get("enum")
         return bool(enum) and any(str(e).lower() in text for e in enum)
 
     def _is_subject_field(self, name: str, schema: Any) -> bool:
@@ -157,12 +164,22 @@ class ArgGenerator:
             return None
         return self._string(schema, name, use_subject)
 
-    def _enum(self, values: list[Any]) -> Any:
+    def _enum_mentions(self, values: list[Any]) -> list[Any]:
+        """Enum members named in the prompt, in the order they appear."""
         text = self.facts.text.lower()
-        for v in values:
-            if str(v).lower() in text:
-                return v
-        return values[0]
+        found = [(m.start(), v) for v in values
+                 for m in [re.search(r"(?<![a-z0-9_])" + re.escape(str(v).lower()) + r"(?![a-z0-9_])", text)] if m]
+        return [v for _, v in sorted(found, key=lambda x: x[0])]
+
+    def _enum(self, values: list[Any]) -> Any:
+        # Successive fields over the same enum take successive mentions ("250 EUR in USD": from EUR, to USD).
+        mentions = self._enum_mentions(values)
+        key = tuple(str(v) for v in values)
+        i = self._enum_i.get(key, 0)
+        self._enum_i[key] = i + 1
+        if not mentions:
+            return values[0]
+        return mentions[min(i, len(mentions) - 1)]
 
     def _number(self, schema: dict[str, Any], integer: bool) -> float:
         lo = schema.get("minimum", schema.get("exclusiveMinimum"))
@@ -189,7 +206,9 @@ class ArgGenerator:
         lo = int(schema.get("minItems", 1))
         hi = schema.get("maxItems")
         out: list[Any] = []
-        if items.get("type", "string") == "string" and not items.get("enum") and self.facts.proper_nouns:
+        if items.get("enum"):
+            out = self._enum_mentions(items["enum"])
+        elif items.get("type", "string") == "string" and self.facts.proper_nouns:
             out = list(self.facts.proper_nouns)
         while len(out) < max(lo, 1):
             out.append(self.value(items, name))
@@ -216,6 +235,8 @@ class ArgGenerator:
         if use_subject and self.subject:
             return self.subject
         lname = name.lower()
+        if self.facts.identifiers and any(h in words(lname) for h in _ID_HINTS):
+            return self.facts.identifiers[0]
         nouns = [n for n in self.facts.proper_nouns if n != self.subject] if self.subject else self.facts.proper_nouns
         if any(h in lname for h in _LOCATION_HINTS) and nouns:
             # Successive location-like fields take successive names ("from Paris to Berlin").
