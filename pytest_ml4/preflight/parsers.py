@@ -119,7 +119,7 @@ def parse_systemd_unit(text: str, path: str) -> list[Document]:
     docs: list[Document] = []
     for lineno, command in execs:
         script = parse_script(command, base_env=env)
-        for launch in _vllm_launches(script, path, "systemd", env, lineno):
+        for launch in _vllm_launches(script, path, "systemd", lineno):
             launch.env_files = env_files
             launch.secrets = secrets + launch.secrets
             launch.run_purpose = purpose
@@ -130,8 +130,9 @@ def parse_systemd_unit(text: str, path: str) -> list[Document]:
     return docs
 
 
-def _vllm_launches(script: ShellScript, path: str, kind: str, env: dict[str, str],
+def _vllm_launches(script: ShellScript, path: str, kind: str,
                    line_offset: int | None = None) -> Iterable[VllmLaunch]:
+    """Every ``vllm serve`` in ``script``; the environment is the script's variables (unit Environment= included)."""
     for cmd in script.commands:
         found = find_program(cmd.argv)
         if not found or found[0] != "vllm serve":
@@ -168,7 +169,7 @@ def parse_shell(text: str, path: str) -> list[Document]:
     script = parse_script(text)
     purpose = comment_purpose(text)
     docs: list[Document] = []
-    for launch in _vllm_launches(script, path, "shell", script.variables):
+    for launch in _vllm_launches(script, path, "shell"):
         launch.run_purpose = purpose
         docs.append(launch)
     perf = _perf_from_script(script, path, kind="shell", env={}, name="")

@@ -126,7 +126,8 @@ def _frontends(doc: DgdDocument) -> list[DgdComponent]:
       "remove --dyn-chat-processor (default dynamo) or set it to dynamo",
       "seeds/002 Notes 'Session affinity': 'Keep the Dynamo chat processor; the vLLM processor drops this header' "
       "and 'Tool calls': 'keep the Dynamo chat processor'; flag name --dyn-chat-processor (default dynamo) from "
-      "the public Dynamo docs (chat-processors.mdx), not in dynamo.md", DGD)
+      "the public Dynamo docs (chat-processors.mdx), not in dynamo.md; the DYN_CHAT_PROCESSOR env twin is assumed "
+      "from Dynamo's DYN_* flag convention", DGD)
 def check_chat_processor(ctx: LintContext) -> Iterator[Finding]:
     r = RULES["frontend-chat-processor"]
     for doc in ctx.of(DgdDocument):

@@ -77,7 +77,7 @@ def _plan(site: EngineSite) -> MemoryPlan | None:
     hw = site.doc.hardware.spec
     engine = site.args.to_engine(site.base_engine())
     tp = site.tensor_parallel()
-    if hw is None or engine is None or tp is None:
+    if hw is None or engine is None or tp is None or tp < 1:
         return None
     return plan_memory(hw, engine, tp)
 
