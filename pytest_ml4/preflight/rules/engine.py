@@ -171,3 +171,22 @@ def check_expandable(ctx: LintContext) -> Iterator[Finding]:
             detail = f"PYTORCH_CUDA_ALLOC_CONF={conf}" if conf else "PYTORCH_CUDA_ALLOC_CONF not set"
             yield r.finding(doc, detail, line=doc.engine.line, where="vllm serve")
 
+
+
+@rule("expandable-segments-kv-connector", Severity.ERROR,
+      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True together with a KV connector (NIXL, MultiConnector, or "
+      "the OffloadingConnector --kv-offloading-size creates): vLLM refuses the combination at start-up",
+      "drop expandable_segments from the worker environment (it is an RTX PRO unit setting, not a Dynamo one)",
+      "dynamo.md §8: 'vLLM rejects any KV connector together with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+      "unless the cumem allocator is on'; --enable-sleep-mode (which uses vLLM's cumem allocator) is taken as "
+      "'on', an assumption the reference does not spell out", ENGINES)
+def check_expandable_with_connector(ctx: LintContext) -> Iterator[Finding]:
+    r = RULES["expandable-segments-kv-connector"]
+    for site in engine_sites(ctx):
+        conf = site.env.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
+        if "expandable_segments:true" not in conf or site.args.switch("enable-sleep-mode"):
+            continue
+        connector = site.args.kv_transfer()
+        if connector or site.args.has("kv-offloading-size"):
+            what = connector.get("kv_connector") if connector else "--kv-offloading-size"
+            yield r.finding(site.doc, f"expandable_segments with {what}", line=site.line, where=site.where)
