@@ -121,7 +121,7 @@ def check_hybrid_manager(ctx: LintContext) -> Iterator[Finding]:
                         severity=severity)
 
 
-def _synthetic_keys(obj: object, trail: str = "") -> list[str]:
+def synthetic_keys(obj: object, trail: str = "") -> list[str]:
     """Keys/values that switch on synthetic acceptance (any key or string value mentioning 'synthetic')."""
     found: list[str] = []
     if isinstance(obj, dict):
@@ -130,7 +130,7 @@ def _synthetic_keys(obj: object, trail: str = "") -> list[str]:
             if "synthetic" in str(key).lower() and value not in (None, False, 0, "", "none"):
                 found.append(path)
             else:
-                found += _synthetic_keys(value, path)
+                found += synthetic_keys(value, path)
     elif isinstance(obj, str) and "synthetic" in obj.lower():
         found.append(f"{trail}={obj}")
     return found
@@ -148,7 +148,7 @@ def check_synthetic(ctx: LintContext) -> Iterator[Finding]:
     for site in engine_sites(ctx):
         if site.doc.run_purpose == "performance":
             continue
-        hits = _synthetic_keys(site.args.speculative() or {})
+        hits = synthetic_keys(site.args.speculative() or {})
         hits += [f"--{f}" for f in site.args.flags if "synthetic" in f]
         hits += [k for k, v in site.env.items() if "SYNTHETIC" in k.upper() and truthy(v)]
         if hits:

@@ -15,6 +15,7 @@ from pytest_ml4.preflight.model import (
 )
 from pytest_ml4.preflight.rules import RULES, rule
 from pytest_ml4.preflight.rules.common import EngineSite, engine_sites
+from pytest_ml4.preflight.rules.engine import synthetic_keys
 from pytest_ml4.targets import Target
 
 
@@ -41,6 +42,9 @@ def engine_drift(site: EngineSite) -> list[str]:
     have_spec = (str(spec.get("method")), int(spec.get("num_speculative_tokens", 0))) if spec else None
     if have_spec != ((want_spec.method, want_spec.num_speculative_tokens) if want_spec else None):
         out.append(f"speculative {have_spec} vs {want_spec.method if want_spec else None}")
+    synthetic = bool(synthetic_keys(spec))
+    if want_spec is not None and synthetic != want_spec.synthetic_acceptance:
+        out.append(f"synthetic acceptance {synthetic} vs {want_spec.synthetic_acceptance}")
     if site.args.switch("disable-hybrid-kv-cache-manager") != base.disable_hybrid_kv_cache_manager:
         out.append(f"--disable-hybrid-kv-cache-manager vs {base.disable_hybrid_kv_cache_manager}")
     served = site.args.get("served-model-name")
