@@ -122,3 +122,14 @@ def test_cli_compare_exit_status_and_outputs(tmp_path: Path, capsys: pytest.Capt
     assert main(["compare", "--runs", str(tmp_path), "--tolerance", "0.6", "--baseline", "none"]) == 0
     assert main(["compare", "--runs", str(tmp_path), "--baseline", str(tmp_path / "missing.json")]) == 2
     assert main(["compare", "--runs", str(tmp_path / "empty")]) == 2
+
+
+def test_cli_latest_picks_newest_run_by_start_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _run(tmp_path, "zz-explicit-name", points=None, started=1.0e9)      # named out of time order on purpose
+    _run(tmp_path, "20261102-a", points=None, started=1.1e9)
+    _run(tmp_path, "20261101-b", points=None, started=1.2e9, target="gb300-agg")
+    assert main(["latest", "--runs", str(tmp_path), "--target", "rtxpro6000-tp8"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "20261102-a")
+    assert main(["latest", "--runs", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "20261101-b")
+    assert main(["latest", "--runs", str(tmp_path / "nothing")]) == 2

@@ -2,6 +2,7 @@
 
     ml4-report generate RUN_DIR [--render]   single-file Allure 2 HTML at RUN_DIR/allure-report/index.html
     ml4-report compare [--runs reports/]     latest run vs previous and vs baseline; trend PNG; exit 1 on regression
+    ml4-report latest [--runs reports/]      print the newest run folder (for CI scripts)
     ml4-report scan PATH... [--secret-env V] fail (exit 1) when any file holds a secret
 
 Everything runs offline: the Allure CLI and Chromium are local installs (scripts/install.d/30-allure.sh).
@@ -22,7 +23,12 @@ from pytest_ml4.report.compare import (
     stored_runs,
     trend_png,
 )
-from pytest_ml4.report.history import REPORT_DIRNAME, RESULTS_DIRNAME, previous_run
+from pytest_ml4.report.history import (
+    REPORT_DIRNAME,
+    RESULTS_DIRNAME,
+    previous_run,
+    runs_in,
+)
 from pytest_ml4.report.redact import DEFAULT as REDACTOR
 from pytest_ml4.report.redact import Redactor, register_secret_env
 from pytest_ml4.targets import REPO_ROOT, TargetError, load_target
@@ -51,6 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--baseline", help="baseline file, or 'none' (default: the target's perf.baseline)")
     c.add_argument("--tolerance", type=float, help="relative tolerance (default: the target's gates.perf_tolerance)")
     c.add_argument("--png", type=Path, help="trend image (default: <latest run>/trend.png)")
+
+    la = sub.add_parser("latest", help="print the newest run folder (for CI scripts)")
+    la.add_argument("--runs", type=Path, default=Path("reports"), help="folder holding the run folders")
+    la.add_argument("--target", help="only runs of this target")
 
     s = sub.add_parser("scan", help="fail when any file holds an API key or bearer token")
     s.add_argument("paths", nargs="+", type=Path)
@@ -132,9 +142,18 @@ def cmd_scan(args: argparse.Namespace) -> int:
     return EXIT_REGRESSION if leaks else EXIT_OK
 
 
+def cmd_latest(args: argparse.Namespace) -> int:
+    runs = runs_in(args.runs, args.target)
+    if not runs:
+        print(f"ml4-report latest: no run folders under {args.runs}", file=sys.stderr)
+        return EXIT_USAGE
+    print(runs[-1])
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handler = {"generate": cmd_generate, "compare": cmd_compare, "scan": cmd_scan}[args.command]
+    handler = {"generate": cmd_generate, "compare": cmd_compare, "scan": cmd_scan, "latest": cmd_latest}[args.command]
     return handler(args)
 
 

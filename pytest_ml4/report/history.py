@@ -49,29 +49,40 @@ def seed_history(results_dir: Path, previous_report: Path | None) -> list[str]:
     return sorted(files)
 
 
+def _summary(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / SUMMARY_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
 def run_target(run_dir: Path) -> str | None:
     """The target a run folder belongs to, from its ``summary.json`` (None when it has none)."""
-    summary = run_dir / SUMMARY_NAME
-    try:
-        return json.loads(summary.read_text(encoding="utf-8")).get("target")
-    except (OSError, ValueError):
-        return None
+    return _summary(run_dir).get("target")
 
 
-def sibling_runs(run_dir: Path) -> list[Path]:
-    """Run folders next to ``run_dir`` (including it), oldest first by name (names start with a timestamp)."""
-    root = run_dir.parent
+def _run_order(run_dir: Path) -> tuple[str, str]:
+    # The start time the summary recorded; the folder name (the plugin's names start with a timestamp) breaks ties
+    # and orders folders whose summary lacks it (explicit --ml4-run-dir names need not sort by time).
+    return (_summary(run_dir).get("started") or "", run_dir.name)
+
+
+def runs_in(root: Path, target: str | None = None) -> list[Path]:
+    """Run folders (those with a ``summary.json``) under ``root``, optionally of one target, oldest first."""
     if not root.is_dir():
         return []
-    return sorted((p for p in root.iterdir() if p.is_dir() and (p / SUMMARY_NAME).is_file() or p == run_dir),
-                  key=lambda p: p.name)
+    runs = [p for p in root.iterdir() if p.is_dir() and (p / SUMMARY_NAME).is_file()]
+    if target is not None:
+        runs = [p for p in runs if run_target(p) == target]
+    return sorted(runs, key=_run_order)
 
 
 def previous_run(run_dir: Path, *, with_report: bool = True) -> Path | None:
     """The newest run before ``run_dir`` of the same target (having a generated report when ``with_report``)."""
     run_dir = run_dir.resolve()
     target = run_target(run_dir)
-    earlier = [p for p in sibling_runs(run_dir) if p.name < run_dir.name]
+    me = _run_order(run_dir)
+    earlier = [p for p in runs_in(run_dir.parent) if _run_order(p) < me and p.resolve() != run_dir]
     for cand in reversed(earlier):
         if target is not None and run_target(cand) != target:
             continue
