@@ -110,3 +110,8 @@ def test_literal_secret_value_never_printed(capsys: pytest.CaptureFixture[str]) 
     assert secret not in out.out + out.err
     report = lint_paths([broken])
     assert all(secret not in repr(d) for d in report.documents)
+
+
+def test_cli_notes_a_file_with_nothing_to_lint(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(REPO_ROOT / "targets" / "gb300-agg.yaml")]) == 0
+    assert "no vLLM launch, DGD, LiteLLM config or aiperf run found" in capsys.readouterr().err

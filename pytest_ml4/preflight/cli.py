@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from pytest_ml4.preflight.lint import lint_paths
-from pytest_ml4.preflight.model import Severity
+from pytest_ml4.preflight.model import Severity, relpath
 from pytest_ml4.preflight.rules import RULES
 from pytest_ml4.targets import TargetError, load_target
 
@@ -55,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     except (TargetError, FileNotFoundError) as err:
         print(f"ml4-preflight: {err}", file=sys.stderr)
         return 2
+    seen = {d.path for d in report.documents}
+    for raw in args.paths:
+        # A file named on the command line that holds nothing lintable is worth a note (a typo'd kind:, say).
+        if Path(raw).is_file() and relpath(Path(raw)) not in seen:
+            print(f"ml4-preflight: note: no vLLM launch, DGD, LiteLLM config or aiperf run found in {raw}",
+                  file=sys.stderr)
     findings = sorted(report.findings, key=lambda f: (_ORDER[f.severity], f.path, f.line or 0, f.rule_id))
     if args.quiet:
         findings = [f for f in findings if f.severity is Severity.ERROR]
