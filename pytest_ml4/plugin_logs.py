@@ -1,1 +1,82 @@
-"""pytest glue for the logs concern (fixtures, options in the ml4 group); the core lives outside this file."""
+"""pytest glue for the logs concern: the engine-log reader fixtures and the ``--ml4-log-file`` option.
+
+* ``ml4_logs`` (session): the :class:`~pytest_ml4.logs.LogReader` of the target's engine: the simulator's log file
+  under ``--sim``, else the target's ``logs`` section (journald locally or over ssh via ``ssh_host_env``,
+  Kubernetes), or the file given with ``--ml4-log-file`` (a saved journal/pod log, read instead).
+* ``ml4_boot_log`` (function): a fresh :class:`~pytest_ml4.logs.LogView` of the lines since the engine's last boot.
+* ``ml4_attach_log`` (function): attaches judged log lines to the test's report (Allure) and returns the text.
+
+The core lives in :mod:`pytest_ml4.logs`; nothing here decides a verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from pytest_ml4.logs import FileLogReader, LogEvent, LogReader, LogView, reader_for_target
+from pytest_ml4.targets import Target
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ml4", "pytest-ml4: Mistral Large 4 deployment acceptance")
+    group.addoption("--ml4-log-file", dest="ml4_log_file", default=None, metavar="PATH",
+                    help="read the engine log from this file instead of the target's journald/Kubernetes source "
+                         "(e.g. a saved 'journalctl -u UNIT' or 'kubectl logs' output) (ini: ml4_log_file)")
+    parser.addini("ml4_log_file", "engine log file to read instead of the target's log source", default=None)
+
+
+@pytest.fixture(scope="session")
+def ml4_logs(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any) -> LogReader:
+    """Reader of the engine log (simulator log file, journald, Kubernetes, or --ml4-log-file)."""
+    path = pytestconfig.getoption("ml4_log_file") or pytestconfig.getini("ml4_log_file")
+    if path:
+        return FileLogReader(path)
+    return reader_for_target(ml4_target, sim=ml4_sim)
+
+
+@pytest.fixture
+def ml4_boot_log(ml4_logs: LogReader) -> LogView:
+    """The engine's lines since its last boot, parsed into events (read afresh for each test)."""
+    return LogView(ml4_logs.since_last_boot(), ml4_logs.describe())
+
+
+def attach_log(view: LogView, events: Sequence[LogEvent], name: str = "judged log lines") -> str:
+    """Attach the judged lines with a little context to the Allure report; returns the attached text."""
+    import allure
+
+    text = view.excerpt(events) if events else view.tail(30)
+    header = f"source: {view.source}\n" + "".join(f"matched [{e.signature}]: {e.meaning}\n" for e in events[:5])
+    body = f"{header}\n{text}\n"
+    allure.attach(body, name=name, attachment_type=allure.attachment_type.TEXT)
+    return body
+
+
+@pytest.fixture
+def ml4_attach_log() -> Callable[[LogView, Sequence[LogEvent], str], str]:
+    """``ml4_attach_log(view, events, name)``: attach the judged excerpt to this test's report."""
+    return attach_log
+
+
+class _VerdictSummary:
+    """Collects the ``ml4_verdict`` properties tests record and prints them after the run (pass or fail), so a
+    run reports e.g. the KV pool size and the >= 256,000 verdict without digging into the report."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call":
+            self.lines.extend(str(v) for k, v in report.user_properties if k == "ml4_verdict")
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.lines:
+            terminalreporter.section("ml4 verdicts")
+            for line in self.lines:
+                terminalreporter.write_line(line)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_VerdictSummary(), "ml4-verdict-summary")

@@ -1,0 +1,248 @@
+"""KV cache checks after boot: judge an engine's log (and its /metrics where exposed) against a target's gates.
+
+Each ``judge_*`` function returns a :class:`Verdict` whose message quotes the log line(s) it judged, so a failed
+check reads like the seed's own diagnosis ("GPU KV cache size: 272,636 tokens ..."; "MemoryError: CUDA out of
+memory. Tried to allocate 792.00 MiB ..."). The KV suite (``suites/test_kv_cache.py``) asserts on them; nothing here
+needs pytest.
+
+Rates measured over few speculative drafts are noisy, so range checks on acceptance allow three standard errors
+of the measurement before calling a value out of range.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_ml4.logs.events import KvCacheSize, LogEvent, LogView, SpecDecodeMetrics, StatsLine, quote
+from pytest_ml4.targets import Target
+
+#: Standard errors a measured acceptance value may lie outside its range before it counts as outside.
+Z_TOLERANCE = 3.0
+
+
+@dataclass
+class Verdict:
+    """The outcome of one check: ``ok``, a message quoting what was judged, the judged events and the figures."""
+
+    name: str
+    ok: bool
+    message: str
+    judged: list[LogEvent] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SpecCounts:
+    """Speculative-decoding counters over a window (from /metrics deltas)."""
+
+    drafts: float
+    accepted: float
+    accepted_per_pos: tuple[float, ...]
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1.0 + self.accepted / self.drafts if self.drafts else 0.0
+
+    @property
+    def per_position(self) -> tuple[float, ...]:
+        return tuple(a / self.drafts for a in self.accepted_per_pos) if self.drafts else ()
+
+
+def _failure_context(view: LogView) -> str:
+    failures = view.failures()
+    if failures:
+        return f"\nfailure lines since the last boot of {view.source}:\n{quote(failures)}"
+    return f"\nlast lines of {view.source}:\n{view.tail(15)}"
+
+
+def _kv_size(view: LogView, name: str) -> KvCacheSize | Verdict:
+    size = view.last(KvCacheSize)
+    if size is None:
+        return Verdict(name, False, f"no 'GPU KV cache size' line since the last boot of {view.source}: the engine "
+                                    f"never finished sizing its KV cache{_failure_context(view)}",
+                       judged=view.failures())
+    return size
+
+
+def required_pool(target: Target) -> tuple[int, str]:
+    """The KV pool the target needs, and where the number comes from."""
+    g, eng = target.gates, target.engine
+    if g.kv_pool_tokens_min is not None:
+        return g.kv_pool_tokens_min, "gates.kv_pool_tokens_min"
+    need = math.ceil(eng.max_model_len * g.kv_max_concurrency_min)
+    return need, "engine.max_model_len x gates.kv_max_concurrency_min"
+
+
+def cache_info_problems(size: KvCacheSize, target: Target, labels: Mapping[str, str]) -> list[str]:
+    """Disagreements between the log's KV line, ``vllm:cache_config_info`` and the target's engine flags."""
+    eng = target.engine
+    problems: list[str] = []
+    tokens_label = labels.get("kv_cache_size_tokens", "None")
+    if tokens_label.isdigit() and int(tokens_label) != size.tokens:
+        problems.append(f"cache_config_info kv_cache_size_tokens={tokens_label} but the log says {size.tokens:,}")
+    blocks, block = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+    if blocks.isdigit() and block.isdigit() and int(blocks) * int(block) < size.tokens - int(block):
+        problems.append(f"cache_config_info num_gpu_blocks={blocks} x block_size={block} = "
+                        f"{int(blocks) * int(block):,} tokens, fewer than the log's {size.tokens:,}")
+    util = labels.get("gpu_memory_utilization")
+    if util is not None and not math.isclose(float(util), eng.gpu_memory_utilization):
+        problems.append(f"the engine runs gpu_memory_utilization={util}, the target says "
+                        f"{eng.gpu_memory_utilization}")
+    dtype = labels.get("cache_dtype")
+    if dtype is not None and dtype != eng.kv_cache_dtype:
+        problems.append(f"the engine runs cache_dtype={dtype}, the target says {eng.kv_cache_dtype}")
+    return problems
+
+
+def judge_kv_pool(view: LogView, target: Target, cache_info: Mapping[str, str] | None = None) -> Verdict:
+    """The KV pool of the current boot holds the target's requirement (seed 000 open item 1: >= 256,000)."""
+    name = "kv_pool"
+    size = _kv_size(view, name)
+    if isinstance(size, Verdict):
+        return size
+    need, source = required_pool(target)
+    ok = size.tokens >= need
+    lines = [f"KV pool {size.tokens:,} tokens {'>=' if ok else '<'} required {need:,} ({source})",
+             f"judged: {size.quote}"]
+    figures: dict[str, Any] = {"kv_pool_tokens": size.tokens, "required_tokens": need}
+    if cache_info is None:
+        lines.append("cross-check: vllm:cache_config_info not exposed at the metrics URL")
+    else:
+        problems = cache_info_problems(size, target, cache_info)
+        figures["cache_config_info"] = {k: cache_info.get(k) for k in (
+            "num_gpu_blocks", "block_size", "gpu_memory_utilization", "cache_dtype", "kv_cache_size_tokens")}
+        lines.append("cross-check with vllm:cache_config_info: " + ("; ".join(problems) if problems else "agrees"))
+        ok = ok and not problems
+    return Verdict(name, ok, "\n".join(lines), judged=[size], figures=figures)
+
+
+def judge_max_concurrency(view: LogView, target: Target) -> Verdict:
+    """Maximum concurrency at the target's max_model_len is at least ``gates.kv_max_concurrency_min``."""
+    name = "kv_max_concurrency"
+    size = _kv_size(view, name)
+    if isinstance(size, Verdict):
+        return size
+    want, mml = target.gates.kv_max_concurrency_min, target.engine.max_model_len
+    problems = []
+    if size.max_concurrency is None:
+        problems.append("the KV line carries no 'Maximum concurrency' figure")
+    elif size.max_concurrency < want:
+        problems.append(f"maximum concurrency {size.max_concurrency:.2f}x < {want:.2f}x "
+                        "(gates.kv_max_concurrency_min)")
+    if size.max_model_len is not None and size.max_model_len != mml:
+        problems.append(f"the engine runs max_model_len {size.max_model_len:,}, the target says {mml:,}")
+    conc = "?" if size.max_concurrency is None else f"{size.max_concurrency:.2f}x"
+    head = (f"maximum concurrency {conc} at {mml:,} tokens per request (need >= {want:.2f}x)" if not problems
+            else "; ".join(problems))
+    return Verdict(name, not problems, f"{head}\njudged: {size.quote}", judged=[size],
+                   figures={"max_concurrency": size.max_concurrency, "max_model_len": size.max_model_len})
+
+
+def judge_no_failures(view: LogView) -> Verdict:
+    """No OOM, start-up refusal, KV shortage or engine death since the last boot."""
+    failures = view.failures()
+    if not failures:
+        return Verdict("no_failures", True, f"no OOM or engine-death line since the last boot of {view.source} "
+                                            f"({len(view.records)} lines read)")
+    kinds = sorted({f.signature for f in failures})
+    return Verdict("no_failures", False,
+                   f"{len(failures)} failure line(s) since the last boot of {view.source} ({', '.join(kinds)}):\n"
+                   f"{quote(failures)}", judged=failures)
+
+
+def judge_peak_usage(view: LogView, target: Target, metric_peak_pct: float | None) -> Verdict:
+    """Peak KV usage (periodic stats lines and /metrics samples) stays under ``gates.kv_usage_pct_max``."""
+    limit = target.gates.kv_usage_pct_max
+    stats = view.all(StatsLine)
+    top = max(stats, key=lambda s: s.kv_usage_pct) if stats else None
+    sources = []
+    if top is not None:
+        sources.append(f"stats lines: {top.kv_usage_pct:.1f}% (max of {len(stats)})")
+    if metric_peak_pct is not None:
+        sources.append(f"vllm:kv_cache_usage_perc: {metric_peak_pct:.1f}%")
+    if not sources:
+        return Verdict("kv_peak_usage", False, "no KV usage to judge: no stats line since the last boot of "
+                                               f"{view.source} and no vllm:kv_cache_usage_perc samples"
+                                               f"{_failure_context(view)}", judged=view.failures())
+    peak = max(([top.kv_usage_pct] if top else []) + ([] if metric_peak_pct is None else [metric_peak_pct]))
+    ok = peak < limit
+    msg = f"peak KV usage {peak:.1f}% {'<' if ok else '>='} {limit:.1f}% (gates.kv_usage_pct_max); " + "; ".join(sources)
+    if top is not None:
+        msg += f"\njudged: {top.quote}"
+    return Verdict("kv_peak_usage", ok, msg, judged=[top] if top else [],
+                   figures={"peak_pct": peak, "stats_lines": len(stats), "metric_peak_pct": metric_peak_pct})
+
+
+def _within(value: float, lo: float, hi: float, stderr: float) -> bool:
+    slack = Z_TOLERANCE * stderr
+    return value + slack >= lo and value - slack <= hi
+
+
+def _rate_stderr(p: float, n: float) -> float:
+    # A floor on the spread keeps a rate of exactly 1.0 over few drafts from claiming perfect precision.
+    return math.sqrt(max(p * (1 - p), 0.01) / n) if n > 0 else math.inf
+
+
+def _spec_from_lines(windows: Sequence[SpecDecodeMetrics]) -> SpecCounts | None:
+    drafts = accepted = 0.0
+    per_pos: list[float] = []
+    for w in windows:
+        k = len(w.per_position)
+        if not k or not w.drafted:
+            continue
+        n = w.drafted / k
+        drafts += n
+        accepted += w.accepted
+        per_pos = [a + r * n for a, r in zip(per_pos or [0.0] * k, w.per_position)]
+    return SpecCounts(drafts, accepted, tuple(per_pos)) if drafts else None
+
+
+def judge_spec_decode(view: LogView, target: Target, from_metrics: SpecCounts | None = None) -> Verdict:
+    """Mean acceptance length and per-position acceptance (log windows and /metrics) within the target's ranges."""
+    g = target.gates
+    spec = target.engine.speculative
+    k = spec.num_speculative_tokens if spec else 0
+    windows = view.all(SpecDecodeMetrics)
+    sources = {"SpecDecoding lines": _spec_from_lines(windows), "spec_decode counters": from_metrics}
+    problems: list[str] = []
+    judged: list[LogEvent] = []
+    figures: dict[str, Any] = {}
+    for label, counts in sources.items():
+        if counts is None or not counts.drafts:
+            continue
+        figures[label] = {"drafts": counts.drafts, "mean_acceptance_length": round(counts.mean_acceptance_length, 3),
+                          "per_position": [round(r, 3) for r in counts.per_position]}
+        if g.spec_acceptance_length:
+            lo, hi = g.spec_acceptance_length
+            mal = counts.mean_acceptance_length
+            if not _within(mal, lo, hi, (k / 2) / math.sqrt(counts.drafts)):
+                problems.append(f"{label}: mean acceptance length {mal:.2f} outside [{lo}, {hi}] "
+                                f"over {counts.drafts:.0f} drafts")
+        if g.spec_position_rate:
+            lo, hi = g.spec_position_rate
+            for pos, rate in enumerate(counts.per_position):
+                if not _within(rate, lo, hi, _rate_stderr(rate, counts.drafts)):
+                    problems.append(f"{label}: position {pos} acceptance {rate:.3f} outside [{lo}, {hi}] "
+                                    f"over {counts.drafts:.0f} drafts")
+    if g.spec_acceptance_length and windows:
+        lo, hi = g.spec_acceptance_length
+        for w in windows:
+            n = w.drafted / max(len(w.per_position), 1)
+            if n and not _within(w.mean_acceptance_length, lo, hi, (k / 2) / math.sqrt(n)):
+                problems.append(f"window mean acceptance length {w.mean_acceptance_length:.2f} outside [{lo}, {hi}]")
+                judged.append(w)
+    if not figures:
+        return Verdict("spec_decode", False, f"speculative decoding ({spec.method if spec else '?'}, k={k}) is "
+                                             "configured but there is no SpecDecoding metrics line since the last "
+                                             f"boot of {view.source} and no spec_decode counters moved"
+                                             f"{_failure_context(view)}", judged=view.failures())
+    shown = judged or windows[-3:]
+    ranges = f"ranges: mean length {g.spec_acceptance_length}, per position {g.spec_position_rate}"
+    body = "; ".join(problems) if problems else "acceptance within range"
+    msg = f"{body} ({ranges}); measured {figures}"
+    if shown:
+        msg += f"\njudged:\n{quote(list(shown))}"
+    return Verdict("spec_decode", not problems, msg, judged=list(shown), figures=figures)

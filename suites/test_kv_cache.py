@@ -1,0 +1,231 @@
+"""KV cache sizing and memory health after boot (seed 000: the OOM root cause and open item 1).
+
+After the engine booted: its KV pool (log line, cross-checked with ``vllm:cache_config_info`` where /metrics is
+exposed) holds the target's requirement and at least ``kv_max_concurrency_min`` requests of ``max_model_len``;
+a short load makes the engine take one full ``max_num_batched_tokens`` step (where seed 000's crashing config
+died); afterwards no OOM or engine-death line is in the log since boot, peak KV usage stayed under the target's
+limit, and speculative decoding accepted drafts within the target's range. Every failure quotes the judged log
+lines, which are also attached to the report.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from pytest_ml4.logs import LogReader, LogView, StatsLine
+from pytest_ml4.logs.kv import (
+    SpecCounts,
+    Verdict,
+    judge_kv_pool,
+    judge_max_concurrency,
+    judge_no_failures,
+    judge_peak_usage,
+    judge_spec_decode,
+)
+from pytest_ml4.metrics import MetricsError, MetricsSnapshot, scrape
+from pytest_ml4.targets import FIXTURES_DIR, Target
+
+pytestmark = pytest.mark.kv
+
+LOAD: dict[str, Any] = yaml.safe_load((FIXTURES_DIR / "kv" / "load.yaml").read_text())
+
+
+@dataclass
+class LoadResult:
+    """What the short load saw: request outcomes, the KV usage gauge's peak and the spec-decode counter deltas."""
+
+    started: float
+    requests: int = 0
+    completed: int = 0
+    errors: list[str] = field(default_factory=list)
+    metric_peak_pct: float | None = None
+    metrics_error: str | None = None
+    spec: SpecCounts | None = None
+
+
+def _scrape(url: str) -> MetricsSnapshot | None:
+    try:
+        return scrape(url, timeout=5.0)
+    except MetricsError:
+        return None
+
+
+def _cache_info(snap: MetricsSnapshot | None) -> dict[str, str] | None:
+    samples = snap.samples("vllm:cache_config_info") if snap else []
+    return dict(samples[0].labels) if samples else None
+
+
+def _spec_delta(before: MetricsSnapshot | None, after: MetricsSnapshot | None, k: int) -> SpecCounts | None:
+    if before is None or after is None or not k:
+        return None
+
+    def delta(name: str, **labels: str) -> float:
+        return after.sum(name, **labels) - before.sum(name, **labels)
+
+    drafts = delta("vllm:spec_decode_num_drafts_total")
+    if drafts <= 0:
+        return None
+    return SpecCounts(drafts, delta("vllm:spec_decode_num_accepted_tokens_total"),
+                      tuple(delta("vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(i))
+                            for i in range(k)))
+
+
+def _prompt(i: int, tokens: int) -> str:
+    paragraph = " ".join(str(LOAD["paragraph"]).split())
+    want = tokens * int(LOAD["chars_per_token"])
+    body = (paragraph + " ") * (want // (len(paragraph) + 1) + 1)
+    return f"Request {i} of the KV check. " + body[:want]
+
+
+def _poll_usage(url: str, stop: threading.Event, result: LoadResult) -> None:
+    """Peak of vllm:kv_cache_usage_perc (0..1, max over engines) while the load runs."""
+    while not stop.is_set():
+        snap = _scrape(url)
+        if snap is None:
+            result.metrics_error = result.metrics_error or f"cannot scrape {url}"
+        else:
+            values = [s.value for s in snap.samples("vllm:kv_cache_usage_perc")]
+            if values:
+                peak = max(values) * 100
+                result.metric_peak_pct = max(peak, result.metric_peak_pct or 0.0)
+        stop.wait(float(LOAD["metrics_poll_s"]))
+
+
+def _one_request(http: httpx.Client, model: str, prompt: str) -> str | None:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": int(LOAD["max_tokens"]), "temperature": 0.0}
+    try:
+        resp = http.post("chat/completions", json=body, timeout=float(LOAD["request_timeout_s"]))
+    except httpx.HTTPError as err:
+        return f"{type(err).__name__}: {err}"
+    if resp.status_code != 200:
+        return f"HTTP {resp.status_code}: {resp.text[:300]}"
+    return None
+
+
+def run_load(http: httpx.Client, endpoint: Any, target: Target) -> LoadResult:
+    """Concurrent prompts totalling one full ``max_num_batched_tokens`` step; polls /metrics meanwhile."""
+    eng = target.engine
+    n = max(1, min(int(LOAD["concurrency"]), eng.max_num_seqs))
+    per_request = min(int(LOAD["max_prompt_tokens"]), eng.max_model_len // 2,
+                      max(64, int(eng.max_num_batched_tokens * float(LOAD["prompt_steps"])) // n))
+    result = LoadResult(started=time.time(), requests=n)
+    url = endpoint.effective_metrics_url
+    before = _scrape(url)
+    stop = threading.Event()
+    poller = threading.Thread(target=_poll_usage, args=(url, stop, result), daemon=True)
+    poller.start()
+    try:
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            outcomes = list(pool.map(lambda i: _one_request(http, endpoint.model, _prompt(i, per_request)), range(n)))
+    finally:
+        stop.set()
+        poller.join(timeout=10)
+    result.errors = [o for o in outcomes if o]
+    result.completed = n - len(result.errors)
+    k = eng.speculative.num_speculative_tokens if eng.speculative else 0
+    result.spec = _spec_delta(before, _scrape(url), k)
+    return result
+
+
+def _wait_for_stats_line(logs: LogReader, since: float) -> None:
+    """vLLM logs its stats every 10 s once there was traffic; wait for the one covering the load."""
+    deadline = time.monotonic() + float(LOAD["stats_wait_s"])
+    while time.monotonic() < deadline:
+        view = LogView(logs.since_last_boot(), logs.describe())
+        if view.failures() or any(s.time is not None and s.time >= since - 1 for s in view.all(StatsLine)):
+            return
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def kv_metrics(ml4_endpoint: Any) -> MetricsSnapshot | None:
+    """One /metrics scrape after boot (None where the target exposes none)."""
+    return _scrape(ml4_endpoint.effective_metrics_url)
+
+
+@pytest.fixture(scope="module")
+def kv_load(http_client: httpx.Client, ml4_endpoint: Any, ml4_target: Target, ml4_logs: LogReader) -> Iterator[LoadResult]:
+    result = run_load(http_client, ml4_endpoint, ml4_target)
+    _wait_for_stats_line(ml4_logs, result.started)
+    yield result
+
+
+def _judge(verdict: Verdict, view: LogView, attach: Callable[..., str], record_property: Callable[[str, Any], None],
+           extra: str = "") -> None:
+    attach(view, verdict.judged, f"{verdict.name}: judged log lines")
+    first = verdict.message.splitlines()[0] if verdict.message else verdict.name
+    record_property("ml4_verdict", f"{verdict.name}: {'PASS' if verdict.ok else 'FAIL'} - {first}")
+    for key, value in verdict.figures.items():
+        record_property(f"ml4_{key}", value)
+    assert verdict.ok, verdict.message + extra
+
+
+def test_kv_pool_holds_the_target_requirement(ml4_boot_log: LogView, ml4_target: Target,
+                                              kv_metrics: MetricsSnapshot | None, ml4_attach_log: Callable[..., str],
+                                              record_property: Callable[[str, Any], None]) -> None:
+    verdict = judge_kv_pool(ml4_boot_log, ml4_target, _cache_info(kv_metrics))
+    _judge(verdict, ml4_boot_log, ml4_attach_log, record_property)
+
+
+def test_max_concurrency_at_max_model_len(ml4_boot_log: LogView, ml4_target: Target,
+                                          ml4_attach_log: Callable[..., str],
+                                          record_property: Callable[[str, Any], None]) -> None:
+    _judge(judge_max_concurrency(ml4_boot_log, ml4_target), ml4_boot_log, ml4_attach_log, record_property)
+
+
+def load_failed(load: LoadResult) -> bool:
+    return bool(load.errors)
+
+
+def _load_note(load: LoadResult) -> str:
+    note = f"\nload: {load.completed}/{load.requests} requests completed"
+    if load.errors:
+        note += f"; first error: {load.errors[0]}"
+    return note
+
+
+def test_no_oom_or_engine_death_since_boot(kv_load: LoadResult, ml4_logs: LogReader,
+                                           ml4_attach_log: Callable[..., str],
+                                           record_property: Callable[[str, Any], None]) -> None:
+    view = LogView(ml4_logs.since_last_boot(), ml4_logs.describe())
+    verdict = judge_no_failures(view)
+    if verdict.ok and load_failed(kv_load):
+        verdict = Verdict("no_failures", False, "the load failed but the engine log has no known failure line "
+                                                f"since boot; last lines:\n{view.tail(15)}")
+    _judge(verdict, view, ml4_attach_log, record_property, _load_note(kv_load))
+
+
+def test_peak_kv_usage_under_limit(kv_load: LoadResult, ml4_logs: LogReader, ml4_target: Target,
+                                   ml4_attach_log: Callable[..., str],
+                                   record_property: Callable[[str, Any], None]) -> None:
+    view = LogView(ml4_logs.since_last_boot(), ml4_logs.describe())
+    verdict = judge_peak_usage(view, ml4_target, kv_load.metric_peak_pct)
+    if verdict.ok and load_failed(kv_load):
+        # A usage figure from an engine that died under the load proves nothing about its peak.
+        failures = view.failures()
+        verdict = Verdict(verdict.name, False, f"{verdict.message}\nbut the load failed; engine failure lines:\n"
+                          + "\n".join(f"  {f.quote}" for f in failures[:5]), judged=failures or verdict.judged)
+    _judge(verdict, view, ml4_attach_log, record_property, _load_note(kv_load))
+
+
+def test_spec_decode_acceptance_within_range(kv_load: LoadResult, ml4_logs: LogReader, ml4_target: Target,
+                                             ml4_attach_log: Callable[..., str],
+                                             record_property: Callable[[str, Any], None]) -> None:
+    spec, gates = ml4_target.engine.speculative, ml4_target.gates
+    if spec is None:
+        pytest.skip(f"target {ml4_target.name} runs no speculative decoding")
+    if gates.spec_acceptance_length is None and gates.spec_position_rate is None:
+        pytest.skip(f"target {ml4_target.name} sets no spec-decode acceptance range in its gates")
+    view = LogView(ml4_logs.since_last_boot(), ml4_logs.describe())
+    _judge(judge_spec_decode(view, ml4_target, kv_load.spec), view, ml4_attach_log, record_property,
+           _load_note(kv_load))
