@@ -339,3 +339,11 @@ def test_unit_and_proxy_alias_drift(tmp_path: Path) -> None:
     other = write(tmp_path, "litellm.yaml", RTX + proxy.replace("model_name: ml4", "model_name: ml4-beta"))
     (g,) = lint_paths([other]).by_rule("target-manifest-drift")
     assert "proxy.model_alias ml4" in g.message
+
+
+def test_perf_job_drift_from_the_target_perf_section(tmp_path: Path) -> None:
+    text = (REPO_ROOT / "targets" / "gb300-agg" / "perf.yaml").read_text()
+    p = write(tmp_path, "perf.yaml", text.replace('value: "16"}', 'value: "12"}').replace("3600 --bench", "600 --bench"))
+    (f,) = lint_paths([p], load_target("gb300-agg")).by_rule("target-manifest-drift")
+    assert "--concurrency 12 not in perf.concurrencies" in f.message
+    assert "--benchmark-duration 600 vs perf.duration_s 3600" in f.message

@@ -10,12 +10,14 @@ from pytest_ml4.preflight.model import (
     Finding,
     LintContext,
     LiteLLMConfig,
+    PerfRun,
     Severity,
     VllmLaunch,
 )
 from pytest_ml4.preflight.rules import RULES, rule
 from pytest_ml4.preflight.rules.common import EngineSite, engine_sites
 from pytest_ml4.preflight.rules.engine import synthetic_keys
+from pytest_ml4.preflight.shell import expand_vars
 from pytest_ml4.targets import Target
 
 
@@ -89,6 +91,20 @@ def proxy_drift(doc: LiteLLMConfig, target: Target) -> list[str]:
     return [f"model_name {sorted(aliases)} vs proxy.model_alias {proxy.model_alias}"]
 
 
+def perf_drift(doc: PerfRun, target: Target) -> list[str]:
+    """Measured-window length and concurrency of an aiperf run vs the target's perf section."""
+    out: list[str] = []
+    for inv in doc.invocations:
+        duration = inv.args.number("benchmark-duration")
+        if duration is not None and duration != target.perf.duration_s:
+            out.append(f"--benchmark-duration {duration:g} vs perf.duration_s {target.perf.duration_s:g}")
+        raw = inv.args.get("concurrency")
+        value = expand_vars(raw, doc.env) if raw else None
+        if duration is not None and value and value.isdigit() and int(value) not in target.perf.concurrencies:
+            out.append(f"--concurrency {value} not in perf.concurrencies {target.perf.concurrencies}")
+    return out
+
+
 @rule("target-manifest-drift", Severity.ERROR,
       "manifest differs from the target YAML the suites judge it by: memory, KV and perf gates, log reading and "
       "restarts then address a configuration that is not the one running",
@@ -96,7 +112,7 @@ def proxy_drift(doc: LiteLLMConfig, target: Target) -> list[str]:
       "say the same",
       "docs/ARCHITECTURE.md 'every default number ... names the seed or reference line it comes from': the target "
       "is the suite's copy of the seed's flags (seeds/000 stable unit, seeds/002 recipes), the manifest the "
-      "deployed one", ("vllm", "dgd", "litellm"))
+      "deployed one", ("vllm", "dgd", "litellm", "perf"))
 def check_drift(ctx: LintContext) -> Iterator[Finding]:
     r = RULES["target-manifest-drift"]
     for site in engine_sites(ctx):
@@ -114,6 +130,8 @@ def check_drift(ctx: LintContext) -> Iterator[Finding]:
             diffs = unit_drift(doc, target)
         elif isinstance(doc, LiteLLMConfig):
             diffs = proxy_drift(doc, target)
+        elif isinstance(doc, PerfRun):
+            diffs = perf_drift(doc, target)
         else:
             diffs = []
         if diffs:
