@@ -1,0 +1,165 @@
+"""Simulator process, API key middleware, /metrics against the reference exposition, and the vLLM log lines."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pytest_ml4.sim import SimServer, SimServerError
+from pytest_ml4.targets import load_target
+from test_sim_support import FAST, TRANSCRIPTS
+
+CHAT = {"messages": [{"role": "user", "content": "What is 17 + 25?"}]}
+LOG_LINE = re.compile(r"^\((APIServer|EngineCore) pid=\d+\) (INFO|DEBUG|WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\d "
+                      r"\[[\w.]+:\d+\] ")
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServer]:
+    """rtxpro6000-tp8 needs an API key (LLM_API_KEY) and runs dspark speculative decoding (k=3)."""
+    log = tmp_path_factory.mktemp("sim") / "sub" / "engine.log"
+    overrides = {"sim": {**FAST["sim"], "extra": {"stats_interval_s": 0.3}}}
+    with SimServer(load_target("rtxpro6000-tp8"), overrides=overrides, log_file=log,
+                   env={"LLM_API_KEY": "sk-test-123"}) as s:
+        yield s
+
+
+def _auth(key: str = "sk-test-123", scheme: str = "Bearer") -> dict[str, str]:
+    return {"Authorization": f"{scheme} {key}"}
+
+
+# --------------------------------------------------------------------------- API key middleware
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "sk-test-123"},
+                                     {"Authorization": "Basic sk-test-123"}])
+def test_missing_or_wrong_key_is_401(keyed: SimServer, headers: dict[str, str]) -> None:
+    r = httpx.post(keyed.base_url + "/chat/completions", json=CHAT, headers=headers)
+    assert (r.status_code, r.text) == (401, '{"error":"Unauthorized"}')
+    assert httpx.get(keyed.base_url + "/models", headers=headers).status_code == 401
+
+
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER"])
+def test_key_accepted_case_insensitive_scheme(keyed: SimServer, scheme: str) -> None:
+    r = httpx.post(keyed.base_url + "/chat/completions", json={**CHAT, "model": "ml4"}, headers=_auth(scheme=scheme))
+    assert r.status_code == 200 and "42" in r.json()["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("path", ["/health", "/ping", "/version", "/metrics", "/load"])
+def test_unguarded_paths_stay_open(keyed: SimServer, path: str) -> None:
+    assert httpx.get(keyed.url + path).status_code == 200
+
+
+def test_key_never_in_argv_or_log(keyed: SimServer) -> None:
+    assert not any("sk-test-123" in a for a in keyed.argv())
+    assert "sk-test-123" not in keyed.log_file.read_text()
+
+
+# --------------------------------------------------------------------------- metrics
+def _families(text: str) -> dict[str, tuple[str, str]]:
+    return {f.name: (f.type, f.documentation) for f in text_string_to_metric_families(text)
+            if f.name.startswith("vllm:")}
+
+
+def test_metrics_families_match_reference(keyed: SimServer) -> None:
+    httpx.post(keyed.base_url + "/chat/completions", json=CHAT, headers=_auth())
+    r = httpx.get(keyed.url + "/metrics")
+    assert r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    ref = _families((TRANSCRIPTS / "metrics.txt").read_text())
+    assert _families(r.text) == ref
+    ref_order = [l for l in (TRANSCRIPTS / "metrics.txt").read_text().splitlines() if l.startswith("# TYPE vllm:")]
+    assert [l for l in r.text.splitlines() if l.startswith("# TYPE vllm:")] == ref_order
+
+
+def test_metric_labels_and_values_follow_traffic(keyed: SimServer) -> None:
+    before = httpx.get(keyed.url + "/metrics").text
+    for _ in range(2):
+        httpx.post(keyed.base_url + "/chat/completions", json=CHAT, headers=_auth())
+    text = httpx.get(keyed.url + "/metrics").text
+
+    def value(t: str, name: str) -> float:
+        m = re.search(rf'^{re.escape(name)}{{engine="0",model_name="ml4"}} (\S+)$', t, re.M)
+        assert m, name
+        return float(m.group(1))
+
+    assert value(text, "vllm:generation_tokens_total") > value(before, "vllm:generation_tokens_total")
+    assert value(text, "vllm:prompt_tokens_total") >= value(before, "vllm:prompt_tokens_total") + 2
+    assert value(text, "vllm:time_to_first_token_seconds_count") >= 2
+    assert re.search(r'^vllm:request_success_total\{engine="0",finished_reason="stop",model_name="ml4"\} [1-9]',
+                     text, re.M)
+    positions = re.findall(r'vllm:spec_decode_num_accepted_tokens_per_pos_total\{.*position="(\d)"\}', text)
+    assert positions == ["0", "1", "2"]
+    drafts = value(text, "vllm:spec_decode_num_drafts_total")
+    accepted = value(text, "vllm:spec_decode_num_accepted_tokens_total")
+    assert drafts > 0 and 1.0 <= 1 + accepted / drafts <= 4.0
+    info = re.search(r"^vllm:cache_config_info\{(.*)\} 1\.0$", text, re.M)
+    assert info and 'cache_dtype="fp8_ds_mla"' in info.group(1) and 'block_size="64"' in info.group(1)
+    assert 'gpu_memory_utilization="0.97"' in info.group(1)
+
+
+# --------------------------------------------------------------------------- log lines
+def test_log_has_boot_server_and_uvicorn_lines(keyed: SimServer) -> None:
+    text = keyed.log_file.read_text()
+    assert "Using fp8 data type to store kv cache." in text
+    assert re.search(r"Available KV cache memory: [\d.]+ GiB", text)
+    assert re.search(r"GPU KV cache size: [\d,]+ tokens, Maximum concurrency for 256,000 tokens per request: "
+                     r"[\d.]+x", text)
+    assert re.search(r"init engine \(profile, create kv cache, warmup model\) took [\d.]+ s", text)
+    assert "INFO:     Application startup complete." in text
+    assert re.search(r'INFO:     127\.0\.0\.1:\d+ - "POST /v1/chat/completions HTTP/1\.1" 200 OK', text)
+    vllm_lines = [l for l in text.splitlines() if l.startswith("(")]
+    assert vllm_lines and all(LOG_LINE.match(l) for l in vllm_lines)
+
+
+def test_periodic_stats_and_spec_decode_lines(keyed: SimServer) -> None:
+    httpx.post(keyed.base_url + "/chat/completions", json={**CHAT, "min_tokens": 200, "max_tokens": 300},
+               headers=_auth())
+    deadline = time.monotonic() + 5
+    stats = spec = None
+    while time.monotonic() < deadline and not (stats and spec):
+        text = keyed.log_file.read_text()
+        stats = re.search(r"\[loggers\.py:\d+\] Engine 000: Avg prompt throughput: [\d.]+ tokens/s, Avg generation "
+                          r"throughput: [\d.]+ tokens/s, Running: \d+ reqs, Waiting: \d+ reqs, GPU KV cache usage: "
+                          r"[\d.]+%, Prefix cache hit rate: [\d.]+%", text)
+        spec = re.search(r"SpecDecoding metrics: Mean acceptance length: ([\d.]+), Accepted throughput: [\d.]+ "
+                         r"tokens/s, Drafted throughput: [\d.]+ tokens/s, Accepted: \d+ tokens, Drafted: \d+ tokens, "
+                         r"Per-position acceptance rate: \d\.\d{3}, \d\.\d{3}, \d\.\d{3}, Avg Draft acceptance rate: "
+                         r"[\d.]+%", text)
+        time.sleep(0.1)
+    assert stats and spec
+    assert 1.0 <= float(spec.group(1)) <= 4.0
+
+
+# --------------------------------------------------------------------------- process handling
+def test_restart_keeps_port_and_changes_pid(tmp_path: Path) -> None:
+    with SimServer("gb300-disagg", overrides=FAST, log_file=tmp_path / "e.log") as s:
+        url, pid = s.url, s.pid
+        assert httpx.get(s.base_url + "/models").json()["data"][0]["id"] == "mistral-large-4"
+        s.restart()
+        assert s.url == url and s.pid != pid and httpx.get(s.url + "/health").status_code == 200
+        pid = s.pid
+    assert s.pid is None
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/health")
+
+
+def test_start_fails_fast_with_log_tail(tmp_path: Path) -> None:
+    # With almost no memory budget the engine cannot place weights + KV cache and refuses to start.
+    s = SimServer("rtxpro6000-tp8", overrides={"engine": {"gpu_memory_utilization": 0.05}},
+                  env={"LLM_API_KEY": "x"}, log_file=tmp_path / "e.log")
+    t0 = time.monotonic()
+    with pytest.raises(SimServerError) as e:
+        s.start(timeout=30)
+    assert time.monotonic() - t0 < 20
+    assert "exited with code 1" in str(e.value) and "Engine core initialization failed" in str(e.value)
+
+
+def test_missing_api_key_is_one_clear_line(tmp_path: Path) -> None:
+    s = SimServer("rtxpro6000-tp8", env={"LLM_API_KEY": ""}, log_file=tmp_path / "e.log")
+    with pytest.raises(SimServerError) as e:
+        s.start(timeout=30)
+    assert "requires an API key: set the environment variable LLM_API_KEY" in str(e.value)
