@@ -347,3 +347,14 @@ def test_perf_job_drift_from_the_target_perf_section(tmp_path: Path) -> None:
     (f,) = lint_paths([p], load_target("gb300-agg")).by_rule("target-manifest-drift")
     assert "--concurrency 12 not in perf.concurrencies" in f.message
     assert "--benchmark-duration 600 vs perf.duration_s 3600" in f.message
+
+
+def test_bash_c_in_exec_start_is_read(tmp_path: Path) -> None:
+    unit = write(tmp_path, "vllm-ml4.service", RTX + """
+        [Service]
+        Environment=PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+        ExecStart=/bin/bash -lc 'source /opt/venv/bin/activate && exec vllm serve /m --gpu-memory-utilization 0.99'
+        """)
+    (doc,) = load_file(unit)
+    assert isinstance(doc, VllmLaunch) and doc.engine.number("gpu-memory-utilization") == 0.99
+    assert "rtx-util-startup-refused" in rules_hit(unit)

@@ -188,9 +188,30 @@ def _consume(words: list[str], lineno: int, script: ShellScript, loops: list[str
     while words and _ASSIGN.match(words[0]):
         _assign(words[0], script)
         words = words[1:]
-    if words:
-        scope = frozenset(v for v in loops if v)
-        script.commands.append(ShellCommand(argv=words, line=lineno, loop_vars=scope))
+    if not words:
+        return
+    inner = _shell_c(words)
+    if inner is not None:
+        # `bash -c '...'` (a unit's ExecStart, a container command): read the inner script in place.
+        for sub_line, sub in logical_lines(inner):
+            for segment in _segments(sub):
+                try:
+                    _consume(split_words(segment), lineno + sub_line - 1, script, loops)
+                except ValueError:
+                    continue
+        return
+    scope = frozenset(v for v in loops if v)
+    script.commands.append(ShellCommand(argv=words, line=lineno, loop_vars=scope))
+
+
+def _shell_c(words: list[str]) -> str | None:
+    """The script of ``sh|bash|dash|zsh [-opts] -c SCRIPT``, or None for any other command."""
+    if words[0].rsplit("/", 1)[-1] not in ("sh", "bash", "dash", "zsh"):
+        return None
+    for i, w in enumerate(words[1:], start=1):
+        if w == "-c" or (w.startswith("-") and not w.startswith("--") and w.endswith("c")):
+            return words[i + 1] if i + 1 < len(words) else None
+    return None
 
 
 def _assign(word: str, script: ShellScript) -> None:
