@@ -1,1 +1,280 @@
-"""pytest glue for the perf concern (fixtures, options in the ml4 group); the core lives outside this file."""
+"""pytest glue for the perf concern: ``--perf-*`` options (``ml4`` group, with ini twins), the sweep fixtures and the
+progress display. The core is :mod:`pytest_ml4.perf`.
+
+Progress lines go through pytest's terminal reporter (quiet with ``-q``). Under pytest-xdist a worker cannot write
+to the controller's terminal, so workers append to ``<run dir>/perf/progress.log`` and the controller tails that file
+onto its terminal; the file also stays in the run folder as a record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from pytest_ml4.perf.baseline import Baseline, BaselineError, parse_compare_fail
+from pytest_ml4.perf.evaluate import SweepOutputs, SweepVerdict, evaluate_sweep, write_sweep_outputs
+from pytest_ml4.perf.sweep import Client, PointResult, SweepSettings, cached, run_sweep, settings_from_target
+from pytest_ml4.targets import Target
+
+PROGRESS_FILE = "perf/progress.log"
+
+
+# ------------------------------------------------------------------------------------------------- options
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ml4", "pytest-ml4: Mistral Large 4 deployment acceptance")
+    group.addoption("--perf-concurrencies", dest="ml4_perf_concurrencies", default=None, metavar="N,N,...",
+                    help="concurrency points of the perf sweep (default: the target's perf.concurrencies) "
+                         "(ini: ml4_perf_concurrencies)")
+    group.addoption("--perf-duration", dest="ml4_perf_duration", type=float, default=None, metavar="S",
+                    help="seconds per sweep point (default: the target's perf.duration_s) (ini: ml4_perf_duration)")
+    group.addoption("--perf-osl", dest="ml4_perf_osl", type=int, default=None, metavar="N",
+                    help="fixed output length (min_tokens = max tokens = N) (ini: ml4_perf_osl)")
+    group.addoption("--perf-isl", dest="ml4_perf_isl", type=int, default=None, metavar="N",
+                    help="synthetic prompt length (ini: ml4_perf_isl)")
+    group.addoption("--perf-grace", dest="ml4_perf_grace", type=float, default=None, metavar="S",
+                    help="aiperf grace period per point (default: sized from the expected p99 request latency)")
+    group.addoption("--perf-short", dest="ml4_perf_short", action="store_true", default=None,
+                    help="the short CI profile: ISL 128, OSL 256, 6 s per point, concurrencies 1, 4, cap, 2x cap "
+                         "(explicit --perf-* values win) (ini: ml4_perf_short)")
+    group.addoption("--perf-baseline", dest="ml4_perf_baseline", default=None, metavar="PATH",
+                    help="stored baseline to compare against (default: the target's perf.baseline) "
+                         "(ini: ml4_perf_baseline)")
+    group.addoption("--perf-compare-fail", dest="ml4_perf_compare_fail", action="append", default=[],
+                    metavar="FIGURE:N%",
+                    help="fail when FIGURE regresses more than N%% against the baseline, e.g. itl_p50_ms:10%%; "
+                         "repeatable or comma-separated (ini: ml4_perf_compare_fail)")
+    group.addoption("--perf-extra-input", dest="ml4_perf_extra_input", action="append", default=[],
+                    metavar="KEY:VALUE",
+                    help="extra request field for the suite's aiperf runs (aiperf --extra-inputs); ignore_eos is "
+                         "refused with the reason (seed 000)")
+    group.addoption("--perf-save", dest="ml4_perf_save", default=None, metavar="PATH",
+                    help="write this run's sweep as a baseline file")
+    parser.addini("ml4_perf_concurrencies", "perf sweep concurrencies, comma-separated", default=None)
+    parser.addini("ml4_perf_duration", "seconds per perf sweep point", default=None)
+    parser.addini("ml4_perf_osl", "perf sweep fixed output length", default=None)
+    parser.addini("ml4_perf_isl", "perf sweep prompt length", default=None)
+    parser.addini("ml4_perf_short", "use the short CI perf profile", type="bool", default=False)
+    parser.addini("ml4_perf_baseline", "perf baseline file", default=None)
+    parser.addini("ml4_perf_compare_fail", "FIGURE:N% regression limits, comma-separated", default=None)
+
+
+def _opt(config: pytest.Config, name: str, ini: str | None = None) -> Any:
+    value = config.getoption(name)
+    if (value is None or value == []) and ini is not None:
+        value = config.getini(ini)
+    return value if value not in ("", []) else None
+
+
+def _concurrencies(raw: Any) -> list[int] | None:
+    if raw is None:
+        return None
+    try:
+        values = [int(x) for x in str(raw).replace(" ", "").split(",") if x]
+    except ValueError:
+        raise pytest.UsageError(f"--perf-concurrencies: expected N,N,... got {raw!r}") from None
+    if not values or min(values) < 1:
+        raise pytest.UsageError(f"--perf-concurrencies: expected positive integers, got {raw!r}")
+    return values
+
+
+def perf_settings(config: pytest.Config, target: Target) -> SweepSettings:
+    def num(name: str, ini: str, kind: type) -> Any:
+        v = _opt(config, name, ini)
+        return None if v is None else kind(v)
+
+    return settings_from_target(
+        target,
+        concurrencies=_concurrencies(_opt(config, "ml4_perf_concurrencies", "ml4_perf_concurrencies")),
+        duration_s=num("ml4_perf_duration", "ml4_perf_duration", float),
+        osl=num("ml4_perf_osl", "ml4_perf_osl", int),
+        isl=num("ml4_perf_isl", "ml4_perf_isl", int),
+        grace_s=config.getoption("ml4_perf_grace"),
+        short=bool(_opt(config, "ml4_perf_short", "ml4_perf_short")))
+
+
+# ------------------------------------------------------------------------------------------------- progress
+def _run_dir(config: pytest.Config) -> Path:
+    from pytest_ml4.plugin import get_state
+
+    return get_state(config).ensure_run_dir()
+
+
+def progress_writer(config: pytest.Config) -> Callable[[str], None]:
+    """Where sweep progress lines go: the progress file always, the terminal when this process owns it."""
+    path = _run_dir(config) / PROGRESS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    is_worker = hasattr(config, "workerinput")
+    reporter = None if is_worker else config.pluginmanager.get_plugin("terminalreporter")
+    quiet = config.get_verbosity() < 0
+    capman = config.pluginmanager.get_plugin("capturemanager")
+
+    def write(line: str) -> None:
+        with path.open("a") as fh:
+            fh.write(line + "\n")
+        if reporter is not None and not quiet:
+            # fd-level capture is active inside fixtures and tests; the terminal must bypass it.
+            with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+                reporter.ensure_newline()
+                reporter.write_line(line)
+
+    return write
+
+
+class _Tail:
+    """Controller side under xdist: copy new lines of the progress file onto the terminal."""
+
+    def __init__(self, path: Path, reporter: Any, interval_s: float = 1.0) -> None:
+        self.path, self.reporter, self.interval_s = path, reporter, interval_s
+        self.offset = 0
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="ml4-perf-progress", daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop_event.wait(self.interval_s):
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.path.is_file():
+            return
+        with self.path.open() as fh:
+            fh.seek(self.offset)
+            chunk = fh.read()
+            self.offset = fh.tell()
+        for line in chunk.splitlines():
+            self.reporter.ensure_newline()
+            self.reporter.write_line(line)
+
+
+_TAIL_KEY = pytest.StashKey[_Tail]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    config = session.config
+    from pytest_ml4.plugin import get_state
+
+    state = get_state(config)
+    xdist = bool(getattr(config.option, "numprocesses", None)) and config.pluginmanager.hasplugin("xdist")
+    if hasattr(config, "workerinput") or not xdist or state.target is None or config.get_verbosity() < 0:
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    tail = _Tail(_run_dir(config) / PROGRESS_FILE, reporter)
+    path = tail.path
+    tail.offset = path.stat().st_size if path.is_file() else 0
+    config.stash[_TAIL_KEY] = tail
+    tail.thread.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    tail = session.config.stash.get(_TAIL_KEY, None)
+    if tail is not None:
+        tail.stop_event.set()
+        tail.thread.join(timeout=5)
+        tail.flush()
+
+
+# ------------------------------------------------------------------------------------------------- fixtures
+@dataclass
+class SweepOutcome:
+    """What the perf suite's tests assert on."""
+
+    settings: SweepSettings
+    points: list[PointResult]
+    verdict: SweepVerdict
+    outputs: SweepOutputs
+    baseline: Baseline | None
+    secrets: list[str] = field(default_factory=list, repr=False)
+
+
+@pytest.fixture(scope="session")
+def ml4_perf_settings(pytestconfig: pytest.Config, ml4_target: Target) -> SweepSettings:
+    return perf_settings(pytestconfig, ml4_target)
+
+
+@pytest.fixture(scope="session")
+def ml4_perf_baseline(pytestconfig: pytest.Config, ml4_target: Target) -> Baseline | None:
+    """``--perf-baseline`` or the target's ``perf.baseline``; None when neither names one."""
+    path = _opt(pytestconfig, "ml4_perf_baseline", "ml4_perf_baseline") or ml4_target.perf.baseline
+    if not path:
+        return None
+    try:
+        return Baseline.load(ml4_target.resolve(str(path)))
+    except BaselineError as err:
+        raise pytest.UsageError(f"--perf-baseline: {err}") from None
+
+
+@pytest.fixture(scope="session")
+def ml4_perf_compare_fail(pytestconfig: pytest.Config) -> dict[str, float]:
+    raw = pytestconfig.getoption("ml4_perf_compare_fail") or _opt(pytestconfig, "ml4_perf_compare_fail",
+                                                                  "ml4_perf_compare_fail")
+    try:
+        return parse_compare_fail(raw)
+    except BaselineError as err:
+        raise pytest.UsageError(str(err)) from None
+
+
+def parse_extra_inputs(items: list[str]) -> dict[str, Any]:
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition(":")
+        if not sep or not key.strip():
+            raise pytest.UsageError(f"--perf-extra-input: expected KEY:VALUE, got {item!r}")
+        out[key.strip()] = yaml.safe_load(raw)
+    return out
+
+
+@pytest.fixture(scope="session")
+def ml4_perf_extra_inputs(pytestconfig: pytest.Config) -> dict[str, Any]:
+    return parse_extra_inputs(pytestconfig.getoption("ml4_perf_extra_input") or [])
+
+
+@pytest.fixture(scope="session")
+def ml4_perf_client(ml4_endpoint: Any) -> Client:
+    return Client(model=ml4_endpoint.model, base_url=ml4_endpoint.base_url,
+                  metrics_url=ml4_endpoint.effective_metrics_url, api_key=ml4_endpoint.api_key or None)
+
+
+@pytest.fixture(scope="session")
+def ml4_perf_progress(pytestconfig: pytest.Config) -> Callable[[str], None]:
+    return progress_writer(pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def ml4_perf_sweep(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Any, ml4_run_dir: Path,
+                   ml4_perf_settings: SweepSettings, ml4_perf_baseline: Baseline | None,
+                   ml4_perf_compare_fail: dict[str, float], ml4_perf_client: Client,
+                   ml4_perf_progress: Callable[[str], None],
+                   ml4_perf_extra_inputs: dict[str, Any]) -> Iterator[SweepOutcome]:
+    """Run the target's sweep once per run folder (xdist workers share it), judge it, write plots and summary."""
+    from pytest_ml4.perf.methodology import WHY_NOT_IGNORE_EOS, extra_inputs_ask_ignore_eos
+
+    if extra_inputs_ask_ignore_eos(ml4_perf_extra_inputs):
+        pytest.fail(f"--perf-extra-input asks for ignore_eos; the sweep refuses it: {WHY_NOT_IGNORE_EOS}")
+    settings = replace(ml4_perf_settings, extra_inputs=tuple(sorted(ml4_perf_extra_inputs.items())))
+    root = ml4_run_dir / "perf" / f"sweep-{settings.key}"
+    points = cached(root / "points.json",
+                    lambda: run_sweep(ml4_target, ml4_perf_client, settings, root, baseline=ml4_perf_baseline,
+                                      write=ml4_perf_progress))
+    verdict = evaluate_sweep(ml4_target, settings, points, ml4_perf_baseline, ml4_perf_compare_fail)
+    outputs = write_sweep_outputs(ml4_run_dir, ml4_target, settings, points, verdict, ml4_perf_baseline,
+                                  bool(ml4_endpoint.simulated), out_dir=root)
+    save = pytestconfig.getoption("ml4_perf_save")
+    if save:
+        from pytest_ml4.perf.baseline import save_baseline
+        from pytest_ml4.perf.evaluate import figures_of
+
+        save_baseline(save, ml4_target.name, figures_of(points),
+                      {"isl": settings.isl, "osl": settings.osl, "duration_s": settings.duration_s,
+                       "simulated": bool(ml4_endpoint.simulated)},
+                      ml4_perf_baseline.tolerances if ml4_perf_baseline else {"tok_s_user": 0.1, "itl_p50_ms": 0.1},
+                      {"source": f"pytest-ml4 perf sweep, run folder {ml4_run_dir.name}"})
+    yield SweepOutcome(settings=settings, points=points, verdict=verdict, outputs=outputs,
+                       baseline=ml4_perf_baseline, secrets=[ml4_endpoint.api_key] if ml4_endpoint.api_key else [])

@@ -80,6 +80,7 @@ class AiperfSpec:
     random_seed: int | None = 42
     request_timeout_s: float | None = None
     extra_args: Sequence[str] = ()
+    aiperf_env: Mapping[str, str] = field(default_factory=dict)  # AIPERF_* switches (no secrets)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -213,7 +214,8 @@ def config_yaml(spec: AiperfSpec) -> str:
     return yaml.safe_dump({"schemaVersion": "2.0", "benchmark": bench}, sort_keys=False)
 
 
-def child_env(api_key: str | None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+def child_env(api_key: str | None, base: Mapping[str, str] | None = None,
+              extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The aiperf process environment: offline, tokenizer cache, key in one variable (never on argv)."""
     env = dict(os.environ if base is None else base)
     for name in ("OPENAI_API_KEY", API_KEY_ENV):
@@ -224,6 +226,7 @@ def child_env(api_key: str | None, base: Mapping[str, str] | None = None) -> dic
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "PYTHONUNBUFFERED": "1",
     })
+    env.update(extra or {})
     if api_key:
         env[API_KEY_ENV] = api_key
     return env
@@ -292,7 +295,10 @@ def judge(export: ProfileExport | None, returncode: int | None, required: Sequen
           profiling_cancelled: int | None = None) -> list[str]:
     """Problems that make a run unusable (empty when it can be gated). The exit code is context only."""
     if export is None:
-        return [f"no {SUMMARY_FILE} written (exit code {returncode}): all requests failed or aiperf did not start"]
+        why = f"no {SUMMARY_FILE} written (exit code {returncode}): all requests failed or aiperf did not start"
+        if profiling_cancelled:
+            why += f"; {profiling_cancelled} request(s) were still running after the grace period and were dropped"
+        return [why]
     problems = []
     if export.schema_version != "1.4":
         problems.append(f"export schema_version {export.schema_version!r}, this reader knows '1.4'")
@@ -334,7 +340,7 @@ def run_aiperf(spec: AiperfSpec, out_dir: str | Path, *, api_key: str | None = N
     with console.open("w") as con:
         try:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    env=child_env(api_key, env), start_new_session=True, bufsize=1)
+                                    env=child_env(api_key, env, spec.aiperf_env), start_new_session=True, bufsize=1)
         except OSError as err:
             raise AiperfError(f"cannot start aiperf ({argv[0]}): {err}") from None
         reader = threading.Thread(target=_pump, args=(proc, con, state), daemon=True)

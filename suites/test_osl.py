@@ -1,0 +1,130 @@
+"""Fixed output length: with ``min_tokens = max_tokens = N`` every request returns exactly N completion tokens.
+
+Seed 000: "fixed-OSL benchmarks must use --extra-inputs 'min_tokens:4096', not ignore_eos: true ... output sequence
+length was exactly 4096.0 at every concurrency (min = max = 4096, std 0)". Checked three ways: the final usage of
+each streamed request, the tokens counted while streaming (``continuous_usage_stats``), and aiperf's own export
+(min = max = N, std 0, per request in the jsonl). A request killed by the reasoning grammar (``ParserTooComplex``,
+``grammar rejected`` in the engine log) fails the suite.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_ml4.perf.export import read_records
+from pytest_ml4.perf.methodology import explain, extra_inputs_ask_ignore_eos, ignore_eos_in_files, WHY_NOT_IGNORE_EOS
+from pytest_ml4.perf.runner import AiperfSpec, failure_log, run_aiperf
+from pytest_ml4.probe import probe_chat_stream
+
+pytestmark = pytest.mark.osl
+
+#: Small enough for CI on the simulator (~3 s per request), large enough to outlast any natural answer.
+N = 192
+PROMPTS = ("Say hello.", "What is 2 + 2? Answer with the number only.", "Name one colour.",
+           "Reply with the word 'ok'.")
+
+
+def _body(model: str, prompt: str, n: int) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": prompt}], "stream": True,
+            "max_tokens": n, "min_tokens": n,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+
+
+@pytest.fixture(scope="module")
+def osl_window_start() -> float:
+    # Log lines carry whole seconds; start a second early so nothing of this module is missed.
+    return time.time() - 1.0
+
+
+@pytest.fixture(scope="module")
+def streamed(http_client: Any, ml4_endpoint: Any, osl_window_start: float) -> list[Any]:
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        return list(pool.map(lambda p: probe_chat_stream(http_client, _body(ml4_endpoint.model, p, N)), PROMPTS))
+
+
+def test_usage_reports_exactly_n_completion_tokens(streamed: list[Any]) -> None:
+    for r in streamed:
+        assert r.ok, r.describe()
+        assert r.usage is not None, f"no usage chunk although include_usage was requested:\n{r.describe()}"
+        assert r.usage.get("completion_tokens") == N, (
+            f"min_tokens = max_tokens = {N} but usage.completion_tokens = {r.usage.get('completion_tokens')}")
+        assert r.finish_reason == "length", f"finish_reason {r.finish_reason!r}: an EOS ended the request early"
+
+
+def test_streamed_token_count_is_exactly_n(streamed: list[Any]) -> None:
+    for r in streamed:
+        assert r.tokens_per_chunk, "no per-chunk token counts (continuous_usage_stats) in the stream"
+        assert sum(r.tokens_per_chunk) == N, (
+            f"tokens counted while streaming: {sum(r.tokens_per_chunk)} over {len(r.tokens_per_chunk)} chunks, "
+            f"expected {N}")
+        assert all(n >= 1 for n in r.tokens_per_chunk), "a content chunk carried no new token"
+
+
+@pytest.fixture(scope="module")
+def aiperf_osl(ml4_perf_client: Any, ml4_run_dir: Path, osl_window_start: float) -> Any:
+    spec = AiperfSpec(model=ml4_perf_client.model, url=ml4_perf_client.base_url, concurrency=4, isl=256, osl=N,
+                      duration_s=None, request_count=8, min_tokens=N,
+                      server_metrics_url=ml4_perf_client.metrics_url)
+    assert not spec.uses_ignore_eos
+    out = ml4_run_dir / "osl" / f"aiperf-{int(time.time() * 1000)}"
+    return run_aiperf(spec, out, api_key=ml4_perf_client.api_key)
+
+
+def test_aiperf_export_min_equals_max_equals_n(aiperf_osl: Any, ml4_perf_client: Any) -> None:
+    _attach_on_failure(aiperf_osl, ml4_perf_client)
+    ex = aiperf_osl.require()
+    osl = ex.metric("output_sequence_length")
+    assert osl is not None, "aiperf wrote no output_sequence_length"
+    assert (osl.min, osl.max, osl.std) == (N, N, 0.0), (
+        f"output_sequence_length min {osl.min}, max {osl.max}, std {osl.std}; expected {N}, {N}, 0")
+    assert ex.extra_inputs.get("min_tokens") == N
+    assert not extra_inputs_ask_ignore_eos(ex.extra_inputs), WHY_NOT_IGNORE_EOS
+    records = read_records(aiperf_osl.out_dir)
+    assert len(records) == ex.request_count
+    bad = [(r.metadata.get("x_request_id"), r.value("usage_completion_tokens")) for r in records
+           if r.value("usage_completion_tokens") != N or r.value("output_sequence_length") != N]
+    assert not bad, f"requests without exactly {N} completion tokens: {bad[:5]}"
+
+
+def test_no_request_killed_by_the_grammar(streamed: list[Any], aiperf_osl: Any, request: pytest.FixtureRequest,
+                                          ml4_target: Any, ml4_sim: Any, osl_window_start: float) -> None:
+    from pytest_ml4.logs import GrammarKill, LogView, reader_for_target
+
+    try:
+        reader = request.getfixturevalue("ml4_logs")
+    except pytest.FixtureLookupError:
+        reader = reader_for_target(ml4_target, sim=ml4_sim)
+    view = LogView(reader.read(since=osl_window_start), reader.describe())
+    kills = view.all(GrammarKill)
+    assert not kills, ("requests were killed by the reasoning grammar during the fixed-OSL run:\n"
+                       + view.excerpt(kills) + "\n" + WHY_NOT_IGNORE_EOS)
+
+
+def test_perf_configs_never_use_ignore_eos(ml4_target: Any, ml4_perf_settings: Any,
+                                           ml4_perf_extra_inputs: dict[str, Any]) -> None:
+    """The suite's own aiperf runs hold the length with min_tokens; a user config asking for ignore_eos is refused
+    with the reason."""
+    spec = AiperfSpec(model="m", url="http://127.0.0.1:1/v1", concurrency=1, osl=ml4_perf_settings.osl,
+                      duration_s=1, min_tokens=ml4_perf_settings.osl)
+    assert spec.all_extra_inputs == {"min_tokens": ml4_perf_settings.osl} and not spec.uses_ignore_eos
+    manifests = [ml4_target.resolve(m) for m in ml4_target.manifests]
+    uses = ignore_eos_in_files(manifests)
+    assert not uses, explain(uses)
+    assert not extra_inputs_ask_ignore_eos(ml4_perf_extra_inputs), (
+        f"--perf-extra-input asks for ignore_eos: {WHY_NOT_IGNORE_EOS}")
+
+
+def _attach_on_failure(run: Any, client: Any) -> None:
+    if run.ok:
+        return
+    try:
+        import allure
+
+        allure.attach(failure_log(run, [client.api_key]), name="aiperf.log", attachment_type=allure.attachment_type.TEXT)
+    except ImportError:
+        pass

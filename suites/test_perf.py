@@ -1,0 +1,153 @@
+"""Performance gates with aiperf: a fixed-OSL concurrency sweep per target, and an agentic trace replay on Dynamo.
+
+The sweep is seed 000's loop (streaming chat, builtin tokenizer, server token counts, ``min_tokens`` = OSL), its
+concurrencies, ISL/OSL and duration from the target's ``perf:`` section, shortened with ``--perf-short`` or the
+``--perf-*`` options for CI. Each test below checks one gate, so a failure names what regressed:
+
+* every point is a usable aiperf run (complete, not cancelled, no request dropped after the grace period);
+* zero errors (seed 000: "0 errors, 0 cancels");
+* the Dynamo gate: decode tok/s/user P50 > 50 and TTFT P50 < 2 s (seed 002) at every point;
+* the stored baseline within tolerance (RTX PRO: seed 000's table, ``fixtures/baselines/``), ``--perf-compare-fail``;
+* decode concurrency saturating at ``max_num_seqs``; the latency knee (first TTFT p99 over the target's limit);
+* a roofline estimate, plots and ``perf-summary.json`` in the run folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_ml4.perf.evaluate import write_trace_outputs
+from pytest_ml4.perf.gates import error_gate, dynamo_gates, failures
+from pytest_ml4.perf.runner import trace_rows
+from pytest_ml4.perf.summary import SCHEMA, SUMMARY_NAME
+from pytest_ml4.perf.sweep import run_trace, short_trace
+
+pytestmark = pytest.mark.perf
+
+TRACE_SHORT_ROWS = 16
+
+
+def _attach(name: str, body: str | bytes, kind: str = "TEXT", extension: str | None = None) -> None:
+    try:
+        import allure
+    except ImportError:
+        return
+    allure.attach(body, name=name, attachment_type=getattr(allure.attachment_type, kind), extension=extension)
+
+
+def _fail_lines(results: list[Any]) -> str:
+    return "\n".join(str(r) for r in results)
+
+
+def test_every_point_is_a_usable_aiperf_run(ml4_perf_sweep: Any) -> None:
+    bad = [p for p in ml4_perf_sweep.points if not p.ok]
+    for p in bad:
+        _attach(f"aiperf log c{p.concurrency}", p.log_tail)
+    assert not bad, "\n".join(f"c{p.concurrency}: {'; '.join(p.problems)} ({p.out_dir})" for p in bad)
+
+
+def test_zero_errors(ml4_perf_sweep: Any) -> None:
+    results = ml4_perf_sweep.verdict.by_gate("errors")
+    assert results, "no point produced figures"
+    assert not failures(results), _fail_lines(failures(results))
+
+
+def test_fixed_output_length_in_every_point(ml4_perf_sweep: Any) -> None:
+    osl = ml4_perf_sweep.settings.osl
+    for p in ml4_perf_sweep.points:
+        f = p.point
+        assert f is not None, f"c{p.concurrency}: no figures"
+        assert (f.osl_min, f.osl_max, f.osl_std) == (osl, osl, 0.0), (
+            f"c{p.concurrency}: output_sequence_length min {f.osl_min} max {f.osl_max} std {f.osl_std}, expected {osl}")
+        extra = p.export().extra_inputs
+        assert extra.get("min_tokens") == osl and "ignore_eos" not in extra, f"c{p.concurrency}: extra inputs {extra}"
+
+
+@pytest.mark.dynamo
+def test_dynamo_gate(ml4_perf_sweep: Any, ml4_target: Any) -> None:
+    results = ml4_perf_sweep.verdict.by_gate("decode_tok_s_user_p50") + ml4_perf_sweep.verdict.by_gate("ttft_p50")
+    assert results, f"target {ml4_target.name} defines no Dynamo gate (gates.decode_tok_s_user_p50_min, ttft_p50_s_max)"
+    assert not failures(results), _fail_lines(failures(results))
+
+
+def test_baseline(ml4_perf_sweep: Any) -> None:
+    if ml4_perf_sweep.baseline is None:
+        pytest.skip("no stored baseline for this target (perf.baseline) and none given with --perf-baseline")
+    devs = ml4_perf_sweep.verdict.deviations
+    assert devs, "no figure of this sweep is comparable with the baseline (no common concurrency)"
+    _attach("baseline comparison", "\n".join(d.describe() for d in devs))
+    results = ml4_perf_sweep.verdict.by_gate("baseline")
+    assert not failures(results), _fail_lines(failures(results))
+
+
+def test_decode_concurrency_saturates_at_max_num_seqs(ml4_perf_sweep: Any) -> None:
+    results = ml4_perf_sweep.verdict.by_gate("saturation")
+    assert results
+    assert not failures(results), _fail_lines(failures(results))
+
+
+def test_latency_knee(ml4_perf_sweep: Any, ml4_target: Any) -> None:
+    [knee] = ml4_perf_sweep.verdict.by_gate("knee")
+    print(knee)
+    assert knee.passed, str(knee)
+
+
+def test_roofline_estimate(ml4_perf_sweep: Any) -> None:
+    roof = ml4_perf_sweep.verdict.roofline
+    _attach("roofline (estimate)", roof.describe())
+    assert "ESTIMATE" in roof.label
+    if roof.pct_of_bound is None:
+        pytest.skip("the sweep has no c1 point to compare with the single-sequence bound")
+    # Measured decode faster than the memory-bandwidth bound means the estimate's inputs are wrong.
+    assert 0.0 < roof.pct_of_bound < 1.0, roof.describe()
+
+
+def test_plots_and_summary_written(ml4_perf_sweep: Any, ml4_run_dir: Path) -> None:
+    for png in ml4_perf_sweep.outputs.plots:
+        assert png.is_file() and png.stat().st_size > 1000, f"plot missing or empty: {png}"
+        _attach(png.name, png.read_bytes(), "PNG")
+    summary = ml4_run_dir / SUMMARY_NAME
+    data = json.loads(summary.read_text())
+    assert data["schema"] == SCHEMA
+    sweep = data["sweep"]
+    assert [p["concurrency"] for p in sweep["points"]] == list(ml4_perf_sweep.settings.concurrencies)
+    assert sweep["passed"] == ml4_perf_sweep.verdict.passed
+    _attach(SUMMARY_NAME, summary.read_text(), "JSON")
+
+
+# ------------------------------------------------------------------------------------- agentic trace replay
+@pytest.mark.dynamo
+def test_agentic_trace_replay(ml4_target: Any, ml4_perf_client: Any, ml4_run_dir: Path, ml4_perf_settings: Any,
+                              ml4_perf_progress: Any, ml4_endpoint: Any) -> None:
+    if not ml4_target.perf.trace:
+        pytest.fail(f"target {ml4_target.name} names no perf.trace for the agentic replay")
+    trace = ml4_target.resolve(ml4_target.perf.trace)
+    assert trace.is_file(), f"trace not found: {trace} (generate it with scripts/make_trace.py)"
+    out = ml4_run_dir / "perf" / "trace"
+    if ml4_perf_settings.short:
+        # CI profile: the first rows, schedule compressed 10x, outputs capped (labelled in the summary).
+        replay = out / "trace-short.jsonl"
+        rows = short_trace(trace, replay, rows=TRACE_SHORT_ROWS)
+    else:
+        replay, rows = trace, trace_rows(trace)
+    concurrency = max(ml4_perf_settings.concurrencies)
+    warmup = ml4_target.perf.warmup_requests
+    point = run_trace(ml4_target, ml4_perf_client, replay, out / "run", concurrency=concurrency,
+                      warmup_requests=warmup, write=ml4_perf_progress)
+    results = []
+    if point.point is not None:
+        results = [error_gate(point.point, ml4_target.gates.request_error_rate_max)]
+        results += dynamo_gates(point.point, ml4_target)
+    write_trace_outputs(ml4_run_dir, ml4_target, replay, rows, warmup, point, results, bool(ml4_endpoint.simulated))
+    if not point.ok:
+        _attach("aiperf log (trace)", point.log_tail)
+    assert point.ok, "; ".join(point.problems)
+    ex = point.export()
+    assert ex.request_count == rows, f"{ex.request_count} of {rows} trace rows completed in the measured window"
+    assert ex.warmup_metrics, "no warmup phase: the measured window must follow a warmup"
+    assert point.extra.get("replay_sched_lag_p99") is not None, "not replayed on the trace's fixed schedule"
+    assert not failures(results), _fail_lines(failures(results))
