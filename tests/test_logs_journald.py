@@ -118,3 +118,33 @@ def test_journalctl_failure_is_reported_with_its_stderr(tmp_path: Path) -> None:
 def test_write_journal_wants_the_journal_suffix(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"\*\.journal"):
         write_journal([], tmp_path / "x.log")
+
+
+def test_live_unit_reads_only_its_current_invocation(journal: Path) -> None:
+    calls: list[list[str]] = []
+
+    def host(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        # Plays the machine running the unit: systemctl names the current invocation, journalctl is the real one.
+        calls.append(argv)
+        if argv[0] == "systemctl":
+            return subprocess.CompletedProcess(argv, 0, INVOCATIONS[1] + "\n", "")
+        return subprocess.run([str(journald_tool("journalctl")), *argv[1:]], capture_output=True, text=True,
+                              check=False)
+
+    reader = JournaldLogReader(UNIT, journal_file=journal, runner=host, invocation_lookup=True)
+    current = reader.since_last_boot()
+    assert calls[0] == ["systemctl", "show", "-p", "InvocationID", "--value", UNIT]
+    assert f"_SYSTEMD_INVOCATION_ID={INVOCATIONS[1]}" in calls[1]
+    assert {r.boot_id for r in current} == {INVOCATIONS[1]}
+    assert "18:13:05" in current[0].text and "vLLM server version" in current[0].text
+
+
+def test_unknown_invocation_falls_back_to_the_unit_history(journal: Path) -> None:
+    def host(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        if argv[0] == "systemctl":
+            return subprocess.CompletedProcess(argv, 0, "\n", "")
+        return subprocess.run([str(journald_tool("journalctl")), *argv[1:]], capture_output=True, text=True,
+                              check=False)
+
+    current = JournaldLogReader(UNIT, journal_file=journal, runner=host, invocation_lookup=True).since_last_boot()
+    assert {r.boot_id for r in current} == {INVOCATIONS[2]}

@@ -45,7 +45,7 @@ def test_engine_start_is_the_fallback_boot_marker() -> None:
             "new line\n")
 
     class Mem(LogReader):
-        def read(self, since=None):  # noqa: ANN001, ANN202 - the interface's signature
+        def read(self, since=None):
             return records_from_text(text)
 
         def describe(self) -> str:
@@ -81,7 +81,7 @@ def test_vllm_and_iso_stamps() -> None:
     t = line_time("(APIServer pid=1) INFO 11-01 18:12:34 [x.py:1] m", year=2026)
     assert dt.datetime.fromtimestamp(t) == dt.datetime(2026, 11, 1, 18, 12, 34)
     iso = line_time("2026-11-20T09:22:13.004519Z  WARN nixl: m")
-    assert iso == pytest.approx(dt.datetime(2026, 11, 20, 9, 22, 13, 4519, tzinfo=dt.timezone.utc).timestamp())
+    assert iso == pytest.approx(dt.datetime(2026, 11, 20, 9, 22, 13, 4519, tzinfo=dt.UTC).timestamp())
     assert line_time("Traceback (most recent call last):") is None
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_ml4.logs.records import LogReader, LogRecord, Since, filter_since, since_epoch, strip_ansi, line_time
+from pytest_ml4.logs.records import LogReader, LogRecord, Since, filter_since, line_time, since_epoch, strip_ansi
 from pytest_ml4.tools import ToolMissing, tools_dir
 
 #: ssh never prompts: a missing key must fail the read, not hang the session.
@@ -91,42 +91,65 @@ class JournaldLogReader(LogReader):
 
     def __init__(self, unit: str, *, ssh_host: str | None = None, journal_file: str | Path | None = None,
                  journalctl: str | None = None, runner: Runner | None = None,
-                 ssh: Sequence[str] = SSH_COMMAND) -> None:
+                 ssh: Sequence[str] = SSH_COMMAND, invocation_lookup: bool | None = None) -> None:
         self.unit = unit
         self.ssh_host = ssh_host
         self.journal_file = Path(journal_file) if journal_file else None
         self._journalctl = journalctl
         self._runner = runner or _run
         self._ssh = tuple(ssh)
+        # A live unit knows its current invocation; a journal file has no systemd to ask.
+        self.invocation_lookup = self.journal_file is None if invocation_lookup is None else invocation_lookup
 
     def describe(self) -> str:
         where = f" on {self.ssh_host}" if self.ssh_host else ""
         file = f" (journal file {self.journal_file})" if self.journal_file else ""
         return f"journald unit {self.unit}{where}{file}"
 
-    def command(self, since: Since = None) -> list[str]:
-        """The argv that reads the unit (wrapped in ssh for a remote host)."""
+    def _wrap(self, local: list[str]) -> list[str]:
+        return [*self._ssh, self.ssh_host, shlex.join(local)] if self.ssh_host else local
+
+    def command(self, since: Since = None, invocation: str | None = None) -> list[str]:
+        """The argv that reads the unit, or one invocation of it (wrapped in ssh for a remote host)."""
         exe = self._journalctl or ("journalctl" if self.ssh_host else str(journald_tool("journalctl")))
+        match = [f"_SYSTEMD_INVOCATION_ID={invocation}"] if invocation else ["-u", self.unit]
         # --all: journalctl otherwise prints fields over 4096 bytes (long tracebacks) as null.
-        local = [exe, "-u", self.unit, "-o", "json", "--all", "--no-pager"]
+        local = [exe, *match, "-o", "json", "--all", "--no-pager"]
         if self.journal_file:
             local += ["--file", str(self.journal_file)]
         t = since_epoch(since)
         if t is not None:
             local += ["--since", f"@{int(t)}"]
-        if self.ssh_host:
-            return [*self._ssh, self.ssh_host, shlex.join(local)]
-        return local
+        return self._wrap(local)
 
-    def read(self, since: Since = None) -> list[LogRecord]:
-        argv = self.command(since)
+    def _call(self, argv: list[str]) -> str:
         try:
             proc = self._runner(argv)
         except (OSError, subprocess.TimeoutExpired) as err:
             raise LogReadError(f"{shlex.join(argv)} failed: {err}") from None
         if proc.returncode != 0:
             raise LogReadError(f"{shlex.join(argv)} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
-        return filter_since(records_from_json(proc.stdout.splitlines(), self.describe()), since)
+        return proc.stdout
+
+    def read(self, since: Since = None) -> list[LogRecord]:
+        out = self._call(self.command(since))
+        return filter_since(records_from_json(out.splitlines(), self.describe()), since)
+
+    def current_invocation(self) -> str | None:
+        """The unit's current ``InvocationID`` from systemctl (None when systemd does not know one)."""
+        out = self._call(self._wrap(["systemctl", "show", "-p", "InvocationID", "--value", self.unit])).strip()
+        return out if out and all(c in "0123456789abcdef" for c in out) else None
+
+    def since_last_boot(self, since: Since = None) -> list[LogRecord]:
+        """The current invocation's lines only (no need to read the unit's whole history), cut at its boot line."""
+        from pytest_ml4.logs.signatures import last_boot_start
+
+        invocation = self.current_invocation() if self.invocation_lookup else None
+        if invocation is None:
+            return super().since_last_boot(since)
+        out = self._call(self.command(since, invocation=invocation))
+        records = filter_since(records_from_json(out.splitlines(), self.describe()), since)
+        return records[last_boot_start(records):]
 
 
 # ---------------------------------------------------------------------------------------------- export format
