@@ -28,6 +28,7 @@ import pytest
 from allure_commons.logger import AllureFileLogger
 
 from pytest_ml4.report import labels as _labels
+from pytest_ml4.report.attach import ExchangeRecorder
 from pytest_ml4.report.categories import categorize, write_categories
 from pytest_ml4.report.environment import (
     engine_version,
@@ -49,7 +50,9 @@ from pytest_ml4.report.redact import register_secret_env
 from pytest_ml4.report.results import RedactingFileLogger, write_crash_result
 from pytest_ml4.report.summary import CheckRecord, build_summary, write_summary
 
-_LABEL_TYPES = ("epic", "feature", "story", "severity")
+_CLIENT_FIXTURES = ("http_client", "openai_client", "async_openai_client")
+#: One per process: the session clients are hooked once, recording is switched on per check.
+RECORDER = ExchangeRecorder()
 _LABELS_DIR = ".ml4-report"
 _XDIST_CRASH_WHEN = "???"  # pytest-xdist's synthetic report for a crashed worker uses this phase name
 
@@ -216,9 +219,23 @@ def _shared_labels(run_dir: Path | None, nodeid: str) -> tuple[dict[str, str], s
 
 
 # ------------------------------------------------------------------------------------------------ reports
+@pytest.fixture(autouse=True)
+def _ml4_http_exchanges(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Records the HTTP exchanges of checks that use the endpoint's clients; a failing check gets them attached."""
+    used = [name for name in _CLIENT_FIXTURES if name in request.fixturenames]
+    for name in used:
+        RECORDER.install(request.getfixturevalue(name))
+    if used:
+        RECORDER.start()
+    yield
+    RECORDER.stop()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
     report = yield
+    if report.when == "call" and report.failed and RECORDER.active:
+        RECORDER.attach()  # the Allure test is still open here; the attachments are redacted
     rs = item.config.stash[_STATE]
     # Attributes on the report travel to the xdist controller with it (pytest serialises report.__dict__).
     report.ml4_suite = rs.suites.get(item.nodeid, "default")

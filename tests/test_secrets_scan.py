@@ -4,6 +4,7 @@ pytest-xdist, then its Allure results, JUnit XML, run summary and console output
 
 from __future__ import annotations
 
+import json
 import secrets
 import shutil
 import textwrap
@@ -59,6 +60,11 @@ def test_simulated_run_leaks_no_secret(pytester: pytest.Pytester, monkeypatch: p
     (run_dir,) = [p for p in reports.iterdir() if p.is_dir()]
     alluredir = run_dir / "allure-results"
     assert len(list(alluredir.glob("*-result.json"))) >= 10, "a whole smoke run was reported"
+
+    results = {r["name"]: r for r in (json.loads(p.read_text()) for p in alluredir.glob("*-result.json"))}
+    teapot = results["The model list answers with a teapot"]
+    names = [a["name"] for a in teapot["attachments"]]
+    assert "HTTP 1: GET /v1/models -> 200" in names, "a failing check carries its HTTP exchanges"
 
     console = result.stdout.str() + result.stderr.str()
     everything = console + junit.read_text() + "".join(p.read_text() for p in alluredir.glob("*attachment*"))
