@@ -58,8 +58,10 @@ def _failure_context(view: LogView) -> str:
     return f"\nlast lines of {view.source}:\n{view.tail(15)}"
 
 
-def _kv_size(view: LogView, name: str) -> KvCacheSize | Verdict:
-    size = view.last(KvCacheSize)
+def _kv_size(view: LogView, name: str, key: str = "tokens") -> KvCacheSize | Verdict:
+    """The KV line to judge: with several engines in the log (Dynamo workers), the weakest one."""
+    sizes = view.all(KvCacheSize)
+    size = min(sizes, key=lambda s: (getattr(s, key) is not None, getattr(s, key) or 0)) if sizes else None
     if size is None:
         return Verdict(name, False, f"no 'GPU KV cache size' line since the last boot of {view.source}: the engine "
                                     f"never finished sizing its KV cache{_failure_context(view)}",
@@ -122,7 +124,7 @@ def judge_kv_pool(view: LogView, target: Target, cache_info: Mapping[str, str] |
 def judge_max_concurrency(view: LogView, target: Target) -> Verdict:
     """Maximum concurrency at the target's max_model_len is at least ``gates.kv_max_concurrency_min``."""
     name = "kv_max_concurrency"
-    size = _kv_size(view, name)
+    size = _kv_size(view, name, key="max_concurrency")
     if isinstance(size, Verdict):
         return size
     want, mml = target.gates.kv_max_concurrency_min, target.engine.max_model_len
