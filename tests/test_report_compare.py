@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ml4.perf.summary import update_summary
 from pytest_ml4.report.cli import main
 from pytest_ml4.report.compare import (
     compare_runs,
@@ -39,8 +40,12 @@ def _run(root: Path, name: str, *, points: list[dict[str, float]] | None, outcom
     run = root / name
     run.mkdir(parents=True)
     if points is not None:
-        (run / "perf-summary.json").write_text(json.dumps(
-            {"points": points, "gates": [{"name": "zero errors", "passed": outcome == "passed", "value": 0}]}))
+        # Written by the perf suite's own writer, so the two sides agree on the file.
+        update_summary(run, target, True, "sweep", {
+            "points": [dict(p, ok=True, problems=[], artifact_dir="aiperf/c1") for p in points],
+            "gates": [{"gate": "zero errors", "concurrency": None, "passed": outcome == "passed", "detail": ""},
+                      {"gate": "ttft knee", "concurrency": 16, "passed": True, "detail": "p99 7.5 s"}],
+            "baseline": None, "passed": outcome == "passed"})
     checks = [CheckRecord("suites/test_smoke.py::test_health", "Health", "smoke", "passed"),
               CheckRecord("suites/test_tools.py::test_parallel", "Parallel", "tools", outcome,
                           message="" if outcome == "passed" else "AssertionError: stream grammar broken")]
@@ -57,7 +62,8 @@ def test_summary_holds_gates_versions_and_perf_per_concurrency(tmp_path: Path) -
     assert doc["tests"] == {"total": 2, "passed": 1, "failed": 1, "broken": 0, "skipped": 0}
     assert doc["suites"]["tools"]["failed"] == 1
     gates = {g["name"]: g["passed"] for g in doc["gates"]}
-    assert gates == {"suite: smoke": True, "suite: tools": False, "zero errors": False}
+    assert gates == {"suite: smoke": True, "suite: tools": False, "perf sweep: zero errors": False,
+                     "perf sweep: ttft knee @c16": True}
     assert doc["perf"]["16"]["itl_p50_ms"] == pytest.approx(31.5)
     assert doc["duration_s"] == 60
 
@@ -94,7 +100,8 @@ def test_small_drift_within_tolerance_and_verdict_changes(tmp_path: Path) -> Non
     _run(tmp_path, "20261102-a", points=_points(scale_itl=1.05, scale_tok=0.97), outcome="failed", started=1.1e9)
     comp = compare_runs(stored_runs(tmp_path), None, tolerance=0.10)
     subjects = {r.subject for r in comp.regressions}
-    assert subjects == {"check suites/test_tools.py::test_parallel", "gate suite: tools", "gate zero errors"}
+    assert subjects == {"check suites/test_tools.py::test_parallel", "gate suite: tools",
+                        "gate perf sweep: zero errors"}
 
 
 def test_trend_png_draws_the_key_figures(tmp_path: Path) -> None:
@@ -133,3 +140,19 @@ def test_cli_latest_picks_newest_run_by_start_time(tmp_path: Path, capsys: pytes
     assert main(["latest", "--runs", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "20261101-b")
     assert main(["latest", "--runs", str(tmp_path / "nothing")]) == 2
+
+
+def test_trace_replay_figures_and_gates_are_kept(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    run.mkdir()
+    update_summary(run, "gb300-disagg", True, "trace", {
+        "settings": {"trace": "fixtures/x.jsonl", "rows": 10, "warmup_requests": 2, "concurrency": 32},
+        "point": {"concurrency": 32, "ttft_p50_s": 1.2, "tok_s_user_p50": 61.0, "ok": True, "osl_min": None},
+        "gates": [{"gate": "dynamo tok/s/user p50 > 50", "concurrency": 32, "passed": True, "detail": ""}],
+        "passed": True})
+    doc = build_summary(run_dir=run, target="gb300-disagg", simulated=True, faults=(), versions={}, checks=[],
+                        started=1.0, finished=2.0, exit_status=0)
+    assert doc["perf_trace"] == {"concurrency": 32.0, "ttft_p50_s": 1.2, "tok_s_user_p50": 61.0}
+    assert doc["gates"] == [{"name": "perf trace: dynamo tok/s/user p50 > 50 @c32", "passed": True, "detail": "",
+                             "source": "perf"}]
+    assert doc["perf"] == {}

@@ -4,9 +4,11 @@ One JSON per run: when it ran, the target, simulated or live, versions (engine, 
 check and per suite, gates (suite verdicts plus the perf engineer's gates), and perf figures per concurrency
 read from ``<run_dir>/perf-summary.json`` when the perf suite wrote one.
 
-``perf-summary.json`` is read leniently: ``{"points": [{"concurrency": 16, "<metric>": number, ...}, ...],
-"gates": [{"name": ..., "passed": bool, "value": ..., "limit": ...}]}``; ``points`` may also be a mapping
-``{"16": {...}}`` or be called ``per_concurrency``/``sweep``. Every numeric field of a point is a metric.
+``perf-summary.json`` is the perf suite's file (schema ``ml4-perf-summary/1``, :mod:`pytest_ml4.perf.summary`):
+``{"sweep": {"points": [{"concurrency": 16, <figure>: number|null, ...}], "gates": [{"gate", "concurrency",
+"passed", "detail"}], "baseline": {...}}, "trace": {"point": {...}, "gates": [...]}}``. Points are also accepted
+at the top level (``"points"`` as a list, or a mapping ``{"16": {...}}``), which is what baselines and older
+summaries use. Every numeric field of a point is a figure; nulls (absent metrics) are left out.
 """
 
 from __future__ import annotations
@@ -43,10 +45,14 @@ class CheckRecord:
 def perf_points(data: Mapping[str, Any]) -> dict[int, dict[str, float]]:
     """Numeric perf figures per concurrency from a perf summary or baseline in any of the accepted shapes."""
     raw: Any = None
-    for key in ("points", "per_concurrency", "sweep", "concurrency", "perf"):
-        if key in data:
-            raw = data[key]
-            break
+    sweep = data.get("sweep")
+    if isinstance(sweep, Mapping) and "points" in sweep:
+        raw = sweep["points"]
+    else:
+        for key in ("points", "per_concurrency", "concurrency", "perf"):
+            if key in data:
+                raw = data[key]
+                break
     out: dict[int, dict[str, float]] = {}
     if isinstance(raw, Mapping):
         items: Iterable[tuple[Any, Any]] = raw.items()
@@ -64,14 +70,38 @@ def perf_points(data: Mapping[str, Any]) -> dict[int, dict[str, float]]:
     return out
 
 
-def read_perf_summary(run_dir: Path) -> tuple[dict[int, dict[str, float]], list[dict[str, Any]]]:
-    """(perf figures per concurrency, perf gates) from the run folder; empty when the perf suite did not run."""
+def _perf_gates(section: str, gates: Any) -> list[dict[str, Any]]:
+    out = []
+    for g in gates if isinstance(gates, list) else []:
+        if not isinstance(g, Mapping) or "passed" not in g:
+            continue
+        name = str(g.get("gate") or g.get("name"))
+        conc = g.get("concurrency")
+        out.append({"name": f"{section}: {name}" + (f" @c{conc}" if conc is not None else ""),
+                    "passed": bool(g["passed"]), "detail": g.get("detail", ""), "source": "perf"})
+    return out
+
+
+def read_perf_summary(run_dir: Path) -> dict[str, Any]:
+    """Perf figures per concurrency, the trace replay's figures, perf gates and baseline deviations of a run.
+
+    Empty values when the perf suite did not run (no ``perf-summary.json``).
+    """
     path = run_dir / PERF_SUMMARY_NAME
+    out: dict[str, Any] = {"points": {}, "trace": {}, "gates": [], "baseline": None}
     if not path.is_file():
-        return {}, []
+        return out
     data = json.loads(path.read_text(encoding="utf-8"))
-    gates = [g for g in data.get("gates", []) if isinstance(g, Mapping) and "name" in g and "passed" in g]
-    return perf_points(data), [dict(g, source="perf") for g in gates]
+    out["points"] = perf_points(data)
+    sweep = data.get("sweep") if isinstance(data.get("sweep"), Mapping) else {}
+    trace = data.get("trace") if isinstance(data.get("trace"), Mapping) else {}
+    out["gates"] = _perf_gates("perf sweep", sweep.get("gates")) + _perf_gates("perf trace", trace.get("gates"))
+    out["gates"] += _perf_gates("perf", data.get("gates"))  # top-level gates of the simple form
+    point = trace.get("point")
+    if isinstance(point, Mapping):
+        out["trace"] = {k: float(v) for k, v in point.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    out["baseline"] = sweep.get("baseline")
+    return out
 
 
 def suite_gates(checks: Iterable[CheckRecord]) -> list[dict[str, Any]]:
@@ -87,7 +117,7 @@ def build_summary(*, run_dir: Path, target: str | None, simulated: bool, faults:
                   versions: Mapping[str, str], checks: list[CheckRecord], started: float, finished: float,
                   exit_status: int) -> dict[str, Any]:
     """The summary document (plain JSON types)."""
-    perf, perf_gates = read_perf_summary(run_dir)
+    perf = read_perf_summary(run_dir)
     counts = Counter(c.outcome for c in checks)
     suites: dict[str, dict[str, int]] = {}
     for c in checks:
@@ -105,8 +135,10 @@ def build_summary(*, run_dir: Path, target: str | None, simulated: bool, faults:
         "exit_status": int(exit_status),
         "tests": {"total": len(checks), **{o: counts.get(o, 0) for o in OUTCOMES}},
         "suites": suites,
-        "gates": suite_gates(checks) + perf_gates,
-        "perf": {str(c): figs for c, figs in sorted(perf.items())},
+        "gates": suite_gates(checks) + perf["gates"],
+        "perf": {str(c): figs for c, figs in sorted(perf["points"].items())},
+        "perf_trace": perf["trace"],
+        "perf_baseline": perf["baseline"],
         "checks": [asdict(c) for c in checks],
     }
     return redact(doc)
