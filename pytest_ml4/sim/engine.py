@@ -76,6 +76,7 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self._wake = asyncio.Event()
         self._prefill_free_at = 0.0
+        self._deadline = 0.0
         self._win = _Window(per_pos=[0] * perf.num_spec)
         self._last_log = time.monotonic()
         self._had_traffic = False
@@ -142,10 +143,11 @@ class Engine:
             if decoding:
                 if self.crash_on_first_step is not None:
                     self.crash_on_first_step()
-                await asyncio.sleep(self.perf.step_time(len(decoding)))
+                await self._sleep_step(self.perf.step_time(len(decoding)))
                 self._decode_step(decoding)
                 self._finish_done()
                 continue
+            self._deadline = 0.0
             pending = [s.ready_at for s in self.running if s.emitted == 0]
             timeout = max(min(pending) - time.monotonic(), 0.0) if pending else None
             self._wake.clear()
@@ -153,6 +155,15 @@ class Engine:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except asyncio.TimeoutError:
                 pass
+
+    async def _sleep_step(self, dt: float) -> None:
+        """Sleep until the step's deadline; deadlines follow each other back to back so that the loop's own
+        processing time does not stretch the inter-token latency (unless the loop falls a whole step behind)."""
+        now = time.monotonic()
+        prev = self._deadline
+        deadline = prev + dt if prev and now - prev < dt else now + dt
+        self._deadline = deadline
+        await asyncio.sleep(max(deadline - now, 0.0))
 
     def _reap_aborted(self) -> None:
         if any(s.aborted for s in self.running):
