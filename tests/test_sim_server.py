@@ -163,3 +163,42 @@ def test_missing_api_key_is_one_clear_line(tmp_path: Path) -> None:
     with pytest.raises(SimServerError) as e:
         s.start(timeout=30)
     assert "requires an API key: set the environment variable LLM_API_KEY" in str(e.value)
+
+
+# --------------------------------------------------------------------------- engine death on the first large step
+def test_crash_on_first_large_step(tmp_path: Path) -> None:
+    """BootResult.crash_on_first_step: small steps are served, the first large one kills the engine."""
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from pytest_ml4.sim.boot import BootResult
+    from pytest_ml4.sim.server import LogWriter, SimApp, SimConfig
+    from pytest_ml4.sim.tokenizer import get_tokenizer
+
+    target = load_target("gb300-agg", overrides=FAST)
+    boot = BootResult(lines=[], crash_on_first_step=True, crash_min_step_tokens=500,
+                      crash_lines=["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 792.00 MiB."],
+                      kv_pool_tokens=100000, num_gpu_blocks=1000)
+    log_path = tmp_path / "crash.log"
+    app = SimApp(SimConfig(target=target), boot, LogWriter(str(log_path), 4242), get_tokenizer(15))
+    exits: list[int] = []
+    app._exit = exits.append
+
+    async def scenario() -> tuple[int, list[int]]:
+        async with TestClient(TestServer(app.app())) as c:
+            small = await c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 50})
+            assert exits == []
+            big = {"messages": [{"role": "user", "content": "word " * 800}], "max_tokens": 5}
+            task = asyncio.ensure_future(c.post("/v1/chat/completions", json=big))
+            for _ in range(100):
+                if exits:
+                    break
+                await asyncio.sleep(0.02)
+            task.cancel()
+            return small.status, list(exits)
+
+    status, codes = asyncio.run(scenario())
+    assert status == 200 and codes == [1]
+    text = log_path.read_text()
+    assert "CUDA out of memory" in text and "EngineCore encountered a fatal error." in text

@@ -30,8 +30,11 @@ class BootResult:
     lines: list[str]
     alive: bool = True
     exit_message: str | None = None
-    # The engine boots, answers /health, then dies with an OOM on its first large step.
+    # The engine boots, answers /health, then dies with an OOM on its first large step: the first engine step
+    # that schedules at least ``crash_min_step_tokens`` tokens (prefill + decode).  The server writes
+    # ``crash_lines`` (e.g. the torch OOM traceback), the engine-death lines, and exits non-zero.
     crash_on_first_step: bool = False
+    crash_min_step_tokens: int = 1
     crash_lines: list[str] = field(default_factory=list)
     kv_pool_tokens: int = 0
     num_gpu_blocks: int = 0

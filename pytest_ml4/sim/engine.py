@@ -63,7 +63,7 @@ class Engine:
 
     def __init__(self, *, perf: PerfModel, metrics: SimMetrics, max_num_seqs: int, kv_pool_tokens: int,
                  log: Callable[[str, str, int, str], None], seed: int = 0, stats_interval_s: float = 10.0,
-                 crash_on_first_step: Callable[[], None] | None = None) -> None:
+                 crash_on_first_step: Callable[[int], None] | None = None) -> None:
         self.perf = perf
         self.metrics = metrics
         self.max_num_seqs = max_num_seqs
@@ -134,15 +134,17 @@ class Engine:
             self._reap_aborted()
             self._admit()
             now = time.monotonic()
-            for s in self.running:
-                if s.emitted == 0 and s.ready_at <= now:
-                    self._first_token(s, now)
+            prefilled = [s for s in self.running if s.emitted == 0 and s.ready_at <= now]
+            decoding = [s for s in self.running if s.emitted > 0]
+            if self.crash_on_first_step is not None and (prefilled or decoding):
+                # A boot that cannot survive a large step (BootResult.crash_on_first_step) dies here.
+                self.crash_on_first_step(sum(s.prompt_tokens for s in prefilled) + len(decoding))
+            for s in prefilled:
+                self._first_token(s, now)
             self._finish_done()
             decoding = [s for s in self.running if s.emitted > 0]
             self._update_gauges()
             if decoding:
-                if self.crash_on_first_step is not None:
-                    self.crash_on_first_step()
                 await self._sleep_step(self.perf.step_time(len(decoding)))
                 self._decode_step(decoding)
                 self._finish_done()

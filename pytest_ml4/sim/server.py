@@ -77,7 +77,7 @@ def fingerprint(target: Target) -> str:
     return f"vllm-{target.engine.version}-tp{target.topology.tensor_parallel}-{digest[:8]}"
 
 
-class SimServer:
+class SimApp:
     """State of one running simulator (the aiohttp application's handlers)."""
 
     def __init__(self, cfg: SimConfig, boot: BootResult, log: LogWriter, tokenizer: SimTokenizer) -> None:
@@ -113,6 +113,7 @@ class SimServer:
                              stats_interval_s=float(t.sim.extra.get("stats_interval_s", 10.0)),
                              crash_on_first_step=self._crash if boot.crash_on_first_step else None)
         self.boot = boot
+        self._exit = os._exit  # replaced in tests; a crashing engine takes the whole process down
         self.rng = random.Random(int(t.sim.extra.get("seed", 0)) + 1)
         self.error_rng = random.Random(int(t.sim.extra.get("seed", 0)) + 2)
 
@@ -285,7 +286,9 @@ class SimServer:
         return resp
 
     # ------------------------------------------------------------------ engine death
-    def _crash(self) -> None:
+    def _crash(self, step_tokens: int) -> None:
+        if step_tokens < self.boot.crash_min_step_tokens:
+            return
         for line in self.boot.crash_lines:
             self.log.raw(line)
         self.log.raw(vllm_line("EngineCore", self.log.pid, "ERROR", "core.py", 1056,
@@ -293,7 +296,7 @@ class SimServer:
         self.log.api("ERROR", "async_llm.py", 541, "AsyncLLM output_handler failed.")
         self.log.raw(vllm_line("APIServer", self.log.pid, "ERROR", "core_client.py", 610,
                                "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup"))
-        os._exit(1)
+        self._exit(1)
 
 
 def _hex16() -> str:
@@ -352,7 +355,7 @@ async def serve(cfg: SimConfig) -> int:
                           "Failed core proc(s): {'EngineCore_DP0': 1}"))
         return 1
     tokenizer = get_tokenizer(cfg.target.engine.tokenizer_version)
-    sim = SimServer(cfg, boot, log, tokenizer)
+    sim = SimApp(cfg, boot, log, tokenizer)
     route_lines(cfg, log)
     runner = web.AppRunner(sim.app(), access_log=None, handle_signals=False)
     await runner.setup()

@@ -159,3 +159,9 @@ def message_text(m: Any) -> str:
 def get_tokenizer(version: int = 15) -> SimTokenizer:
     """Process-wide tokenizer per version (loading takes ~0.7 s)."""
     return SimTokenizer(version)
+
+
+if __name__ == "__main__":
+    # ``python -m pytest_ml4.sim.tokenizer``: pre-build the derived tokenizer files (scripts/install.d/15-sim-tekken.sh).
+    for v in (13, 15):
+        print(tekken_path(v))
