@@ -1,1 +1,226 @@
-"""pytest glue for the restart concern (fixtures, options in the ml4 group); the core lives outside this file."""
+"""pytest glue for the restart concern: the restart controller, the LiteLLM proxy in front of the simulator, the
+Kubernetes API (a fake one in ``--sim`` Dynamo runs), and the retry options. The core lives in
+:mod:`pytest_ml4.control`, :mod:`pytest_ml4.proxy`, :mod:`pytest_ml4.sim.dynamo` and
+:mod:`pytest_ml4.logs.kubernetes`.
+
+Fixtures (session scope):
+
+* ``ml4_proxy`` — a real LiteLLM proxy in front of the simulator for targets with ``serving.proxy`` under
+  ``--sim`` (None otherwise); ``--ml4-proxy-retries`` / ``--ml4-proxy-max-retries`` choose its retry settings;
+* ``ml4_dynamo_sim`` — the :class:`~pytest_ml4.sim.dynamo.DynamoSim` of a ``--sim`` Dynamo target (the session's
+  ``ml4_sim`` when it is one, else one started here);
+* ``ml4_kube_api`` — a ``kubernetes`` ApiClient for Dynamo targets (kubeconfig / ``--ml4-kube-host``; under
+  ``--sim`` the fake API server of ``tests/fake_k8s.py`` serving the DynamoSim's processes as pods);
+* ``ml4_kube_namespace``, ``ml4_restart_endpoint`` (where the restart suite sends requests),
+  ``ml4_restart_controller`` and ``ml4_restart_logs`` (the engine log reader the post-restart checks use).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from pytest_ml4.targets import REPO_ROOT, Target
+
+#: Namespace of the simulated DGD when the target names none in the environment.
+SIM_NAMESPACE = "ml4-sim"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ml4", "pytest-ml4: Mistral Large 4 deployment acceptance")
+    group.addoption("--ml4-proxy-retries", dest="ml4_proxy_retries", type=int, default=None, metavar="N",
+                    help="litellm_settings.num_retries of the LiteLLM proxy started in front of the simulator "
+                         "(default: the target's serving.proxy.num_retries; 0 turns retries off) "
+                         "(ini: ml4_proxy_retries)")
+    group.addoption("--ml4-proxy-max-retries", dest="ml4_proxy_max_retries", type=int, default=None, metavar="N",
+                    help="the deployment's litellm_params.max_retries for that proxy (default: the target's) "
+                         "(ini: ml4_proxy_max_retries)")
+    group.addoption("--ml4-restart-roles", dest="ml4_restart_roles", default=None, metavar="ROLES",
+                    help="Dynamo targets: pods a restart deletes, comma-separated from workers,worker,prefill,decode "
+                         "(default: workers) (ini: ml4_restart_roles)")
+    group.addoption("--ml4-kube-host", dest="ml4_kube_host", default=None, metavar="URL",
+                    help="Kubernetes API server URL (default: kubeconfig or the in-cluster service account)")
+    parser.addini("ml4_proxy_retries", "num_retries of the simulator's LiteLLM proxy", default=None)
+    parser.addini("ml4_proxy_max_retries", "max_retries of the simulator's LiteLLM proxy", default=None)
+    parser.addini("ml4_restart_roles", "Dynamo pods a restart deletes", default="workers")
+
+
+def _int_opt(config: pytest.Config, name: str) -> int | None:
+    value = config.getoption(name)
+    if value is None:
+        raw = config.getini(name)
+        value = int(raw) if raw not in (None, "") else None
+    return value
+
+
+def _state(config: pytest.Config) -> Any:
+    from pytest_ml4.plugin import get_state
+
+    return get_state(config)
+
+
+def _api_key(target: Target) -> str | None:
+    var = target.endpoint.api_key_env
+    return os.environ.get(var) if var else None
+
+
+# ----------------------------------------------------------------------------------------------- proxy
+@pytest.fixture(scope="session")
+def ml4_proxy(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any, ml4_run_dir: Path) -> Iterator[Any]:
+    """The real LiteLLM proxy in front of the simulator (targets with ``serving.proxy``, ``--sim``), else None."""
+    state = _state(pytestconfig)
+    existing = getattr(state, "proxy", None)
+    if existing is not None or ml4_sim is None or not ml4_target.has_proxy:
+        yield existing
+        return
+    from pytest_ml4.proxy import LiteLLMProxy, ProxyError, ProxySettings
+
+    settings = ProxySettings.from_target(ml4_target, ml4_sim.base_url,
+                                         num_retries=_int_opt(pytestconfig, "ml4_proxy_retries"),
+                                         max_retries=_int_opt(pytestconfig, "ml4_proxy_max_retries"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    proxy = LiteLLMProxy(settings, ml4_run_dir / "proxy" / worker)
+    try:
+        proxy.start()
+    except (ProxyError, OSError) as err:
+        pytest.exit(f"ml4: the LiteLLM proxy for {ml4_target.name} did not start: {err}", returncode=3)
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+# ----------------------------------------------------------------------------------------------- Dynamo / Kubernetes
+def load_fake_k8s() -> ModuleType:
+    """``tests/fake_k8s.py`` (the fake API server is test infrastructure, kept with the tests)."""
+    if "fake_k8s" in sys.modules:
+        return sys.modules["fake_k8s"]
+    path = REPO_ROOT / "tests" / "fake_k8s.py"
+    spec = importlib.util.spec_from_file_location("fake_k8s", path)
+    if spec is None or spec.loader is None:
+        raise pytest.UsageError(f"ml4: the fake Kubernetes API server is missing ({path})")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fake_k8s"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def ml4_dynamo_sim(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any,
+                   ml4_run_dir: Path) -> Iterator[Any]:
+    """The simulated Dynamo deployment of a ``--sim`` Dynamo target, else None."""
+    from pytest_ml4.sim.dynamo import DynamoSim
+
+    if ml4_sim is None or not ml4_target.is_dynamo:
+        yield None
+        return
+    if isinstance(ml4_sim, DynamoSim):
+        yield ml4_sim
+        return
+    # The session's simulator is a plain engine: start the Dynamo frontend + workers for the restart suite.
+    state = _state(pytestconfig)
+    dsim = DynamoSim(ml4_target, faults=getattr(state, "faults", ()), overrides=getattr(state, "overrides", None)
+                     or None, log_file=ml4_run_dir / "dynamo" / os.environ.get("PYTEST_XDIST_WORKER", "main")
+                     / "frontend.log")
+    try:
+        dsim.start()
+    except Exception as err:  # noqa: BLE001 - the simulator's own error carries the log tail
+        dsim.stop()
+        pytest.exit(f"ml4: the Dynamo simulator for {ml4_target.name} did not start: {err}", returncode=3)
+    try:
+        yield dsim
+    finally:
+        dsim.stop()
+
+
+@pytest.fixture(scope="session")
+def ml4_kube_namespace(ml4_target: Target, ml4_dynamo_sim: Any) -> str | None:
+    if not ml4_target.is_dynamo and ml4_target.control.kind != "kubernetes":
+        return None
+    from pytest_ml4.control.k8s import KubeConfigError, target_namespace
+
+    try:
+        return target_namespace(ml4_target)
+    except KubeConfigError:
+        if ml4_dynamo_sim is not None:
+            return SIM_NAMESPACE
+        raise
+
+
+@pytest.fixture(scope="session")
+def ml4_kube_api(pytestconfig: pytest.Config, ml4_target: Target, ml4_dynamo_sim: Any,
+                 ml4_kube_namespace: str | None) -> Iterator[Any]:
+    """ApiClient for Dynamo targets (the fake API server over the DynamoSim under ``--sim``); None otherwise."""
+    if ml4_kube_namespace is None:
+        yield None
+        return
+    from pytest_ml4.control.k8s import api_client
+
+    if ml4_dynamo_sim is None:
+        yield api_client(pytestconfig.getoption("ml4_kube_host"))
+        return
+    fake = load_fake_k8s().serve_dynamo(ml4_dynamo_sim, ml4_kube_namespace, ml4_target.control.dgd)
+    try:
+        yield api_client(fake.url)
+    finally:
+        fake.wait_settled()
+        fake.stop()
+
+
+# ----------------------------------------------------------------------------------------------- restart
+@pytest.fixture(scope="session")
+def ml4_restart_endpoint(ml4_target: Target, ml4_endpoint: Any, ml4_proxy: Any, ml4_dynamo_sim: Any) -> Any:
+    """Where the restart suite sends requests: the proxy, the simulated Dynamo frontend, or the endpoint."""
+    from dataclasses import replace
+
+    if ml4_proxy is not None:
+        return replace(ml4_endpoint, base_url=ml4_proxy.base_url, proxy=True,
+                       model=ml4_target.serving.proxy.model_alias if ml4_target.serving.proxy else ml4_endpoint.model)
+    if ml4_dynamo_sim is not None:
+        return replace(ml4_endpoint, base_url=ml4_dynamo_sim.base_url, metrics_url=ml4_dynamo_sim.url + "/metrics")
+    return ml4_endpoint
+
+
+@pytest.fixture(scope="session")
+def ml4_restart_controller(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any,
+                           ml4_restart_endpoint: Any, ml4_kube_api: Any, ml4_kube_namespace: str | None) -> Any:
+    """The restart controller for the target (simulator process, systemd unit, or the DGD's pods)."""
+    from pytest_ml4.control import RestartError, controller_for
+
+    roles = tuple(r.strip() for r in (pytestconfig.getoption("ml4_restart_roles")
+                                      or pytestconfig.getini("ml4_restart_roles") or "workers").split(",") if r.strip())
+    engine_sim = None if ml4_target.is_dynamo else ml4_sim
+    root = ml4_restart_endpoint.root_url
+    base = ml4_restart_endpoint.base_url
+    if engine_sim is not None:
+        # The controller judges the engine itself; the proxy in front is the clients' business.
+        root, base = engine_sim.url, engine_sim.base_url
+    try:
+        ctl = controller_for(ml4_target, root_url=root, base_url=base, api_key=_api_key(ml4_target),
+                             sim=engine_sim, kube_api=ml4_kube_api, roles=roles, namespace=ml4_kube_namespace)
+    except RestartError as err:
+        raise pytest.UsageError(f"ml4: cannot restart target {ml4_target.name}: {err} (the restart suite needs the "
+                                f"process that owns the simulator: run it without -n)") from None
+    if hasattr(ctl, "rolling"):
+        # A deployment that must show clients no error is restarted one pod at a time.
+        ctl.rolling = not ml4_target.gates.restart_client_errors_allowed
+    return ctl
+
+
+@pytest.fixture(scope="session")
+def ml4_restart_logs(ml4_target: Target, ml4_sim: Any, ml4_kube_api: Any, ml4_kube_namespace: str | None) -> Any:
+    """The engine log reader the post-restart checks judge (worker pods for Dynamo targets)."""
+    from pytest_ml4.logs import reader_for_target
+
+    if ml4_kube_api is not None and ml4_kube_namespace and ml4_target.logs.dgd:
+        from pytest_ml4.logs.kubernetes import KubernetesLogReader
+
+        return KubernetesLogReader(ml4_kube_api, ml4_kube_namespace, ml4_target.logs.dgd, role="workers")
+    return reader_for_target(ml4_target, sim=ml4_sim)

@@ -33,7 +33,7 @@ def __getattr__(name: str) -> Any:
 
 def controller_for(target: Target, *, root_url: str, base_url: str, api_key: str | None = None,
                    sim: Any = None, kube_api: Any = None, roles: tuple[str, ...] = ("workers",),
-                   env: dict[str, str] | None = None) -> Controller:
+                   namespace: str | None = None, env: dict[str, str] | None = None) -> Controller:
     """The controller for ``target``: the simulator when ``sim`` is given (non-Dynamo), else systemd or Kubernetes.
 
     Dynamo targets always restart through the Kubernetes API (``kube_api``: an ``ApiClient``, pointed at the fake
@@ -48,7 +48,8 @@ def controller_for(target: Target, *, root_url: str, base_url: str, api_key: str
 
         if not target.control.dgd:
             raise RestartError(f"target {target.name}: control.dgd is not set")
-        return KubernetesController(kube_api or api_client(), target_namespace(target, env), target.control.dgd,
+        ns = namespace or target_namespace(target, env)
+        return KubernetesController(kube_api or api_client(), ns, target.control.dgd,
                                     frontend_url=root_url, base_url=base_url,
                                     model=target.serving.served_model_name, roles=roles, api_key=api_key,
                                     timeout_s=timeout)

@@ -4,16 +4,22 @@ Grove-managed DGDs are restarted by deleting their pods ("delete the pods direct
 dynamo.md §2). A restart deletes the pods of the chosen roles (``workers``, ``worker``, ``prefill``, ``decode``)
 and waits for: replacement pods Running and Ready, the DGD ``Ready`` condition True **and** ``state: successful``
 (dynamo.md §1.3), the frontend ``/health`` 200, and the model back in ``/v1/models``.
+
+``rolling=True`` deletes one pod at a time and waits for its replacement to be Ready before the next, so a
+deployment with several replicas per role keeps a complete worker set (and its clients see no error) throughout.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
 from kubernetes import client as k8s_client
 
-from pytest_ml4.control.base import Check, Controller, Progress, RestartError, health_check, model_listed_check
+from pytest_ml4.control.base import (Check, Controller, Progress, RestartError, health_check, model_listed_check,
+                                     wait_for)
 from pytest_ml4.control.k8s import dgd_status, list_pods, pod_ready
 
 
@@ -24,7 +30,7 @@ class KubernetesController(Controller):
 
     def __init__(self, api: k8s_client.ApiClient, namespace: str, dgd: str, *, frontend_url: str, base_url: str,
                  model: str, roles: Sequence[str] = ("workers",), api_key: str | None = None,
-                 timeout_s: float = 2400.0) -> None:
+                 timeout_s: float = 2400.0, rolling: bool = False) -> None:
         super().__init__(timeout_s)
         self.core = k8s_client.CoreV1Api(api)
         self.custom = k8s_client.CustomObjectsApi(api)
@@ -35,11 +41,14 @@ class KubernetesController(Controller):
         self.base_url = base_url
         self.model = model
         self._api_key = api_key
-        # role -> uids of the pods deleted by the last trigger
+        self.rolling = rolling
+        # role -> uids of the pods deleted by the last trigger, and how many pods the role had before it
         self._deleted: dict[str, set[str]] = {}
+        self._expected: dict[str, int] = {}
 
     def describe(self) -> str:
-        return f"DGD {self.namespace}/{self.dgd} ({', '.join(self.roles)} pods)"
+        how = "rolling, one pod at a time" if self.rolling else "all at once"
+        return f"DGD {self.namespace}/{self.dgd} ({', '.join(self.roles)} pods, {how})"
 
     def pods(self, role: str = "all") -> list[Any]:
         return list_pods(self.core, self.namespace, self.dgd, role)
@@ -50,13 +59,33 @@ class KubernetesController(Controller):
         if not pods:
             raise RestartError(f"no {role} pods found for DGD {self.namespace}/{self.dgd}")
         self._deleted[role] = {p.metadata.uid for p in pods}
+        self._expected[role] = len(pods)
         for pod in pods:
             self.core.delete_namespaced_pod(pod.metadata.name, self.namespace)
         return [p.metadata.name for p in pods]
 
     def trigger(self, progress: Progress | None = None) -> dict[str, Any]:
-        self._deleted = {}
-        deleted = {role: self.delete_pods(role) for role in self.roles}
+        self._deleted, self._expected = {}, {}
+        if not self.rolling:
+            return {"deleted_pods": {role: self.delete_pods(role) for role in self.roles}}
+        deadline = time.monotonic() + self.timeout_s
+        deleted: dict[str, list[str]] = {}
+        instances = self.frontend_instances()
+        for role in self.roles:
+            pods = self.pods(role)
+            if not pods:
+                raise RestartError(f"no {role} pods found for DGD {self.namespace}/{self.dgd}")
+            self._deleted[role] = set()
+            self._expected[role] = len(pods)
+            for pod in pods:
+                self._deleted[role].add(pod.metadata.uid)
+                self.core.delete_namespaced_pod(pod.metadata.name, self.namespace)
+                deleted.setdefault(role, []).append(pod.metadata.name)
+                wait_for(f"replacement of {pod.metadata.name} Running and Ready", self._replacements_ready,
+                         deadline, progress)
+                # Ready is not yet discovered: the next deletion waits until the frontend routes to the new worker.
+                wait_for(f"frontend /health listing {instances} worker instances", self._instances_at_least(instances),
+                         deadline, progress)
         return {"deleted_pods": deleted}
 
     def _replacements_ready(self) -> str | None:
@@ -68,10 +97,24 @@ class KubernetesController(Controller):
             ready = [p for p in fresh if pod_ready(p)]
             if lingering:
                 problems.append(f"{role}: old pods still present {lingering}")
-            elif len(ready) < len(old):
-                problems.append(f"{role}: {len(ready)}/{len(old)} replacement pods ready "
+            elif len(ready) < self._expected[role]:
+                problems.append(f"{role}: {len(ready)}/{self._expected[role]} pods ready "
                                 f"({', '.join(f'{p.metadata.name}={p.status.phase}' for p in fresh) or 'none yet'})")
         return "; ".join(problems) or None
+
+    def frontend_instances(self) -> int:
+        """How many worker instances the frontend's ``/health`` lists (0 when it does not answer 200)."""
+        try:
+            r = httpx.get(self.frontend_url.rstrip("/") + "/health", timeout=2.0)
+            return len(r.json().get("instances") or []) if r.status_code == 200 else 0
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return 0
+
+    def _instances_at_least(self, n: int) -> Check:
+        def check() -> str | None:
+            seen = self.frontend_instances()
+            return None if seen >= n else f"/health lists {seen} instances"
+        return check
 
     def _dgd_serving(self) -> str | None:
         status = dgd_status(self.custom, self.namespace, self.dgd)

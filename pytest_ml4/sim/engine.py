@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -30,6 +30,9 @@ class Sequence:
     max_tokens: int
     finish_reason: str
     params_max_tokens: int | None = None
+    #: Chained hashes of the prompt's full KV blocks (prefix caching); see ``block_hashes``.
+    block_hashes: tuple[int, ...] = ()
+    cached_tokens: int = 0
     queue: asyncio.Queue[int] = field(default_factory=asyncio.Queue)
     arrival: float = 0.0
     admitted_at: float = 0.0
@@ -42,6 +45,16 @@ class Sequence:
     @property
     def done(self) -> bool:
         return self.emitted >= self.output_tokens
+
+
+def block_hashes(token_ids: list[int], block_size: int) -> tuple[int, ...]:
+    """vLLM-style prefix-cache keys: one chained hash per full block of ``block_size`` prompt tokens."""
+    out: list[int] = []
+    h = 0
+    for i in range(0, len(token_ids) - block_size + 1, block_size):
+        h = hash((h, tuple(token_ids[i:i + block_size])))
+        out.append(h)
+    return tuple(out)
 
 
 @dataclass
@@ -63,6 +76,7 @@ class Engine:
 
     def __init__(self, *, perf: PerfModel, metrics: SimMetrics, max_num_seqs: int, kv_pool_tokens: int,
                  log: Callable[[str, str, int, str], None], seed: int = 0, stats_interval_s: float = 10.0,
+                 block_size: int = 16,
                  crash_on_first_step: Callable[[int], None] | None = None) -> None:
         self.perf = perf
         self.metrics = metrics
@@ -77,6 +91,10 @@ class Engine:
         self._wake = asyncio.Event()
         self._prefill_free_at = 0.0
         self._deadline = 0.0
+        self.block_size = block_size
+        # Prefix cache: block hash -> None, in LRU order, bounded by the KV pool.
+        self._prefix_cache: OrderedDict[int, None] = OrderedDict()
+        self._prefix_capacity = max(self.kv_pool_tokens // max(block_size, 1), 1)
         self._win = _Window(per_pos=[0] * perf.num_spec)
         self._last_log = time.monotonic()
         self._had_traffic = False
@@ -180,18 +198,43 @@ class Engine:
         while self.waiting and len(self.running) < self.max_num_seqs:
             s = self.waiting.popleft()
             s.admitted_at = now
+            hits = self._prefix_lookup(s)
+            s.cached_tokens = hits
+            computed = s.prompt_tokens - hits
             backlog = max(self._prefill_free_at - now, 0.0)
-            ttft = self.perf.ttft(s.prompt_tokens, QueueState(len(self.running), len(self.waiting), backlog))
+            ttft = self.perf.ttft(computed, QueueState(len(self.running), len(self.waiting), backlog))
             # Prefill chunks of different requests share one token budget: they run one after another.
-            self._prefill_free_at = now + backlog + s.prompt_tokens / self.perf.prefill_tok_s
+            self._prefill_free_at = now + backlog + computed / self.perf.prefill_tok_s
             s.ready_at = now + ttft + backlog
             self.running.append(s)
-            self.metrics.inc("vllm:prompt_tokens", s.prompt_tokens)
-            self.metrics.inc("vllm:prompt_tokens_by_source", s.prompt_tokens, source="local_compute")
-            self.metrics.inc("vllm:prefix_cache_queries", s.prompt_tokens)
+            m = self.metrics
+            m.inc("vllm:prompt_tokens", s.prompt_tokens)
+            m.inc("vllm:prompt_tokens_by_source", computed, source="local_compute")
+            m.inc("vllm:prompt_tokens_by_source", hits, source="local_cache_hit")
+            m.inc("vllm:prompt_tokens_cached", hits)
+            m.inc("vllm:prompt_tokens_cached_by_source", hits, source="device")
+            m.inc("vllm:prefix_cache_queries", s.prompt_tokens)
+            m.inc("vllm:prefix_cache_hits", hits)
             self._win.prompt_tokens += s.prompt_tokens
             self._win.prefix_queries += s.prompt_tokens
+            self._win.prefix_hits += hits
             self._had_traffic = True
+
+    def _prefix_lookup(self, s: Sequence) -> int:
+        """Tokens of ``s``'s prompt already in the prefix cache; then caches all of its blocks (LRU)."""
+        cache = self._prefix_cache
+        hit_blocks = 0
+        for h in s.block_hashes:
+            if h not in cache:
+                break
+            hit_blocks += 1
+        for h in s.block_hashes:
+            cache[h] = None
+            cache.move_to_end(h)
+        while len(cache) > self._prefix_capacity:
+            cache.popitem(last=False)
+        # vLLM always recomputes at least the last prompt token.
+        return min(hit_blocks * self.block_size, max(s.prompt_tokens - 1, 0))
 
     def _first_token(self, s: Sequence, now: float) -> None:
         s.first_token_at = s.last_token_at = now
@@ -261,7 +304,7 @@ class Engine:
         m.observe("vllm:request_prefill_time_seconds", s.first_token_at - s.admitted_at)
         m.observe("vllm:request_decode_time_seconds", now - s.first_token_at)
         m.observe("vllm:request_num_preemptions", 0)
-        m.observe("vllm:request_prefill_kv_computed_tokens", s.prompt_tokens)
+        m.observe("vllm:request_prefill_kv_computed_tokens", s.prompt_tokens - s.cached_tokens)
         if s.emitted > 1:
             m.observe("vllm:request_time_per_output_token_seconds", (now - s.first_token_at) / (s.emitted - 1))
 

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from pytest_ml4.sim import wire
 from pytest_ml4.sim.boot import BootResult, boot_sequence
-from pytest_ml4.sim.engine import Engine, Sequence
+from pytest_ml4.sim.engine import Engine, Sequence, block_hashes
 from pytest_ml4.sim.faults import ActiveFaults
 from pytest_ml4.sim.logfmt import uvicorn_line, vllm_line
 from pytest_ml4.sim.perfmodel import PerfModel
@@ -111,6 +111,7 @@ class SimApp:
                              kv_pool_tokens=boot.kv_pool_tokens or t.engine.max_model_len, log=log.api,
                              seed=int(t.sim.extra.get("seed", 0)),
                              stats_interval_s=float(t.sim.extra.get("stats_interval_s", 10.0)),
+                             block_size=t.engine.block_size,
                              crash_on_first_step=self._crash if boot.crash_on_first_step else None)
         self.boot = boot
         self._exit = os._exit  # replaced in tests; a crashing engine takes the whole process down
@@ -196,7 +197,8 @@ class SimApp:
         try:
             body, req = parse_chat(await request.read())
             tool_choice = check_request(req, self.ctx)
-            prompt_tokens = self.tok.prompt_tokens(body)
+            prompt_ids = self.tok.prompt_ids(body)
+            prompt_tokens = len(prompt_ids)
             max_tokens, requested = resolve_max_tokens(req, prompt_tokens, self.ctx)
             if self.faults.has("error_rate") and self.error_rng.random() < self.faults.value("error_rate"):
                 self.metrics.inc("vllm:request_success", finished_reason="error")
@@ -218,7 +220,8 @@ class SimApp:
             finish = "tool_calls"
         req_id = "chatcmpl-" + (request.headers.get("X-Request-Id") or _hex16())
         seq = Sequence(req_id=req_id, prompt_tokens=prompt_tokens, output_tokens=out.completion_tokens,
-                       max_tokens=max_tokens, finish_reason=out.finish, params_max_tokens=requested)
+                       max_tokens=max_tokens, finish_reason=out.finish, params_max_tokens=requested,
+                       block_hashes=block_hashes(prompt_ids, self.target.engine.block_size))
         self.engine.add(seq)
         if req.stream:
             return await self._stream(request, req, out, seq, ids, keep_parallel, finish, prompt_tokens)

@@ -105,12 +105,16 @@ class SimTokenizer:
     # ---------------------------------------------------------------- prompt side
     def prompt_tokens(self, body: dict[str, Any]) -> int:
         """Prompt length of an OpenAI chat request, through mistral-common's chat encoding where it applies."""
+        return len(self.prompt_ids(body))
+
+    def prompt_ids(self, body: dict[str, Any]) -> list[int]:
+        """Prompt token ids (mistral-common's chat encoding; a plain-text approximation where it refuses)."""
         try:
             return self._encode_request(body)
         except Exception:  # noqa: BLE001 - mistral-common rejects shapes vLLM accepts; fall back to plain text
-            return self._fallback_count(body)
+            return self._fallback_ids(body)
 
-    def _encode_request(self, body: dict[str, Any]) -> int:
+    def _encode_request(self, body: dict[str, Any]) -> list[int]:
         from mistral_common.protocol.instruct.request import ChatCompletionRequest
 
         req: dict[str, Any] = {"messages": [_clean_message(m) for m in body.get("messages") or []]}
@@ -120,15 +124,15 @@ class SimTokenizer:
         if self.version >= 15 and effort is not None:
             req["reasoning_effort"] = effort
         with self._lock:
-            return len(self._mt.encode_chat_completion(ChatCompletionRequest.model_validate(req)).tokens)
+            return list(self._mt.encode_chat_completion(ChatCompletionRequest.model_validate(req)).tokens)
 
-    def _fallback_count(self, body: dict[str, Any]) -> int:
-        n = 1  # <s>
+    def _fallback_ids(self, body: dict[str, Any]) -> list[int]:
+        ids = [1]  # <s>
         for m in body.get("messages") or []:
-            n += 2 + self.count(message_text(m))
+            ids += [3, *self._tok.encode(message_text(m), bos=False, eos=False), 4]
         if body.get("tools"):
-            n += 2 + self.count(json.dumps(body["tools"]))
-        return n
+            ids += [5, *self._tok.encode(json.dumps(body["tools"]), bos=False, eos=False), 6]
+        return ids
 
 
 def _clean_message(m: Any) -> Any:

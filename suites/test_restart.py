@@ -1,0 +1,198 @@
+"""Restart resilience: what clients see while the engine restarts, and that it comes back whole.
+
+Two restarts per session (module fixtures, in order):
+
+1. with long streams in flight: each stream must complete or end with an error the client can detect
+   (tooling.md §3.6), and the suite reports which;
+2. with short requests sent throughout: where the target allows no client-visible error
+   (``gates.restart_client_errors_allowed: false``, seed 000 open item 2) every one must succeed — through a LiteLLM
+   proxy thanks to its retries, counted from ``x-litellm-attempted-retries``; recovery (the first success after
+   the restart began) must stay under ``gates.recovery_time_s_max``.
+
+Afterwards: a fresh boot in the engine log, the KV pool and the no-OOM verdicts of ``pytest_ml4.logs.kv`` again,
+and a smoke chat. Dynamo targets add session affinity, prefix reuse, and for disagg the prefill -> decode handoff
+and the model leaving and returning to ``/v1/models`` while the prefill pods are gone (dynamo.md §3, §5).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pytest_ml4.control.base import RestartError
+from pytest_ml4.control.scenario import (RestartRun, check_client_errors, check_recovery, check_restart_finished,
+                                         check_streams, load_requests, probe_body, retries_seen, send_probe)
+from pytest_ml4.client import make_httpx
+from pytest_ml4.logs import LogView, ServerStart
+from pytest_ml4.logs.kv import judge_kv_pool, judge_max_concurrency, judge_no_failures
+from pytest_ml4.targets import Target
+
+pytestmark = [pytest.mark.restart]
+
+
+@pytest.fixture(scope="module")
+def restart_spec() -> dict[str, Any]:
+    return load_requests()
+
+
+def _views(reader: Any, target: Target) -> list[tuple[LogView, Target]]:
+    """One log view per engine (per worker pod for Kubernetes), with the engine config it runs."""
+    if hasattr(reader, "pods"):
+        from pytest_ml4.logs.signatures import last_boot_start
+
+        out = []
+        for pod in reader.pods():
+            records = reader.read_pod(pod, current_only=True)
+            role = pod.metadata.labels.get("nvidia.com/dynamo-component-type", "")
+            runs = target.model_copy(update={"engine": target.prefill_engine}) \
+                if role == "prefill" and target.prefill_engine else target
+            out.append((LogView(records[last_boot_start(records):], f"pod {pod.metadata.name}"), runs))
+        return out
+    return [(LogView(reader.since_last_boot(), reader.describe()), target)]
+
+
+@pytest.fixture(scope="module")
+def kv_before(ml4_restart_logs: Any, ml4_target: Target) -> dict[str, bool]:
+    """The KV verdicts of the running engines before any restart (a restart must not make them worse)."""
+    verdicts = {}
+    for view, runs in _views(ml4_restart_logs, ml4_target):
+        verdicts["kv_pool"] = verdicts.get("kv_pool", True) and judge_kv_pool(view, runs).ok
+        verdicts["kv_max_concurrency"] = (verdicts.get("kv_max_concurrency", True)
+                                          and judge_max_concurrency(view, runs).ok)
+    return verdicts
+
+
+@pytest.fixture(scope="module")
+def streams_run(ml4_restart_controller: Any, ml4_restart_endpoint: Any, ml4_target: Target,
+                restart_spec: dict[str, Any], kv_before: dict[str, bool]) -> RestartRun:
+    from pytest_ml4.control.scenario import run_restart_scenario
+
+    run = run_restart_scenario(ml4_restart_controller, ml4_restart_endpoint, spec=restart_spec, with_requests=False,
+                               recovery_limit_s=ml4_target.gates.recovery_time_s_max)
+    print(run.report())
+    return run
+
+
+@pytest.fixture(scope="module")
+def requests_run(streams_run: RestartRun, ml4_restart_controller: Any, ml4_restart_endpoint: Any,
+                 ml4_target: Target, restart_spec: dict[str, Any]) -> RestartRun:
+    from pytest_ml4.control.scenario import run_restart_scenario
+
+    run = run_restart_scenario(ml4_restart_controller, ml4_restart_endpoint, spec=restart_spec, with_streams=False,
+                               recovery_limit_s=ml4_target.gates.recovery_time_s_max)
+    print(run.report())
+    return run
+
+
+def test_in_flight_streams_end_detectably(streams_run: RestartRun, record_property: Any) -> None:
+    """Streams running when the restart begins complete or end with an error the client can see."""
+    result = check_restart_finished(streams_run)
+    counts = check_streams(streams_run)
+    record_property("restart_in_flight_streams", counts)
+    print(f"in-flight streams during the restart: {counts} ({result.summary()})")
+    for s in streams_run.streams:
+        print("  " + s.line())
+
+
+def test_new_requests_during_restart(requests_run: RestartRun, ml4_target: Target, ml4_proxy: Any,
+                                     record_property: Any) -> None:
+    """New requests during the restart succeed where the target allows no client error (a proxy retries them)."""
+    check_restart_finished(requests_run)
+    allowed = ml4_target.gates.restart_client_errors_allowed
+    failed = check_client_errors(requests_run, allowed)
+    retries = retries_seen(requests_run)
+    record_property("restart_requests", len(requests_run.requests))
+    record_property("restart_requests_failed", len(failed))
+    record_property("litellm_attempted_retries", retries)
+    print(f"{len(requests_run.requests)} requests during the restart, {len(failed)} failed, "
+          f"x-litellm-attempted-retries total {retries}")
+    if ml4_proxy is not None and not allowed:
+        # Every request succeeded: prove they really crossed the outage (else the check measured nothing).
+        assert retries > 0, ("no request needed a retry: none was sent while the engine was down, so the "
+                             "no-client-error check proved nothing\n" + requests_run.report())
+
+
+def test_recovery_time(requests_run: RestartRun, ml4_target: Target, record_property: Any) -> None:
+    check_restart_finished(requests_run)
+    took = check_recovery(requests_run, ml4_target.gates.recovery_time_s_max)
+    record_property("restart_recovery_s", round(took, 2))
+    print(f"recovery {took:.2f} s (limit {ml4_target.gates.recovery_time_s_max:.0f} s)")
+
+
+def test_fresh_boot_in_logs(requests_run: RestartRun, ml4_restart_logs: Any, ml4_target: Target) -> None:
+    """Every engine's log shows a boot that started after the restart began."""
+    check_restart_finished(requests_run)
+    for view, _ in _views(ml4_restart_logs, ml4_target):
+        start = view.first(ServerStart)
+        assert start is not None, f"no server-start line since the last boot of {view.source}:\n{view.tail(15)}"
+        # vLLM stamps have one-second resolution: allow that much before the trigger.
+        assert start.time is not None and start.time >= requests_run.triggered_wall - 1.0, (
+            f"the last boot in {view.source} predates the restart (boot at {start.time}, restart at "
+            f"{requests_run.triggered_wall:.0f}): {start.quote}")
+
+
+def test_kv_pool_and_no_oom_after_restart(requests_run: RestartRun, ml4_restart_logs: Any, ml4_target: Target,
+                                          kv_before: dict[str, bool]) -> None:
+    """The KV verdicts of ``pytest_ml4.logs.kv`` after the restart: no failure line, no verdict worse than before."""
+    check_restart_finished(requests_run)
+    problems = []
+    for view, runs in _views(ml4_restart_logs, ml4_target):
+        for verdict in (judge_no_failures(view), judge_kv_pool(view, runs), judge_max_concurrency(view, runs)):
+            print(f"[{view.source}] {verdict.name}: {'ok' if verdict.ok else 'FAIL'}: {verdict.message}")
+            if not verdict.ok and kv_before.get(verdict.name, True):
+                problems.append(f"[{view.source}] {verdict.name}: {verdict.message}")
+    assert not problems, "after the restart:\n" + "\n".join(problems)
+
+
+def test_smoke_chat_after_restart(requests_run: RestartRun, ml4_restart_endpoint: Any,
+                                  restart_spec: dict[str, Any]) -> None:
+    check_restart_finished(requests_run)
+    probe = restart_spec["probe"]
+    with make_httpx(ml4_restart_endpoint) as http:
+        status, _, error, ok = send_probe(http, probe_body(ml4_restart_endpoint.model, probe),
+                                          probe["expect_substring"])
+    assert status == 200 and error is None, f"chat after the restart failed: HTTP {status}: {error}"
+    assert ok, f"chat after the restart answered without {probe['expect_substring']!r}"
+
+
+# ----------------------------------------------------------------------------------------------- Dynamo
+@pytest.mark.dynamo
+def test_session_affinity_and_prefix_reuse(requests_run: RestartRun, ml4_restart_endpoint: Any, ml4_target: Target,
+                                           restart_spec: dict[str, Any]) -> None:
+    """A session stays on one worker across turns and its continuation reuses the cached prefix."""
+    from pytest_ml4.control.dynamo import check_affinity, check_prefix_reuse, run_conversation
+
+    turns = run_conversation(ml4_restart_endpoint, restart_spec["conversation"])
+    worker = check_affinity(turns, ml4_target.topology_kind == "disagg")
+    cached = check_prefix_reuse(turns)
+    print(f"session pinned to worker {worker}; continuation reused {cached} cached tokens")
+
+
+@pytest.mark.disagg
+def test_disagg_prefill_decode_handoff(requests_run: RestartRun, ml4_restart_endpoint: Any,
+                                       restart_spec: dict[str, Any]) -> None:
+    from pytest_ml4.control.dynamo import check_handoff, frontend_instances, run_conversation
+
+    turns = run_conversation(ml4_restart_endpoint, restart_spec["conversation"])
+    assert turns and not turns[0].error, f"request failed: {turns[0].line() if turns else 'no turn'}"
+    prefill, decode = check_handoff(turns[0], frontend_instances(ml4_restart_endpoint.root_url))
+    print(f"prefilled on instance {prefill}, decoded on instance {decode}")
+
+
+@pytest.mark.disagg
+def test_model_leaves_and_returns_while_prefill_pods_gone(requests_run: RestartRun, ml4_restart_controller: Any,
+                                                          ml4_restart_endpoint: Any) -> None:
+    """With every prefill pod deleted the model is hidden (incomplete worker set), then listed again."""
+    from pytest_ml4.control.dynamo import watch_model_visibility
+    from pytest_ml4.control.kubernetes import KubernetesController
+
+    if not isinstance(ml4_restart_controller, KubernetesController):
+        raise RestartError(f"disaggregated targets restart through Kubernetes, got {ml4_restart_controller!r}")
+    vis = watch_model_visibility(ml4_restart_controller, ml4_restart_endpoint, "prefill")
+    print(f"deleted {vis.deleted}; /v1/models states seen: {vis.seen}")
+    assert vis.left_after_s is not None, (f"the model stayed in /v1/models while the prefill pods {vis.deleted} were "
+                                          f"gone (states seen: {vis.seen})")
+    assert vis.returned_after_s is not None, (f"the model did not come back to /v1/models after the prefill pods "
+                                              f"{vis.deleted} were replaced (states seen: {vis.seen})")
+    print(f"model left /v1/models after {vis.left_after_s:.2f} s, returned after {vis.returned_after_s:.2f} s")
