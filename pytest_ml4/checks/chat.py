@@ -1,0 +1,136 @@
+"""One chat request, streamed or not, reduced to what the checks compare: :class:`Answer`.
+
+Non-streamed requests go through the openai SDK (what users run); streamed ones through the stream probe over
+httpx, so the grammar of every streamed answer is checked too. vLLM extras the SDK has no argument for
+(``min_tokens``, ``chat_template_kwargs``, ...) travel in ``extra_body``, which puts them top-level on the wire.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+from pytest_ml4.checks.protocol import Assembled, assert_stream_clean, assert_stream_equals_non_stream
+from pytest_ml4.client import explain_openai_error
+from pytest_ml4.probe import StreamResult, probe_chat_stream
+
+#: Request fields the openai SDK's ``chat.completions.create`` takes as keyword arguments.
+SDK_FIELDS = frozenset({"model", "messages", "tools", "tool_choice", "parallel_tool_calls", "max_tokens",
+                        "max_completion_tokens", "temperature", "top_p", "reasoning_effort", "seed", "stop", "n",
+                        "stream_options", "user"})
+
+
+@dataclass
+class Answer:
+    """The assistant's answer in one shape for both modes (``message`` like a non-streamed ``choices[0].message``)."""
+
+    stream: bool
+    message: dict[str, Any]
+    finish_reason: str | None
+    usage: dict[str, Any] | None
+    result: StreamResult | None = None
+
+    @property
+    def where(self) -> str:
+        return "streamed" if self.stream else "non-streamed"
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        return list(self.message.get("tool_calls") or [])
+
+    @property
+    def reasoning(self) -> str:
+        r = self.message.get("reasoning")
+        return (r if r is not None else self.message.get("reasoning_content")) or ""
+
+    @property
+    def content(self) -> str:
+        return self.message.get("content") or ""
+
+    def assembled(self) -> Assembled:
+        return Assembled.from_message(self.message, self.finish_reason)
+
+
+def sdk_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    kwargs = {k: v for k, v in body.items() if k in SDK_FIELDS}
+    extra = {k: v for k, v in body.items() if k not in SDK_FIELDS and k != "stream"}
+    if extra:
+        kwargs["extra_body"] = extra
+    return kwargs
+
+
+def ask(openai_client: openai.OpenAI, http_client: httpx.Client, body: dict[str, Any], stream: bool,
+        transcript_dir: Path | None = None, name: str = "chat") -> Answer:
+    """Send ``body``; a failed request or a broken stream fails here with the reason."""
+    if stream:
+        result = probe_chat_stream(http_client, {**body, "stream_options": {"include_usage": True}})
+        if transcript_dir is not None:
+            save_transcript(transcript_dir, name, result)
+        assert_stream_clean(result, "streamed")
+        return Answer(True, result.message(), result.finish_reason, result.usage, result)
+    try:
+        completion = openai_client.chat.completions.create(**sdk_kwargs(body))
+    except openai.APIError as err:
+        raise AssertionError(f"non-streamed request failed: {explain_openai_error(err)}") from None
+    data = completion.model_dump()
+    choice = data["choices"][0]
+    return Answer(False, choice["message"], choice.get("finish_reason"), data.get("usage"))
+
+
+def send_raw(http_client: httpx.Client, body: dict[str, Any], stream: bool) -> httpx.Response | StreamResult:
+    """For requests expected to be refused: the raw response (non-streamed) or the probe's record (streamed)."""
+    if stream:
+        return probe_chat_stream(http_client, body)
+    return http_client.post("chat/completions", json=body)
+
+
+def save_transcript(directory: Path, name: str, result: StreamResult) -> Path:
+    """Write the SSE transcript for the report (file name derived from the test id)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:150]
+    path = directory / f"{safe}.sse.txt"
+    path.write_text(result.to_transcript())
+    try:  # shown in Allure when allure-pytest is collecting; a no-op otherwise
+        import allure
+
+        allure.attach(result.to_transcript(), name=f"SSE transcript {name}",
+                      attachment_type=allure.attachment_type.TEXT)
+    except Exception:  # noqa: BLE001 - a reporting aid must never fail a test
+        pass
+    return path
+
+
+class ChatSession:
+    """Asks one test's questions. A streamed answer is compared with the same request non-streamed (remembered
+    across tests, so each request is asked non-streamed once): the assembly must be identical."""
+
+    _non_stream: dict[str, Answer] = {}
+
+    def __init__(self, oai: openai.OpenAI, http: httpx.Client, model: str, defaults: dict[str, Any],
+                 transcript_dir: Path | None = None, name: str = "chat") -> None:
+        self.oai, self.http, self.model, self.defaults = oai, http, model, dict(defaults)
+        self.transcript_dir, self.name = transcript_dir, name
+
+    def body(self, messages: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+        return {"model": self.model, "messages": messages, **self.defaults, **fields}
+
+    def ask(self, body: dict[str, Any], stream: bool) -> Answer:
+        answer = ask(self.oai, self.http, body, stream, self.transcript_dir, self.name)
+        key = json.dumps(body, sort_keys=True)
+        if not stream:
+            self._non_stream[key] = answer
+            return answer
+        whole = self._non_stream.get(key) or ask(self.oai, self.http, body, False)
+        self._non_stream[key] = whole
+        assert_stream_equals_non_stream(answer.assembled(), whole.assembled())
+        return answer
+
+
+def user(text: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": text}]

@@ -1,0 +1,79 @@
+"""Reasoning checks (reference ``vllm.md`` §2, §3): the thinking is in ``reasoning`` (or the legacy
+``reasoning_content``), never in ``content``; ``usage.completion_tokens_details.reasoning_tokens`` agrees with
+the reasoning text re-tokenised by the same Tekken tokenizer the simulator uses; the reasoning share of the
+output is measured (seed 000 saw 50-68 %).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pytest_ml4.client import quote_body
+
+#: Tokens by which the reasoning count may differ from a re-tokenisation: a real parser counts the text
+#: between the markers as the engine emitted it, which can split differently at the edges (a leading space,
+#: stripped trailing whitespace), and speculative decoding may merge a boundary token.
+REASONING_TOKEN_SLACK = 3
+#: Above this many tokens the slack is relative instead.
+REASONING_TOKEN_SLACK_FRACTION = 0.02
+
+#: Reasoning efforts vLLM 0.33 accepts with a Mistral tokenizer (``ReasoningEffort``, vllm.md §3.1).
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+
+def count_tokens(text: str, tokenizer_version: int) -> int:
+    """Tekken token count of ``text`` with the tokenizer the simulator serves (mistral-common's v13/v15 Tekken)."""
+    from pytest_ml4.sim.tokenizer import get_tokenizer
+
+    return get_tokenizer(tokenizer_version).count(text) if text else 0
+
+
+def reasoning_tokens(usage: Mapping[str, Any] | None) -> int | None:
+    """``usage.completion_tokens_details.reasoning_tokens``, or None when the field is absent."""
+    details = (usage or {}).get("completion_tokens_details") or {}
+    value = details.get("reasoning_tokens")
+    return int(value) if isinstance(value, (int, float)) else None
+
+
+def assert_reasoning_separated(message: Mapping[str, Any], where: str) -> str:
+    """There is reasoning, it sits in the reasoning field, and content carries the answer only. Returns it."""
+    reasoning = message.get("reasoning")
+    if reasoning is None:
+        reasoning = message.get("reasoning_content")
+    content = message.get("content") or ""
+    for marker in ("[THINK]", "[/THINK]"):
+        assert marker not in content, (f"{where}: reasoning parser off: {marker!r} leaked into content: "
+                                       f"{quote_body(content)}")
+    assert reasoning, (f"{where}: no reasoning field although the model reasons by default (reasoning parser not "
+                       f"configured?); content: {quote_body(content)}")
+    assert reasoning.strip() not in content, f"{where}: the reasoning text is repeated in content: {quote_body(content)}"
+    return reasoning
+
+
+def assert_reasoning_tokens_agree(reasoning: str, usage: Mapping[str, Any] | None, tokenizer_version: int,
+                                  where: str) -> int:
+    """``reasoning_tokens`` in usage matches the reasoning text's token count within a few tokens."""
+    reported = reasoning_tokens(usage)
+    assert reported is not None, (f"{where}: usage has no completion_tokens_details.reasoning_tokens "
+                                  f"(reasoning parser not configured on the server?): {usage}")
+    seen = count_tokens(reasoning, tokenizer_version)
+    slack = max(REASONING_TOKEN_SLACK, int(seen * REASONING_TOKEN_SLACK_FRACTION))
+    if seen and reported == 0:
+        raise AssertionError(f"{where}: reasoning tokens missing from usage: reasoning_tokens is 0 but the "
+                             f"reasoning re-tokenises to {seen} tokens")
+    assert abs(reported - seen) <= slack, (f"{where}: usage reports {reported} reasoning tokens but the reasoning "
+                                           f"re-tokenises to {seen} (allowed difference {slack})")
+    completion = (usage or {}).get("completion_tokens")
+    if isinstance(completion, int):
+        assert reported <= completion, f"{where}: reasoning_tokens {reported} > completion_tokens {completion}"
+    return reported
+
+
+def reasoning_share(usage: Mapping[str, Any] | None) -> float | None:
+    """reasoning_tokens / completion_tokens, or None when either is missing or zero."""
+    r = reasoning_tokens(usage)
+    total = (usage or {}).get("completion_tokens")
+    if r is None or not isinstance(total, int) or total <= 0:
+        return None
+    return r / total

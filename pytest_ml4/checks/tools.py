@@ -1,0 +1,122 @@
+"""Tool-calling checks (reference ``vllm.md`` §4): Mistral call ids, arguments against the tool's JSON schema,
+which tool ``tool_choice`` should produce, and the ``finish_reason`` / ``content`` rules that go with it.
+
+Tool schemas are data: ``fixtures/tools/<name>.json`` in OpenAI ``tools`` form.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from pytest_ml4.client import quote_body
+from pytest_ml4.targets import FIXTURES_DIR
+
+TOOLS_DIR = FIXTURES_DIR / "tools"
+
+
+def load_tool(name: str, directory: Path = TOOLS_DIR) -> dict[str, Any]:
+    """One tool definition (``{"type": "function", "function": {...}}``) from ``fixtures/tools/<name>.json``."""
+    path = directory / f"{name}.json"
+    tool = json.loads(path.read_text())
+    Draft202012Validator.check_schema(tool["function"]["parameters"])  # a broken fixture is our bug, say so early
+    return tool
+
+
+def load_tools(names: Iterable[str], directory: Path = TOOLS_DIR) -> list[dict[str, Any]]:
+    return [load_tool(n, directory) for n in names]
+
+
+def tool_name(tool: Mapping[str, Any]) -> str:
+    return str((tool.get("function") or {}).get("name", ""))
+
+
+def is_mistral_tool_id(value: Any) -> bool:
+    """vLLM's ``MistralToolCall``: exactly 9 ASCII letters/digits (``vllm/parser/mistral.py``)."""
+    return isinstance(value, str) and len(value) == 9 and value.isascii() and value.isalnum()
+
+
+def assert_mistral_tool_ids(calls: Sequence[Mapping[str, Any]], where: str) -> None:
+    bad = [c.get("id") for c in calls if not is_mistral_tool_id(c.get("id"))]
+    assert not bad, (f"{where}: tool-call ids {bad} are not Mistral ids (9 ASCII letters/digits); the serving layer "
+                     f"is not using the Mistral tool parser's ids (a Mistral tokenizer rejects them on the next turn)")
+    ids = [c.get("id") for c in calls]
+    assert len(set(ids)) == len(ids), f"{where}: duplicate tool-call ids {ids}"
+
+
+def parse_arguments(call: Mapping[str, Any], where: str) -> Any:
+    """``function.arguments`` parsed as JSON, or a failure naming the call and quoting the text."""
+    fn = call.get("function") or {}
+    raw = fn.get("arguments")
+    assert isinstance(raw, str), f"{where}: arguments of {fn.get('name')!r} are not a JSON string: {raw!r}"
+    try:
+        return json.loads(raw)
+    except ValueError as err:
+        raise AssertionError(f"{where}: invalid JSON in tool-call arguments of {fn.get('name')!r} ({err}): "
+                             f"{quote_body(raw)}") from None
+
+
+def schema_errors(arguments: Any, tool: Mapping[str, Any]) -> list[str]:
+    schema = (tool.get("function") or {}).get("parameters") or {"type": "object"}
+    validator = Draft202012Validator(schema)
+    return [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
+            for e in sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))]
+
+
+def assert_arguments_valid(calls: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]],
+                           where: str) -> list[Any]:
+    """Every call names an offered tool and its arguments are JSON that validates against that tool's schema.
+
+    Returns the parsed arguments, in call order.
+    """
+    by_name = {tool_name(t): t for t in tools}
+    parsed = []
+    for i, call in enumerate(calls):
+        name = (call.get("function") or {}).get("name")
+        assert name in by_name, f"{where}: tool call {i} names {name!r}, which is not among the offered tools {sorted(by_name)}"
+        args = parse_arguments(call, where)
+        errors = schema_errors(args, by_name[name])
+        assert not errors, (f"{where}: arguments of {name!r} do not validate against its JSON schema: "
+                            + "; ".join(errors) + f" (arguments: {quote_body(json.dumps(args))})")
+        parsed.append(args)
+    return parsed
+
+
+def expected_finish_reason(tool_choice: Any, made_calls: bool) -> str:
+    """``resolve_finish_reason`` of vLLM 0.33: ``tool_calls`` only for produced calls under a non-named choice."""
+    if made_calls and not isinstance(tool_choice, Mapping):
+        return "tool_calls"
+    return "stop"
+
+
+def named(tool: str) -> dict[str, Any]:
+    """A named ``tool_choice``."""
+    return {"type": "function", "function": {"name": tool}}
+
+
+def assert_tool_choice_obeyed(tool_choice: Any, message: Mapping[str, Any], finish_reason: str | None,
+                              expect_tool: str | None, where: str) -> None:
+    """The calls, content and finish_reason that ``tool_choice`` requires (vllm.md §4.4, §4.6)."""
+    calls = message.get("tool_calls") or []
+    names = [(c.get("function") or {}).get("name") for c in calls]
+    content = message.get("content")
+    if tool_choice == "none":
+        assert not calls, f"{where}: tool_choice 'none' but the model called {names}"
+        assert content, f"{where}: tool_choice 'none' gave no content"
+    else:
+        label = json.dumps(tool_choice) if isinstance(tool_choice, Mapping) else repr(tool_choice)
+        assert calls, (f"{where}: tool_choice {label} but no tool call came back (tool parser off or not enabled?); "
+                       f"content: {quote_body(str(content))}")
+        if expect_tool is not None:
+            assert set(names) == {expect_tool}, f"{where}: tool_choice {label} should call {expect_tool!r}, got {names}"
+        if tool_choice == "required" or isinstance(tool_choice, Mapping):
+            # Forced calls: content is "" rather than null (message_assembly.keeps_tool_calls). Under "auto" a
+            # model may legitimately say something before calling, so content is not judged there.
+            assert content in ("", None), f"{where}: forced tool call with content {quote_body(str(content))}"
+    want = expected_finish_reason(tool_choice, bool(calls))
+    assert finish_reason == want, (f"{where}: finish_reason {finish_reason!r}, expected {want!r} for tool_choice "
+                                   f"{tool_choice!r} with {len(calls)} call(s)")

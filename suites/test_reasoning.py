@@ -1,0 +1,122 @@
+"""Reasoning through the Mistral reasoning parser (issue 3; reference vllm.md §2, §3, §3.1).
+
+Every check runs non-streamed (openai SDK) and streamed (stream probe, grammar checked); streamed answers must
+assemble to exactly the non-streamed one. Reasoning may arrive as ``reasoning`` (vLLM >= 0.16) or the legacy
+``reasoning_content`` (<= 0.15); both are accepted, neither counted twice. Data: ``fixtures/prompts/reasoning.yaml``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from pytest_ml4.checks.chat import ChatSession, send_raw, user
+from pytest_ml4.checks.protocol import assert_no_control_tokens, assert_rejected
+from pytest_ml4.checks.reasoning import (assert_reasoning_separated, assert_reasoning_tokens_agree,
+                                         reasoning_share, reasoning_tokens)
+from pytest_ml4.client import Endpoint
+from pytest_ml4.targets import FIXTURES_DIR, Target
+
+pytestmark = pytest.mark.reasoning
+
+DATA = yaml.safe_load((FIXTURES_DIR / "prompts" / "reasoning.yaml").read_text())
+STREAM = pytest.mark.parametrize("stream", [False, True], ids=["nonstream", "stream"])
+#: Token rounding when comparing a measured share with the gate band (shares are ratios of small integers).
+SHARE_TOLERANCE = 0.02
+
+
+@pytest.fixture
+def chat(request: pytest.FixtureRequest, ml4_endpoint: Endpoint, openai_client: Any, http_client: httpx.Client,
+         ml4_run_dir: Path) -> ChatSession:
+    return ChatSession(openai_client, http_client, ml4_endpoint.model, DATA["defaults"],
+                       ml4_run_dir / "transcripts", request.node.name)
+
+
+@STREAM
+def test_reasoning_is_separated_from_content(chat: ChatSession, stream: bool) -> None:
+    q = DATA["question"]
+    answer = chat.ask(chat.body(user(q["prompt"])), stream)
+    assert_no_control_tokens(answer.message, answer.where)
+    assert_reasoning_separated(answer.message, answer.where)
+    assert q["expect_substring"] in answer.content, f"{answer.where}: wrong answer in content: {answer.content!r}"
+    assert answer.finish_reason == "stop", f"{answer.where}: finish_reason {answer.finish_reason!r}"
+
+
+@STREAM
+def test_reasoning_token_count_agrees_with_usage(chat: ChatSession, ml4_target: Target, stream: bool) -> None:
+    answer = chat.ask(chat.body(user(DATA["question"]["prompt"])), stream)
+    reasoning = assert_reasoning_separated(answer.message, answer.where)
+    assert_reasoning_tokens_agree(reasoning, answer.usage, ml4_target.engine.tokenizer_version, answer.where)
+
+
+@STREAM
+@pytest.mark.parametrize("effort", DATA["efforts"])
+def test_each_reasoning_effort_is_accepted(chat: ChatSession, ml4_target: Target, effort: str, stream: bool) -> None:
+    q = DATA["question"]
+    answer = chat.ask(chat.body(user(q["prompt"]), reasoning_effort=effort), stream)
+    assert_no_control_tokens(answer.message, answer.where)
+    assert q["expect_substring"] in answer.content, f"{answer.where}: wrong answer at effort {effort}: {answer.content!r}"
+    if effort == "none":
+        assert not answer.reasoning, f"{answer.where}: reasoning_effort none still produced reasoning: {answer.reasoning!r}"
+        assert not reasoning_tokens(answer.usage), (f"{answer.where}: reasoning_effort none but usage reports "
+                                                    f"{reasoning_tokens(answer.usage)} reasoning tokens")
+    else:
+        reasoning = assert_reasoning_separated(answer.message, f"{answer.where}, effort {effort}")
+        assert_reasoning_tokens_agree(reasoning, answer.usage, ml4_target.engine.tokenizer_version,
+                                      f"{answer.where}, effort {effort}")
+
+
+@STREAM
+@pytest.mark.parametrize("case", ["unsupported_effort", "chat_template_kwargs"])
+def test_invalid_reasoning_requests_are_rejected(ml4_endpoint: Endpoint, http_client: httpx.Client, case: str,
+                                                 stream: bool) -> None:
+    spec = DATA[case]
+    field = "reasoning_effort" if case == "unsupported_effort" else "chat_template_kwargs"
+    body = {"model": ml4_endpoint.model, "messages": user(DATA["question"]["prompt"]), "max_tokens": 64,
+            field: spec["value"]}
+    resp = send_raw(http_client, body, stream)
+    assert_rejected(resp, spec["status"], spec["message_contains"], f"{field}={spec['value']!r} "
+                                                                     f"({'streamed' if stream else 'non-streamed'})")
+
+
+@STREAM
+def test_reasoning_share_of_output_is_measured(chat: ChatSession, ml4_target: Target, ml4_run_dir: Path,
+                                               stream: bool) -> None:
+    spec = DATA["share"]
+    n = int(spec["output_tokens"])
+    rows = []
+    for prompt in spec["prompts"]:
+        answer = chat.ask(chat.body(user(prompt), max_tokens=n, min_tokens=n), stream)
+        assert_no_control_tokens(answer.message, answer.where)
+        share = reasoning_share(answer.usage)
+        assert share is not None, (f"{answer.where}: cannot measure the reasoning share: usage lacks "
+                                   f"reasoning_tokens or completion_tokens: {answer.usage}")
+        rows.append({"prompt": prompt, "completion_tokens": answer.usage["completion_tokens"],
+                     "reasoning_tokens": reasoning_tokens(answer.usage), "share": round(share, 4)})
+    mean = sum(r["share"] for r in rows) / len(rows)
+    band = tuple(ml4_target.gates.reasoning_share or spec["default_band"])
+    report = {"target": ml4_target.name, "stream": stream, "mean_share": round(mean, 4), "band": band,
+              "band_source": "gates.reasoning_share" if ml4_target.gates.reasoning_share else "default", "rows": rows}
+    out = ml4_run_dir / f"reasoning_share_{'stream' if stream else 'nonstream'}.json"
+    out.write_text(json.dumps(report, indent=1))
+    print(f"reasoning share ({'streamed' if stream else 'non-streamed'}): mean {mean:.1%} over {len(rows)} "
+          f"fixed-length answers of {n} tokens; band {band[0]:.0%}-{band[1]:.0%}; "
+          + ", ".join(f"{r['share']:.1%}" for r in rows))
+    _attach(out)
+    lo, hi = band
+    assert lo - SHARE_TOLERANCE <= mean <= hi + SHARE_TOLERANCE, (
+        f"reasoning share {mean:.1%} outside {lo:.0%}-{hi:.0%} ({report['band_source']}): {rows}")
+
+
+def _attach(path: Path) -> None:
+    try:  # shown in Allure when allure-pytest is collecting; a no-op otherwise
+        import allure
+
+        allure.attach.file(str(path), name=path.name, attachment_type=allure.attachment_type.JSON)
+    except Exception:  # noqa: BLE001 - a reporting aid must never fail a test
+        pass

@@ -1,0 +1,154 @@
+"""Tool calling through the Mistral tool parser (issue 3; reference vllm.md §4).
+
+Every check runs non-streamed (openai SDK) and streamed (stream probe, grammar checked); the streamed variant
+also asks the same question non-streamed and requires the same tool names, arguments, content, reasoning and
+finish_reason. Data: ``fixtures/prompts/tools.yaml`` and the schemas in ``fixtures/tools/``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from pytest_ml4.checks.chat import Answer, ChatSession, send_raw, user
+from pytest_ml4.checks.protocol import assert_no_control_tokens, assert_rejected
+from pytest_ml4.checks.tools import (assert_arguments_valid, assert_mistral_tool_ids, assert_tool_choice_obeyed,
+                                     load_tools, named, tool_name)
+from pytest_ml4.client import Endpoint
+from pytest_ml4.targets import FIXTURES_DIR
+
+pytestmark = pytest.mark.tools
+
+DATA = yaml.safe_load((FIXTURES_DIR / "prompts" / "tools.yaml").read_text())
+TOOLSET = load_tools(DATA["toolset"])
+STREAM = pytest.mark.parametrize("stream", [False, True], ids=["nonstream", "stream"])
+
+
+@pytest.fixture
+def chat(request: pytest.FixtureRequest, ml4_endpoint: Endpoint, openai_client: Any, http_client: httpx.Client,
+         ml4_run_dir: Path) -> ChatSession:
+    return ChatSession(openai_client, http_client, ml4_endpoint.model, DATA["defaults"],
+                       ml4_run_dir / "transcripts", request.node.name)
+
+
+def check_calls(answer: Answer, tools: list[dict[str, Any]], tool_choice: Any, expect_tool: str | None) -> list[Any]:
+    """The checks every answer with tools gets; returns the parsed arguments."""
+    where = answer.where
+    assert_no_control_tokens(answer.message, where)
+    assert_tool_choice_obeyed(tool_choice, answer.message, answer.finish_reason, expect_tool, where)
+    assert_mistral_tool_ids(answer.tool_calls, where)
+    return assert_arguments_valid(answer.tool_calls, tools, where)
+
+
+@STREAM
+@pytest.mark.parametrize("case", sorted(DATA["cases"]))
+def test_auto_calls_the_matching_tool_with_valid_arguments(chat: ChatSession, case: str, stream: bool) -> None:
+    spec = DATA["cases"][case]
+    answer = chat.ask(chat.body(user(spec["prompt"]), tools=TOOLSET), stream)
+    (args, *more) = check_calls(answer, TOOLSET, "auto", spec["expect_tool"])
+    for key, value in (spec.get("expect_args") or {}).items():
+        assert args.get(key) == value, (f"{answer.where}: {spec['expect_tool']} argument {key!r} is "
+                                        f"{args.get(key)!r}, the prompt says {value!r}")
+
+
+@STREAM
+@pytest.mark.parametrize("choice", ["none", "auto", "required", "named"])
+def test_tool_choice_is_obeyed(chat: ChatSession, choice: str, stream: bool) -> None:
+    spec = DATA["tool_choice"]
+    tool_choice: Any = named(spec["expect_tool"]) if choice == "named" else choice
+    answer = chat.ask(chat.body(user(spec["prompt"]), tools=TOOLSET, tool_choice=tool_choice), stream)
+    if choice == "none":
+        assert_no_control_tokens(answer.message, answer.where)
+        assert_tool_choice_obeyed("none", answer.message, answer.finish_reason, None, answer.where)
+    else:
+        check_calls(answer, TOOLSET, tool_choice, spec["expect_tool"])
+
+
+@STREAM
+def test_required_calls_some_tool_even_when_none_matches(chat: ChatSession, stream: bool) -> None:
+    prompt = DATA["tool_choice"]["unmatched_prompt"]
+    answer = chat.ask(chat.body(user(prompt), tools=TOOLSET, tool_choice="required"), stream)
+    check_calls(answer, TOOLSET, "required", None)
+
+
+@STREAM
+def test_named_tool_choice_gives_stop_and_empty_content(chat: ChatSession, stream: bool) -> None:
+    spec = DATA["cases"]["flights"]
+    answer = chat.ask(chat.body(user(spec["prompt"]), tools=TOOLSET, tool_choice=named("search_flights")), stream)
+    check_calls(answer, TOOLSET, named("search_flights"), "search_flights")
+    assert answer.message.get("content") == "", (f"{answer.where}: named tool_choice must give content \"\" "
+                                                  f"(vLLM 0.33), got {answer.message.get('content')!r}")
+
+
+@STREAM
+def test_parallel_calls(chat: ChatSession, stream: bool) -> None:
+    spec = DATA["parallel"]
+    tools = load_tools(spec["tools"])
+    answer = chat.ask(chat.body(user(spec["prompt"]), tools=tools), stream)
+    args = check_calls(answer, tools, "auto", spec["expect_tool"])
+    assert len(args) == spec["expect_calls"], (f"{answer.where}: expected {spec['expect_calls']} parallel calls "
+                                               f"for {spec['expect_values']}, got {len(args)}: {args}")
+    values = sorted(v for a in args for v in a.values() if isinstance(v, str))
+    assert set(spec["expect_values"]) <= set(values), f"{answer.where}: parallel call arguments {args}"
+
+
+@STREAM
+def test_parallel_tool_calls_false_keeps_one_call(chat: ChatSession, stream: bool) -> None:
+    spec = DATA["parallel"]
+    tools = load_tools(spec["tools"])
+    answer = chat.ask(chat.body(user(spec["prompt"]), tools=tools, parallel_tool_calls=False), stream)
+    args = check_calls(answer, tools, "auto", spec["expect_tool"])
+    assert len(args) == 1, (f"{answer.where}: parallel_tool_calls=false must keep only the first call "
+                            f"(maybe_filter_parallel_tool_calls), got {len(args)}: {args}")
+
+
+@STREAM
+def test_round_trip_answer_uses_the_tool_result(chat: ChatSession, stream: bool) -> None:
+    spec = DATA["round_trip"]
+    tools = load_tools(spec["tools"])
+    messages = user(spec["prompt"])
+    first = chat.ask(chat.body(messages, tools=tools), stream)
+    check_calls(first, tools, "auto", None)
+    messages = messages + [{"role": "assistant", "content": first.message.get("content") or "",
+                            "tool_calls": [{"id": c["id"], "type": "function", "function": c["function"]}
+                                           for c in first.tool_calls]}]
+    for call in first.tool_calls:
+        name = call["function"]["name"]
+        assert name in spec["results"], f"{first.where}: the model called {name!r}, no canned result for it"
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": spec["results"][name]})
+    final = chat.ask(chat.body(messages, tools=tools), stream)
+    assert_no_control_tokens(final.message, final.where)
+    assert not final.tool_calls, f"{final.where}: the model called tools again instead of answering: {final.tool_calls}"
+    assert final.finish_reason == "stop", f"{final.where}: final answer finish_reason {final.finish_reason!r}"
+    for needle in spec["expect_in_answer"]:
+        assert needle in final.content, (f"{final.where}: the final answer does not use the tool result "
+                                         f"(missing {needle!r}): {final.content!r}")
+
+
+@STREAM
+@pytest.mark.parametrize("case", sorted(DATA["errors"]))
+def test_invalid_tool_requests_are_rejected(ml4_endpoint: Endpoint, http_client: httpx.Client, case: str,
+                                            stream: bool) -> None:
+    spec = DATA["errors"][case]
+    body: dict[str, Any] = {"model": ml4_endpoint.model, "messages": user("What is the weather in Paris?"),
+                            "max_tokens": 64, **{k: v for k, v in spec["body"].items() if k != "tools_from"}}
+    if "tools_from" in spec["body"]:
+        body["tools"] = load_tools(spec["body"]["tools_from"])
+    resp = send_raw(http_client, body, stream)
+    assert_rejected(resp, spec["status"], spec["message_contains"], f"{case} ({'streamed' if stream else 'non-streamed'})")
+
+
+def test_fixture_tools_cover_the_schema_shapes() -> None:
+    """The tool fixtures exercise what issue 3 lists: flat, nested objects, enums, arrays, integers, optionals."""
+    text = yaml.safe_dump([t["function"]["parameters"] for t in TOOLSET])
+    for shape in ("type: object", "enum:", "type: array", "type: integer", "type: number", "type: boolean"):
+        assert shape in text, f"no tool fixture has {shape!r}"
+    nested = [tool_name(t) for t in TOOLSET
+              if any(p.get("type") == "object" for p in t["function"]["parameters"]["properties"].values())]
+    optional = [tool_name(t) for t in TOOLSET
+                if set(t["function"]["parameters"]["properties"]) - set(t["function"]["parameters"]["required"])]
+    assert nested and optional
