@@ -92,7 +92,7 @@ class ProxySettings:
 
     @classmethod
     def from_target(cls, target: Target, backend_base_url: str, *, num_retries: int | None = None,
-                    max_retries: int | None = None) -> "ProxySettings":
+                    max_retries: int | None = None) -> ProxySettings:
         """Settings from ``serving.proxy``; ``None`` keeps the target's retry values."""
         proxy = target.serving.proxy
         if proxy is None:
@@ -104,7 +104,7 @@ class ProxySettings:
                    num_retries=proxy.num_retries if num_retries is None else num_retries,
                    max_retries=proxy.max_retries if max_retries is None else max_retries)
 
-    def with_retries(self, num_retries: int, max_retries: int | None = None) -> "ProxySettings":
+    def with_retries(self, num_retries: int, max_retries: int | None = None) -> ProxySettings:
         return replace(self, num_retries=num_retries,
                        max_retries=self.max_retries if max_retries is None else max_retries)
 
@@ -181,7 +181,7 @@ class LiteLLMProxy:
         return self.settings.num_retries
 
     # -- life cycle
-    def start(self, timeout: float = DEFAULT_START_TIMEOUT_S) -> "LiteLLMProxy":
+    def start(self, timeout: float = DEFAULT_START_TIMEOUT_S) -> LiteLLMProxy:
         if self._proc is not None:
             return self
         exe = litellm_executable()
@@ -253,7 +253,7 @@ class LiteLLMProxy:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
-    def __enter__(self) -> "LiteLLMProxy":
+    def __enter__(self) -> LiteLLMProxy:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

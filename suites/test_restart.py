@@ -20,10 +20,19 @@ from typing import Any
 
 import pytest
 
-from pytest_ml4.control.base import RestartError
-from pytest_ml4.control.scenario import (RestartRun, check_client_errors, check_recovery, check_restart_finished,
-                                         check_streams, load_requests, probe_body, retries_seen, send_probe)
 from pytest_ml4.client import make_httpx
+from pytest_ml4.control.base import RestartError
+from pytest_ml4.control.scenario import (
+    RestartRun,
+    check_client_errors,
+    check_recovery,
+    check_restart_finished,
+    check_streams,
+    load_requests,
+    probe_body,
+    retries_seen,
+    send_probe,
+)
 from pytest_ml4.logs import LogView, ServerStart
 from pytest_ml4.logs.kv import judge_kv_pool, judge_max_concurrency, judge_no_failures
 from pytest_ml4.targets import Target
@@ -161,7 +170,11 @@ def test_smoke_chat_after_restart(requests_run: RestartRun, ml4_restart_endpoint
 def test_session_affinity_and_prefix_reuse(requests_run: RestartRun, ml4_restart_endpoint: Any, ml4_target: Target,
                                            restart_spec: dict[str, Any]) -> None:
     """A session stays on one worker across turns and its continuation reuses the cached prefix."""
-    from pytest_ml4.control.dynamo import check_affinity, check_prefix_reuse, run_conversation
+    from pytest_ml4.control.dynamo import (
+        check_affinity,
+        check_prefix_reuse,
+        run_conversation,
+    )
 
     turns = run_conversation(ml4_restart_endpoint, restart_spec["conversation"])
     worker = check_affinity(turns, ml4_target.topology_kind == "disagg")
@@ -172,7 +185,11 @@ def test_session_affinity_and_prefix_reuse(requests_run: RestartRun, ml4_restart
 @pytest.mark.disagg
 def test_disagg_prefill_decode_handoff(requests_run: RestartRun, ml4_restart_endpoint: Any,
                                        restart_spec: dict[str, Any]) -> None:
-    from pytest_ml4.control.dynamo import check_handoff, frontend_instances, run_conversation
+    from pytest_ml4.control.dynamo import (
+        check_handoff,
+        frontend_instances,
+        run_conversation,
+    )
 
     turns = run_conversation(ml4_restart_endpoint, restart_spec["conversation"])
     assert turns and not turns[0].error, f"request failed: {turns[0].line() if turns else 'no turn'}"

@@ -113,7 +113,7 @@ def matches(selector: str, labels: dict[str, str]) -> bool:
 
 # ------------------------------------------------------------------------------------------------ model
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def _iso(t: dt.datetime | None) -> str | None:
@@ -398,7 +398,7 @@ class FakeKubeAPI:
             n = int(q["tailLines"])
             lines = lines[-n:] if n > 0 else []
         stamp = q.get("timestamps") in ("true", "1", "True")
-        text = "".join((dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat().replace("+00:00", "Z") + " "
+        text = "".join((dt.datetime.fromtimestamp(t, dt.UTC).isoformat().replace("+00:00", "Z") + " "
                         if stamp else "") + s + "\n" for t, s in lines)
         return web.Response(text=text, content_type="text/plain")
 
@@ -436,7 +436,7 @@ class FakeKubeAPI:
         return app
 
     # -- life cycle
-    def start(self) -> "FakeKubeAPI":
+    def start(self) -> FakeKubeAPI:
         ready = threading.Event()
 
         def run() -> None:
@@ -480,7 +480,7 @@ class FakeKubeAPI:
                     return
             time.sleep(0.05)
 
-    def __enter__(self) -> "FakeKubeAPI":
+    def __enter__(self) -> FakeKubeAPI:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

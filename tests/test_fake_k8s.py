@@ -7,15 +7,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
+from fake_k8s import LABEL_DGD, LABEL_TYPE, FakeKubeAPI, SelectorError, matches
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from pytest_ml4.control.k8s import api_client, dgd_status, list_pods, pod_ready
-from fake_k8s import LABEL_DGD, LABEL_TYPE, FakeKubeAPI, SelectorError, matches
 
 NS = "ml4"
 DGD = "dgd-a"

@@ -12,8 +12,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pytest_ml4.control.base import (Controller, RestartError, RestartResult, RestartTimeout, WaitStep, health_check,
-                                     model_listed_check, models_listed, wait_for)
+from pytest_ml4.control.base import (
+    Controller,
+    RestartError,
+    RestartResult,
+    RestartTimeout,
+    WaitStep,
+    health_check,
+    model_listed_check,
+    models_listed,
+    wait_for,
+)
 from pytest_ml4.control.sim import SimController
 from pytest_ml4.control.systemd import SystemdController
 from pytest_ml4.targets import Target

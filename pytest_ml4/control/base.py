@@ -78,7 +78,7 @@ def wait_for(what: str, check: Check, deadline: float, progress: Progress | None
     while True:
         try:
             state = check()
-        except Exception as err:  # a probe that raises is a state, not a verdict: keep waiting until the deadline
+        except Exception as err:  # noqa: BLE001 - a probe that raises is a state, not a verdict: keep waiting until the deadline
             state = f"{type(err).__name__}: {err}"
         if state is None:
             step = WaitStep(what, time.monotonic() - start, seen)

@@ -18,8 +18,15 @@ from typing import Any
 import httpx
 from kubernetes import client as k8s_client
 
-from pytest_ml4.control.base import (Check, Controller, Progress, RestartError, health_check, model_listed_check,
-                                     wait_for)
+from pytest_ml4.control.base import (
+    Check,
+    Controller,
+    Progress,
+    RestartError,
+    health_check,
+    model_listed_check,
+    wait_for,
+)
 from pytest_ml4.control.k8s import dgd_status, list_pods, pod_ready
 
 

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from pytest_ml4.control.base import Check, Controller, Progress, RestartError, health_check, model_listed_check
+from pytest_ml4.control.base import (
+    Check,
+    Controller,
+    Progress,
+    RestartError,
+    health_check,
+    model_listed_check,
+)
 
 
 class RestartableSim(Protocol):

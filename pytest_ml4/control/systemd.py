@@ -11,7 +11,14 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_ml4.control.base import Check, Controller, Progress, RestartError, health_check, model_listed_check
+from pytest_ml4.control.base import (
+    Check,
+    Controller,
+    Progress,
+    RestartError,
+    health_check,
+    model_listed_check,
+)
 
 #: ssh never prompts: a missing key must fail the restart, not hang the session.
 SSH_COMMAND = ("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10")

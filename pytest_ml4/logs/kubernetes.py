@@ -23,7 +23,14 @@ from kubernetes.client.rest import ApiException
 
 from pytest_ml4.control.k8s import KubeConfigError, api_client, list_pods
 from pytest_ml4.logs.journald import LogReadError
-from pytest_ml4.logs.records import LogReader, LogRecord, Since, filter_since, records_from_text, since_epoch
+from pytest_ml4.logs.records import (
+    LogReader,
+    LogRecord,
+    Since,
+    filter_since,
+    records_from_text,
+    since_epoch,
+)
 from pytest_ml4.targets import Target
 
 
@@ -37,7 +44,7 @@ def _split_stamp(line: str) -> tuple[float | None, str]:
         main, frac = iso.split(".", 1)
         iso = f"{main}.{frac[:6]}"
     try:
-        when = _dt.datetime.fromisoformat(iso).replace(tzinfo=_dt.timezone.utc)
+        when = _dt.datetime.fromisoformat(iso).replace(tzinfo=_dt.UTC)
     except ValueError:
         return None, line
     return when.timestamp(), rest
@@ -56,7 +63,7 @@ class KubernetesLogReader(LogReader):
 
     @classmethod
     def for_target(cls, target: Target, env: Mapping[str, str] | None = None, *,
-                   api: k8s_client.ApiClient | None = None, role: str = "all") -> "KubernetesLogReader":
+                   api: k8s_client.ApiClient | None = None, role: str = "all") -> KubernetesLogReader:
         """The reader for a target whose ``logs.kind`` is ``kubernetes`` (kubeconfig unless ``api`` is given)."""
         env = os.environ if env is None else env
         logs = target.logs

@@ -339,11 +339,7 @@ class ChatHandler:
                                                                       "max_completion_tokens")}
             body.update(max_tokens=PREFILL_MAX_TOKENS, stream=False)
             try:
-                async with self.http.post(self.prefill.url + "/v1/chat/completions", json=body, headers=self.auth,
-                                          timeout=_timeout(None)) as r:
-                    data = await r.json(content_type=None)
-                    if r.status != 200:
-                        raise _Passthrough(r.status, data)
+                data = await _post_json(self.http, self.prefill.url, body, self.auth)
             except _Passthrough:
                 raise
             except Exception as err:  # noqa: BLE001 - a dead prefill worker
@@ -398,6 +394,15 @@ class _Passthrough(Exception):
         self.status, self.body = status, body
 
 
+async def _post_json(http: Any, url: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+    """POST a non-streaming chat request to a worker; a non-200 answer is relayed as :class:`_Passthrough`."""
+    async with http.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=_timeout(None)) as r:
+        data = await r.json(content_type=None)
+        if r.status != 200:
+            raise _Passthrough(r.status, data)
+        return dict(data)
+
+
 async def _unary(h: ChatHandler) -> tuple[int, dict[str, Any]]:
     exclude: set[int] = set()
     while True:
@@ -405,11 +410,7 @@ async def _unary(h: ChatHandler) -> tuple[int, dict[str, Any]]:
         h.worker = inst
         inst.active += 1
         try:
-            async with h.http.post(inst.url + "/v1/chat/completions", json=h.body, headers=h.auth,
-                                   timeout=_timeout(None)) as r:
-                data = await r.json(content_type=None)
-                if r.status != 200:
-                    raise _Passthrough(r.status, data)
+            data = await _post_json(h.http, inst.url, h.body, h.auth)
         except _Passthrough:
             raise
         except Exception as err:  # noqa: BLE001 - the worker died under the request
@@ -663,7 +664,7 @@ def new_instance_id() -> int:
 class DynamoWorker:
     """One engine worker (a plain ``SimServer``) with its Dynamo role and instance id; restart re-registers it."""
 
-    def __init__(self, owner: "DynamoSim", role: str, index: int, server: Any) -> None:
+    def __init__(self, owner: DynamoSim, role: str, index: int, server: Any) -> None:
         self.owner, self.role, self.index, self.server = owner, role, index, server
         self.instance_id = new_instance_id()
 
@@ -835,7 +836,7 @@ class DynamoSim:
     def pid(self) -> int | None:
         return self.frontend.pid
 
-    def start(self, timeout: float = 120.0) -> "DynamoSim":
+    def start(self, timeout: float = 120.0) -> DynamoSim:
         deadline = time.monotonic() + timeout
         self._write_discovery()
         for w in self.workers:
@@ -874,7 +875,7 @@ class DynamoSim:
             w.restart()
         self.wait_serving(60.0)
 
-    def __enter__(self) -> "DynamoSim":
+    def __enter__(self) -> DynamoSim:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
