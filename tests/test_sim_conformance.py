@@ -8,14 +8,24 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
+from test_sim_support import (
+    WEATHER_TOOL,
+    collapse,
+    drop_key,
+    error_cases,
+    get,
+    pairs,
+    shape,
+    stream_lines,
+    transcript_cases,
+)
 
 from pytest_ml4.sim import SimServer
-from test_sim_support import (WEATHER_TOOL, collapse, drop_key, error_cases, get, pairs, shape, stream_lines,
-                              transcript_cases)
 
 OVERRIDES = {"sim": {"ttft_s": 0.01, "itl_ms": 0.5}, "engine": {"speculative": None, "max_model_len": 4096}}
 FP = re.compile(r"^vllm-0\.33\.0-tp\d+-[0-9a-f]{8}$")

@@ -3,17 +3,25 @@ plus the legacy reasoning-field profiles (``sim.extra.reasoning_field``)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
+from test_sim_support import FAST, FAST_NO_SPEC, WEATHER_TOOL, stream_lines
 
 from pytest_ml4.sim import SimServer
-from pytest_ml4.sim.faults import FAULTS, ActiveFaults, FaultError, FaultSpec, parse_fault
-from test_sim_support import FAST, FAST_NO_SPEC, WEATHER_TOOL, stream_lines
+from pytest_ml4.sim.faults import (
+    FAULTS,
+    ActiveFaults,
+    FaultError,
+    FaultSpec,
+    parse_fault,
+)
 
 CHAT = {"messages": [{"role": "user", "content": "What is 17 + 25?"}]}
 TOOL_CHAT = {"messages": [{"role": "user", "content": "What is the weather in Paris?"}], "tools": [WEATHER_TOOL]}
@@ -56,7 +64,7 @@ def test_cli_rejects_unknown_fault() -> None:
     import subprocess
     import sys
     r = subprocess.run([sys.executable, "-m", "pytest_ml4.sim", "--target", "gb300-agg", "--port", "1",
-                        "--fault", "nope"], capture_output=True, text=True, timeout=60)
+                        "--fault", "nope"], capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2 and "unknown fault 'nope'" in r.stderr and "midstream_error" in r.stderr
 
 
@@ -120,9 +128,9 @@ def test_error_rate_answers_engine_error() -> None:
         assert r.status_code == 500
         assert r.text == ('{"error":{"message":"The server had an error while processing your request.",'
                           '"type":"InternalServerError","param":null,"code":500}}')
-        assert 'finished_reason="error"' in [x for x in http.get("/metrics").text.splitlines()
+        assert 'finished_reason="error"' in next(x for x in http.get("/metrics").text.splitlines()
                                              if x.startswith("vllm:request_success_total")
-                                             and x.endswith(" 1.0")][0]
+                                             and x.endswith(" 1.0"))
 
 
 def _timed_stream(http: httpx.Client) -> tuple[float, float]:
@@ -134,7 +142,7 @@ def _timed_stream(http: httpx.Client) -> tuple[float, float]:
         for line in r.iter_lines():
             if line.startswith("data: {") and '"content":"' in line and '"role"' not in line:
                 stamps.append(time.monotonic())
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
     return stamps[0] - t0, sum(gaps) / len(gaps)
 
 

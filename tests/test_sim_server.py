@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from test_sim_support import FAST, TRANSCRIPTS
 
 from pytest_ml4.sim import SimServer, SimServerError
 from pytest_ml4.targets import load_target
-from test_sim_support import FAST, TRANSCRIPTS
 
 CHAT = {"messages": [{"role": "user", "content": "What is 17 + 25?"}]}
 LOG_LINE = re.compile(r"^\((APIServer|EngineCore) pid=\d+\) (INFO|DEBUG|WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\d "
@@ -82,7 +82,7 @@ def test_metric_labels_and_values_follow_traffic(keyed: SimServer) -> None:
     text = httpx.get(keyed.url + "/metrics").text
 
     def value(t: str, name: str) -> float:
-        m = re.search(rf'^{re.escape(name)}{{engine="0",model_name="ml4"}} (\S+)$', t, re.M)
+        m = re.search(rf'^{re.escape(name)}{{engine="0",model_name="ml4"}} (\S+)$', t, re.MULTILINE)
         assert m, name
         return float(m.group(1))
 
@@ -90,13 +90,13 @@ def test_metric_labels_and_values_follow_traffic(keyed: SimServer) -> None:
     assert value(text, "vllm:prompt_tokens_total") >= value(before, "vllm:prompt_tokens_total") + 2
     assert value(text, "vllm:time_to_first_token_seconds_count") >= 2
     assert re.search(r'^vllm:request_success_total\{engine="0",finished_reason="stop",model_name="ml4"\} [1-9]',
-                     text, re.M)
+                     text, re.MULTILINE)
     positions = re.findall(r'vllm:spec_decode_num_accepted_tokens_per_pos_total\{.*position="(\d)"\}', text)
     assert positions == ["0", "1", "2"]
     drafts = value(text, "vllm:spec_decode_num_drafts_total")
     accepted = value(text, "vllm:spec_decode_num_accepted_tokens_total")
     assert drafts > 0 and 1.0 <= 1 + accepted / drafts <= 4.0
-    info = re.search(r"^vllm:cache_config_info\{(.*)\} 1\.0$", text, re.M)
+    info = re.search(r"^vllm:cache_config_info\{(.*)\} 1\.0$", text, re.MULTILINE)
     assert info and 'cache_dtype="fp8_ds_mla"' in info.group(1) and 'block_size="64"' in info.group(1)
     assert 'gpu_memory_utilization="0.97"' in info.group(1)
 
@@ -210,7 +210,7 @@ def test_prefix_cache_hits_on_repeated_prompt(keyed: SimServer) -> None:
 
     def hits() -> float:
         m = re.search(r'^vllm:prefix_cache_hits_total\{engine="0",model_name="ml4"\} (\S+)$',
-                      httpx.get(keyed.url + "/metrics").text, re.M)
+                      httpx.get(keyed.url + "/metrics").text, re.MULTILINE)
         assert m
         return float(m.group(1))
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import jsonschema
 import pytest
+from test_sim_support import FAST, WEATHER_TOOL, assemble, stream_lines
 
 from pytest_ml4.sim import SimServer
 from pytest_ml4.sim.tokenizer import CONTROL_MARKERS
-from test_sim_support import FAST, WEATHER_TOOL, assemble, stream_lines
 
 FLIGHTS = {"type": "function", "function": {
     "name": "search_flights", "description": "Search flights between two cities",
@@ -150,7 +151,7 @@ def test_effort_levels_order_reasoning_length(http: httpx.Client) -> None:
     counts = {e: _reasoning_tokens(http, e)[0] for e in ("none", "minimal", "low", "medium", "high", "xhigh", "max")}
     assert counts["none"] == 0
     assert 0 < counts["low"] <= counts["medium"] < counts["high"] < counts["xhigh"] < counts["max"]
-    n, msg = _reasoning_tokens(http, "none")
+    _, msg = _reasoning_tokens(http, "none")
     assert msg["reasoning"] is None and "132" in msg["content"]
 
 

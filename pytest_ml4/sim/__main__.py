@@ -16,7 +16,13 @@ import sys
 from typing import Any
 
 from pytest_ml4.sim.faults import ActiveFaults, FaultError, describe
-from pytest_ml4.targets import Target, TargetError, deep_merge, load_target, parse_override
+from pytest_ml4.targets import (
+    Target,
+    TargetError,
+    deep_merge,
+    load_target,
+    parse_override,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     key = api_key_for(target)
-    from pytest_ml4.sim.server import SimConfig, serve  # aiohttp imported only once arguments are valid
+    from pytest_ml4.sim.server import (  # aiohttp imported only once arguments are valid
+        SimConfig,
+        serve,
+    )
 
     cfg = SimConfig(target=target, host=args.host, port=args.port, faults=faults, api_key=key,
                     log_file=args.log_file)

@@ -13,8 +13,8 @@ import asyncio
 import random
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from pytest_ml4.sim.perfmodel import PerfModel, QueueState
 from pytest_ml4.sim.promstats import SimMetrics
@@ -173,7 +173,7 @@ class Engine:
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _sleep_step(self, dt: float) -> None:

@@ -7,8 +7,8 @@ test where the simulator's behaviour changes.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 
 class FaultError(ValueError):

@@ -12,8 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, generate_latest, GC_COLLECTOR,
-                               PLATFORM_COLLECTOR, PROCESS_COLLECTOR)
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_ml4.targets import FIXTURES_DIR, Target

@@ -16,8 +16,9 @@ import random
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import IO, Any, Awaitable, Callable
+from typing import IO, Any
 
 from aiohttp import web
 
@@ -30,8 +31,14 @@ from pytest_ml4.sim.perfmodel import PerfModel
 from pytest_ml4.sim.promstats import CONTENT_TYPE, SimMetrics
 from pytest_ml4.sim.responder import plan_response
 from pytest_ml4.sim.tokenizer import SimTokenizer, get_tokenizer
-from pytest_ml4.sim.validation import (ApiError, Context, check_request, engine_dead, parse_chat,
-                                       resolve_max_tokens)
+from pytest_ml4.sim.validation import (
+    ApiError,
+    Context,
+    check_request,
+    engine_dead,
+    parse_chat,
+    resolve_max_tokens,
+)
 from pytest_ml4.targets import Target
 
 #: Path prefixes vLLM's API-key middleware guards (vllm/entrypoints/serve/middleware/authenticate.py).
@@ -44,7 +51,8 @@ class LogWriter:
 
     def __init__(self, path: str | None, pid: int) -> None:
         self.pid = pid
-        self._fh: IO[str] = open(path, "a", buffering=1, encoding="utf-8") if path else sys.stderr
+        # Kept open for the process lifetime (closed by process exit), hence no context manager.
+        self._fh: IO[str] = open(path, "a", buffering=1, encoding="utf-8") if path else sys.stderr  # noqa: SIM115
 
     def raw(self, line: str) -> None:
         self._fh.write(line + "\n")

@@ -14,8 +14,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Self
 
 import httpx
 
@@ -114,14 +115,14 @@ class SimServer:
             return "(no log)"
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, timeout: float = 60.0) -> "SimServer":
+    def start(self, timeout: float = 60.0) -> SimServer:
         if self.proc and self.proc.poll() is None:
             return self
         self.port = self._requested_port or free_port(self.host)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ if self.env is None else {**os.environ, **self.env})
         stderr_path = self.log_file.with_suffix(self.log_file.suffix + ".stderr")
-        self._stderr = open(stderr_path, "wb")
+        self._stderr = open(stderr_path, "wb")  # noqa: SIM115 - the child writes to it until stop()
         self.proc = subprocess.Popen(self.argv(), env=env, stdout=subprocess.DEVNULL, stderr=self._stderr,
                                      start_new_session=True)
         deadline = time.monotonic() + timeout
@@ -160,7 +161,7 @@ class SimServer:
         if getattr(self, "_stderr", None):
             self._stderr.close()
 
-    def restart(self, timeout: float = 60.0) -> "SimServer":
+    def restart(self, timeout: float = 60.0) -> SimServer:
         """Stop and start again on the same port (clients keep their base URL)."""
         port = self.port
         self.stop()
@@ -170,7 +171,7 @@ class SimServer:
     def is_running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def __enter__(self) -> "SimServer":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

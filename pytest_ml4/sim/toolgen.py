@@ -43,7 +43,7 @@ class PromptFacts:
     identifiers: list[str] = field(default_factory=list)
 
     @classmethod
-    def of(cls, text: str, stop_words: frozenset[str], exclude: set[str]) -> "PromptFacts":
+    def of(cls, text: str, stop_words: frozenset[str], exclude: set[str]) -> PromptFacts:
         nums = [float(n) for n in _NUMBER.findall(text)]
         quoted = _QUOTED.findall(text)
         proper: list[str] = []
@@ -198,7 +198,7 @@ class ArgGenerator:
         if hi is not None and v > hi:
             v = float(hi)
         if integer:
-            return int(round(v))
+            return round(v)
         return int(v) if float(v).is_integer() else v
 
     def _array(self, schema: dict[str, Any], name: str) -> list[Any]:
