@@ -204,8 +204,8 @@ class Engine:
             backlog = max(self._prefill_free_at - now, 0.0)
             ttft = self.perf.ttft(computed, QueueState(len(self.running), len(self.waiting), backlog))
             # Prefill chunks of different requests share one token budget: they run one after another.
-            self._prefill_free_at = now + backlog + computed / self.perf.prefill_tok_s
-            s.ready_at = now + ttft + backlog
+            self._prefill_free_at = now + backlog + self.perf.prefill_s(computed)
+            s.ready_at = now + ttft
             self.running.append(s)
             m = self.metrics
             m.inc("vllm:prompt_tokens", s.prompt_tokens)

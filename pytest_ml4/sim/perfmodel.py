@@ -7,6 +7,9 @@ All timing maths of the simulator lives here behind three calls the engine loop 
 * ``accepted_tokens(rng)`` - tokens one sequence emits in one step (1 without speculative decoding,
   1..k+1 with it).
 
+The engine (``engine.py``) calls exactly ``ttft``, ``prefill_s``, ``step_time``, ``accepted_tokens`` and reads
+``num_spec``; ``itl`` and ``mean_tokens_per_step`` are for reports and benchmarks.
+
 Parameters come from ``target.sim`` (``ttft_s``, ``itl_ms``, ``prefill_tok_s``, ``extra``) and
 ``target.engine.speculative``.  Defaults are the seed-000 sweep's c1 point and its ITL growth with load
 (ITL p50 11.7 ms at c1 -> 31.5 ms at c16).
@@ -31,7 +34,7 @@ class QueueState:
 
     running: int = 0
     waiting: int = 0
-    #: Seconds of prefill work already queued ahead of this request (the engine adds it on top of ``ttft``).
+    #: Seconds of prefill work already queued ahead of this request.
     prefill_backlog_s: float = 0.0
 
 
@@ -58,10 +61,16 @@ class PerfModel:
 
     # ---------------------------------------------------------------- prefill
     def ttft(self, prompt_tokens: int, queue: QueueState) -> float:
-        """Prefill time of an idle engine: the profile's TTFT at the reference ISL, plus/minus the prompt-length
-        difference.  Queueing (``queue.prefill_backlog_s``, time waiting for a running slot) is added by the engine."""
+        """Seconds from admission to the first token: the profile's TTFT at the reference ISL, plus/minus the
+        prompt-length difference, plus the prefill work already queued ahead (``queue.prefill_backlog_s``).
+        ``prompt_tokens`` counts only tokens to compute (prefix-cache hits excluded).  Time spent waiting for a
+        running slot is not included: the engine admits the request only when a slot frees."""
         base = self.ttft_s + (prompt_tokens - self.ref_isl) / self.prefill_tok_s
-        return max(base, 0.3 * self.ttft_s) + self.ttft_extra_s
+        return max(base, 0.3 * self.ttft_s) + queue.prefill_backlog_s + self.ttft_extra_s
+
+    def prefill_s(self, computed_tokens: int) -> float:
+        """Engine time one request's prefill occupies (prefills of concurrent requests queue behind it)."""
+        return computed_tokens / self.prefill_tok_s
 
     # ---------------------------------------------------------------- decode
     def itl(self, running: int) -> float:
