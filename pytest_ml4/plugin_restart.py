@@ -81,6 +81,7 @@ def ml4_proxy(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any, ml4
         yield existing
         return
     from pytest_ml4.proxy import LiteLLMProxy, ProxyError, ProxySettings
+    from pytest_ml4.tools import ToolMissing
 
     settings = ProxySettings.from_target(ml4_target, ml4_sim.base_url,
                                          num_retries=_int_opt(pytestconfig, "ml4_proxy_retries"),
@@ -89,7 +90,7 @@ def ml4_proxy(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any, ml4
     proxy = LiteLLMProxy(settings, ml4_run_dir / "proxy" / worker)
     try:
         proxy.start()
-    except (ProxyError, OSError) as err:
+    except (ProxyError, ToolMissing, OSError) as err:
         pytest.exit(f"ml4: the LiteLLM proxy for {ml4_target.name} did not start: {err}", returncode=3)
     try:
         yield proxy

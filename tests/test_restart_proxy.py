@@ -1,0 +1,71 @@
+"""Restart through a real LiteLLM proxy: with retries clients see no error; without, the check fails quoting the
+proxy's error body (tooling.md §3.5-3.6; seed 000 open item 2)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_ml4.client import Endpoint
+from pytest_ml4.control import SimController
+from pytest_ml4.control.scenario import RestartRun, check_client_errors, retries_seen, run_restart_scenario
+from pytest_ml4.proxy import LiteLLMProxy, ProxySettings
+from pytest_ml4.sim import SimServer
+from pytest_ml4.targets import load_target
+
+TARGET = load_target("rtxpro6000-tp8")
+KEY_ENV = TARGET.endpoint.api_key_env or "LLM_API_KEY"
+
+
+@pytest.fixture(scope="module")
+def key() -> Iterator[str]:
+    old = os.environ.get(KEY_ENV)
+    os.environ[KEY_ENV] = value = "sk-test-" + secrets.token_hex(12)
+    yield value
+    if old is None:
+        os.environ.pop(KEY_ENV, None)
+    else:
+        os.environ[KEY_ENV] = old
+
+
+@pytest.fixture(scope="module")
+def sim(key: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServer]:
+    with SimServer(TARGET, log_file=tmp_path_factory.mktemp("sim") / "engine.log") as server:
+        yield server
+
+
+def _restart_through(sim: SimServer, key: str, num_retries: int, work: Path) -> RestartRun:
+    settings = ProxySettings.from_target(TARGET, sim.base_url, num_retries=num_retries)
+    with LiteLLMProxy(settings, work) as proxy:
+        ep = Endpoint(base_url=proxy.base_url, api_key=key, model="ml4", proxy=True)
+        ctl = SimController(sim, "ml4", api_key=key, timeout_s=60)
+        return run_restart_scenario(ctl, ep, with_streams=False, recovery_limit_s=60)
+
+
+def test_without_retries_the_no_client_error_check_fails_with_the_proxy_error(sim: SimServer, key: str,
+                                                                              tmp_path: Path) -> None:
+    run = _restart_through(sim, key, 0, tmp_path)
+    assert run.restart is not None, run.report()
+    with pytest.raises(AssertionError) as err:
+        check_client_errors(run, allowed=False)
+    message = str(err.value)
+    # LiteLLM's own body for a dead backend (tooling.md §3.6): HTTP 500, internal_server_error, no retry header.
+    assert "first failure: HTTP 500" in message
+    assert "litellm.InternalServerError" in message and "Cannot connect to host" in message
+    assert "restart_client_errors_allowed" in message
+    assert all(r.retries is None for r in run.requests if not r.ok)
+    assert key not in message
+    # A target that tolerates client errors during a restart accepts the same run.
+    assert check_client_errors(run, allowed=True)
+
+
+def test_with_retries_every_request_succeeds_and_retries_are_counted(sim: SimServer, key: str,
+                                                                     tmp_path: Path) -> None:
+    run = _restart_through(sim, key, 2, tmp_path)
+    assert run.restart is not None, run.report()
+    assert check_client_errors(run, allowed=False) == []
+    assert retries_seen(run) > 0, run.report()

@@ -1,0 +1,43 @@
+"""suites/test_restart.py end to end: through a real LiteLLM proxy with retries it passes; with the proxy's retries
+off the no-client-error test fails and quotes the proxy's error body."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_ml4.targets import REPO_ROOT
+from pytest_ml4.tools import tools_dir
+
+SUITE = REPO_ROOT / "suites" / "test_restart.py"
+
+
+@pytest.fixture(autouse=True)
+def installed_tools(monkeypatch: pytest.MonkeyPatch) -> None:
+    # pytester moves HOME: point the child at the installed tools (the LiteLLM venv).
+    monkeypatch.setenv("ML4_TOOLS", str(tools_dir()))
+
+
+def run_suite(pytester: pytest.Pytester, tmp_path: Path, *extra: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(
+        str(SUITE), "--target", "rtxpro6000-tp8", "--sim", "-m", "restart", "--ml4-reports", str(tmp_path / "r"),
+        "-p", "no:randomly", "-rA", *extra, timeout=400)
+
+
+def test_rtxpro_suite_passes_through_the_proxy_with_retries(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    result = run_suite(pytester, tmp_path)
+    out = result.stdout.str()
+    result.assert_outcomes(passed=6, skipped=3)
+    # The requests crossed the outage and the proxy retried them.
+    assert "x-litellm-attempted-retries total 0" not in out, out[-3000:]
+    assert "in-flight streams during the restart:" in out
+
+
+def test_proxy_without_retries_fails_the_no_client_error_check(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    result = run_suite(pytester, tmp_path, "--ml4-proxy-retries", "0", "-k", "new_requests")
+    out = result.stdout.str()
+    result.assert_outcomes(failed=1, deselected=8)
+    assert "FAILED" in out and "test_new_requests_during_restart" in out
+    assert "allows no client-visible error during a restart" in out
+    assert "litellm.InternalServerError" in out and "Cannot connect to host" in out
