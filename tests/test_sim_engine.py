@@ -83,3 +83,26 @@ def test_engine_caps_running_and_serves_fifo() -> None:
     finished, peak = asyncio.run(scenario())
     assert peak == 2
     assert finished[:2] == ["r0", "r1"] and sorted(finished) == [f"r{i}" for i in range(5)]
+
+
+def test_engine_waits_for_kv_room() -> None:
+    target = load_target("gb300-agg", overrides={"sim": {"ttft_s": 0.01, "itl_ms": 1.0},
+                                                 "engine": {"speculative": None}})
+
+    async def scenario() -> int:
+        engine = Engine(perf=PerfModel(target), metrics=SimMetrics(target, "m", 10), max_num_seqs=8,
+                        kv_pool_tokens=100, log=lambda *a: None, stats_interval_s=0)
+        engine.start()
+        seqs = [Sequence(f"r{i}", prompt_tokens=60, output_tokens=5, max_tokens=5, finish_reason="stop")
+                for i in range(3)]
+        for s in seqs:
+            engine.add(s)
+        peak = 0
+        while any(s.emitted < s.output_tokens for s in seqs):
+            peak = max(peak, len(engine.running))
+            await asyncio.sleep(0.001)
+        await engine.stop()
+        return peak
+
+    # Two 60-token prompts do not fit a 100-token pool together.
+    assert asyncio.run(scenario()) == 1

@@ -129,9 +129,11 @@ class Engine:
     def load(self) -> int:
         return len(self.running) + len(self.waiting)
 
+    def _kv_used(self) -> int:
+        return sum(s.prompt_tokens + s.emitted for s in self.running)
+
     def kv_usage(self) -> float:
-        used = sum(s.prompt_tokens + s.emitted for s in self.running)
-        return min(used / self.kv_pool_tokens, 1.0)
+        return min(self._kv_used() / self.kv_pool_tokens, 1.0)
 
     # ------------------------------------------------------------------ loop
     async def _loop(self) -> None:
@@ -196,6 +198,10 @@ class Engine:
     def _admit(self) -> None:
         now = time.monotonic()
         while self.waiting and len(self.running) < self.max_num_seqs:
+            head = self.waiting[0]
+            # Like vLLM's scheduler, a request waits while its prompt does not fit in the free KV blocks.
+            if self.running and self._kv_used() + head.prompt_tokens > self.kv_pool_tokens:
+                break
             s = self.waiting.popleft()
             s.admitted_at = now
             hits = self._prefix_lookup(s)
