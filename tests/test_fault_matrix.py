@@ -1,0 +1,146 @@
+"""Fault-detection matrix (issue 3): the tool and reasoning suites bite.
+
+For each simulator fault, the suites run (through pytester, in a subprocess) against the simulator started with
+that fault. The intended tests must fail with a message naming the defect, every failure of the run must name
+it (nothing unrelated breaks), and the listed unrelated tests must pass. The healthy simulator and the legacy
+reasoning-field profiles (vLLM <= 0.11 ``reasoning_content``; 0.11.1-0.15 both fields) must pass everything.
+
+Each run is one narrow selection (``-k``) of both suites against a fast simulator profile, so the matrix takes
+a few minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SUITES = [str(REPO / "suites" / "test_tools.py"), str(REPO / "suites" / "test_reasoning.py")]
+TARGET = "rtxpro6000-tp8"
+#: A representative slice of both suites: each check kind once, streamed and not.
+SELECTION = ("separated or token_count or (effort_is_accepted and (none or high)) or invalid "
+             "or (auto_calls and weather) or tool_choice_is_obeyed or test_parallel_calls or round_trip")
+FAST = ["--ml4-set", "sim.ttft_s=0.005", "--ml4-set", "sim.itl_ms=0.2"]
+
+TOOL_CALLING = ["test_auto_calls_the_matching_tool_with_valid_arguments[weather-*]",
+                "test_tool_choice_is_obeyed[auto-*]", "test_tool_choice_is_obeyed[required-*]",
+                "test_tool_choice_is_obeyed[named-*]", "test_parallel_calls[*]",
+                "test_round_trip_answer_uses_the_tool_result[*]"]
+REASONING = ["test_reasoning_is_separated_from_content[*]", "test_reasoning_token_count_agrees_with_usage[*]",
+             "test_each_reasoning_effort_is_accepted[high-*]"]
+VALIDATION = ["test_invalid_tool_requests_are_rejected[*]", "test_invalid_reasoning_requests_are_rejected[*]"]
+STREAMED = ["*[stream]", "*-stream]"]
+NON_STREAMED = ["*[nonstream]", "*-nonstream]"]
+STREAMED_ANSWERS = TOOL_CALLING + REASONING
+
+
+@dataclass
+class Case:
+    name: str
+    args: list[str]
+    defect: str | None = None               # phrase every failure must contain (None: nothing may fail)
+    must_fail: list[str] = field(default_factory=list)
+    must_pass: list[str] = field(default_factory=list)
+    only_streamed: bool = False             # must_fail restricted to streamed variants
+
+
+def fault(name: str) -> list[str]:
+    return ["--ml4-fault", name]
+
+
+CASES = [
+    Case("healthy", [], must_pass=["*"]),
+    Case("legacy_reasoning_content", ["--ml4-set", "sim.extra.reasoning_field=reasoning_content"], must_pass=["*"]),
+    Case("legacy_both_fields", ["--ml4-set", "sim.extra.reasoning_field=both"], must_pass=["*"]),
+    Case("reasoning_parser_off", fault("reasoning_parser_off"), "reasoning parser off",
+         must_fail=REASONING + ["test_auto_calls_the_matching_tool_with_valid_arguments[weather-*]"],
+         must_pass=VALIDATION + ["test_each_reasoning_effort_is_accepted[none-*]"]),
+    Case("tool_parser_off", fault("tool_parser_off"), "tool parser off",
+         must_fail=TOOL_CALLING, must_pass=VALIDATION + REASONING + ["test_tool_choice_is_obeyed[none-*]"]),
+    Case("invalid_tool_json", fault("invalid_tool_json"), "invalid JSON in tool-call arguments",
+         must_fail=TOOL_CALLING, must_pass=VALIDATION + REASONING + ["test_tool_choice_is_obeyed[none-*]"]),
+    Case("bad_tool_ids", fault("bad_tool_ids"), "are not Mistral ids",
+         must_fail=TOOL_CALLING, must_pass=VALIDATION + REASONING + ["test_tool_choice_is_obeyed[none-*]"]),
+    Case("reasoning_usage_missing", fault("reasoning_usage_missing"), "reasoning tokens missing from usage",
+         must_fail=["test_reasoning_token_count_agrees_with_usage[*]", "test_each_reasoning_effort_is_accepted[high-*]"],
+         must_pass=VALIDATION + TOOL_CALLING + ["test_reasoning_is_separated_from_content[*]",
+                                                "test_each_reasoning_effort_is_accepted[none-*]"]),
+    Case("no_done", fault("no_done"), "stream ended without 'data: [DONE]'", must_fail=STREAMED_ANSWERS,
+         must_pass=VALIDATION + NON_STREAMED, only_streamed=True),
+    Case("no_usage_chunk", fault("no_usage_chunk"), "no usage chunk", must_fail=STREAMED_ANSWERS,
+         must_pass=VALIDATION + NON_STREAMED, only_streamed=True),
+    Case("midstream_error", fault("midstream_error"), "in-band error event", must_fail=STREAMED_ANSWERS,
+         must_pass=VALIDATION + NON_STREAMED, only_streamed=True),
+]
+
+
+@dataclass
+class Outcome:
+    name: str
+    status: str          # passed | failed | skipped
+    text: str
+
+
+def read_junit(path: Path) -> list[Outcome]:
+    out = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        bad = case.find("failure")
+        if bad is None:
+            bad = case.find("error")
+        if bad is not None:
+            out.append(Outcome(case.get("name", ""), "failed", (bad.get("message") or "") + "\n" + (bad.text or "")))
+        elif case.find("skipped") is not None:
+            out.append(Outcome(case.get("name", ""), "skipped", ""))
+        else:
+            out.append(Outcome(case.get("name", ""), "passed", ""))
+    return out
+
+
+def glob(name: str, pattern: str) -> bool:
+    """``*`` is the only wildcard: the brackets of parametrize ids are literal."""
+    escaped = "".join("[[]" if ch == "[" else "[]]" if ch == "]" else ch for ch in pattern)
+    return fnmatch.fnmatchcase(name, escaped)
+
+
+def matching(outcomes: list[Outcome], patterns: list[str]) -> list[Outcome]:
+    return [o for o in outcomes if any(glob(o.name, p) for p in patterns)]
+
+
+def is_streamed(name: str) -> bool:
+    return any(glob(name, p) for p in STREAMED)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_fault_is_detected_by_the_intended_tests(pytester: pytest.Pytester, tmp_path: Path, case: Case) -> None:
+    junit = tmp_path / "junit.xml"
+    result = pytester.runpytest_subprocess(
+        *SUITES, "--target", TARGET, "--sim", *FAST, *case.args, "-k", SELECTION, "--ml4-reports",
+        str(tmp_path / "reports"), f"--junitxml={junit}", "-p", "no:randomly", timeout=420)
+    assert junit.is_file(), f"the run produced no report:\n{result.stdout.str()[-3000:]}"
+    outcomes = read_junit(junit)
+    assert len(outcomes) >= 20, f"selection too small ({len(outcomes)} tests):\n{result.stdout.str()[-3000:]}"
+    failed = [o for o in outcomes if o.status == "failed"]
+    assert not [o for o in outcomes if o.status == "skipped"], "tests were skipped against the simulator"
+
+    if case.defect is None:
+        assert not failed, f"{case.name}: failures against a healthy profile: " + "; ".join(
+            f"{o.name}: {o.text[:300]}" for o in failed)
+        return
+
+    unrelated = [o for o in failed if case.defect not in o.text]
+    assert not unrelated, f"{case.name}: failures that do not name {case.defect!r}: " + " | ".join(
+        f"{o.name}: {o.text[:400]}" for o in unrelated)
+    for pattern in case.must_fail:
+        hits = [o for o in matching(outcomes, [pattern]) if not case.only_streamed or is_streamed(o.name)]
+        assert hits, f"{case.name}: no test matches {pattern!r}"
+        passed = [o.name for o in hits if o.status != "failed"]
+        assert not passed, f"{case.name}: the fault went undetected by {passed}"
+    for pattern in case.must_pass:
+        hits = matching(outcomes, [pattern])
+        assert hits, f"{case.name}: no test matches {pattern!r}"
+        broken = [o.name for o in hits if o.status != "passed"]
+        assert not broken, f"{case.name}: unrelated tests failed: {broken}"
