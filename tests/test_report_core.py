@@ -141,7 +141,8 @@ def test_titles_and_labels_read_like_a_release_note() -> None:
     assert humanize("test_") == "test_"
     labels = check_labels("rtxpro6000-tp8", {"kv"}, "test_kv.py", "test_pool_holds_256k")
     assert labels == {"epic": "rtxpro6000-tp8", "feature": "KV cache capacity and memory health",
-                      "story": "Pool holds 256k", "severity": "critical"}
+                      "story": "Pool holds 256k", "severity": "critical",
+                      "parentSuite": "KV cache capacity and memory health", "suite": "test_kv"}
 
 
 # ------------------------------------------------------------------------------------------- history

@@ -94,6 +94,8 @@ def test_single_process_run_writes_a_complete_redacted_report(pytester: pytest.P
     assert _labels(health, "feature") == ["Smoke: the endpoint serves the model"]
     assert _labels(health, "story") == ["Health answers"]
     assert _labels(health, "severity") == ["blocker"]
+    assert _labels(health, "parentSuite") == ["Smoke: the endpoint serves the model"]
+    assert _labels(health, "suite") == ["test_checks"], "allure's default suite label is not added twice"
     assert _labels(by_name["Burst [1]"], "feature") == ["Hand-picked feature"], "a decorator's label is kept, once"
     assert by_name["Tool arguments are json"]["status"] == "broken"
     assert by_name["Ttft gate"]["status"] == "failed"
@@ -163,6 +165,7 @@ def test_crashed_xdist_worker_shows_as_broken(pytester: pytest.Pytester) -> None
     assert "worker-crash" in _labels(crash, "tag")
     assert _labels(crash, "epic") == ["rtxpro6000-tp8"]
     assert _labels(crash, "feature") == ["Preflight: deployment configuration"]
+    assert _labels(crash, "suite") == ["test_crash"]
     assert "crashed while running" in crash["statusDetails"]["message"]
     summary = json.loads((run_dir / "summary.json").read_text())
     dead = next(c for c in summary["checks"] if c["nodeid"].endswith("test_worker_dies"))

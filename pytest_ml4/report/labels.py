@@ -78,9 +78,12 @@ def check_title(func: Callable[..., Any] | None, name: str) -> str:
 
 def check_labels(target_name: str | None, marker_names: set[str] | list[str], module: str,
                  func_name: str) -> dict[str, str]:
-    """Allure labels for one check: epic (target), feature (suite), story (check), severity."""
+    """Allure labels for one check: epic (target), feature (suite), story (check), severity, suite tree."""
     suite = suite_of(marker_names, module)
-    labels = {"feature": suite.title, "story": humanize(func_name), "severity": suite.severity}
+    # parentSuite/suite shape the Suites tab and the Overview's Suites widget: suite titles, then test modules
+    # (allure-pytest's default would show the folder name "suites" as the only top-level entry).
+    labels = {"feature": suite.title, "story": humanize(func_name), "severity": suite.severity,
+              "parentSuite": suite.title, "suite": Path(module).stem}
     if target_name:
         labels["epic"] = target_name
     return labels

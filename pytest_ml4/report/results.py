@@ -77,9 +77,9 @@ def write_crash_result(alluredir: Path, nodeid: str, message: str, labels: dict[
         testCaseId=md5(full_name), status=Status.BROKEN, start=stop - int(duration_s * 1000), stop=stop,
         statusDetails=StatusDetails(message=message, trace=message),
     )
+    labels = {"suite": module.rsplit(".", 1)[-1], **(labels or {})}
     result.labels.append(Label(name="tag", value="worker-crash"))
-    result.labels.append(Label(name="suite", value=module.rsplit(".", 1)[-1]))
-    for key, value in (labels or {}).items():
+    for key, value in labels.items():
         result.labels.append(Label(name=key, value=value))
     logger = RedactingFileLogger(alluredir)
     before = set(alluredir.glob("*-result.json"))
