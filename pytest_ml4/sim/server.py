@@ -138,6 +138,7 @@ class SimApp:
         app.router.add_get("/version", self.version)
         app.router.add_get("/load", self.load)
         app.router.add_get("/metrics", self.metrics_handler)
+        app.on_response_prepare.append(_server_header)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
@@ -156,7 +157,7 @@ class SimApp:
             scheme, _, token = request.headers.get("Authorization", "").partition(" ")
             # Constant-time comparison, like vLLM's middleware.
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), key.encode()):
-                return web.Response(status=401, text='{"error":"Unauthorized"}', content_type="application/json")
+                return _json('{"error":"Unauthorized"}', status=401)
         return await handler(request)
 
     @web.middleware
@@ -315,7 +316,13 @@ def _hex16() -> str:
 
 
 def _json(text: str, status: int = 200) -> web.Response:
-    return web.Response(status=status, text=text, content_type="application/json")
+    # Starlette's JSONResponse sends plain "application/json" (aiohttp's text= would add a charset).
+    return web.Response(status=status, body=text.encode(), headers={"Content-Type": "application/json"})
+
+
+async def _server_header(request: web.Request, response: web.StreamResponse) -> None:
+    # vLLM is served by uvicorn.
+    response.headers["Server"] = "uvicorn"
 
 
 # ---------------------------------------------------------------------- process entry

@@ -54,8 +54,6 @@ class SimServer:
                  = None, env: Mapping[str, str] | None = None, host: str = "127.0.0.1",
                  extra_args: Iterable[str] = ()) -> None:
         self.target = target if isinstance(target, Target) else None
-        # A Target object may carry in-memory overrides: hand the child exactly that object, as a YAML file.
-        self.target_ref = self._materialise(target) if isinstance(target, Target) else str(target)
         self.host = host
         self._requested_port = port
         self.port = port
@@ -63,20 +61,23 @@ class SimServer:
         self.overrides = self._override_args(overrides)
         self._own_log = log_file is None
         self.log_file = Path(log_file) if log_file else Path(tempfile.mkstemp(prefix="ml4-sim-", suffix=".log")[1])
+        # A Target object may carry in-memory overrides: hand the child exactly that object, as a YAML file
+        # written next to the log (a run artifact, and no stray temp files).
+        self.target_ref = (self._materialise(target, self.log_file.with_name(self.log_file.name + ".target.yaml"))
+                           if isinstance(target, Target) else str(target))
         self.env = dict(env) if env is not None else None
         # Extra CLI arguments for other roles (e.g. a Dynamo frontend mode added later).
         self.extra_args = list(extra_args)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @staticmethod
-    def _materialise(target: Target) -> str:
+    def _materialise(target: Target, path: Path) -> str:
         import yaml
 
-        data = target.model_dump(mode="json", exclude={"path"})
-        fd, path = tempfile.mkstemp(prefix=f"ml4-target-{target.name}-", suffix=".yaml")
-        with os.fdopen(fd, "w") as fh:
-            yaml.safe_dump(data, fh, sort_keys=False)
-        return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w") as fh:
+            yaml.safe_dump(target.model_dump(mode="json", exclude={"path"}), fh, sort_keys=False)
+        return str(path)
 
     @staticmethod
     def _override_args(overrides: Mapping[str, Any] | Iterable[str] | None) -> list[str]:
