@@ -219,3 +219,23 @@ def test_prefix_cache_hits_on_repeated_prompt(keyed: SimServer) -> None:
     httpx.post(keyed.base_url + "/chat/completions", json=body, headers=_auth())
     # Block size 64 on this target: the repeated ~370-token prompt hits whole blocks.
     assert hits() - before >= 256
+
+
+def test_client_disconnect_aborts_request(keyed: SimServer) -> None:
+    body = {"messages": [{"role": "user", "content": "Hello"}], "stream": True, "model": "ml4",
+            "min_tokens": 3000, "max_tokens": 3000}
+    with httpx.Client(base_url=keyed.url, timeout=30) as c, \
+            c.stream("POST", "/v1/chat/completions", json=body, headers=_auth()) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 4:
+                break
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        text = httpx.get(keyed.url + "/metrics").text
+        aborted = re.search(r'^vllm:request_success_total\{engine="0",finished_reason="abort",model_name="ml4"\} '
+                            r'(\S+)$', text, re.M)
+        if aborted and float(aborted.group(1)) >= 1 and httpx.get(keyed.url + "/load").json()["server_load"] == 0:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the engine kept generating for a disconnected client")

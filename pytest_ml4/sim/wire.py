@@ -122,6 +122,7 @@ def build_output(plan: Plan, tok: SimTokenizer, limits: Limits, opts: WireOption
         toks.append((MARK if opts.reasoning_parser else CONTENT, "[/THINK]", -1))
     toks += [(CONTENT, p, -1) for p in c_pieces]
     held: dict[int, str] = {}
+    held_at: dict[int, int] = {}  # call index -> position of the token whose "}" is held
     for idx, (name_p, arg_p) in enumerate(call_pieces):
         if not opts.tool_parser:
             toks.append((CONTENT, "[TOOL_CALLS]", -1))
@@ -138,10 +139,13 @@ def build_output(plan: Plan, tok: SimTokenizer, limits: Limits, opts: WireOption
             pieces[-1] = pieces[-1][:-1]
             held[idx] = "}"
         toks += [(ARG, p, idx) for p in pieces]
+        held_at[idx] = len(toks) - 1
 
     if limits.ignore_eos or len(toks) + 1 > limits.max_tokens:
         finish = "length"
         toks = toks[: limits.max_tokens]
+        # A call cut off before its last token never produced its closing brace.
+        held = {i: t for i, t in held.items() if held_at[i] < len(toks)}
     else:
         finish = "stop"
         toks.append((EOS, "", -1))
