@@ -170,3 +170,12 @@ def test_legacy_reasoning_field_profiles(mode: str) -> None:
         assert msg["reasoning"] == msg["reasoning_content"] and msg["reasoning"]
         assert {"content": deltas[-2]["content"], "reasoning_content": None} == deltas[-2]
         assert any(d.get("reasoning") and d["reasoning_content"] == d["reasoning"] for d in deltas)
+
+
+def test_v13_tokenizer_ignores_reasoning_effort() -> None:
+    """Before tokenizer v15 the effort never reaches the model (vllm.md §3.1): same thinking for every level."""
+    overrides = {**FAST_NO_SPEC, "engine": {**FAST_NO_SPEC["engine"], "tokenizer_version": 13}}
+    for http in _client("gb300-agg", overrides=overrides):
+        counts = {e: http.post("/v1/chat/completions", json={**CHAT, "reasoning_effort": e}).json()["usage"]
+                  ["completion_tokens_details"]["reasoning_tokens"] for e in ("none", "high")}
+    assert counts["none"] == counts["high"] > 0

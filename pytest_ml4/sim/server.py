@@ -215,6 +215,10 @@ class SimApp:
         except ApiError as e:
             return _json(e.body(), status=e.status)
 
+        if self.tok.version < 15 and "reasoning_effort" in body:
+            # vLLM passes reasoning_effort to Mistral tokenizers only from v15 on (vllm.md §3.1): older ones
+            # never see it, so the model thinks at its default length.
+            body = {k: v for k, v in body.items() if k != "reasoning_effort"}
         plan = plan_response(body, tool_choice)
         if not req.include_reasoning:
             plan.reasoning = None
