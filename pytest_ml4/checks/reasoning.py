@@ -47,7 +47,10 @@ def assert_reasoning_separated(message: Mapping[str, Any], where: str) -> str:
                                        f"{quote_body(content)}")
     assert reasoning, (f"{where}: no reasoning field although the model reasons by default (reasoning parser not "
                        f"configured?); content: {quote_body(content)}")
-    assert reasoning.strip() not in content, f"{where}: the reasoning text is repeated in content: {quote_body(content)}"
+    # A long reasoning repeated verbatim in content means the parser copied instead of splitting; short ones
+    # ("4.") may legitimately recur in an answer.
+    if len(reasoning.strip()) >= 40:
+        assert reasoning.strip() not in content, f"{where}: the reasoning text is repeated in content: {quote_body(content)}"
     return reasoning
 
 
