@@ -36,7 +36,7 @@ def _points(scale_itl: float = 1.0, scale_tok: float = 1.0) -> list[dict[str, fl
 
 
 def _run(root: Path, name: str, *, points: list[dict[str, float]] | None, outcome: str = "passed",
-         started: float = 1.0e9, target: str = "rtxpro6000-tp8") -> Path:
+         started: float = 1.0e9, target: str = "rtxpro6000-tp8", settings: dict | None = None) -> Path:
     run = root / name
     run.mkdir(parents=True)
     if points is not None:
@@ -45,7 +45,8 @@ def _run(root: Path, name: str, *, points: list[dict[str, float]] | None, outcom
             "points": [dict(p, ok=True, problems=[], artifact_dir="aiperf/c1") for p in points],
             "gates": [{"gate": "zero errors", "concurrency": None, "passed": outcome == "passed", "detail": ""},
                       {"gate": "ttft knee", "concurrency": 16, "passed": True, "detail": "p99 7.5 s"}],
-            "baseline": None, "passed": outcome == "passed"})
+            "baseline": None, "passed": outcome == "passed",
+            "settings": settings or {"isl": 512, "osl": 4096, "duration_s": 300, "short": False}})
     checks = [CheckRecord("suites/test_smoke.py::test_health", "Health", "smoke", "passed"),
               CheckRecord("suites/test_tools.py::test_parallel", "Parallel", "tools", outcome,
                           message="" if outcome == "passed" else "AssertionError: stream grammar broken")]
@@ -156,3 +157,16 @@ def test_trace_replay_figures_and_gates_are_kept(tmp_path: Path) -> None:
     assert doc["gates"] == [{"name": "perf trace: dynamo tok/s/user p50 > 50 @c32", "passed": True, "detail": "",
                              "source": "perf"}]
     assert doc["perf"] == {}
+
+
+def test_short_runs_meet_the_baseline_only_on_short_run_figures_and_unlike_runs_are_not_compared(
+        tmp_path: Path) -> None:
+    short = {"isl": 512, "osl": 256, "duration_s": 5, "short": True}
+    _run(tmp_path, "20261101-a", points=_points(), started=1.0e9)
+    _run(tmp_path, "20261102-a", points=_points(scale_tok=0.5), started=1.1e9, settings=short)
+    comp = compare_runs(stored_runs(tmp_path), load_baseline(BASELINE), tolerance=0.10)
+    against_base = {r.subject.split()[1] for r in comp.rows if r.scope == "vs baseline"}
+    assert against_base == {"tok_s_user", "itl_p50_ms"}, "the baseline's short_run_metrics only"
+    assert {r.subject for r in comp.regressions} == {f"c{c} tok_s_user" for c in (1, 2, 4, 8, 16, 32, 64)}
+    (note,) = [r for r in comp.rows if r.scope == "vs previous"]
+    assert note.subject == "perf settings" and "osl=4096" in str(note.reference) and not note.regressed

@@ -18,7 +18,12 @@ from typing import Any
 
 from pytest_ml4.report.summary import SUMMARY_NAME, load_summary, perf_points
 
-# Checked in order: "error" must win over "tok_s" in e.g. "error_tok_s"; unknown metrics are shown, not judged.
+#: The figures compared and drawn: the seed results table's columns plus the error rate (pytest_ml4.perf.figures).
+#: Other numbers in a perf summary (request counts, run durations, decode-concurrency maxima) describe the run,
+#: not the deployment, and are not judged.
+KEY_FIGURES = ("out_tok_s", "tok_s_user", "tok_s_user_p50", "ttft_p50_s", "ttft_p99_s", "itl_p50_ms", "itl_p99_ms",
+               "decode_conc_avg", "error_rate_pct")
+# Checked in order: "error" must win over "tok_s" in e.g. "error_tok_s".
 _LOWER_BETTER = re.compile(r"(?i)error|fail|ttft|itl|tpot|latency|e2e|duration|time_to")
 _HIGHER_BETTER = re.compile(r"(?i)tok_s|tokens_per_s|throughput|tps|per_user|goodput|req(uest)?s_per_s|rps|decode_conc")
 #: Metrics drawn in the trend, by preference (first matching regex per panel).
@@ -83,6 +88,8 @@ class Baseline:
     # and depends on the run's length; the perf baseline says so with "ttft_value_max_concurrency").
     value_max_concurrency: Mapping[str, int]
     name: str = ""
+    # Figures that stay comparable when a run is short (small OSL, seconds per point); the perf baseline lists them.
+    short_run_metrics: tuple[str, ...] = ()
 
     def tolerance(self, metric: str, default: float) -> float:
         return float(self.tolerances.get(metric, default))
@@ -94,12 +101,12 @@ class Baseline:
 
 def compare_perf(scope: str, reference: Mapping[int, Mapping[str, float]],
                  latest: Mapping[int, Mapping[str, float]], tolerance: float,
-                 baseline: Baseline | None = None) -> list[Row]:
-    """Rows for every (concurrency, metric) present in both whose direction is known."""
+                 baseline: Baseline | None = None, figures: Sequence[str] = KEY_FIGURES) -> list[Row]:
+    """Rows for every (concurrency, key figure) present in both."""
     rows = []
     for conc in sorted(set(reference) & set(latest)):
-        for metric in sorted(set(reference[conc]) & set(latest[conc])):
-            if direction(metric) == 0 or (baseline is not None and not baseline.comparable(metric, conc)):
+        for metric in [f for f in figures if f in reference[conc] and f in latest[conc]]:
+            if baseline is not None and not baseline.comparable(metric, conc):
                 continue
             tol = baseline.tolerance(metric, tolerance) if baseline is not None else tolerance
             ref, new = reference[conc][metric], latest[conc][metric]
@@ -145,7 +152,8 @@ def load_baseline(path: Path) -> Baseline:
     tolerances = {k: float(v) for k, v in (data.get("tolerances") or {}).items() if isinstance(v, (int, float))}
     limits = {k.removesuffix("_value_max_concurrency"): int(v) for k, v in data.items()
               if k.endswith("_value_max_concurrency") and isinstance(v, int)}
-    return Baseline(perf_points(data), tolerances, limits, str(path))
+    short = tuple(m for m in data.get("short_run_metrics") or () if isinstance(m, str))
+    return Baseline(perf_points(data), tolerances, limits, str(path), short)
 
 
 def compare_runs(runs: Sequence[Mapping[str, Any]], baseline: Baseline | None, tolerance: float) -> Comparison:
@@ -154,15 +162,36 @@ def compare_runs(runs: Sequence[Mapping[str, Any]], baseline: Baseline | None, t
         raise ValueError("no stored runs to compare")
     latest = runs[-1]
     latest_perf = perf_points(latest)
+    settings = latest.get("perf_settings") or {}
     rows: list[Row] = []
     previous = runs[-2] if len(runs) > 1 else None
     if previous is not None:
-        rows += compare_perf("vs previous", perf_points(previous), latest_perf, tolerance)
+        prev_settings = previous.get("perf_settings") or {}
+        if _comparable_settings(prev_settings, settings):
+            rows += compare_perf("vs previous", perf_points(previous), latest_perf, tolerance)
+        else:
+            rows.append(Row("vs previous", "perf settings", _settings_text(prev_settings),
+                            _settings_text(settings), "differ: figures not compared", False))
         rows += compare_verdicts(previous, latest)
     if baseline is not None:
-        rows += compare_perf("vs baseline", baseline.points, latest_perf, tolerance, baseline)
+        figures = KEY_FIGURES
+        if settings.get("short") and baseline.short_run_metrics:
+            figures = tuple(f for f in KEY_FIGURES if f in baseline.short_run_metrics)
+        rows += compare_perf("vs baseline", baseline.points, latest_perf, tolerance, baseline, figures)
     return Comparison(latest["run_id"], previous["run_id"] if previous else None,
                       baseline.name if baseline is not None else None, tolerance, rows)
+
+
+_SETTING_KEYS = ("isl", "osl", "duration_s", "short", "min_tokens")
+
+
+def _comparable_settings(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Two sweeps are comparable when their load shape matches (or when either run did not record it)."""
+    return not a or not b or all(a.get(k) == b.get(k) for k in _SETTING_KEYS)
+
+
+def _settings_text(settings: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={settings[k]}" for k in _SETTING_KEYS if k in settings) or "-"
 
 
 def format_table(comp: Comparison) -> str:
@@ -189,7 +218,7 @@ def _fmt(v: float | str | None) -> str:
 
 def trend_metrics(runs: Sequence[Mapping[str, Any]], limit: int = 4) -> list[str]:
     """The key perf figures to draw: one per :data:`TREND_PATTERNS` entry found in the runs."""
-    names = sorted({m for doc in runs for figs in perf_points(doc).values() for m in figs})
+    names = [m for m in KEY_FIGURES if any(m in figs for doc in runs for figs in perf_points(doc).values())]
     chosen: list[str] = []
     for pattern in TREND_PATTERNS:
         match = next((n for n in names if re.search(pattern, n) and n not in chosen), None)

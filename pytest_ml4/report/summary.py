@@ -88,7 +88,7 @@ def read_perf_summary(run_dir: Path) -> dict[str, Any]:
     Empty values when the perf suite did not run (no ``perf-summary.json``).
     """
     path = run_dir / PERF_SUMMARY_NAME
-    out: dict[str, Any] = {"points": {}, "trace": {}, "gates": [], "baseline": None}
+    out: dict[str, Any] = {"points": {}, "trace": {}, "gates": [], "baseline": None, "settings": {}}
     if not path.is_file():
         return out
     data = json.loads(path.read_text(encoding="utf-8"))
@@ -101,6 +101,8 @@ def read_perf_summary(run_dir: Path) -> dict[str, Any]:
     if isinstance(point, Mapping):
         out["trace"] = {k: float(v) for k, v in point.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     out["baseline"] = sweep.get("baseline")
+    settings = sweep.get("settings")
+    out["settings"] = dict(settings) if isinstance(settings, Mapping) else {}
     return out
 
 
@@ -138,6 +140,7 @@ def build_summary(*, run_dir: Path, target: str | None, simulated: bool, faults:
         "gates": suite_gates(checks) + perf["gates"],
         "perf": {str(c): figs for c, figs in sorted(perf["points"].items())},
         "perf_trace": perf["trace"],
+        "perf_settings": perf["settings"],
         "perf_baseline": perf["baseline"],
         "checks": [asdict(c) for c in checks],
     }
