@@ -63,8 +63,9 @@ class Endpoint:
 
     def __repr__(self) -> str:
         # Header *names* only: extra headers may carry tokens too.
-        return (f"Endpoint(base_url={_strip_userinfo(self.base_url)!r}, model={self.model!r}, "
-                f"metrics_url={self.metrics_url!r}, simulated={self.simulated}, proxy={self.proxy}, "
+        metrics = display_url(self.metrics_url) if self.metrics_url else None
+        return (f"Endpoint(base_url={display_url(self.base_url)!r}, model={self.model!r}, "
+                f"metrics_url={metrics!r}, simulated={self.simulated}, proxy={self.proxy}, "
                 f"api_key={'<set>' if self.api_key else None}, headers={sorted(self.headers)})")
 
     __str__ = __repr__

@@ -26,6 +26,8 @@ from typing import Any
 
 import httpx
 
+from pytest_ml4.client import display_url
+
 #: How much of an odd payload a violation quotes.
 _QUOTE = 200
 
@@ -442,7 +444,9 @@ class _ProbeRun:
     def __init__(self, base_url: Any, body: dict[str, Any], path: str) -> None:
         self.request = {**body, "stream": True}
         self.path = path.lstrip("/")
-        self.result = StreamResult(request=self.request, url=str(base_url).rstrip("/") + "/" + self.path)
+        # display_url: a transcript is an attachment, so no userinfo or query-string credentials in it.
+        self.result = StreamResult(request=self.request,
+                                   url=display_url(str(base_url).rstrip("/") + "/" + self.path))
         self.framer = _SSEFramer()
         self.asm = _Assembler(self.result)
         self.result.t_start = time.monotonic()

@@ -86,7 +86,7 @@ def test_invalid_reasoning_requests_are_rejected(ml4_endpoint: Endpoint, http_cl
 
 @STREAM
 def test_reasoning_share_of_output_is_measured(chat: ChatSession, ml4_target: Target, ml4_run_dir: Path,
-                                               stream: bool) -> None:
+                                               record_property: Any, stream: bool) -> None:
     spec = DATA["share"]
     n = int(spec["output_tokens"])
     rows = []
@@ -107,6 +107,7 @@ def test_reasoning_share_of_output_is_measured(chat: ChatSession, ml4_target: Ta
     print(f"reasoning share ({'streamed' if stream else 'non-streamed'}): mean {mean:.1%} over {len(rows)} "
           f"fixed-length answers of {n} tokens; band {band[0]:.0%}-{band[1]:.0%}; "
           + ", ".join(f"{r['share']:.1%}" for r in rows))
+    record_property("reasoning_share", round(mean, 4))
     _attach(out)
     lo, hi = band
     assert lo - SHARE_TOLERANCE <= mean <= hi + SHARE_TOLERANCE, (
