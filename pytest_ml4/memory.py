@@ -65,6 +65,9 @@ class MemoryPlan:
     first_step_free_mib: float = 0.0
     workspace_mib: float = 0.0
     max_model_len: int = 0
+    #: The smallest engine step (tokens scheduled at once) whose activations leave less than the workspace free;
+    #: the engine dies on its first step at least this large (``oom_first_step`` when it is <= the token budget).
+    oom_step_tokens: int | None = None
 
     @property
     def boots(self) -> bool:
@@ -216,9 +219,11 @@ def plan_memory(hardware: Hardware, engine: Engine, tensor_parallel: int) -> Mem
         return MemoryPlan(outcome="no_kv_memory", kv_pool_tokens=pool, max_concurrency=concurrency,
                           available_kv_gib=round(available, 2), message=msg, num_gpu_blocks=blocks, **base)
     # First large step: the workspace comes out of the memory outside the budget, after the unprofiled activations.
-    first_free = (total - requested) * 1024 - _unprofiled_mib_per_batched_token(cal) * engine.max_num_batched_tokens
+    per_token = _unprofiled_mib_per_batched_token(cal)
+    first_free = (total - requested) * 1024 - per_token * engine.max_num_batched_tokens
     oom = first_free < float(ws["requested_mib"])
+    oom_step = max(1, math.floor(((total - requested) * 1024 - float(ws["requested_mib"])) / per_token) + 1)
     return MemoryPlan(outcome="oom_first_step" if oom else "ok", kv_pool_tokens=pool, max_concurrency=concurrency,
                       available_kv_gib=round(available, 2), num_gpu_blocks=blocks,
                       message=oom_message(float(ws["requested_mib"]), total, first_free) if oom else None,
-                      first_step_free_mib=first_free, **base)
+                      first_step_free_mib=first_free, oom_step_tokens=oom_step, **base)

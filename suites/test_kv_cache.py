@@ -113,11 +113,12 @@ def _one_request(http: httpx.Client, model: str, prompt: str) -> str | None:
 
 
 def run_load(http: httpx.Client, endpoint: Any, target: Target) -> LoadResult:
-    """Concurrent prompts totalling one full ``max_num_batched_tokens`` step; polls /metrics meanwhile."""
+    """Concurrent requests, one with a prompt over ``max_num_batched_tokens`` (a full step); polls /metrics."""
     eng = target.engine
     n = max(1, min(int(LOAD["concurrency"]), eng.max_num_seqs))
-    per_request = min(int(LOAD["max_prompt_tokens"]), eng.max_model_len // 2,
-                      max(64, int(eng.max_num_batched_tokens * float(LOAD["prompt_steps"])) // n))
+    large = min(int(LOAD["max_prompt_tokens"]), eng.max_model_len // 2,
+                int(eng.max_num_batched_tokens * float(LOAD["large_prompt_steps"])))
+    sizes = [large] + [min(int(LOAD["small_prompt_tokens"]), large)] * (n - 1)
     result = LoadResult(started=time.time(), requests=n)
     url = endpoint.effective_metrics_url
     before = _scrape(url)
@@ -126,7 +127,7 @@ def run_load(http: httpx.Client, endpoint: Any, target: Target) -> LoadResult:
     poller.start()
     try:
         with ThreadPoolExecutor(max_workers=n) as pool:
-            outcomes = list(pool.map(lambda i: _one_request(http, endpoint.model, _prompt(i, per_request)), range(n)))
+            outcomes = list(pool.map(lambda i: _one_request(http, endpoint.model, _prompt(i, sizes[i])), range(n)))
     finally:
         stop.set()
         poller.join(timeout=10)

@@ -47,6 +47,8 @@ def test_crashing_config_sizes_the_seeds_pool_then_ooms_with_the_seeds_line(rtx:
     assert p.message == SEED_OOM
     assert p.first_step_free_mib == pytest.approx(751.25, abs=0.005)
     assert not p.estimate
+    # Only a large step kills it: one of at least ~7,900 tokens at 8192 batched tokens.
+    assert p.oom_step_tokens is not None and 7_000 < p.oom_step_tokens <= 8192
 
 
 def test_util_0983_with_8192_tokens_also_crashes(rtx: Target) -> None:
@@ -64,6 +66,7 @@ def test_stable_unit_boots_with_about_3_gib_headroom(rtx: Target) -> None:
     # "about 4x the 792 MiB workspace"
     assert 3.0 <= p.headroom_gib * 1024 / p.workspace_mib <= 4.5
     assert p.first_step_free_mib > p.workspace_mib
+    assert p.oom_step_tokens is not None and p.oom_step_tokens > check["engine"]["max_num_batched_tokens"]
     assert p.kv_pool_tokens >= 256_000 and p.max_concurrency >= 1.0
 
 
