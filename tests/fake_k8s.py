@@ -10,8 +10,8 @@ semantics (shared/reference/dynamo.md §11):
   ``timestamps``: plain text, lines stamped when the "container runtime" read them from the process's log file;
 * ``GET /apis/nvidia.com/v1beta1/namespaces/{ns}/dynamographdeployments[/{name}]`` with ``status``.
 
-Behind every pod is a process handle (duck-typed: ``restart()`` blocking until it serves, ``alive()``,
-``log_file``). The scripted operator does what Grove + the Dynamo operator do: deleting a pod removes it, creates a
+Behind every pod is a process handle (duck-typed: ``restart()`` blocking until it serves, or ``stop()`` and
+``start()``; ``alive()``; ``log_file``). The scripted operator does what Grove + the Dynamo operator do: deleting a pod removes it, creates a
 replacement with a new name and uid (``Pending``), restarts the process behind it, and marks the new pod
 ``Running``/``Ready`` once it serves; meanwhile the DGD shows ``state: pending``, ``Ready=False`` with reason
 ``some_resources_are_not_ready``, and back ``successful``/``True`` with ``all_resources_are_ready`` when every pod
@@ -205,6 +205,20 @@ class Pod:
         }
 
 
+def _restart_container(backend: Backend, old_log: ContainerLog | None, new_log: ContainerLog) -> None:
+    """Stop the process, give its last lines to the old container, start it again into the new container's log."""
+    stop, start = getattr(backend, "stop", None), getattr(backend, "start", None)
+    if stop is None or start is None:
+        new_log.start_at_end()
+        backend.restart()
+        return
+    stop()
+    if old_log is not None:
+        old_log.collect()  # shutdown lines belong to the container that is going away
+    new_log.start_at_end()
+    start()
+
+
 def _status(code: int, reason: str, message: str, **details: Any) -> web.Response:
     body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
             "reason": reason, "details": details, "code": code}
@@ -294,13 +308,11 @@ class FakeKubeAPI:
             new = Pod(name=self._pod_name(old.labels.get(LABEL_DGD, "pod"), old.component), namespace=old.namespace,
                       labels=dict(old.labels), component=old.component, phase="Pending", ready=False, busy=True,
                       containers=[Container(c.name, c.backend, ContainerLog(c.log.path)) for c in old.containers])
-            for c in new.containers:
-                c.log.start_at_end()  # the new container's log starts with the new process's output
             self.pods[(new.namespace, new.name)] = new
             self._refresh_all()
         try:
-            for c in new.containers:
-                c.backend.restart()
+            for c, old_c in zip(new.containers, old.containers):
+                _restart_container(c.backend, old_c.log, c.log)
                 c.started = _now()
         finally:
             with self._lock:
@@ -309,7 +321,7 @@ class FakeKubeAPI:
 
     def _restart_in_place(self, pod: Pod, container: Container) -> None:
         try:
-            container.backend.restart()
+            _restart_container(container.backend, None, container.log)
         finally:
             with self._lock:
                 container.started = _now()
@@ -329,7 +341,6 @@ class FakeKubeAPI:
                     with self._lock:
                         pod.busy, pod.ready = True, False
                         c.previous, c.log = c.log, ContainerLog(c.log.path)
-                        c.log.start_at_end()
                         c.restart_count += 1
                         self._refresh_all()
                     threading.Thread(target=self._restart_in_place, args=(pod, c), daemon=True).start()

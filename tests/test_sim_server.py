@@ -239,3 +239,15 @@ def test_client_disconnect_aborts_request(keyed: SimServer) -> None:
         time.sleep(0.05)
     else:
         pytest.fail("the engine kept generating for a disconnected client")
+
+
+def test_busy_requested_port_fails_with_reason(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(SimServerError) as e:
+            SimServer("gb300-agg", port=port, log_file=tmp_path / "e.log").start(timeout=30)
+    assert "address already in use" in str(e.value).lower()

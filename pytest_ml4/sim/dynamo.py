@@ -700,14 +700,22 @@ class DynamoWorker:
             return False
         return True
 
-    def restart(self) -> None:
-        """Leave discovery (the lease ends), restart the process, come back under a new instance id."""
+    def stop(self) -> None:
+        """Leave discovery (the lease ends), then stop the process."""
         with self.owner.lock:
             self.owner.unpublish(self)
-        self.server.restart()
+        self.server.stop()
+
+    def start(self) -> None:
+        """Start the process (same port) and register under a new instance id once it serves."""
+        self.server.start()
         self.instance_id = new_instance_id()
         with self.owner.lock:
             self.owner.publish(self)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
 
 
 class FrontendProcess:

@@ -119,6 +119,14 @@ class SimServer:
     def start(self, timeout: float = 60.0) -> SimServer:
         if self.proc and self.proc.poll() is None:
             return self
+        deadline = time.monotonic() + timeout
+        for _attempt in range(3):
+            if self._spawn_and_wait(deadline, timeout):
+                return self
+        raise SimServerError(f"simulator for {self.target_ref}: no free port after 3 attempts")
+
+    def _spawn_and_wait(self, deadline: float, timeout: float) -> bool:
+        """True once healthy; False if an auto-chosen port was taken meanwhile (retry); raises otherwise."""
         self.port = self._requested_port or free_port(self.host)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ if self.env is None else {**os.environ, **self.env})
@@ -126,25 +134,37 @@ class SimServer:
         self._stderr = open(stderr_path, "wb")  # noqa: SIM115 - the child writes to it until stop()
         self.proc = subprocess.Popen(self.argv(), env=env, stdout=subprocess.DEVNULL, stderr=self._stderr,
                                      start_new_session=True)
-        deadline = time.monotonic() + timeout
         url = self.url + "/health"
         while True:
             code = self.proc.poll()
             if code is not None:
                 err = stderr_path.read_text(errors="replace").strip()[-2000:]
+                self.stop()
+                if not self._requested_port and "address already in use" in err.lower():
+                    return False
                 raise SimServerError(f"simulator for {self.target_ref} exited with code {code} before becoming "
                                      f"healthy\n--- log tail ({self.log_file}) ---\n{self.log_tail()}"
                                      + (f"\n--- stderr ---\n{err}" if err else ""))
-            try:
-                if httpx.get(url, timeout=1.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
+            if self._own_process_listening():
+                try:
+                    if httpx.get(url, timeout=1.0).status_code == 200:
+                        return True
+                except httpx.HTTPError:
+                    pass
             if time.monotonic() > deadline:
                 self.stop()
                 raise SimServerError(f"simulator for {self.target_ref} not healthy on {url} after {timeout:.0f} s"
                                      f"\n--- log tail ({self.log_file}) ---\n{self.log_tail()}")
             time.sleep(0.05)
+
+    def _own_process_listening(self) -> bool:
+        # /health alone could be answered by a stranger on a reused port: our child logs its own start first.
+        try:
+            text = self.log_file.read_text(errors="replace")
+        except OSError:
+            return False
+        mark = f"Started server process [{self.pid}]"
+        return mark in text and "Application startup complete." in text[text.rindex(mark):]
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self.proc = self.proc, None
