@@ -11,8 +11,15 @@ import httpx
 import pytest
 import yaml
 
-from pytest_ml4.proxy import (ATTEMPTED_RETRIES_HEADER, LiteLLMProxy, ProxyError, ProxySettings, attempted_retries,
-                              litellm_executable, render_config)
+from pytest_ml4.proxy import (
+    ATTEMPTED_RETRIES_HEADER,
+    LiteLLMProxy,
+    ProxyError,
+    ProxySettings,
+    attempted_retries,
+    litellm_executable,
+    render_config,
+)
 from pytest_ml4.sim import SimServer
 from pytest_ml4.targets import load_target
 

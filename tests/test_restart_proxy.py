@@ -12,7 +12,12 @@ import pytest
 
 from pytest_ml4.client import Endpoint
 from pytest_ml4.control import SimController
-from pytest_ml4.control.scenario import RestartRun, check_client_errors, retries_seen, run_restart_scenario
+from pytest_ml4.control.scenario import (
+    RestartRun,
+    check_client_errors,
+    retries_seen,
+    run_restart_scenario,
+)
 from pytest_ml4.proxy import LiteLLMProxy, ProxySettings
 from pytest_ml4.sim import SimServer
 from pytest_ml4.targets import load_target
