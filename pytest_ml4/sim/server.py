@@ -207,14 +207,35 @@ class SimApp:
             body, req = parse_chat(await request.read())
             tool_choice = check_request(req, self.ctx)
             prompt_ids = self.tok.prompt_ids(body)
-            prompt_tokens = len(prompt_ids)
-            max_tokens, requested = resolve_max_tokens(req, prompt_tokens, self.ctx)
+            max_tokens, requested = resolve_max_tokens(req, len(prompt_ids), self.ctx)
             if self.faults.has("error_rate") and self.error_rng.random() < self.faults.value("error_rate"):
                 self.metrics.inc("vllm:request_success", finished_reason="error")
                 raise engine_dead()
         except ApiError as e:
             return _json(e.body(), status=e.status)
 
+        out = self._generate(body, req, tool_choice, max_tokens)
+        ids = [wire.tool_call_id(self.rng, self.opts.bad_tool_ids) for _ in out.call_names]
+        keep_parallel = req.parallel_tool_calls is not False
+        named = isinstance(tool_choice, dict)
+        # resolve_finish_reason: tool calls turn "stop" into "tool_calls", except for a named tool choice.
+        finish = "tool_calls" if out.call_names and out.finish == "stop" and not named else out.finish
+        req_id = "chatcmpl-" + (request.headers.get("X-Request-Id") or _hex16())
+        seq = Sequence(req_id=req_id, prompt_tokens=len(prompt_ids), output_tokens=out.completion_tokens,
+                       max_tokens=max_tokens, finish_reason=out.finish, params_max_tokens=requested,
+                       block_hashes=block_hashes(prompt_ids, self.target.engine.block_size))
+        self.engine.add(seq)
+        if req.stream:
+            return await self._stream(request, req, out, seq, ids, keep_parallel, finish, len(prompt_ids))
+        while seq.emitted < seq.output_tokens:
+            if await seq.queue.get() == 0:
+                err = engine_dead()
+                return _json(err.body(), status=err.status)
+        forced = named or tool_choice == "required"
+        return _json(self._body(out, ids, keep_parallel, forced, finish, req_id, len(prompt_ids)))
+
+    def _generate(self, body: dict[str, Any], req: Any, tool_choice: Any, max_tokens: int) -> wire.Output:
+        """The response's output tokens: the responder's plan, tokenised and fitted to the token limits."""
         if self.tok.version < 15 and "reasoning_effort" in body:
             # vLLM passes reasoning_effort to Mistral tokenizers only from v15 on (vllm.md §3.1): older ones
             # never see it, so the model thinks at its default length.
@@ -222,38 +243,21 @@ class SimApp:
         plan = plan_response(body, tool_choice)
         if not req.include_reasoning:
             plan.reasoning = None
-        out = wire.build_output(plan, self.tok, wire.Limits(max_tokens, req.min_tokens, req.ignore_eos), self.opts)
-        ids = [wire.tool_call_id(self.rng, self.opts.bad_tool_ids) for _ in out.call_names]
-        keep_parallel = req.parallel_tool_calls is not False
-        named = isinstance(tool_choice, dict)
-        forced = named or tool_choice == "required"
-        has_calls = bool(out.call_names)
-        finish = out.finish
-        if has_calls and finish == "stop" and not named:
-            finish = "tool_calls"
-        req_id = "chatcmpl-" + (request.headers.get("X-Request-Id") or _hex16())
-        seq = Sequence(req_id=req_id, prompt_tokens=prompt_tokens, output_tokens=out.completion_tokens,
-                       max_tokens=max_tokens, finish_reason=out.finish, params_max_tokens=requested,
-                       block_hashes=block_hashes(prompt_ids, self.target.engine.block_size))
-        self.engine.add(seq)
-        if req.stream:
-            return await self._stream(request, req, out, seq, ids, keep_parallel, finish, prompt_tokens)
-        try:
-            while seq.emitted < seq.output_tokens:
-                if await seq.queue.get() == 0:
-                    raise engine_dead()
-        except ApiError as e:
-            return _json(e.body(), status=e.status)
+        return wire.build_output(plan, self.tok, wire.Limits(max_tokens, req.min_tokens, req.ignore_eos), self.opts)
+
+    def _body(self, out: wire.Output, ids: list[str], keep_parallel: bool, forced: bool, finish: str, req_id: str,
+              prompt_tokens: int) -> str:
+        """The non-streaming response (``model_dump()`` of ChatCompletionResponse)."""
         asm = wire.assemble(out, ids, keep_parallel)
-        content_override = "" if (forced and has_calls and not asm.content) else None
+        # Forced calls (required / named tool) report content "" rather than null.
+        content_override = "" if (forced and asm.tool_calls and not asm.content) else None
         message = wire.message_json(asm, content_override, self.opts.reasoning_field)
         reasoning_tokens = None
         if self.reasoning_parser:
             reasoning_tokens = 0 if self.opts.reasoning_usage_missing else asm.reasoning_tokens
-        text = wire.response_body(req_id=req_id, created=int(time.time()), model=self.names[0], message=message,
+        return wire.response_body(req_id=req_id, created=int(time.time()), model=self.names[0], message=message,
                                   finish=finish, prompt_tokens=prompt_tokens, completion_tokens=out.completion_tokens,
                                   reasoning_tokens=reasoning_tokens, fingerprint=self.fingerprint)
-        return _json(text)
 
     async def _stream(self, request: web.Request, req: Any, out: wire.Output, seq: Sequence, ids: list[str],
                       keep_parallel: bool, finish: str, prompt_tokens: int) -> web.StreamResponse:
