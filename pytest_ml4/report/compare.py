@@ -237,7 +237,9 @@ def trend_png(runs: Sequence[Mapping[str, Any]], out: Path, baseline: Baseline |
     matplotlib.use("Agg")  # files only; no display on CI machines
     import matplotlib.pyplot as plt
 
-    labels = [str(d.get("started") or d["run_id"])[:16].replace("T", " ") for d in runs]
+    labels = [f"#{i} " + str(d.get("started") or d["run_id"])[:16].replace("T", " ") for i, d in enumerate(runs, 1)]
+    # A short run is compared with the baseline on its short-run figures only; draw the baseline only there.
+    short = bool((runs[-1].get("perf_settings") or {}).get("short"))
     fig, axes = plt.subplots(len(metrics), 1, figsize=(10, 3.2 * len(metrics)), squeeze=False)
     for ax, metric in zip(axes[:, 0], metrics):
         concs = sorted({c for d in runs for c, figs in perf_points(d).items() if metric in figs})
@@ -246,7 +248,9 @@ def trend_png(runs: Sequence[Mapping[str, Any]], out: Path, baseline: Baseline |
             line = ax.plot(range(len(runs)), [float("nan") if y is None else y for y in ys], marker="o",
                            label=f"c{conc}")[0]
             base = baseline.points.get(conc, {}) if baseline is not None else {}
-            if metric in base and baseline is not None and baseline.comparable(metric, conc):
+            drawable = baseline is not None and baseline.comparable(metric, conc) and not (
+                short and baseline.short_run_metrics and metric not in baseline.short_run_metrics)
+            if metric in base and drawable:
                 ax.axhline(base[metric], color=line.get_color(), linestyle="--", linewidth=0.8)
         better = {-1: "lower is better", 1: "higher is better"}.get(direction(metric), "")
         ax.set_title(f"{metric} ({better})" if better else metric)
