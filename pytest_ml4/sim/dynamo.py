@@ -302,6 +302,7 @@ class ChatHandler:
         self.prefill: Instance | None = None
         self.worker: Instance | None = None
         self.cached_tokens = 0
+        self.engine_cached: int | None = None  # the prefill worker's own cached_tokens (disagg), when it reports it
         self.t0 = time.monotonic()
         self.ttft: float | None = None
         self.migrations = 0
@@ -321,9 +322,14 @@ class ChatHandler:
         return out or None
 
     def patch_usage(self, usage: dict[str, Any] | None) -> None:
-        if isinstance(usage, dict):
-            prompt = int(usage.get("prompt_tokens") or 0)
-            usage["prompt_tokens_details"] = {"cached_tokens": max(0, min(self.cached_tokens, prompt - 1))}
+        """Report the prefix-cache hit: the engine's own figure where it gives one, else the router's overlap."""
+        if not isinstance(usage, dict):
+            return
+        if self.engine_cached is None and (usage.get("prompt_tokens_details") or {}).get("cached_tokens") is not None:
+            return
+        prompt = int(usage.get("prompt_tokens") or 0)
+        cached = self.cached_tokens if self.engine_cached is None else self.engine_cached
+        usage["prompt_tokens_details"] = {"cached_tokens": max(0, min(cached, prompt - 1))}
 
     async def remote_prefill(self) -> None:
         """Prefill on a prefill worker (the request with max_tokens 1); its KV is then handed to decode."""
@@ -354,6 +360,7 @@ class ChatHandler:
                 continue
             self.fe.stored(self.prefill, self.hashes)
             prompt = (data.get("usage") or {}).get("prompt_tokens")
+            self.engine_cached = ((data.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
             self.fe.log("INFO", "dynamo_llm::kv_router::prefill_router",
                         f"remote prefill done request_id={self.request_id} prefill_worker_id="
                         f"{self.prefill.instance_id} prompt_tokens={prompt} kv_blocks={len(self.hashes)} "
