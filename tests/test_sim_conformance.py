@@ -298,3 +298,10 @@ def test_health_ping_version_load(http: httpx.Client) -> None:
     assert http.get("/ping").status_code == 200 and http.post("/ping").status_code == 200
     assert http.get("/version").text == '{"version":"0.33.0"}'
     assert list(http.get("/load").json()) == ["server_load"]
+
+
+def test_conversation_refused_by_mistral_common(http: httpx.Client) -> None:
+    r = _chat(http, {"messages": [{"role": "tool", "tool_call_id": "abcdefghi", "content": "x"}]})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["type"] == "BadRequestError"
+    assert "must start with a user message or system message" in err["message"]

@@ -30,7 +30,7 @@ from pytest_ml4.sim.logfmt import uvicorn_line, vllm_line
 from pytest_ml4.sim.perfmodel import PerfModel
 from pytest_ml4.sim.promstats import CONTENT_TYPE, SimMetrics
 from pytest_ml4.sim.responder import plan_response
-from pytest_ml4.sim.tokenizer import SimTokenizer, get_tokenizer
+from pytest_ml4.sim.tokenizer import PromptError, SimTokenizer, get_tokenizer
 from pytest_ml4.sim.validation import (
     ApiError,
     Context,
@@ -206,7 +206,7 @@ class SimApp:
         try:
             body, req = parse_chat(await request.read())
             tool_choice = check_request(req, self.ctx)
-            prompt_ids = self.tok.prompt_ids(body)
+            prompt_ids = self._prompt_ids(body)
             max_tokens, requested = resolve_max_tokens(req, len(prompt_ids), self.ctx)
             if self.faults.has("error_rate") and self.error_rng.random() < self.faults.value("error_rate"):
                 self.metrics.inc("vllm:request_success", finished_reason="error")
@@ -233,6 +233,12 @@ class SimApp:
                 return _json(err.body(), status=err.status)
         forced = named or tool_choice == "required"
         return _json(self._body(out, ids, keep_parallel, forced, finish, req_id, len(prompt_ids)))
+
+    def _prompt_ids(self, body: dict[str, Any]) -> list[int]:
+        try:
+            return self.tok.prompt_ids(body)
+        except PromptError as e:
+            raise ApiError(400, str(e), "BadRequestError", None) from None
 
     def _generate(self, body: dict[str, Any], req: Any, tool_choice: Any, max_tokens: int) -> wire.Output:
         """The response's output tokens: the responder's plan, tokenised and fitted to the token limits."""

@@ -63,6 +63,10 @@ def tekken_path(version: int) -> Path:
     return path
 
 
+class PromptError(ValueError):
+    """mistral-common refused the conversation (vLLM returns it as a 400)."""
+
+
 class SimTokenizer:
     """A loaded Tekken tokenizer with cached text -> piece splitting."""
 
@@ -108,10 +112,18 @@ class SimTokenizer:
         return len(self.prompt_ids(body))
 
     def prompt_ids(self, body: dict[str, Any]) -> list[int]:
-        """Prompt token ids (mistral-common's chat encoding; a plain-text approximation where it refuses)."""
+        """Prompt token ids through mistral-common's chat encoding.
+
+        A conversation mistral-common refuses (e.g. one starting with a tool message) raises
+        :class:`PromptError`, as vLLM answers 400 for it; request shapes our conversion does not cover fall back
+        to a plain-text approximation."""
+        from mistral_common.exceptions import MistralCommonException
+
         try:
             return self._encode_request(body)
-        except Exception:  # noqa: BLE001 - mistral-common rejects shapes vLLM accepts; fall back to plain text
+        except MistralCommonException as e:
+            raise PromptError(str(e)) from None
+        except Exception:  # noqa: BLE001 - shapes vLLM accepts that our conversion does not map
             return self._fallback_ids(body)
 
     def _encode_request(self, body: dict[str, Any]) -> list[int]:
