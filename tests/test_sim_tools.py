@@ -171,3 +171,12 @@ def test_reasoning_share_of_fixed_length_output(http: httpx.Client, prompt: str)
     assert u["completion_tokens"] == 1024 and r["choices"][0]["finish_reason"] == "length"
     share = u["completion_tokens_details"]["reasoning_tokens"] / u["completion_tokens"]
     assert 0.50 <= share <= 0.68, share
+
+
+def test_include_reasoning_false_hides_text_not_tokens(http: httpx.Client) -> None:
+    body = {"messages": [{"role": "user", "content": "What is 12 * 11?"}], "reasoning_effort": "high",
+            "include_reasoning": False}
+    ns, st = _both(http, body)
+    assert ns["choice"]["message"]["reasoning"] is None and st["reasoning"] == ""
+    assert ns["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
+    assert "132" in ns["choice"]["message"]["content"] and st["content"] == ns["choice"]["message"]["content"]

@@ -9,6 +9,7 @@ the log file in vLLM's format.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import os
@@ -232,7 +233,8 @@ class SimApp:
                 err = engine_dead()
                 return _json(err.body(), status=err.status)
         forced = named or tool_choice == "required"
-        return _json(self._body(out, ids, keep_parallel, forced, finish, req_id, len(prompt_ids)))
+        return _json(self._body(out, ids, keep_parallel, forced, finish, req_id, len(prompt_ids),
+                                req.include_reasoning))
 
     def _prompt_ids(self, body: dict[str, Any]) -> list[int]:
         try:
@@ -247,14 +249,12 @@ class SimApp:
             # never see it, so the model thinks at its default length.
             body = {k: v for k, v in body.items() if k != "reasoning_effort"}
         plan = plan_response(body, tool_choice)
-        if not req.include_reasoning:
-            plan.reasoning = None
         return wire.build_output(plan, self.tok, wire.Limits(max_tokens, req.min_tokens, req.ignore_eos), self.opts)
 
     def _body(self, out: wire.Output, ids: list[str], keep_parallel: bool, forced: bool, finish: str, req_id: str,
-              prompt_tokens: int) -> str:
+              prompt_tokens: int, include_reasoning: bool) -> str:
         """The non-streaming response (``model_dump()`` of ChatCompletionResponse)."""
-        asm = wire.assemble(out, ids, keep_parallel)
+        asm = wire.assemble(out, ids, keep_parallel, include_reasoning)
         # Forced calls (required / named tool) report content "" rather than null.
         content_override = "" if (forced and asm.tool_calls and not asm.content) else None
         message = wire.message_json(asm, content_override, self.opts.reasoning_field)
@@ -270,7 +270,8 @@ class SimApp:
         opts = req.stream_options
         include_usage = bool(opts and opts.include_usage)
         renderer = wire.StreamRenderer(
-            out, req_id=seq.req_id, created=int(time.time()), model=self.names[0], opts=self.opts, ids=ids,
+            out, req_id=seq.req_id, created=int(time.time()), model=self.names[0],
+            opts=dataclasses.replace(self.opts, include_reasoning=req.include_reasoning), ids=ids,
             keep_parallel=keep_parallel, include_usage=include_usage,
             continuous=bool(opts and opts.continuous_usage_stats), prompt_tokens=prompt_tokens,
             fingerprint=self.fingerprint, reasoning_details=self.reasoning_parser, finish_reason=finish)

@@ -47,6 +47,8 @@ class WireOptions:
     invalid_tool_json: bool = False
     bad_tool_ids: bool = False
     reasoning_usage_missing: bool = False
+    #: Per request (``include_reasoning``): false drops the reasoning text; its tokens are still generated.
+    include_reasoning: bool = True
 
 
 @dataclass
@@ -173,7 +175,7 @@ class Assembled:
     reasoning_tokens: int
 
 
-def assemble(out: Output, ids: list[str], keep_parallel: bool) -> Assembled:
+def assemble(out: Output, ids: list[str], keep_parallel: bool, include_reasoning: bool = True) -> Assembled:
     """What the non-streaming response shows (all tokens parsed at once)."""
     content: list[str] = []
     reasoning: list[str] = []
@@ -198,7 +200,7 @@ def assemble(out: Output, ids: list[str], keep_parallel: bool) -> Assembled:
         text = "".join(args[idx]) + out.held.get(idx, "")
         calls.append({"id": ids[idx], "type": "function",
                       "function": {"name": out.call_names[idx], "arguments": text}})
-    r_text = "".join(reasoning) if saw_reasoning else None
+    r_text = "".join(reasoning) if saw_reasoning and include_reasoning else None
     c_text = "".join(content)
     # drop_whitespace_only_content_before_tools: whitespace before a tool call is not content.
     if calls and not c_text.strip():
@@ -293,7 +295,8 @@ class StreamRenderer:
 
         for kind, text, idx in self.out.tokens[self.pos:end]:
             if kind == REASON:
-                reasoning.append(text)
+                if self.opts.include_reasoning:
+                    reasoning.append(text)
                 self.reasoning_tokens += 1
             elif kind == CONTENT:
                 content.append(text)
