@@ -40,7 +40,7 @@ def test_records_only_while_active_and_renders_redacted() -> None:
     assert all(KEY not in t for t in texts)
     assert "authorization: Bearer ***" in texts[0] and '"api_key":"***"' in texts[0]
     assert '"data": [{"id": "ml4"}]' in texts[1] and '"echo": "sk-***"' in texts[1]
-    assert "streamed body" in texts[2]
+    assert 'data: {"choices": []}' in texts[2] and "data: [DONE]" in texts[2], "the SSE transcript is kept"
     assert "more characters" in texts[3] and len(texts[3]) < MAX_BODY + 1000
 
 
@@ -63,3 +63,23 @@ def test_hooks_the_client_inside_openai_sync_and_async() -> None:
         sync.close()
     assert len(rec.exchanges) == 2 and all(e.status == 200 for e in rec.exchanges)
     assert all(KEY not in e.render() for e in rec.exchanges)
+
+
+def test_async_and_openai_streams_are_teed() -> None:
+    rec = ExchangeRecorder()
+    with StubServer(ROUTES) as stub:
+        async def go() -> list[str]:
+            async with httpx.AsyncClient(base_url=stub.base_url + "/") as http:
+                rec.install(http)
+                rec.start()
+                async with http.stream("POST", "chat/completions", json={}) as resp:
+                    return [line async for line in resp.aiter_lines() if line]
+
+        lines = asyncio.run(go())
+        client = openai.OpenAI(base_url=stub.base_url, api_key=KEY, max_retries=0)
+        rec.install(client)
+        with client.chat.completions.create(model="ml4", messages=[], stream=True) as stream:
+            chunks = list(stream)
+        client.close()
+    assert lines == ['data: {"choices": []}', "data: [DONE]"] and len(chunks) == 1
+    assert [e.render().count("data: [DONE]") for e in rec.exchanges] == [1, 1]

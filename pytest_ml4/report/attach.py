@@ -4,13 +4,15 @@
   and response bodies, SSE transcripts, log excerpts, aiperf exports and plots; secrets are scrubbed first.
 * :class:`ExchangeRecorder` hooks an ``httpx`` client (also the one inside an ``openai`` client): while a check
   runs it keeps its requests and responses, and :meth:`ExchangeRecorder.attach` puts them into the report when
-  the check failed. Streamed bodies are not buffered (the stream probe's transcript covers them).
+  the check failed. Streamed (SSE) bodies are teed while the check reads them, up to :data:`MAX_BODY` bytes, so
+  the transcript of a failing stream is in the report too.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,7 @@ class Exchange:
     status: int | None = None
     response_headers: dict[str, str] = field(default_factory=dict)
     response: Any = None   # httpx.Response (or the openai SDK's httpx2 one)
+    streamed: bytearray | None = None  # what the check read of a streamed body
 
     def render(self) -> str:
         lines = [f"{self.method} {self.url}", *(f"{k}: {v}" for k, v in self.request_headers.items()), "",
@@ -66,12 +69,56 @@ class Exchange:
         return redact("\n".join(lines))
 
     def _response_body(self) -> str:
+        if self.streamed is not None:
+            return self.streamed.decode("utf-8", errors="replace") or "(stream not read)"
         if self.response is None:
             return ""
         try:
             return self.response.content.decode("utf-8", errors="replace")
         except Exception:  # noqa: BLE001 - ResponseNotRead of httpx or of the openai SDK's own httpx2 copy
             return "(streamed body: see the stream transcript attachment when the check made one)"
+
+
+def _tee_classes(response: Any) -> tuple[type, type]:
+    """Sync and async stream wrappers derived from the byte-stream bases of the response's own httpx package.
+
+    httpx only iterates streams that are instances of its ``SyncByteStream``/``AsyncByteStream``; the openai SDK
+    ships a fork (``httpx2``) with its own bases, so the wrappers are made per package.
+    """
+    package = sys.modules[type(response).__module__.split(".")[0]]
+    cached = _TEE_CACHE.get(package.__name__)
+    if cached:
+        return cached
+
+    class SyncTee(package.SyncByteStream):  # type: ignore[name-defined,misc]
+        def __init__(self, inner: Any, sink: bytearray) -> None:
+            self.inner, self.sink = inner, sink
+
+        def __iter__(self) -> Any:
+            for chunk in self.inner:
+                self.sink.extend(chunk[: max(0, MAX_BODY - len(self.sink))])
+                yield chunk
+
+        def close(self) -> None:
+            self.inner.close()
+
+    class AsyncTee(package.AsyncByteStream):  # type: ignore[name-defined,misc]
+        def __init__(self, inner: Any, sink: bytearray) -> None:
+            self.inner, self.sink = inner, sink
+
+        async def __aiter__(self) -> Any:
+            async for chunk in self.inner:
+                self.sink.extend(chunk[: max(0, MAX_BODY - len(self.sink))])
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    _TEE_CACHE[package.__name__] = (SyncTee, AsyncTee)
+    return SyncTee, AsyncTee
+
+
+_TEE_CACHE: dict[str, tuple[type, type]] = {}
 
 
 def _cut(text: str) -> str:
@@ -132,6 +179,11 @@ class ExchangeRecorder:
         for ex in reversed(self.exchanges):
             if ex.status is None and ex.url == str(resp.request.url) and ex.method == resp.request.method:
                 ex.status, ex.response_headers, ex.response = resp.status_code, dict(resp.headers), resp
+                if resp.headers.get("content-type", "").startswith("text/event-stream"):
+                    ex.streamed = bytearray()
+                    sync_tee, async_tee = _tee_classes(resp)
+                    tee = async_tee if hasattr(resp.stream, "__aiter__") else sync_tee
+                    resp.stream = tee(resp.stream, ex.streamed)
                 return
 
     def attach(self) -> int:
