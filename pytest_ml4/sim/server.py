@@ -206,7 +206,7 @@ class SimApp:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         try:
             body, req = parse_chat(await request.read())
-            tool_choice = check_request(req, self.ctx)
+            tool_choice = check_request(req, self.ctx, body)
             prompt_ids = self._prompt_ids(body)
             max_tokens, requested = resolve_max_tokens(req, len(prompt_ids), self.ctx)
             if self.faults.has("error_rate") and self.error_rng.random() < self.faults.value("error_rate"):

@@ -125,9 +125,11 @@ def parse_chat(raw: bytes) -> tuple[dict[str, Any], ChatRequest]:
     return body, req
 
 
-def check_request(req: ChatRequest, ctx: Context) -> Any:
+def check_request(req: ChatRequest, ctx: Context, raw: dict[str, Any] | None = None) -> Any:
     """vLLM's request-level checks; returns the resolved ``tool_choice``."""
-    if req.stream_options is not None and not req.stream:
+    # vLLM tests the raw value's truthiness (`data.get("stream_options") and not data.get("stream")`).
+    stream_options_given = bool(raw.get("stream_options")) if raw is not None else req.stream_options is not None
+    if stream_options_given and not req.stream:
         raise vllm_validation("Stream options can only be defined when `stream=True`.", "stream_options")
     if req.tools is not None and len(req.tools) == 0:
         raise vllm_validation("`tools` must not be an empty array. Either provide at least one tool or omit the "
