@@ -129,7 +129,7 @@ def ml4_dynamo_sim(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any
     state = _state(pytestconfig)
     dsim = DynamoSim(ml4_target, faults=getattr(state, "faults", ()), overrides=getattr(state, "overrides", None)
                      or None, log_file=ml4_run_dir / "dynamo" / os.environ.get("PYTEST_XDIST_WORKER", "main")
-                     / "frontend.log")
+                     / "engine.log")
     try:
         dsim.start()
     except Exception as err:  # noqa: BLE001 - the simulator's own error carries the log tail

@@ -35,7 +35,7 @@ MODEL = TARGET.serving.served_model_name
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DynamoSim, FakeKubeAPI]]:
-    dsim = DynamoSim(TARGET, log_file=tmp_path_factory.mktemp("dyn") / "frontend.log").start()
+    dsim = DynamoSim(TARGET, log_file=tmp_path_factory.mktemp("dyn") / "engine.log").start()
     api = serve_dynamo(dsim, NS, DGD)
     try:
         yield dsim, api

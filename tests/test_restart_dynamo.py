@@ -27,7 +27,7 @@ SYSTEM = {"role": "system", "content": " ".join(["Keep answers short and cite th
 
 
 def _start(target: Any, where: Path, **kw: Any) -> DynamoSim:
-    return DynamoSim(target, log_file=where / "frontend.log", **kw).start()
+    return DynamoSim(target, log_file=where / "engine.log", **kw).start()
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_session_affinity_pins_and_continuation_reuses_prefix(agg: DynamoSim) ->
     # Fresh sessions spread over both workers (round-robin among equal candidates).
     workers = {_chat(agg, f"fresh-{i}")["nvext"]["worker_id"]["decode_worker_id"] for i in range(4)}
     assert len(workers) == 2
-    log = agg.log_file.read_text()
+    log = agg.frontend_log.read_text()
     assert "session affinity hit: reusing pinned worker session_id=sess-a" in log
     assert "[ROUTING] Best: worker_" in log
 
@@ -142,7 +142,7 @@ def test_disagg_model_hidden_while_no_prefill_worker(tmp_path: Path) -> None:
         (prefill,) = dsim.workers_of("prefill")
         (decode,) = dsim.workers_of("decode")
         assert (wid["prefill_worker_id"], wid["decode_worker_id"]) == (prefill.instance_id, decode.instance_id)
-        assert "remote prefill done" in dsim.log_file.read_text()
+        assert "remote prefill done" in dsim.frontend_log.read_text()
         prefill.stop()
         deadline = time.monotonic() + 10
         listed = True

@@ -795,9 +795,11 @@ def _tail(path: Path, n: int = 30) -> str:
 class DynamoSim:
     """A simulated Dynamo deployment with the :class:`~pytest_ml4.sim.SimServer` interface plus its workers.
 
-    ``url``/``base_url``/``log_file``/``pid`` are the frontend's; ``workers`` are :class:`DynamoWorker` handles
-    (agg: ``topology.workers`` workers, at least 2 so routing and affinity mean something; disagg:
-    ``prefill_workers`` prefill + ``decode_workers`` decode), ``frontend`` the frontend process.
+    ``url``/``base_url``/``pid`` are the frontend's; ``log_file`` is the engine log of the first decode (agg: the
+    first) worker, so code that reads "the engine log" of a simulator judges a real engine's boot and KV lines; the
+    other workers log to ``<role>-<i>.log`` beside it and the frontend to ``frontend_log``. ``workers`` are
+    :class:`DynamoWorker` handles (agg: ``topology.workers`` workers, at least 2 so routing and affinity mean
+    something; disagg: ``prefill_workers`` prefill + ``decode_workers`` decode), ``frontend`` the frontend process.
     """
 
     def __init__(self, target: Target, *, port: int = 0, faults: Sequence[str] = (),
@@ -811,9 +813,11 @@ class DynamoSim:
             raise ValueError(f"target {target.name} is not served by Dynamo ({target.serving.stack})")
         self.target = target
         self.log_file = Path(log_file) if log_file else Path(os.environ.get("TMPDIR", "/tmp")) / \
-            f"ml4-dynamo-{os.getpid()}-{os.urandom(3).hex()}" / "frontend.log"
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        self.discovery_file = self.log_file.parent / "dynamo-discovery.json"
+            f"ml4-dynamo-{os.getpid()}-{os.urandom(3).hex()}" / "engine.log"
+        folder = self.log_file.parent
+        folder.mkdir(parents=True, exist_ok=True)
+        self.frontend_log = folder / "frontend.log"
+        self.discovery_file = folder / "dynamo-discovery.json"
         self.lock = threading.RLock()
         self._published: dict[int, dict[str, Any]] = {}
         roles: list[tuple[str, dict[str, Any] | None]] = []
@@ -827,12 +831,13 @@ class DynamoSim:
             roles += [("worker", overrides)] * (agg_workers or max(2, target.topology.workers))
         self.workers: list[DynamoWorker] = []
         counts: dict[str, int] = {}
+        primary = "decode" if target.topology.kind == "disagg" else "worker"
         for role, over in roles:
             i = counts[role] = counts.get(role, -1) + 1
-            server = SimServer(target, faults=tuple(faults), overrides=over or None, env=env,
-                               log_file=self.log_file.parent / f"{role}-{i}.log")
+            log = self.log_file if (role, i) == (primary, 0) else folder / f"{role}-{i}.log"
+            server = SimServer(target, faults=tuple(faults), overrides=over or None, env=env, log_file=log)
             self.workers.append(DynamoWorker(self, role, i, server))
-        self.frontend = FrontendProcess(target, self.discovery_file, self.log_file, port=port,
+        self.frontend = FrontendProcess(target, self.discovery_file, self.frontend_log, port=port,
                                         migration_limit=migration_limit, env=env)
 
     def __repr__(self) -> str:
@@ -877,7 +882,8 @@ class DynamoSim:
             except (httpx.HTTPError, ValueError) as err:
                 last = type(err).__name__
             time.sleep(0.1)
-        raise RuntimeError(f"Dynamo sim not serving after {timeout:.0f} s ({last}); log tail:\n{_tail(self.log_file)}")
+        raise RuntimeError(f"Dynamo sim not serving after {timeout:.0f} s ({last}); frontend log tail:\n"
+                           f"{_tail(self.frontend_log)}")
 
     def stop(self) -> None:
         self.frontend.stop()
