@@ -119,3 +119,16 @@ def test_containerfile_installs_through_the_project_scripts() -> None:
     assert "bash scripts/install.sh" in text and "ML4_TOOLS=" in text
     assert re.search(r"^USER \d+", text, re.MULTILINE), "runs as a non-root user"
     assert "ENTRYPOINT" in text and "--ml4-reports" in text
+
+
+def test_nightly_script_is_valid_bash_and_every_example_is_documented() -> None:
+    import subprocess
+
+    script = EXAMPLES / "nightly-sim.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True, check=False).returncode == 0
+    text = script.read_text()
+    assert "--sim" in text and "ml4-report compare" in text and "ml4-report generate" in text
+    readme = (EXAMPLES / "README.md").read_text()
+    for path in EXAMPLES.rglob("*"):
+        if path.is_file() and path.name != "README.md":
+            assert f"`{path.relative_to(EXAMPLES)}`" in readme, f"{path.name} is not described in examples/README.md"
