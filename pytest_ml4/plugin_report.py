@@ -101,7 +101,7 @@ def _ml4_state(config: pytest.Config) -> Any:
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
-    # trylast: the lead's pytest_configure has built the ml4 state and allure-pytest has set up its logger.
+    # trylast: plugin.py's pytest_configure has built the ml4 state and allure-pytest has set up its logger.
     config.stash[_STATE] = _ReportState()
     state = _ml4_state(config)
     if state is not None and state.target is not None:
@@ -116,8 +116,16 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_ControllerHooks(config), "ml4-report-controller")
 
 
+def _alluredir(config: pytest.Config) -> Path | None:
+    """The Allure results folder of this run (user's --alluredir or ours), None when Allure is off."""
+    value = getattr(config.option, "allure_report_dir", None)
+    return Path(value) if value else None
+
+
 def _wants_default_alluredir(config: pytest.Config, state: Any) -> bool:
-    if state is None or state.target is None or config.option.allure_report_dir:
+    if state is None or state.target is None or _alluredir(config) is not None:
+        return False
+    if not config.pluginmanager.hasplugin("allure_pytest"):  # -p no:allure_pytest
         return False
     if config.option.collectonly or getattr(config.option, "help", False) or getattr(config.option, "version", 0):
         return False
@@ -175,6 +183,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     state = _ml4_state(config)
     target = state.target.name if state is not None and state.target is not None else None
     rs = config.stash[_STATE]
+    allure_on = config.pluginmanager.hasplugin("allure_pytest")  # its marker is unknown under -p no:allure_pytest
     for item in items:
         names = {m.name for m in item.iter_markers()}
         func = getattr(item, "function", None)
@@ -182,10 +191,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         wanted = _labels.check_labels(target, names, item.path.name, original)
         present = {m.kwargs.get("label_type") for m in item.iter_markers("allure_label")}
         for key, value in wanted.items():
-            if key not in present:  # one style per label: never duplicate a decorator's label
+            if allure_on and key not in present:  # one style per label: never duplicate a decorator's label
                 item.add_marker(pytest.mark.allure_label(value, label_type=key))
         title = _labels.check_title(func, original)
-        if func is not None and not hasattr(func, "__allure_display_name__"):
+        if allure_on and func is not None and not hasattr(func, "__allure_display_name__"):
             # allure formats the title with the test's parameters; {param_id} shows which case this is.
             func.__allure_display_name__ = title + (" [{param_id}]" if hasattr(item, "callspec") else "")
         rs.labels[item.nodeid] = dict(wanted)
@@ -273,7 +282,7 @@ class _ControllerHooks:
 
     def _record_crash(self, report: pytest.TestReport) -> None:
         state = _ml4_state(self.config)
-        alluredir = self.config.option.allure_report_dir
+        alluredir = _alluredir(self.config)
         message = REDACTOR.redact_text(str(report.longrepr))
         run_dir = state.run_dir if state is not None else None
         labels, title, suite = _shared_labels(run_dir, report.nodeid)
@@ -285,7 +294,7 @@ class _ControllerHooks:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         state = _ml4_state(self.config)
-        alluredir = Path(self.config.option.allure_report_dir) if self.config.option.allure_report_dir else None
+        alluredir = _alluredir(self.config)
         run_dir = state.run_dir if state is not None and state.target is not None else None
         versions = _versions(state)
         if run_dir is not None:
@@ -310,7 +319,7 @@ class _ControllerHooks:
             seed_history(alluredir, prev / REPORT_DIRNAME if prev else None)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        alluredir = self.config.option.allure_report_dir
+        alluredir = _alluredir(self.config)
         state = _ml4_state(self.config)
         if not alluredir or state is None or state.run_dir is None:
             return

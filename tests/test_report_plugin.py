@@ -171,3 +171,16 @@ def test_crashed_xdist_worker_shows_as_broken(pytester: pytest.Pytester) -> None
     dead = next(c for c in summary["checks"] if c["nodeid"].endswith("test_worker_dies"))
     assert dead["outcome"] == "broken" and dead["categories"] == [CRASH]
     assert summary["tests"]["passed"] == 4
+
+
+def test_allure_can_be_switched_off_and_the_summary_stays(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_one="import pytest\n\n@pytest.mark.smoke\ndef test_one():\n    pass\n")
+    for flags in (["--ml4-no-allure"], ["-p", "no:allure_pytest", "-W", "error::pytest.PytestUnknownMarkWarning"]):
+        reports = pytester.path / ("r" + str(len(flags)))
+        result = pytester.runpytest_subprocess("--target", "rtxpro6000-tp8", "--ml4-reports", str(reports),
+                                               "-p", "no:cacheprovider", *flags)
+        result.assert_outcomes(passed=1)
+        (run_dir,) = list(reports.iterdir())
+        assert not (run_dir / "allure-results").exists(), flags
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["checks"][0]["suite"] == "smoke" and summary["tests"]["passed"] == 1
