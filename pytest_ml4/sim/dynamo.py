@@ -798,8 +798,8 @@ class DynamoSim:
     ``url``/``base_url``/``pid`` are the frontend's; ``log_file`` is the engine log of the first decode (agg: the
     first) worker, so code that reads "the engine log" of a simulator judges a real engine's boot and KV lines; the
     other workers log to ``<role>-<i>.log`` beside it and the frontend to ``frontend_log``. ``workers`` are
-    :class:`DynamoWorker` handles (agg: ``topology.workers`` workers, at least 2 so routing and affinity mean
-    something; disagg: ``prefill_workers`` prefill + ``decode_workers`` decode), ``frontend`` the frontend process.
+    :class:`DynamoWorker` handles (agg: ``topology.workers`` workers; disagg: ``prefill_workers`` prefill +
+    ``decode_workers`` decode), ``frontend`` the frontend process.
     """
 
     def __init__(self, target: Target, *, port: int = 0, faults: Sequence[str] = (),
@@ -828,7 +828,7 @@ class DynamoSim:
             roles += [("prefill", prefill_over)] * (prefill_workers or target.topology.prefill_workers)
             roles += [("decode", overrides)] * (decode_workers or target.topology.decode_workers)
         else:
-            roles += [("worker", overrides)] * (agg_workers or max(2, target.topology.workers))
+            roles += [("worker", overrides)] * (agg_workers or target.topology.workers)
         self.workers: list[DynamoWorker] = []
         counts: dict[str, int] = {}
         primary = "decode" if target.topology.kind == "disagg" else "worker"
