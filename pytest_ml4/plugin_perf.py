@@ -203,8 +203,11 @@ def ml4_perf_baseline(pytestconfig: pytest.Config, ml4_target: Target) -> Baseli
     path = _opt(pytestconfig, "ml4_perf_baseline", "ml4_perf_baseline") or ml4_target.perf.baseline
     if not path:
         return None
+    given = Path(str(path))
+    # A path the user typed is relative to the working directory; the target's is relative to the repository.
+    resolved = given if given.is_absolute() or given.exists() else ml4_target.resolve(str(path))
     try:
-        return Baseline.load(ml4_target.resolve(str(path)))
+        return Baseline.load(resolved)
     except BaselineError as err:
         raise pytest.UsageError(f"--perf-baseline: {err}") from None
 

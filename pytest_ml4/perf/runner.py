@@ -77,7 +77,9 @@ class AiperfSpec:
     server_metrics_url: str | None = None     # ``http://host:port/metrics``; None: --no-server-metrics
     headers: Mapping[str, str] = field(default_factory=dict)
     rate_workaround: bool = True              # --request-rate 1000 --arrival-pattern constant (§4.1)
-    random_seed: int | None = 42
+    # None: aiperf draws fresh prompts each run. A fixed seed repeats the same prompts in every run, and the
+    # engine's prefix cache then serves later points' prefills from cache (TTFT far too low).
+    random_seed: int | None = None
     request_timeout_s: float | None = None
     extra_args: Sequence[str] = ()
     aiperf_env: Mapping[str, str] = field(default_factory=dict)  # AIPERF_* switches (no secrets)
