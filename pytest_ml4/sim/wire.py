@@ -104,17 +104,7 @@ def build_output(plan: Plan, tok: SimTokenizer, limits: Limits, opts: WireOption
     wanted = limits.max_tokens if limits.ignore_eos else max(limits.min_tokens, 0)
     pad = max(0, min(wanted, limits.max_tokens) - natural)
     if pad:
-        fill = _fillers(tok)
-        r_pad = 0
-        if plan.reasoning is not None:
-            if plan.tool_calls:
-                r_pad = pad
-            else:
-                total = natural + pad
-                r_pad = min(pad, max(0, round(plan.reasoning_share * total) - 2 - len(r_pieces)))
-        c_pad = pad - r_pad
-        r_pieces += list(islice(cycle(fill.reasoning), r_pad))
-        c_pieces += list(islice(cycle(fill.content), c_pad))
+        _pad(plan, tok, r_pieces, c_pieces, natural, pad)
 
     r_kind = REASON if opts.reasoning_parser else CONTENT
     toks: list[tuple[int, str, int]] = []
@@ -152,6 +142,20 @@ def build_output(plan: Plan, tok: SimTokenizer, limits: Limits, opts: WireOption
         finish = "stop"
         toks.append((EOS, "", -1))
     return Output(toks, finish, held, [c.name for c in plan.tool_calls] if opts.tool_parser else [])
+
+
+def _pad(plan: Plan, tok: SimTokenizer, r_pieces: list[str], c_pieces: list[str], natural: int, pad: int) -> None:
+    """Extend thinking and answer with filler so the output has ``natural + pad`` tokens; the thinking part
+    gets the plan's reasoning share of the total (all of the padding before tool calls)."""
+    fill = _fillers(tok)
+    r_pad = 0
+    if plan.reasoning is not None:
+        if plan.tool_calls:
+            r_pad = pad
+        else:
+            r_pad = min(pad, max(0, round(plan.reasoning_share * (natural + pad)) - 2 - len(r_pieces)))
+    r_pieces += list(islice(cycle(fill.reasoning), r_pad))
+    c_pieces += list(islice(cycle(fill.content), pad - r_pad))
 
 
 def _mangle(args: str) -> str:
