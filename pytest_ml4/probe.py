@@ -99,6 +99,8 @@ class StreamResult:
     ids: list[str] = field(default_factory=list)
     models: list[str] = field(default_factory=list)
     system_fingerprint: str | None = None
+    #: "vllm": the usage chunk has ``choices: []``; "proxy": LiteLLM's ``choices: [{"delta": {}}]`` form.
+    usage_chunk_form: str = "vllm"
     done: bool = False
     violations: list[str] = field(default_factory=list)
 
@@ -304,7 +306,8 @@ class _Assembler:
         usage = data.get("usage")
         if usage:
             r.usage_history.append(usage)
-            if not choices:
+            final = not choices or self._proxy_usage_chunk(choices)
+            if final:
                 if self.usage_chunk_at is not None:
                     r.violations.append(f"chunk {n}: a second usage chunk")
                 self.usage_chunk_at = n
@@ -325,6 +328,15 @@ class _Assembler:
                 r.tokens_per_chunk.append(usage["completion_tokens"] - prev)
         if usage and isinstance(usage.get("completion_tokens"), int) and choices:
             self.prev_completion_tokens = usage["completion_tokens"]
+
+    def _proxy_usage_chunk(self, choices: list[Any]) -> bool:
+        # LiteLLM (1.108.7) re-frames vLLM's usage chunk as choices [{"index": 0, "delta": {}}] + usage, after
+        # the finish chunk. It carries nothing else, so it is accepted as the usage chunk and noted.
+        empty = all(isinstance(c, dict) and not c.get("delta") and c.get("finish_reason") is None for c in choices)
+        if empty and self.last_finish_at is not None and not self.continuous:
+            self.r.usage_chunk_form = "proxy"
+            return True
+        return False
 
     def _consistent(self, key: str, value: Any, seen: list[str], n: int) -> None:
         if value is None:

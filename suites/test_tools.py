@@ -14,11 +14,12 @@ import httpx
 import pytest
 import yaml
 
-from pytest_ml4.checks.chat import Answer, ChatSession, send_raw, user
+from pytest_ml4.checks.chat import Answer, ChatSession, send_raw, served_by_litellm, user
 from pytest_ml4.checks.protocol import assert_no_control_tokens, assert_rejected
 from pytest_ml4.checks.tools import (assert_arguments_valid, assert_mistral_tool_ids, assert_tool_choice_obeyed,
                                      load_tools, named, tool_name)
 from pytest_ml4.client import Endpoint
+from pytest_ml4.probe import StreamResult
 from pytest_ml4.targets import FIXTURES_DIR
 
 pytestmark = pytest.mark.tools
@@ -39,7 +40,8 @@ def check_calls(answer: Answer, tools: list[dict[str, Any]], tool_choice: Any, e
     """The checks every answer with tools gets; returns the parsed arguments."""
     where = answer.where
     assert_no_control_tokens(answer.message, where)
-    assert_tool_choice_obeyed(tool_choice, answer.message, answer.finish_reason, expect_tool, where)
+    assert_tool_choice_obeyed(tool_choice, answer.message, answer.finish_reason, expect_tool, where,
+                              answer.via_litellm)
     assert_mistral_tool_ids(answer.tool_calls, where)
     return assert_arguments_valid(answer.tool_calls, tools, where)
 
@@ -63,7 +65,8 @@ def test_tool_choice_is_obeyed(chat: ChatSession, choice: str, stream: bool) -> 
     answer = chat.ask(chat.body(user(spec["prompt"]), tools=TOOLSET, tool_choice=tool_choice), stream)
     if choice == "none":
         assert_no_control_tokens(answer.message, answer.where)
-        assert_tool_choice_obeyed("none", answer.message, answer.finish_reason, None, answer.where)
+        assert_tool_choice_obeyed("none", answer.message, answer.finish_reason, None, answer.where,
+                                  answer.via_litellm)
     else:
         check_calls(answer, TOOLSET, tool_choice, spec["expect_tool"])
 
@@ -139,7 +142,15 @@ def test_invalid_tool_requests_are_rejected(ml4_endpoint: Endpoint, http_client:
     if "tools_from" in spec["body"]:
         body["tools"] = load_tools(spec["body"]["tools_from"])
     resp = send_raw(http_client, body, stream)
-    assert_rejected(resp, spec["status"], spec["message_contains"], f"{case} ({'streamed' if stream else 'non-streamed'})")
+    what = f"{case} ({'streamed' if stream else 'non-streamed'})"
+    if served_by_litellm(resp.headers) and "via_litellm" in spec:
+        status = resp.status_code
+        assert status == spec["via_litellm"]["status"], f"{what} through LiteLLM: HTTP {status}"
+        if status == 200:
+            message = resp.message() if isinstance(resp, StreamResult) else resp.json()["choices"][0]["message"]
+            assert not message.get("tool_calls"), f"{what}: tools were dropped yet the model called {message}"
+        return
+    assert_rejected(resp, spec["status"], spec["message_contains"], what)
 
 
 def test_fixture_tools_cover_the_schema_shapes() -> None:

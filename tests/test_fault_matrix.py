@@ -12,11 +12,18 @@ a few minutes on two cores.
 from __future__ import annotations
 
 import fnmatch
+import secrets
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
+
+from pytest_ml4.proxy import LiteLLMProxy, ProxySettings
+from pytest_ml4.sim import SimServer
+from pytest_ml4.targets import load_target
+from pytest_ml4.tools import tools_dir
 
 REPO = Path(__file__).resolve().parent.parent
 SUITES = [str(REPO / "suites" / "test_tools.py"), str(REPO / "suites" / "test_reasoning.py")]
@@ -36,6 +43,19 @@ VALIDATION = ["test_invalid_tool_requests_are_rejected[*]", "test_invalid_reason
 STREAMED = ["*[stream]", "*-stream]"]
 NON_STREAMED = ["*[nonstream]", "*-nonstream]"]
 STREAMED_ANSWERS = TOOL_CALLING + REASONING
+
+
+# pytester restores sys.modules after each test; httpx imports httpcore lazily on first use, so a first use
+# inside a pytester test would leave later tests with a second copy whose exceptions httpx no longer maps.
+httpx.HTTPTransport().close()
+
+#: Resolved before pytester moves HOME: installed tools (LiteLLM, the tokenizer cache) stay where they are.
+TOOLS = str(tools_dir())
+
+
+@pytest.fixture(autouse=True)
+def _installed_tools(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ML4_TOOLS", TOOLS)
 
 
 @dataclass
@@ -144,3 +164,24 @@ def test_fault_is_detected_by_the_intended_tests(pytester: pytest.Pytester, tmp_
         assert hits, f"{case.name}: no test matches {pattern!r}"
         broken = [o.name for o in hits if o.status != "passed"]
         assert not broken, f"{case.name}: unrelated tests failed: {broken}"
+
+
+def test_suites_pass_behind_the_real_litellm_proxy(pytester: pytest.Pytester, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The RTX PRO deployment's real topology: the healthy simulator behind a real LiteLLM proxy.
+
+    LiteLLM re-frames the stream (``reasoning_content``, its own usage-chunk form, a named choice's finish
+    reason when not streaming, ``tool_choice`` dropped without tools); the suites must pass through it.
+    """
+    target = load_target(TARGET)
+    monkeypatch.setenv(target.endpoint.api_key_env, "sk-matrix-" + secrets.token_urlsafe(12))
+    with SimServer(target, overrides={"sim": {"ttft_s": 0.005, "itl_ms": 0.2}}, log_file=tmp_path / "sim.log") as sim, \
+            LiteLLMProxy(ProxySettings.from_target(target, backend_base_url=sim.base_url, num_retries=0),
+                         workdir=tmp_path / "proxy") as proxy:
+        junit = tmp_path / "junit.xml"
+        result = pytester.runpytest_subprocess(
+            *SUITES, "--target", TARGET, "--endpoint", proxy.base_url, "--ml4-reports", str(tmp_path / "reports"),
+            f"--junitxml={junit}", "-p", "no:randomly", timeout=300)
+    outcomes = read_junit(junit)
+    failed = [f"{o.name}: {o.text[:300]}" for o in outcomes if o.status != "passed"]
+    assert len(outcomes) >= 50 and not failed, "\n".join(failed) or result.stdout.str()[-2000:]

@@ -264,3 +264,17 @@ def test_async_probe_matches_the_sync_one() -> None:
         result = asyncio.run(run(srv.base_url))
     assert result.ok, result.describe()
     assert [(c.name, c.arguments) for c in result.tool_calls] == [("get_weather", '{"city": "Paris"}')]
+
+
+def test_litellm_usage_chunk_form_is_accepted() -> None:
+    # LiteLLM 1.108.7 (observed in front of the simulator): the usage chunk keeps an empty choice.
+    items = payloads("plain_content")
+    usage = json.loads(items[5])
+    usage["choices"] = [{"index": 0, "delta": {}}]
+    items[5] = json.dumps(usage)
+    result = parse_sse_lines(as_lines(items), request=USAGE)
+    assert result.violations == [] and result.usage_chunk_form == "proxy"
+    assert result.usage["completion_tokens"] == 4
+    # Before the finish chunk the same shape is not a usage chunk.
+    early = parse_sse_lines(as_lines(items[:4] + [items[5], items[4], items[6]]), request=USAGE)
+    assert any("usage chunk" in v for v in early.violations)
