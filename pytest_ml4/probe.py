@@ -206,6 +206,8 @@ class _SSEFramer:
         self._data: list[str] = []
         self._event: str | None = None
         self._t: float = 0.0
+        #: Lines that are not SSE at all (an HTML error page served with status 200), kept for quoting.
+        self.stray: list[str] = []
 
     def feed(self, line: str, t: float) -> list[tuple[float, str, str | None]]:
         out: list[tuple[float, str, str | None]] = []
@@ -224,6 +226,8 @@ class _SSEFramer:
             self._data.append(value)
         elif name == "event":
             self._event = value
+        elif name not in ("id", "retry"):
+            self.stray.append(line)
         return out
 
     def flush(self) -> list[tuple[float, str, str | None]]:
@@ -495,6 +499,8 @@ class _ProbeRun:
     def close(self) -> StreamResult:
         for item in self.framer.flush():
             self.asm.add(*item)
+        if self.framer.stray:
+            self.result.violations.append(f"non-SSE text in the stream: {_quote(' '.join(self.framer.stray))}")
         self.result.t_end = time.monotonic()
         self.asm.finish()
         return self.result

@@ -13,13 +13,17 @@ from typing import Any
 import httpx
 import pytest
 
+from pytest_ml4.checks.chat import ask
 from pytest_ml4.checks.protocol import (Assembled, assert_no_control_tokens, assert_rejected,
                                         assert_stream_equals_non_stream, error_message)
 from pytest_ml4.checks.reasoning import (assert_reasoning_separated, assert_reasoning_tokens_agree, count_tokens,
                                          reasoning_share)
 from pytest_ml4.checks.tools import (assert_arguments_valid, assert_mistral_tool_ids, assert_tool_choice_obeyed,
                                      is_mistral_tool_id, load_tool, named)
+from pytest_ml4.client import Endpoint, make_httpx, make_openai
 from pytest_ml4.probe import parse_sse_text
+
+from ml4_http_stub import Scripted, StubServer
 
 PROBE = Path(__file__).resolve().parent.parent / "fixtures" / "probe"
 
@@ -127,3 +131,14 @@ def test_rejection_shapes_of_each_stack() -> None:
         assert_rejected(accepted, 400, "tools", "x")
     with pytest.raises(AssertionError, match="HTTP 500, expected 400"):
         assert_rejected(httpx.Response(500, request=req, json={"error": {"message": "boom"}}), 400, "tools", "x")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("ctype, body", [("text/html", b"<html><h1>Sign in</h1></html>"),
+                                         ("application/json", b'{"id": "x", "choices": [')])
+def test_non_json_answers_fail_quoting_the_body(ctype: str, body: bytes, stream: bool) -> None:
+    with StubServer({"/v1/chat/completions": Scripted(200, ctype, [body])}) as srv:
+        ep = Endpoint(srv.base_url, api_key="k", model="m")
+        with make_openai(ep) as oai, make_httpx(ep) as http, pytest.raises(AssertionError) as info:
+            ask(oai, http, {"model": "m", "messages": []}, stream)
+    assert body.decode()[:20] in str(info.value) and ctype in str(info.value)

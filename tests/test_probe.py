@@ -250,6 +250,7 @@ def test_live_probe_reports_wrong_content_type_and_truncation() -> None:
         html = probe_chat_stream(http, {"messages": []})
         cut = probe_chat_stream(http, {"messages": []}, path="/cut")
     assert any("content-type 'text/html'" in v for v in html.violations)
+    assert "non-SSE text in the stream: '<html>gateway</html>'" in html.violations
     assert any("is not JSON" in v or "no events" in v or "without" in v for v in html.violations)
     assert cut.transport_error is not None and cut.content == "Hello world"
     assert "stream ended without 'data: [DONE]'" in cut.violations

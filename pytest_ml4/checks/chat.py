@@ -17,7 +17,7 @@ import httpx
 import openai
 
 from pytest_ml4.checks.protocol import Assembled, assert_stream_clean, assert_stream_equals_non_stream
-from pytest_ml4.client import explain_openai_error
+from pytest_ml4.client import explain_openai_error, quote_body
 from pytest_ml4.probe import StreamResult, probe_chat_stream
 
 #: Request fields the openai SDK's ``chat.completions.create`` takes as keyword arguments.
@@ -82,6 +82,12 @@ def ask(openai_client: openai.OpenAI, http_client: httpx.Client, body: dict[str,
         completion = raw.parse()
     except openai.APIError as err:
         raise AssertionError(f"non-streamed request failed: {explain_openai_error(err)}") from None
+    except ValueError:  # a 200 whose body is not JSON (truncated, an HTML page with a JSON content type)
+        completion = None
+    if not hasattr(completion, "model_dump"):
+        # The SDK hands back a plain string for a non-JSON content type (a gateway's HTML page).
+        raise AssertionError(f"non-streamed answer is not a chat completion (HTTP {raw.status_code}, content-type "
+                             f"{raw.headers.get('content-type', 'none')}): {quote_body(raw.text)}")
     data = completion.model_dump()
     choice = data["choices"][0]
     return Answer(False, choice["message"], choice.get("finish_reason"), data.get("usage"),
