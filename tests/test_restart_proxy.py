@@ -68,9 +68,14 @@ def test_without_retries_the_no_client_error_check_fails_with_the_proxy_error(si
     assert check_client_errors(run, allowed=True)
 
 
+#: Seed 000 open item 2 asks for 2-3 retries; the upper end keeps the retry window (~10 s of LiteLLM backoff) wider
+#: than a simulator restart on a CI machine whose two cores are busy with other tests.
+CI_RETRIES = 3
+
+
 def test_with_retries_every_request_succeeds_and_retries_are_counted(sim: SimServer, key: str,
                                                                      tmp_path: Path) -> None:
-    run = _restart_through(sim, key, 2, tmp_path)
+    run = _restart_through(sim, key, CI_RETRIES, tmp_path)
     assert run.restart is not None, run.report()
     assert check_client_errors(run, allowed=False) == []
     assert retries_seen(run) > 0, run.report()
