@@ -44,6 +44,7 @@ def test_url_encoded_key_is_masked() -> None:
     ('{"api_key": "s3cr3tvalue"}', '{"api_key": "***"}'),
     ("GET /v1/models?api_key=s3cr3tvalue&x=1", "GET /v1/models?api_key=***&x=1"),
     ("x-api-key: s3cr3tvalue", "x-api-key: ***"),
+    ("{'api_key': ['s3cr3tvalue']}", "{'api_key': ['***']}"),
     ("https://user:p4ss@host:8000/v1", "https://***@host:8000/v1"),
 ])
 def test_secret_shapes_are_masked_without_being_known(text: str, kept: str) -> None:
@@ -110,7 +111,7 @@ def test_truncated_fragments_of_a_long_key_are_masked() -> None:
 
 
 @pytest.mark.parametrize("text", [
-    "args: {'api_key': '[redacted]'}", "api_key=None", '"api_key": null', "api_key: ***",
+    "args: {'api_key': '[redacted]'}", "args: {'api_key': ['[redacted]']}", "api_key=None", "password: x", '"api_key": null', "api_key: ***",
     "export LLM_API_KEY; curl -H \"x-api-key: ${LLM_API_KEY}\"", "api_key=$LLM_API_KEY",
 ])
 def test_placeholders_are_not_leaks(text: str) -> None:

@@ -202,7 +202,8 @@ def format_table(comp: Comparison) -> str:
     body = [(r.scope, r.subject, _fmt(r.reference), _fmt(r.latest), r.change,
              "REGRESSION" if r.regressed else "ok") for r in comp.rows]
     if not body:
-        return "\n".join(head + ["nothing to compare (no previous run with the same figures and no baseline)"])
+        why = "no previous run of this target" if comp.previous is None else "the previous run has no figures in common"
+        return "\n".join(head + [f"nothing to compare: {why}, and no perf figures to hold against a baseline"])
     widths = [max(len(str(x)) for x in col) for col in zip(cols, *body)]
     lines = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in (cols, *body)]
     lines.insert(1, "  ".join("-" * w for w in widths))

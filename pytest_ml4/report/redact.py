@@ -38,7 +38,8 @@ _KEY_NAMES = r"(?:x-)?api[_-]?key|access[_-]?token|auth[_-]?token|refresh[_-]?to
 # Values that are already masks or empty placeholders (vLLM logs "api_key': '[redacted]'") are not secrets.
 _PLACEHOLDER = r"(?:\*\*\*|\[redacted\]|<redacted>|redacted\b|none\b|null\b|\$\{?[A-Za-z_])"
 _PAIR_RE = re.compile(
-    r"(?i)(?<![A-Za-z0-9_])((?:" + _KEY_NAMES + r")[\"']?\s*[:=]\s*[\"']?)(?!" + _PLACEHOLDER + r")([^\"'\s,&;}]+)"
+    r"(?i)(?<![A-Za-z0-9_])((?:" + _KEY_NAMES + r")[\"']?\s*[:=]\s*\[?\s*[\"']?)(?!" + _PLACEHOLDER
+    + r")([^\"'\s,&;}\]]{4,})"
 )
 _USERINFO_RE = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@:]+:[^/\s@]+@")
 _SENSITIVE_KEY_RE = re.compile(r"(?i)^(?:authorization|proxy-authorization|cookie|set-cookie|" + _KEY_NAMES + r")$")
