@@ -104,7 +104,7 @@ def test_in_flight_streams_end_detectably(streams_run: RestartRun, record_proper
         print("  " + s.line())
 
 
-def test_new_requests_during_restart(requests_run: RestartRun, ml4_target: Target, ml4_proxy: Any,
+def test_new_requests_during_restart(requests_run: RestartRun, ml4_target: Target, ml4_restart_endpoint: Any,
                                      record_property: Any) -> None:
     """New requests during the restart succeed where the target allows no client error (a proxy retries them)."""
     check_restart_finished(requests_run)
@@ -116,7 +116,7 @@ def test_new_requests_during_restart(requests_run: RestartRun, ml4_target: Targe
     record_property("litellm_attempted_retries", retries)
     print(f"{len(requests_run.requests)} requests during the restart, {len(failed)} failed, "
           f"x-litellm-attempted-retries total {retries}")
-    if ml4_proxy is not None and not allowed:
+    if ml4_restart_endpoint.proxy and not allowed:
         # Every request succeeded: prove they really crossed the outage (else the check measured nothing).
         assert retries > 0, ("no request needed a retry: none was sent while the engine was down, so the "
                              "no-client-error check proved nothing\n" + requests_run.report())

@@ -8,7 +8,7 @@ semantics (shared/reference/dynamo.md §11):
 * ``GET`` / ``DELETE /api/v1/namespaces/{ns}/pods/{name}`` with ``Status`` bodies for 404;
 * ``GET /api/v1/namespaces/{ns}/pods/{name}/log`` with ``container``, ``previous``, ``sinceSeconds``, ``tailLines``,
   ``timestamps``: plain text, lines stamped when the "container runtime" read them from the process's log file;
-* ``GET /apis/nvidia.com/v1beta1/namespaces/{ns}/dynamographdeployments[/{name}]`` with ``status``.
+* ``GET /apis/nvidia.com/v1beta1/namespaces/{ns}/dynamographdeployments/{name}`` with ``status``.
 
 Behind every pod is a process handle (duck-typed: ``restart()`` blocking until it serves, or ``stop()`` and
 ``start()``; ``alive()``; ``log_file``). The scripted operator does what Grove + the Dynamo operator do: deleting a pod removes it, creates a
@@ -413,13 +413,6 @@ class FakeKubeAPI:
                         if stamp else "") + s + "\n" for t, s in lines)
         return web.Response(text=text, content_type="text/plain")
 
-    async def _list_dgds(self, request: web.Request) -> web.Response:
-        ns = request.match_info["ns"]
-        with self._lock:
-            items = [o for (n, _), o in self.dgds.items() if n == ns]
-            return web.json_response({"apiVersion": "nvidia.com/v1beta1", "kind": "DynamoGraphDeploymentList",
-                                      "metadata": {}, "items": items})
-
     async def _get_dgd(self, request: web.Request) -> web.Response:
         ns, name = request.match_info["ns"], request.match_info["name"]
         with self._lock:
@@ -442,7 +435,6 @@ class FakeKubeAPI:
         app.router.add_get(pods + "/{name}", self._get_pod)
         app.router.add_delete(pods + "/{name}", self._delete_pod)
         app.router.add_get(pods + "/{name}/log", self._pod_log)
-        app.router.add_get(dgd, self._list_dgds)
         app.router.add_get(dgd + "/{name}", self._get_dgd)
         return app
 
