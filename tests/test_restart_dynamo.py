@@ -143,6 +143,10 @@ def test_disagg_model_hidden_while_no_prefill_worker(tmp_path: Path) -> None:
         (decode,) = dsim.workers_of("decode")
         assert (wid["prefill_worker_id"], wid["decode_worker_id"]) == (prefill.instance_id, decode.instance_id)
         assert "remote prefill done" in dsim.frontend_log.read_text()
+        metrics = httpx.get(dsim.url + "/metrics", timeout=5).text
+        for worker, kind in ((prefill, "prefill"), (decode, "decode")):
+            assert (f'dynamo_frontend_worker_last_input_sequence_tokens{{dp_rank="0",worker_id="{worker.instance_id}",'
+                    f'worker_type="{kind}"}}') in metrics
         prefill.stop()
         deadline = time.monotonic() + 10
         listed = True
@@ -157,3 +161,20 @@ def test_disagg_model_hidden_while_no_prefill_worker(tmp_path: Path) -> None:
         dsim.wait_serving(30)
     finally:
         dsim.stop()
+
+
+def test_frontend_without_workers_is_not_ready(tmp_path: Path) -> None:
+    from pytest_ml4.sim.dynamo import FrontendProcess
+
+    discovery = tmp_path / "discovery.json"
+    discovery.write_text(json.dumps({"instances": []}))
+    fe = FrontendProcess(AGG, discovery, tmp_path / "frontend.log")
+    fe.start()
+    try:
+        health = httpx.get(fe.url + "/health", timeout=5)
+        assert health.status_code == 503
+        assert health.json() == {"status": "not_ready", "stage": "discovery", "message": "Service is not ready"}
+        assert httpx.get(fe.url + "/live", timeout=5).status_code == 200
+        assert httpx.get(fe.url + "/v1/models", timeout=5).json() == {"object": "list", "data": []}
+    finally:
+        fe.stop()

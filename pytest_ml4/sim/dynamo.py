@@ -132,6 +132,9 @@ class Frontend:
         self.m_ctx = Gauge(p + "model_context_length", "context", ["model"], registry=r)
         self.m_seqs = Gauge(p + "model_max_num_seqs", "max seqs", ["model"], registry=r)
         self.m_router = Counter("dynamo_component_router_requests", "router requests", ["model"], registry=r)
+        # Per-worker gauges (dynamo.md §4.1): with worker_type prefill and decode they show the disagg handoff.
+        self.m_worker_isl = Gauge(p + "worker_last_input_sequence_tokens", "last ISL per worker",
+                                  ["worker_id", "dp_rank", "worker_type"], registry=r)
         self.m_mig_limit.labels(self.model).set(self.migration_limit)
         self.m_block.labels(self.model).set(self.block_size)
         self.m_ctx.labels(self.model).set(self.target.engine.max_model_len)
@@ -360,6 +363,7 @@ class ChatHandler:
                 continue
             self.fe.stored(self.prefill, self.hashes)
             prompt = (data.get("usage") or {}).get("prompt_tokens")
+            self.fe.m_worker_isl.labels(str(self.prefill.instance_id), "0", "prefill").set(float(prompt or 0))
             self.engine_cached = ((data.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
             self.fe.log("INFO", "dynamo_llm::kv_router::prefill_router",
                         f"remote prefill done request_id={self.request_id} prefill_worker_id="
@@ -376,7 +380,9 @@ class ChatHandler:
         inst, overlap = got
         if not self.fe.disagg:
             self.cached_tokens = overlap * self.fe.block_size
-        else:
+        self.fe.m_worker_isl.labels(str(inst.instance_id), "0", "decode").set(float(len(self.hashes) *
+                                                                                    self.fe.block_size))
+        if self.fe.disagg:
             self.fe.log("INFO", "dynamo_llm::kv_router::prefill_router",
                         f"kv handoff request_id={self.request_id} prefill_worker_id="
                         f"{self.prefill.instance_id if self.prefill else None} decode_worker_id={inst.instance_id}")
