@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ml4.report.categories import categorize, load_categories
 from pytest_ml4.report.history import extract_history
 from pytest_ml4.report.html import embedded_files
 from pytest_ml4.tools import tools_dir
 
 # pytester points HOME at a temporary folder; the installed tools stay where the install step put them.
 TOOLS = tools_dir()
+GATE, PROTOCOL, _, _, DEFECT = (c["name"] for c in load_categories())
 
 CHECKS = textwrap.dedent('''
     import os
@@ -35,7 +37,22 @@ CHECKS = textwrap.dedent('''
     @pytest.mark.parametrize("conc", [1, 4])
     def test_parallel_tool_calls(conc):
         pass
+
+    @pytest.mark.smoke
+    def test_stream_grammar():
+        assert os.environ.get("ML4_TEST_TTFT", "1.0") == "1.0", "stream grammar: finish_reason sent twice"
+
+    @pytest.mark.tools
+    def test_tool_arguments_parse():
+        if os.environ.get("ML4_TEST_TTFT", "1.0") != "1.0":
+            raise KeyError("choices")
 ''')
+
+
+def _leaves(node: dict) -> list[dict]:
+    """Test entries under a report tree node (Allure groups a category's tests by message first)."""
+    kids = node.get("children")
+    return [leaf for k in kids for leaf in _leaves(k)] if kids else [node]
 
 
 def _offline(cmd: list[str]) -> list[str]:
@@ -59,12 +76,12 @@ def test_report_generated_offline_renders_the_run(pytester: pytest.Pytester,
     pytester.makepyfile(test_checks=CHECKS)
     reports = pytester.path / "reports"
     args = ("--target", "rtxpro6000-tp8", "--ml4-reports", str(reports), "-p", "no:cacheprovider")
-    pytester.runpytest_subprocess(*args).assert_outcomes(passed=4)
+    pytester.runpytest_subprocess(*args).assert_outcomes(passed=6)
     (first,) = sorted(p for p in reports.iterdir() if p.is_dir())
     _generate(first)
 
     monkeypatch.setenv("ML4_TEST_TTFT", "3.1")  # the second night regresses: one gate fails
-    pytester.runpytest_subprocess(*args).assert_outcomes(passed=3, failed=1)
+    pytester.runpytest_subprocess(*args).assert_outcomes(passed=3, failed=3)
     second = max(p for p in reports.iterdir() if p.is_dir())
     out = _generate(second, "--render").stdout
     assert f"history from {first / 'allure-report'}" in out
@@ -85,11 +102,18 @@ def test_report_generated_offline_renders_the_run(pytester: pytest.Pytester,
         assert text in overview, f"overview lacks {text!r}"
     titles = {r["name"] for r in (json.loads(p.read_text()) for p in (second / "allure-results").glob("*-result.json"))}
     assert titles == {"The engine reports healthy", "Ttft gate", "Parallel tool calls [1]",
-                      "Parallel tool calls [4]"}
+                      "Parallel tool calls [4]", "Stream grammar", "Tool arguments parse"}
     assert titles <= set(seen["tree_names"]), "every test of the run is in the rendered tree"
     assert {"rtxpro6000-tp8", "Performance gates", "Tool calling"} <= set(seen["tree_names"])
     for shot in ("report-overview.png", "report-behaviors.png"):
         data = (second / shot).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
-    statuses = {tc["name"]: tc["status"] for tc in embedded_files(index, "data/test-cases/").values()}
-    assert statuses["Ttft gate"] == "failed" and statuses["The engine reports healthy"] == "passed"
+    cases = {tc["name"]: tc for tc in embedded_files(index, "data/test-cases/").values()}
+    assert cases["Ttft gate"]["status"] == "failed" and cases["The engine reports healthy"]["status"] == "passed"
+    # Allure's own (Java) category matching agrees with categorize(), which the run summary uses.
+    shown = {leaf["name"]: cat["name"] for cat in embedded_files(index)["data/categories.json"]["children"]
+             for leaf in _leaves(cat)}
+    predicted = {name: categorize(tc["status"], tc.get("statusMessage"), tc.get("statusTrace"))
+                 for name, tc in cases.items() if tc["status"] in ("failed", "broken")}
+    assert {n: [c] for n, c in shown.items()} == predicted
+    assert set(shown.values()) == {GATE, PROTOCOL, DEFECT}

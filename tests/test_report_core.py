@@ -95,6 +95,7 @@ def test_engine_version_unreachable_gives_none() -> None:
 @pytest.mark.parametrize("status, message, expected", [
     ("failed", "AssertionError: gate TTFT p50 2.4 s exceeds 2.0 s at c32", GATE),
     ("failed", "AssertionError: decode tok/s/user 41 below the Dynamo gate 50", GATE),
+    ("failed", "AssertionError: [FAIL] errors: c4 2 failed request(s), error rate 5.00 % (max 0 %)", GATE),
     ("failed", "AssertionError: stream grammar: finish_reason sent twice", PROTOCOL),
     ("failed", "AssertionError: tool_calls[0].function.arguments is not JSON", PROTOCOL),
     ("broken", "httpx.ConnectError: [Errno 111] Connection refused", UNREACHABLE),
