@@ -84,6 +84,9 @@ def test_executor_from_each_ci(ci: str, tmp_path: Path) -> None:
 def test_executor_outside_ci_is_local() -> None:
     ex = executor_from_env({})
     assert ex["type"] == "local" and "buildOrder" not in ex
+    pod = executor_from_env({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "HOSTNAME": "ml4-gate-x7k2p",
+                             "ML4_NAMESPACE": "llm"})
+    assert pod["type"] == "kubernetes" and pod["buildName"] == "ml4-gate-x7k2p in llm"
 
 
 def test_engine_version_unreachable_gives_none() -> None:

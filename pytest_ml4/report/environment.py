@@ -126,7 +126,7 @@ def read_environment(path: Path) -> dict[str, str]:
 
 
 def executor_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Allure ``executor.json`` content for the CI this runs in (GitHub Actions, GitLab CI, Jenkins, else local)."""
+    """Allure ``executor.json`` for where this runs: GitHub Actions, GitLab CI, Jenkins, a Kubernetes Job, else local."""
     env = os.environ if env is None else env
     if env.get("GITHUB_ACTIONS") == "true":
         server = env.get("GITHUB_SERVER_URL", "https://github.com")
@@ -145,6 +145,11 @@ def executor_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
               "buildOrder": _int(env.get("BUILD_NUMBER")),
               "buildName": env.get("BUILD_TAG") or f"{env.get('JOB_NAME', 'job')} #{env.get('BUILD_NUMBER', '?')}",
               "buildUrl": env.get("BUILD_URL", "")}
+    elif env.get("KUBERNETES_SERVICE_HOST"):
+        # In-cluster Job (examples/kubernetes): the pod name says which Job run this was.
+        pod = env.get("HOSTNAME", "")
+        ex = {"name": "Kubernetes Job", "type": "kubernetes",
+              "buildName": f"{pod} in {env.get('ML4_NAMESPACE', 'cluster')}" if pod else "in-cluster run"}
     else:
         ex = {"name": "local", "type": "local", "buildName": f"local run on {platform.node()}"}
     if env.get("ML4_REPORT_URL"):  # where CI publishes the HTML; Allure links trend points to it
