@@ -103,6 +103,7 @@ def test_metric_labels_and_values_follow_traffic(keyed: SimServer) -> None:
 
 # --------------------------------------------------------------------------- log lines
 def test_log_has_boot_server_and_uvicorn_lines(keyed: SimServer) -> None:
+    httpx.post(keyed.base_url + "/chat/completions", json=CHAT, headers=_auth())
     text = keyed.log_file.read_text()
     assert "Using fp8 data type to store kv cache." in text
     assert re.search(r"Available KV cache memory: [\d.]+ GiB", text)

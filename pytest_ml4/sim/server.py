@@ -314,12 +314,13 @@ class SimApp:
 
     # ------------------------------------------------------------------ engine death
     def _crash(self, step_tokens: int) -> None:
-        if step_tokens < self.boot.crash_min_step_tokens:
+        # Chunked prefill: one step never schedules more than max_num_batched_tokens.
+        if min(step_tokens, self.target.engine.max_num_batched_tokens) < self.boot.crash_min_step_tokens:
             return
-        for line in self.boot.crash_lines:
-            self.log.raw(line)
         self.log.raw(vllm_line("EngineCore", self.log.pid, "ERROR", "core.py", 1056,
                                "EngineCore encountered a fatal error."))
+        for line in self.boot.crash_lines:
+            self.log.raw(line)
         self.log.api("ERROR", "async_llm.py", 541, "AsyncLLM output_handler failed.")
         self.log.raw(vllm_line("APIServer", self.log.pid, "ERROR", "core_client.py", 610,
                                "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup"))
