@@ -260,7 +260,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
 
 def _scrub_report(report: pytest.TestReport) -> None:
     """Redact exception text, captured output and user properties of a report (console and JUnit XML)."""
-    if report.longrepr is not None:
+    if isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+        # A skip: pytest's summary needs the (path, line, reason) tuple, so only the reason is scrubbed.
+        path, line, reason = report.longrepr
+        report.longrepr = (path, line, REDACTOR.redact_text(str(reason)))
+    elif report.longrepr is not None:
         text = str(report.longrepr)
         if REDACTOR.find_leaks(text):
             report.longrepr = REDACTOR.redact_text(text)

@@ -43,6 +43,10 @@ CHECKS = textwrap.dedent('''
         pass
 
     @pytest.mark.reasoning
+    def test_skip_with_key():
+        pytest.skip(f"endpoint refused key {KEY}")
+
+    @pytest.mark.reasoning
     def test_leaky(record_property):
         logging.getLogger("ml4.test").warning("sending Authorization: Bearer %s", KEY)
         print("headers:", {"Authorization": "Bearer " + KEY})
@@ -75,7 +79,8 @@ def test_single_process_run_writes_a_complete_redacted_report(pytester: pytest.P
     junit = pytester.path / "junit.xml"
     result = pytester.runpytest_subprocess("--target", "rtxpro6000-tp8", "--ml4-reports", str(reports),
                                            f"--junitxml={junit}", "-rA", "--log-level=INFO", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=3, failed=3)
+    result.assert_outcomes(passed=3, failed=3, skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_checks.py:*: endpoint refused key [*][*][*]"])
     (run_dir,) = [p for p in reports.iterdir() if p.is_dir()]
     alluredir = run_dir / "allure-results"
     result.stdout.fnmatch_lines([f"ml4 report: Allure results in {alluredir}; HTML: ml4-report generate {run_dir}"])
@@ -88,7 +93,7 @@ def test_single_process_run_writes_a_complete_redacted_report(pytester: pytest.P
 
     by_name = {r["name"]: r for r in _results(alluredir)}
     assert set(by_name) == {"The engine reports healthy", "Ttft gate", "Tool arguments are json",
-                            "Burst [1]", "Burst [2]", "Leaky"}
+                            "Burst [1]", "Burst [2]", "Leaky", "Skip with key"}
     health = by_name["The engine reports healthy"]
     assert _labels(health, "epic") == ["rtxpro6000-tp8"]
     assert _labels(health, "feature") == ["Smoke: the endpoint serves the model"]
@@ -102,7 +107,7 @@ def test_single_process_run_writes_a_complete_redacted_report(pytester: pytest.P
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["target"] == "rtxpro6000-tp8" and summary["exit_status"] == 1
-    assert summary["tests"] == {"total": 6, "passed": 3, "failed": 2, "broken": 1, "skipped": 0}
+    assert summary["tests"] == {"total": 7, "passed": 3, "failed": 2, "broken": 1, "skipped": 1}
     checks = {c["nodeid"].split("::")[1]: c for c in summary["checks"]}
     assert checks["test_ttft_gate"]["categories"] == [GATE]
     assert checks["test_leaky"]["categories"] == [PROTOCOL]
