@@ -253,7 +253,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
         exc = call.excinfo.value if call.excinfo is not None else None
         # allure-pytest's rule: assertion failures are "failed" (a verdict), anything else is "broken".
         verdict = isinstance(exc, (AssertionError, pytest.fail.Exception))
-        report.ml4_status = "failed" if verdict and report.when == "call" else "broken"
+        report.ml4_status = "failed" if verdict else "broken"
     _scrub_report(report)
     return report
 

@@ -42,6 +42,14 @@ CHECKS = textwrap.dedent('''
     def test_burst(conc):
         pass
 
+    @pytest.fixture
+    def healthy_endpoint():
+        assert False, "health gate: /health answered 503"
+
+    @pytest.mark.smoke
+    def test_needs_healthy(healthy_endpoint):
+        pass
+
     @pytest.mark.reasoning
     def test_skip_with_key():
         pytest.skip(f"endpoint refused key {KEY}")
@@ -79,7 +87,7 @@ def test_single_process_run_writes_a_complete_redacted_report(pytester: pytest.P
     junit = pytester.path / "junit.xml"
     result = pytester.runpytest_subprocess("--target", "rtxpro6000-tp8", "--ml4-reports", str(reports),
                                            f"--junitxml={junit}", "-rA", "--log-level=INFO", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=3, failed=3, skipped=1)
+    result.assert_outcomes(passed=3, failed=3, skipped=1, errors=1)
     result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_checks.py:*: endpoint refused key [*][*][*]"])
     (run_dir,) = [p for p in reports.iterdir() if p.is_dir()]
     alluredir = run_dir / "allure-results"
@@ -93,7 +101,7 @@ def test_single_process_run_writes_a_complete_redacted_report(pytester: pytest.P
 
     by_name = {r["name"]: r for r in _results(alluredir)}
     assert set(by_name) == {"The engine reports healthy", "Ttft gate", "Tool arguments are json",
-                            "Burst [1]", "Burst [2]", "Leaky", "Skip with key"}
+                            "Burst [1]", "Burst [2]", "Leaky", "Skip with key", "Needs healthy"}
     health = by_name["The engine reports healthy"]
     assert _labels(health, "epic") == ["rtxpro6000-tp8"]
     assert _labels(health, "feature") == ["Smoke: the endpoint serves the model"]
@@ -104,16 +112,19 @@ def test_single_process_run_writes_a_complete_redacted_report(pytester: pytest.P
     assert _labels(by_name["Burst [1]"], "feature") == ["Hand-picked feature"], "a decorator's label is kept, once"
     assert by_name["Tool arguments are json"]["status"] == "broken"
     assert by_name["Ttft gate"]["status"] == "failed"
+    assert by_name["Needs healthy"]["status"] == "failed", "an assertion in a fixture is a verdict too"
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["target"] == "rtxpro6000-tp8" and summary["exit_status"] == 1
-    assert summary["tests"] == {"total": 7, "passed": 3, "failed": 2, "broken": 1, "skipped": 1}
+    assert summary["tests"] == {"total": 8, "passed": 3, "failed": 3, "broken": 1, "skipped": 1}
     checks = {c["nodeid"].split("::")[1]: c for c in summary["checks"]}
     assert checks["test_ttft_gate"]["categories"] == [GATE]
+    assert checks["test_needs_healthy"]["categories"] == [GATE]
     assert checks["test_leaky"]["categories"] == [PROTOCOL]
     assert checks["test_tool_arguments_are_json"]["categories"] == [DEFECT]
     assert checks["test_burst[1]"]["suite"] == "tools"
-    assert {g["name"]: g["passed"] for g in summary["gates"]}["suite: smoke"] is True
+    assert {g["name"]: g["passed"] for g in summary["gates"]} == {
+        "suite: perf": False, "suite: reasoning": False, "suite: smoke": False, "suite: tools": False}
 
     # The key was in an assertion message, a log record, stdout, a user property and two attachments.
     assert any(p.suffix == ".json" and "api_key" in p.read_text() for p in alluredir.glob("*-attachment*"))
