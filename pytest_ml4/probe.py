@@ -217,7 +217,7 @@ class _SSEFramer:
         if line.startswith(":"):
             return out  # SSE comment / keep-alive
         name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
+        value = value.removeprefix(" ")
         if name == "data":
             if self._data and _complete("\n".join(self._data)):
                 out += self.flush()

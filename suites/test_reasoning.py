@@ -15,10 +15,14 @@ import httpx
 import pytest
 import yaml
 
-from pytest_ml4.checks.chat import ChatSession, send_raw, user
+from pytest_ml4.checks.chat import ChatSession, attach, send_raw, user
 from pytest_ml4.checks.protocol import assert_no_control_tokens, assert_rejected
-from pytest_ml4.checks.reasoning import (assert_reasoning_separated, assert_reasoning_tokens_agree,
-                                         reasoning_share, reasoning_tokens)
+from pytest_ml4.checks.reasoning import (
+    assert_reasoning_separated,
+    assert_reasoning_tokens_agree,
+    reasoning_share,
+    reasoning_tokens,
+)
 from pytest_ml4.client import Endpoint
 from pytest_ml4.targets import FIXTURES_DIR, Target
 
@@ -108,16 +112,8 @@ def test_reasoning_share_of_output_is_measured(chat: ChatSession, ml4_target: Ta
           f"fixed-length answers of {n} tokens; band {band[0]:.0%}-{band[1]:.0%}; "
           + ", ".join(f"{r['share']:.1%}" for r in rows))
     record_property("reasoning_share", round(mean, 4))
-    _attach(out)
+    attach(out)
     lo, hi = band
     assert lo - SHARE_TOLERANCE <= mean <= hi + SHARE_TOLERANCE, (
         f"reasoning share {mean:.1%} outside {lo:.0%}-{hi:.0%} ({report['band_source']}): {rows}")
 
-
-def _attach(path: Path) -> None:
-    try:  # shown in Allure when allure-pytest is collecting; a no-op otherwise
-        import allure
-
-        allure.attach.file(str(path), name=path.name, attachment_type=allure.attachment_type.JSON)
-    except Exception:  # noqa: BLE001 - a reporting aid must never fail a test
-        pass

@@ -16,8 +16,14 @@ import yaml
 
 from pytest_ml4.checks.chat import Answer, ChatSession, send_raw, served_by_litellm, user
 from pytest_ml4.checks.protocol import assert_no_control_tokens, assert_rejected
-from pytest_ml4.checks.tools import (assert_arguments_valid, assert_mistral_tool_ids, assert_tool_choice_obeyed,
-                                     load_tools, named, tool_name)
+from pytest_ml4.checks.tools import (
+    assert_arguments_valid,
+    assert_mistral_tool_ids,
+    assert_tool_choice_obeyed,
+    load_tools,
+    named,
+    tool_name,
+)
 from pytest_ml4.client import Endpoint
 from pytest_ml4.probe import StreamResult
 from pytest_ml4.targets import FIXTURES_DIR
@@ -51,7 +57,7 @@ def check_calls(answer: Answer, tools: list[dict[str, Any]], tool_choice: Any, e
 def test_auto_calls_the_matching_tool_with_valid_arguments(chat: ChatSession, case: str, stream: bool) -> None:
     spec = DATA["cases"][case]
     answer = chat.ask(chat.body(user(spec["prompt"]), tools=TOOLSET), stream)
-    (args, *more) = check_calls(answer, TOOLSET, "auto", spec["expect_tool"])
+    args = check_calls(answer, TOOLSET, "auto", spec["expect_tool"])[0]
     for key, value in (spec.get("expect_args") or {}).items():
         assert args.get(key) == value, (f"{answer.where}: {spec['expect_tool']} argument {key!r} is "
                                         f"{args.get(key)!r}, the prompt says {value!r}")

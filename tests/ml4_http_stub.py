@@ -79,11 +79,11 @@ class StubServer:
     def base_url(self) -> str:
         return self.url + "/v1"
 
-    def __enter__(self) -> "StubServer":
+    def __enter__(self) -> StubServer:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._server.shutdown()
         self._server.server_close()
 

@@ -12,18 +12,32 @@ from typing import Any
 
 import httpx
 import pytest
+from ml4_http_stub import Scripted, StubServer
 
 from pytest_ml4.checks.chat import ask
-from pytest_ml4.checks.protocol import (Assembled, assert_no_control_tokens, assert_rejected,
-                                        assert_stream_equals_non_stream, error_message)
-from pytest_ml4.checks.reasoning import (assert_reasoning_separated, assert_reasoning_tokens_agree, count_tokens,
-                                         reasoning_share)
-from pytest_ml4.checks.tools import (assert_arguments_valid, assert_mistral_tool_ids, assert_tool_choice_obeyed,
-                                     is_mistral_tool_id, load_tool, named)
+from pytest_ml4.checks.protocol import (
+    Assembled,
+    assert_no_control_tokens,
+    assert_rejected,
+    assert_stream_equals_non_stream,
+    error_message,
+)
+from pytest_ml4.checks.reasoning import (
+    assert_reasoning_separated,
+    assert_reasoning_tokens_agree,
+    count_tokens,
+    reasoning_share,
+)
+from pytest_ml4.checks.tools import (
+    assert_arguments_valid,
+    assert_mistral_tool_ids,
+    assert_tool_choice_obeyed,
+    is_mistral_tool_id,
+    load_tool,
+    named,
+)
 from pytest_ml4.client import Endpoint, make_httpx, make_openai
 from pytest_ml4.probe import parse_sse_text
-
-from ml4_http_stub import Scripted, StubServer
 
 PROBE = Path(__file__).resolve().parent.parent / "fixtures" / "probe"
 

@@ -9,12 +9,20 @@ import time
 import httpx
 import openai
 import pytest
-
-from pytest_ml4.client import (BadResponseError, Endpoint, EndpointConfigError, check_reachable, decode_json,
-                               endpoint_from_env, explain_openai_error, make_async_openai, make_httpx,
-                               make_openai)
-
 from ml4_http_stub import Scripted, StubServer
+
+from pytest_ml4.client import (
+    BadResponseError,
+    Endpoint,
+    EndpointConfigError,
+    check_reachable,
+    decode_json,
+    endpoint_from_env,
+    explain_openai_error,
+    make_async_openai,
+    make_httpx,
+    make_openai,
+)
 
 SECRET = "sk-live-do-not-print-1234567890"
 

@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import openai
@@ -96,7 +96,7 @@ def ask(openai_client: openai.OpenAI, http_client: httpx.Client, body: dict[str,
 
 def served_by_litellm(headers: Any) -> bool:
     """LiteLLM marks every answer with ``x-litellm-*`` headers (tooling.md §3.5); vLLM and Dynamo do not."""
-    return any(str(k).lower().startswith("x-litellm-") for k in headers.keys())
+    return any(str(k).lower().startswith("x-litellm-") for k in headers)
 
 
 def send_raw(http_client: httpx.Client, body: dict[str, Any], stream: bool) -> httpx.Response | StreamResult:
@@ -112,13 +112,7 @@ def save_transcript(directory: Path, name: str, result: StreamResult) -> Path:
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:150]
     path = directory / f"{safe}.sse.txt"
     path.write_text(result.to_transcript())
-    try:  # shown in Allure when allure-pytest is collecting; a no-op otherwise
-        import allure
-
-        allure.attach(result.to_transcript(), name=f"SSE transcript {name}",
-                      attachment_type=allure.attachment_type.TEXT)
-    except Exception:  # noqa: BLE001 - a reporting aid must never fail a test
-        pass
+    attach(path, f"SSE transcript {name}")
     return path
 
 
@@ -126,18 +120,20 @@ class ChatSession:
     """Asks one test's questions. A streamed answer is compared with the same request non-streamed (remembered
     across tests, so each request is asked non-streamed once): the assembly must be identical."""
 
-    _non_stream: dict[str, Answer] = {}
+    _non_stream: ClassVar[dict[str, Answer]] = {}
 
     def __init__(self, oai: openai.OpenAI, http: httpx.Client, model: str, defaults: dict[str, Any],
                  transcript_dir: Path | None = None, name: str = "chat") -> None:
         self.oai, self.http, self.model, self.defaults = oai, http, model, dict(defaults)
         self.transcript_dir, self.name = transcript_dir, name
+        self._asked = 0
 
     def body(self, messages: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
         return {"model": self.model, "messages": messages, **self.defaults, **fields}
 
     def ask(self, body: dict[str, Any], stream: bool) -> Answer:
-        answer = ask(self.oai, self.http, body, stream, self.transcript_dir, self.name)
+        self._asked += 1  # numbered transcripts: a multi-turn test keeps every turn
+        answer = ask(self.oai, self.http, body, stream, self.transcript_dir, f"{self.name}-{self._asked}")
         key = json.dumps(body, sort_keys=True)
         if not stream:
             self._non_stream[key] = answer
@@ -147,6 +143,17 @@ class ChatSession:
         assert_stream_equals_non_stream(answer.assembled(), whole.assembled(),
                                         lenient_tool_finish=answer.via_litellm or whole.via_litellm)
         return answer
+
+
+def attach(path: Path, name: str | None = None) -> None:
+    """Show a file in the Allure report when allure-pytest is collecting; a no-op otherwise."""
+    try:
+        import allure
+
+        kind = allure.attachment_type.JSON if path.suffix == ".json" else allure.attachment_type.TEXT
+        allure.attach.file(str(path), name=name or path.name, attachment_type=kind)
+    except Exception:  # noqa: BLE001, S110 - a reporting aid must never fail a test
+        pass
 
 
 def user(text: str) -> list[dict[str, Any]]:

@@ -93,7 +93,7 @@ class Assembled:
     finish_reason: str | None = None
 
     @classmethod
-    def from_message(cls, message: Mapping[str, Any], finish_reason: str | None = None) -> "Assembled":
+    def from_message(cls, message: Mapping[str, Any], finish_reason: str | None = None) -> Assembled:
         reasoning = message.get("reasoning")
         if reasoning is None:
             reasoning = message.get("reasoning_content")  # vLLM <= 0.11 name
@@ -104,17 +104,17 @@ class Assembled:
                    tool_ids=[c.get("id") for c in calls], finish_reason=finish_reason)
 
     @classmethod
-    def from_completion(cls, completion: Any) -> "Assembled":
+    def from_completion(cls, completion: Any) -> Assembled:
         """From an openai SDK ``ChatCompletion`` (or its ``model_dump()``), first choice."""
         body = completion if isinstance(completion, Mapping) else completion.model_dump()
         choice = body["choices"][0]
         return cls.from_message(choice["message"], choice.get("finish_reason"))
 
     @classmethod
-    def from_stream(cls, result: StreamResult) -> "Assembled":
+    def from_stream(cls, result: StreamResult) -> Assembled:
         return cls.from_message(result.message(), result.finish_reason)
 
-    def differences(self, other: "Assembled", lenient_tool_finish: bool = False) -> list[str]:
+    def differences(self, other: Assembled, lenient_tool_finish: bool = False) -> list[str]:
         """Human-readable differences (self = streamed, other = non-streamed by convention).
 
         ``lenient_tool_finish``: with tool calls present, ``stop`` and ``tool_calls`` count as the same finish
