@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 
@@ -30,6 +31,8 @@ async def one(client: httpx.AsyncClient, osl: int) -> tuple[float, list[float], 
     stamps: list[float] = []
     tokens = 0
     async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise SystemExit(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
         async for line in r.aiter_lines():
             if not line.startswith("data: {"):
                 continue
@@ -47,8 +50,9 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(int(p / 100 * len(xs)), len(xs) - 1)]
 
 
-async def run(url: str, conc: int, osl: int) -> None:
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=conc + 4)) as c:
+async def run(url: str, conc: int, osl: int, headers: dict[str, str]) -> None:
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=conc + 4),
+                                 headers=headers) as c:
         t0 = time.monotonic()
         results = await asyncio.gather(*(one(c, osl) for _ in range(conc)))
         wall = time.monotonic() - t0
@@ -56,7 +60,7 @@ async def run(url: str, conc: int, osl: int) -> None:
     itls = [(r[1][-1] - r[1][0]) / max(r[2] - 1, 1) for r in results]
     total = sum(r[2] for r in results)
     print(f"requests {conc}  output tokens {total}  wall {wall:.1f} s  aggregate {total / wall:.1f} tok/s  "
-          f"per-user {statistics.mean(r[2] / (r[1][-1] - r[1][0] + r[0]) for r in results):.1f} tok/s")
+          f"per-user (decode) {statistics.mean((r[2] - 1) / (r[1][-1] - r[1][0]) for r in results):.1f} tok/s")
     print(f"TTFT p50 {pct(ttfts, 50):.3f} s  p99 {pct(ttfts, 99):.3f} s   ITL p50 {pct(itls, 50) * 1000:.2f} ms  "
           f"p99 {pct(itls, 99) * 1000:.2f} ms")
 
@@ -74,16 +78,16 @@ def main() -> None:
     target = load_target(a.target, overrides=over or None)
     running = min(a.concurrency, target.engine.max_num_seqs)
     print(f"model ITL at {running} running: {PerfModel(target).itl(running) * 1000:.2f} ms")
-    with SimServer(target, env={target.endpoint.api_key_env or "_": "bench"}) as sim:
+    key = "sk-bench-" + os.urandom(8).hex()
+    with SimServer(target, env={target.endpoint.api_key_env or "ML4_UNUSED_KEY": key}) as sim:
         cpu0 = _cpu(sim.pid)
-        asyncio.run(run(sim.url, a.concurrency, a.osl))
+        asyncio.run(run(sim.url, a.concurrency, a.osl, {"Authorization": f"Bearer {key}"}))
         print(f"simulator CPU time {_cpu(sim.pid) - cpu0:.1f} s")
 
 
 def _cpu(pid: int | None) -> float:
     with open(f"/proc/{pid}/stat") as fh:
         f = fh.read().rsplit(")", 1)[1].split()
-    import os
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
