@@ -106,3 +106,24 @@ def test_engine_waits_for_kv_room() -> None:
 
     # Two 60-token prompts do not fit a 100-token pool together.
     assert asyncio.run(scenario()) == 1
+
+
+def test_cache_config_info_matches_reference_for_same_config() -> None:
+    """Configured like the reference harness (fp8, block 16, util 0.9, 12345 blocks) the series is byte-identical."""
+    from test_sim_support import TRANSCRIPTS
+
+    target = load_target("gb300-agg", overrides={"engine": {
+        "max_model_len": 131072, "block_size": 16, "kv_cache_dtype": "fp8", "gpu_memory_utilization": 0.9,
+        "kv_offloading_size_gib": None}})
+    text = SimMetrics(target, "mistral-large-4", 12345).render().decode()
+    ref = (TRANSCRIPTS / "metrics.txt").read_text()
+
+    def info(t: str) -> str:
+        return next(line for line in t.splitlines() if line.startswith("vllm:cache_config_info"))
+
+    assert info(text) == info(ref)
+    # Token histograms use 1-2-5 buckets up to max_model_len, as in the reference.
+    buckets = [line.split('le="')[1].split('"')[0] for line in text.splitlines()
+               if line.startswith("vllm:request_prompt_tokens_bucket")]
+    assert buckets == [line.split('le="')[1].split('"')[0] for line in ref.splitlines()
+                       if line.startswith("vllm:request_prompt_tokens_bucket")]

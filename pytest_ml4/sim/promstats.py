@@ -81,26 +81,25 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
         exp += 1
 
 
-def cache_config_labels(target: Target, num_gpu_blocks: int) -> dict[str, str]:
-    """``vllm:cache_config_info`` labels: the 0.33 CacheConfig field set (vllm.md §8), values from the target."""
+def _reference_cache_config(path: Path) -> tuple[str, dict[str, str]]:
+    """HELP text and label set of ``vllm:cache_config_info`` in the reference exposition."""
+    for fam in text_string_to_metric_families(path.read_text()):
+        if fam.name == "vllm:cache_config_info":
+            return fam.documentation, dict(fam.samples[0].labels)
+    raise ValueError(f"{path} has no vllm:cache_config_info")
+
+
+def cache_config_labels(target: Target, num_gpu_blocks: int,
+                        catalogue: Path = REFERENCE_METRICS) -> dict[str, str]:
+    """``vllm:cache_config_info`` labels: 0.33's CacheConfig field set as in the reference (vllm.md §8), with
+    the values the target decides; the rest keep the reference's (default) values."""
+    _, labels = _reference_cache_config(catalogue)
     eng = target.engine
-    return {
-        "_block_size_resolved": "True", "block_size": str(eng.block_size), "cache_dtype": eng.kv_cache_dtype,
-        "cache_hit_alignment_tokens": "None", "effective_attention_block_size": "None",
-        "enable_mamba_shared_prefix_checkpoint": "False", "enable_prefix_caching": "True",
-        "gpu_memory_utilization": str(eng.gpu_memory_utilization), "hash_block_size": "None",
-        "is_attention_free": "False", "kv_cache_dtype_skip_layers": "[]", "kv_cache_layout": "None",
-        "kv_cache_max_concurrency": "None", "kv_cache_memory_bytes": "None", "kv_cache_size_tokens": "None",
-        "kv_offloading_backend": "native",
-        "kv_offloading_size": str(eng.kv_offloading_size_gib) if eng.kv_offloading_size_gib else "None",
-        "kv_sharing_fast_prefill": "False", "mamba_block_size": "None", "mamba_cache_dtype": "auto",
-        "mamba_cache_mode": "none", "mamba_page_size_padded": "None", "mamba_ssm_cache_dtype": "auto",
-        "num_cpu_blocks": "0", "num_gpu_blocks": str(num_gpu_blocks), "num_gpu_blocks_override": "None",
-        "prefix_cache_retention_interval": "0", "prefix_caching_hash_algo": "sha256", "prefix_match_unit": "None",
-        "replayssm_buffer_len": "16", "simple_cpu_offload_num_blocks": "None", "skip_page_size_padded": "None",
-        "sliding_window": "None", "swa_bounded_replay": "True", "use_kda_recoverssm": "False",
-        "use_replayssm": "False", "user_specified_block_size": "True",
-    }
+    labels.pop("engine", None)
+    labels.update({"block_size": str(eng.block_size), "cache_dtype": eng.kv_cache_dtype,
+                   "gpu_memory_utilization": str(eng.gpu_memory_utilization), "num_gpu_blocks": str(num_gpu_blocks),
+                   "kv_offloading_size": str(eng.kv_offloading_size_gib) if eng.kv_offloading_size_gib else "None"})
+    return labels
 
 
 class SimMetrics:
@@ -122,9 +121,10 @@ class SimMetrics:
             if fam.name.startswith("vllm:spec_decode") and not self.num_spec:
                 continue
             self._m[fam.name] = self._make(fam, target)
-        info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                     labelnames=[*cache_config_labels(target, num_gpu_blocks), "engine"], registry=self.registry)
-        info.labels(**cache_config_labels(target, num_gpu_blocks), engine=engine).set(1)
+        help_text, _ = _reference_cache_config(catalogue)
+        labels = cache_config_labels(target, num_gpu_blocks, catalogue)
+        info = Gauge("vllm:cache_config_info", help_text, labelnames=[*labels, "engine"], registry=self.registry)
+        info.labels(**labels, engine=engine).set(1)
         self.gauge("vllm:engine_sleep_state", 1, sleep_state="awake")
 
     def _make(self, fam: _Family, target: Target) -> Any:
