@@ -180,3 +180,12 @@ def test_include_reasoning_false_hides_text_not_tokens(http: httpx.Client) -> No
     assert ns["choice"]["message"]["reasoning"] is None and st["reasoning"] == ""
     assert ns["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
     assert "132" in ns["choice"]["message"]["content"] and st["content"] == ns["choice"]["message"]["content"]
+
+
+def test_thinking_token_budget_caps_reasoning(http: httpx.Client) -> None:
+    body = {"messages": [{"role": "user", "content": "What is 12 * 11?"}], "reasoning_effort": "max"}
+    full = http.post("/v1/chat/completions", json=body).json()["usage"]["completion_tokens_details"]
+    capped = http.post("/v1/chat/completions", json={**body, "thinking_token_budget": 5}).json()
+    assert full["reasoning_tokens"] > 5
+    assert capped["usage"]["completion_tokens_details"]["reasoning_tokens"] == 5
+    assert "132" in capped["choices"][0]["message"]["content"]

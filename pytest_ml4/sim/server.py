@@ -249,7 +249,8 @@ class SimApp:
             # never see it, so the model thinks at its default length.
             body = {k: v for k, v in body.items() if k != "reasoning_effort"}
         plan = plan_response(body, tool_choice)
-        return wire.build_output(plan, self.tok, wire.Limits(max_tokens, req.min_tokens, req.ignore_eos), self.opts)
+        limits = wire.Limits(max_tokens, req.min_tokens, req.ignore_eos, req.thinking_token_budget)
+        return wire.build_output(plan, self.tok, limits, self.opts)
 
     def _body(self, out: wire.Output, ids: list[str], keep_parallel: bool, forced: bool, finish: str, req_id: str,
               prompt_tokens: int, include_reasoning: bool) -> str:

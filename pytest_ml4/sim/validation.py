@@ -71,6 +71,7 @@ class ChatRequest(BaseModel):
     parallel_tool_calls: bool | None = True
     ignore_eos: bool = False
     include_reasoning: bool = True
+    thinking_token_budget: int | None = None
     reasoning_effort: str | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None

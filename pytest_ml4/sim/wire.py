@@ -56,6 +56,8 @@ class Limits:
     max_tokens: int
     min_tokens: int = 0
     ignore_eos: bool = False
+    #: ``thinking_token_budget`` (0.33 request field): at most this many reasoning tokens.
+    thinking_budget: int | None = None
 
 
 @dataclass
@@ -96,6 +98,9 @@ def build_output(plan: Plan, tok: SimTokenizer, limits: Limits, opts: WireOption
     """Tokenise the plan, pad for ``min_tokens``/``ignore_eos``, cut at ``max_tokens``, append ``</s>``."""
     args_texts = [_mangle(c.arguments) if opts.invalid_tool_json else c.arguments for c in plan.tool_calls]
     r_pieces = list(tok.pieces(plan.reasoning)) if plan.reasoning else []
+    budget = limits.thinking_budget
+    if budget is not None:
+        r_pieces = r_pieces[:max(budget, 0)]
     c_pieces = list(tok.pieces(plan.content)) if plan.content else []
     call_pieces = [(tok.pieces(c.name), tok.pieces(a)) for c, a in zip(plan.tool_calls, args_texts)]
     natural = (len(r_pieces) + 2 if plan.reasoning is not None else 0) + len(c_pieces) + sum(
@@ -104,7 +109,7 @@ def build_output(plan: Plan, tok: SimTokenizer, limits: Limits, opts: WireOption
     wanted = limits.max_tokens if limits.ignore_eos else max(limits.min_tokens, 0)
     pad = max(0, min(wanted, limits.max_tokens) - natural)
     if pad:
-        _pad(plan, tok, r_pieces, c_pieces, natural, pad)
+        _pad(plan, tok, r_pieces, c_pieces, natural, pad, budget)
 
     r_kind = REASON if opts.reasoning_parser else CONTENT
     toks: list[tuple[int, str, int]] = []
@@ -144,7 +149,8 @@ def build_output(plan: Plan, tok: SimTokenizer, limits: Limits, opts: WireOption
     return Output(toks, finish, held, [c.name for c in plan.tool_calls] if opts.tool_parser else [])
 
 
-def _pad(plan: Plan, tok: SimTokenizer, r_pieces: list[str], c_pieces: list[str], natural: int, pad: int) -> None:
+def _pad(plan: Plan, tok: SimTokenizer, r_pieces: list[str], c_pieces: list[str], natural: int, pad: int,
+         budget: int | None = None) -> None:
     """Extend thinking and answer with filler so the output has ``natural + pad`` tokens; the thinking part
     gets the plan's reasoning share of the total (all of the padding before tool calls)."""
     fill = _fillers(tok)
@@ -154,6 +160,8 @@ def _pad(plan: Plan, tok: SimTokenizer, r_pieces: list[str], c_pieces: list[str]
             r_pad = pad
         else:
             r_pad = min(pad, max(0, round(plan.reasoning_share * (natural + pad)) - 2 - len(r_pieces)))
+        if budget is not None:
+            r_pad = min(r_pad, max(budget - len(r_pieces), 0))
     r_pieces += list(islice(cycle(fill.reasoning), r_pad))
     c_pieces += list(islice(cycle(fill.content), pad - r_pad))
 
