@@ -91,16 +91,17 @@ def test_aiperf_export_min_equals_max_equals_n(aiperf_osl: Any, ml4_perf_client:
     assert not bad, f"requests without exactly {N} completion tokens: {bad[:5]}"
 
 
-def test_no_request_killed_by_the_grammar(streamed: list[Any], aiperf_osl: Any, request: pytest.FixtureRequest,
-                                          ml4_target: Any, ml4_sim: Any, osl_window_start: float) -> None:
-    from pytest_ml4.logs import GrammarKill, LogView, reader_for_target
+def test_no_request_killed_by_the_grammar(streamed: list[Any], aiperf_osl: Any, ml4_logs: Any,
+                                          osl_window_start: float) -> None:
+    """Seed 000's grammar-kill signature (``grammar rejected`` / ``ParserTooComplex``) must not appear while the
+    fixed-OSL requests ran."""
+    from pytest_ml4.logs import GrammarKill, LogView
+    from pytest_ml4.plugin_logs import attach_log
 
-    try:
-        reader = request.getfixturevalue("ml4_logs")
-    except pytest.FixtureLookupError:
-        reader = reader_for_target(ml4_target, sim=ml4_sim)
-    view = LogView(reader.read(since=osl_window_start), reader.describe())
+    view = LogView(ml4_logs.read(since=osl_window_start), ml4_logs.describe())
     kills = view.all(GrammarKill)
+    if kills:
+        attach_log(view, kills, "grammar kills")
     assert not kills, ("requests were killed by the reasoning grammar during the fixed-OSL run:\n"
                        + view.excerpt(kills) + "\n" + WHY_NOT_IGNORE_EOS)
 

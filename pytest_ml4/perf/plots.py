@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -73,7 +74,10 @@ def write_plots(points: Sequence[PointFigures], out_dir: Path, title: str,
         fig.suptitle(f"{title}: {heading}")
         fig.tight_layout()
         path = out_dir / filename
-        fig.savefig(path, dpi=90)
+        # Write then rename: xdist workers sharing a sweep may both draw it; readers never see half a PNG.
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.png")
+        fig.savefig(tmp, dpi=90)
         plt.close(fig)
+        os.replace(tmp, path)
         paths.append(path)
     return paths
