@@ -229,7 +229,8 @@ def test_live_probe_times_tokens() -> None:
     assert json.loads(srv.seen[0].body)["stream"] is True
     assert result.reasoning == "Let me think." and result.content == "The answer is 4."
     assert result.ttft_s is not None and result.ttft_s >= 0.05  # role chunk + first reasoning chunk, 30 ms each
-    assert len(result.itl_s) == 9 and min(result.itl_s) >= 0.02
+    # 9 gaps of 30 ms on the server; a busy client may read two events together, so judge the sum loosely.
+    assert len(result.itl_s) == 9 and sum(result.itl_s) >= 0.15
 
 
 def test_live_probe_captures_http_error() -> None:
