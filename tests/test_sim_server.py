@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -10,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from test_sim_support import FAST, TRANSCRIPTS
+from test_sim_support import FAST, TRANSCRIPTS, stream_lines
 
 from pytest_ml4.sim import SimServer, SimServerError
 from pytest_ml4.targets import load_target
@@ -234,7 +235,7 @@ def test_client_disconnect_aborts_request(keyed: SimServer) -> None:
     while time.monotonic() < deadline:
         text = httpx.get(keyed.url + "/metrics").text
         aborted = re.search(r'^vllm:request_success_total\{engine="0",finished_reason="abort",model_name="ml4"\} '
-                            r'(\S+)$', text, re.M)
+                            r'(\S+)$', text, re.MULTILINE)
         if aborted and float(aborted.group(1)) >= 1 and httpx.get(keyed.url + "/load").json()["server_load"] == 0:
             break
         time.sleep(0.05)
@@ -252,3 +253,21 @@ def test_busy_requested_port_fails_with_reason(tmp_path: Path) -> None:
         with pytest.raises(SimServerError) as e:
             SimServer("gb300-agg", port=port, log_file=tmp_path / "e.log").start(timeout=30)
     assert "address already in use" in str(e.value).lower()
+
+
+def test_prompt_tokens_details_with_flag(tmp_path: Path) -> None:
+    """--enable-prompt-tokens-details: usage reports the prefix-cache hit as cached_tokens."""
+    overrides = {**FAST, "engine": {"extra_args": ["--enable-prompt-tokens-details"]}}
+    body = {"messages": [{"role": "user", "content": "Summarise: " + "alpha beta gamma " * 100}], "max_tokens": 4}
+    with SimServer("gb300-agg", overrides=overrides, log_file=tmp_path / "e.log") as s:
+        first = httpx.post(s.base_url + "/chat/completions", json=body).json()["usage"]
+        second = httpx.post(s.base_url + "/chat/completions", json=body).json()["usage"]
+        with httpx.Client(base_url=s.url) as c:
+            lines = stream_lines(c, {**body, "stream": True, "stream_options": {"include_usage": True}})
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0, "created_cache_tokens": None,
+                                              "multimodal_tokens": None}
+    assert second["prompt_tokens_details"]["cached_tokens"] >= 256
+    usage = json.loads(lines[-2])["usage"]
+    assert list(usage) == ["prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details",
+                           "completion_tokens_details"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= 256

@@ -104,6 +104,9 @@ class SimApp:
         if field_mode not in _REASONING_FIELDS:
             raise ValueError(f"sim.extra.reasoning_field must be one of {_REASONING_FIELDS}, got {field_mode!r}")
         self.reasoning_parser = bool(t.engine.reasoning_parser) and not self.faults.has("reasoning_parser_off")
+        # vLLM reports usage.prompt_tokens_details (cached tokens) only with --enable-prompt-tokens-details.
+        self.prompt_details = ("--enable-prompt-tokens-details" in t.engine.extra_args
+                               or bool(t.sim.extra.get("enable_prompt_tokens_details")))
         self.opts = wire.WireOptions(
             reasoning_parser=self.reasoning_parser,
             tool_parser=bool(t.engine.tool_call_parser) and t.engine.enable_auto_tool_choice
@@ -234,7 +237,7 @@ class SimApp:
                 return _json(err.body(), status=err.status)
         forced = named or tool_choice == "required"
         return _json(self._body(out, ids, keep_parallel, forced, finish, req_id, len(prompt_ids),
-                                req.include_reasoning))
+                                req.include_reasoning, seq.cached_tokens if self.prompt_details else None))
 
     def _prompt_ids(self, body: dict[str, Any]) -> list[int]:
         try:
@@ -253,7 +256,7 @@ class SimApp:
         return wire.build_output(plan, self.tok, limits, self.opts)
 
     def _body(self, out: wire.Output, ids: list[str], keep_parallel: bool, forced: bool, finish: str, req_id: str,
-              prompt_tokens: int, include_reasoning: bool) -> str:
+              prompt_tokens: int, include_reasoning: bool, cached_tokens: int | None) -> str:
         """The non-streaming response (``model_dump()`` of ChatCompletionResponse)."""
         asm = wire.assemble(out, ids, keep_parallel, include_reasoning)
         # Forced calls (required / named tool) report content "" rather than null.
@@ -264,7 +267,8 @@ class SimApp:
             reasoning_tokens = 0 if self.opts.reasoning_usage_missing else asm.reasoning_tokens
         return wire.response_body(req_id=req_id, created=int(time.time()), model=self.names[0], message=message,
                                   finish=finish, prompt_tokens=prompt_tokens, completion_tokens=out.completion_tokens,
-                                  reasoning_tokens=reasoning_tokens, fingerprint=self.fingerprint)
+                                  reasoning_tokens=reasoning_tokens, fingerprint=self.fingerprint,
+                                  cached_tokens=cached_tokens)
 
     async def _stream(self, request: web.Request, req: Any, out: wire.Output, seq: Sequence, ids: list[str],
                       keep_parallel: bool, finish: str, prompt_tokens: int) -> web.StreamResponse:
@@ -301,6 +305,8 @@ class SimApp:
                                       + renderer.DONE).encode())
                     return resp
             tail = ""
+            if self.prompt_details:
+                renderer.cached_tokens = seq.cached_tokens
             if include_usage and not self.faults.has("no_usage_chunk"):
                 tail += renderer.usage_chunk()
             if not self.faults.has("no_done"):

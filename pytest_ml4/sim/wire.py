@@ -244,12 +244,17 @@ class StreamRenderer:
         self._head = ('data: {"id":' + _dumps(req_id) + ',"object":"chat.completion.chunk","created":'
                       + str(created) + ',"model":' + _dumps(model) + ',"choices":')
         self._both = opts.reasoning_field == "both"
+        #: Set by the server once the engine admitted the request (``--enable-prompt-tokens-details``).
+        self.cached_tokens: int | None = None
 
     # -- pieces of chunk JSON
-    def _usage_json(self, completion: int, details: bool) -> str:
+    def _usage_json(self, completion: int, final: bool) -> str:
+        """Cumulative usage; the final usage chunk adds the details objects (nulls stripped by exclude_none)."""
         s = (f'{{"prompt_tokens":{self.prompt_tokens},"total_tokens":{self.prompt_tokens + completion},'
              f'"completion_tokens":{completion}')
-        if details:
+        if final and self.cached_tokens is not None:
+            s += f',"prompt_tokens_details":{{"cached_tokens":{self.cached_tokens}}}'
+        if final and self.reasoning_details:
             s += f',"completion_tokens_details":{{"reasoning_tokens":{self._reported_reasoning()}}}'
         return s + "}"
 
@@ -365,7 +370,7 @@ class StreamRenderer:
 
     def usage_chunk(self) -> str:
         fp = ',"system_fingerprint":' + _dumps(self.fingerprint) if self.fingerprint else ""
-        return (self._head + '[],"usage":' + self._usage_json(len(self.out.tokens), self.reasoning_details)
+        return (self._head + '[],"usage":' + self._usage_json(len(self.out.tokens), True)
                 + fp + "}\n\n")
 
     @staticmethod
@@ -394,9 +399,11 @@ def message_json(asm: Assembled, content_override: str | None, reasoning_field: 
 
 def response_body(*, req_id: str, created: int, model: str, message: dict[str, Any], finish: str,
                   prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None,
-                  fingerprint: str | None) -> str:
+                  fingerprint: str | None, cached_tokens: int | None = None) -> str:
+    prompt_details = None if cached_tokens is None else {"cached_tokens": cached_tokens,
+                                                          "created_cache_tokens": None, "multimodal_tokens": None}
     usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-                             "completion_tokens": completion_tokens, "prompt_tokens_details": None,
+                             "completion_tokens": completion_tokens, "prompt_tokens_details": prompt_details,
                              "completion_tokens_details": (None if reasoning_tokens is None
                                                            else {"reasoning_tokens": reasoning_tokens})}
     body = {"id": req_id, "object": "chat.completion", "created": created, "model": model,
