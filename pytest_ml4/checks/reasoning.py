@@ -15,8 +15,9 @@ from pytest_ml4.client import quote_body
 #: between the markers as the engine emitted it, which can split differently at the edges (a leading space,
 #: stripped trailing whitespace), and speculative decoding may merge a boundary token.
 REASONING_TOKEN_SLACK = 3
-#: Above this many tokens the slack is relative instead.
-REASONING_TOKEN_SLACK_FRACTION = 0.02
+#: Relative slack for long reasoning: the deployed checkpoint's tekken.json may split some words differently
+#: from mistral-common's bundled vocabulary used for the re-count; a missing count (0) is caught regardless.
+REASONING_TOKEN_SLACK_FRACTION = 0.05
 
 #: Reasoning efforts vLLM 0.33 accepts with a Mistral tokenizer (``ReasoningEffort``, vllm.md §3.1).
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
