@@ -67,8 +67,6 @@ class _Window:
     draft_tokens: int = 0
     accepted: int = 0
     per_pos: list[int] = field(default_factory=list)
-    prefix_queries: int = 0
-    prefix_hits: int = 0
 
 
 class Engine:
@@ -95,6 +93,8 @@ class Engine:
         # Prefix cache: block hash -> None, in LRU order, bounded by the KV pool.
         self._prefix_cache: OrderedDict[int, None] = OrderedDict()
         self._prefix_capacity = max(self.kv_pool_tokens // max(block_size, 1), 1)
+        # vLLM's hit rate in the stats line covers the most recent requests (CachingMetrics, 1000 requests).
+        self._recent_prefix: deque[tuple[int, int]] = deque(maxlen=1000)
         self._win = _Window(per_pos=[0] * perf.num_spec)
         self._last_log = time.monotonic()
         self._had_traffic = False
@@ -222,8 +222,7 @@ class Engine:
             m.inc("vllm:prefix_cache_queries", s.prompt_tokens)
             m.inc("vllm:prefix_cache_hits", hits)
             self._win.prompt_tokens += s.prompt_tokens
-            self._win.prefix_queries += s.prompt_tokens
-            self._win.prefix_hits += hits
+            self._recent_prefix.append((s.prompt_tokens, hits))
             self._had_traffic = True
 
     def _prefix_lookup(self, s: Sequence) -> int:
@@ -341,8 +340,10 @@ class Engine:
                  f"Avg generation throughput: {gen_tp:.1f} tokens/s",
                  f"Running: {len(self.running)} reqs", f"Waiting: {len(self.waiting)} reqs",
                  f"GPU KV cache usage: {self.kv_usage() * 100:.1f}%"]
-        if w.prefix_queries:
-            parts.append(f"Prefix cache hit rate: {100.0 * w.prefix_hits / w.prefix_queries:.1f}%")
+        queries = sum(q for q, _ in self._recent_prefix)
+        if queries:
+            hit_rate = 100.0 * sum(h for _, h in self._recent_prefix) / queries
+            parts.append(f"Prefix cache hit rate: {hit_rate:.1f}%")
         if level == "INFO":
             self.log(level, "loggers.py", 335, "Engine 000: " + ", ".join(parts))
             if w.drafts:
