@@ -48,6 +48,27 @@ def test_environment_properties_describe_the_target_without_secrets(monkeypatch:
     assert "configured" in live["Engine version"] and live["Endpoint"] == "live deployment"
 
 
+def test_git_sha_names_the_commit_and_marks_local_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    from pytest_ml4.report.environment import git_sha
+
+    monkeypatch.delenv("ML4_GIT_SHA", raising=False)
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "f").write_text("1")
+    subprocess.run([*git, "add", "f"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert git_sha(tmp_path) == head
+    (tmp_path / "f").write_text("2")
+    assert git_sha(tmp_path) == head + "+dirty"
+    assert git_sha(tmp_path / "nope") == "unknown"
+    monkeypatch.setenv("ML4_GIT_SHA", "abc123")   # container images have no .git
+    assert git_sha(tmp_path) == "abc123"
+
+
 def test_environment_file_round_trips_special_characters(tmp_path: Path) -> None:
     props = {"Model": "ml4 (/models/a=b)", "Key with: colon": "line1\nline2", "Path": "C:\\x"}
     path = write_environment(tmp_path, props)

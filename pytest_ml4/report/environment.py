@@ -32,9 +32,12 @@ def git_sha(repo: Path = REPO_ROOT) -> str:
     try:
         sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
+        # Tracked files changed since the commit: the run did not test exactly that commit.
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return sha or "unknown"
+    return (sha + ("+dirty" if dirty else "")) if sha else "unknown"
 
 
 def package_version(name: str) -> str:
