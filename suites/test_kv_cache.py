@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from pytest_ml4.logs import LogReader, LogView, StatsLine
+from pytest_ml4.logs import LogReader, LogView, StatsLine, quote
 from pytest_ml4.logs.kv import (
     SpecCounts,
     Verdict,
@@ -30,6 +30,7 @@ from pytest_ml4.logs.kv import (
     judge_no_failures,
     judge_peak_usage,
     judge_spec_decode,
+    root_causes_first,
 )
 from pytest_ml4.metrics import MetricsError, MetricsSnapshot, scrape
 from pytest_ml4.targets import FIXTURES_DIR, Target
@@ -213,9 +214,11 @@ def test_peak_kv_usage_under_limit(kv_load: LoadResult, ml4_logs: LogReader, ml4
     verdict = judge_peak_usage(view, ml4_target, kv_load.metric_peak_pct)
     if verdict.ok and load_failed(kv_load):
         # A usage figure from an engine that died under the load proves nothing about its peak.
-        failures = view.failures()
-        verdict = Verdict(verdict.name, False, f"{verdict.message}\nbut the load failed; engine failure lines:\n"
-                          + "\n".join(f"  {f.quote}" for f in failures[:5]), judged=failures or verdict.judged)
+        failures = root_causes_first(view.failures())
+        cause = failures[0].line.splitlines()[0] if failures else kv_load.errors[0]
+        verdict = Verdict(verdict.name, False, f"the load failed, so its KV usage proves nothing: {cause}\n"
+                          f"{verdict.message}\nengine failure lines:\n" + quote(failures),
+                          judged=failures or verdict.judged)
     _judge(verdict, view, ml4_attach_log, record_property, _load_note(kv_load))
 
 

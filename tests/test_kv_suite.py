@@ -51,6 +51,9 @@ def test_pool_of_the_crashing_boot_passes_the_size_gate_but_not_the_failure_chec
     failures = judge_no_failures(view)
     assert not failures.ok
     assert SEED_OOM in failures.message and "fused_moe_workspace_oom" in failures.message
+    # The cause leads, before the engine-death lines it caused.
+    assert failures.message.splitlines()[0] == SEED_OOM
+    assert failures.judged[0].signature == "fused_moe_workspace_oom"
 
 
 def test_concurrency_check_names_a_max_model_len_mismatch(rtx: Target) -> None:

@@ -16,7 +16,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_ml4.logs.events import KvCacheSize, LogEvent, LogView, SpecDecodeMetrics, StatsLine, quote
+from pytest_ml4.logs.events import (
+    EngineFailure,
+    KvCacheSize,
+    LogEvent,
+    LogView,
+    SpecDecodeMetrics,
+    StatsLine,
+    quote,
+)
 from pytest_ml4.targets import Target
 
 #: Standard errors a measured acceptance value may lie outside its range before it counts as outside.
@@ -51,8 +59,13 @@ class SpecCounts:
         return tuple(a / self.drafts for a in self.accepted_per_pos) if self.drafts else ()
 
 
+def root_causes_first(events: Sequence[LogEvent]) -> list[LogEvent]:
+    """Failure events with the causes (OOM, refusal, no KV memory) before the consequences (engine death)."""
+    return sorted(events, key=lambda e: (isinstance(e, EngineFailure), e.position))
+
+
 def _failure_context(view: LogView) -> str:
-    failures = view.failures()
+    failures = root_causes_first(view.failures())
     if failures:
         return f"\nfailure lines since the last boot of {view.source}:\n{quote(failures)}"
     return f"\nlast lines of {view.source}:\n{view.tail(15)}"
@@ -145,14 +158,14 @@ def judge_max_concurrency(view: LogView, target: Target) -> Verdict:
 
 def judge_no_failures(view: LogView) -> Verdict:
     """No OOM, start-up refusal, KV shortage or engine death since the last boot."""
-    failures = view.failures()
+    failures = root_causes_first(view.failures())
     if not failures:
         return Verdict("no_failures", True, f"no OOM or engine-death line since the last boot of {view.source} "
                                             f"({len(view.records)} lines read)")
     kinds = sorted({f.signature for f in failures})
     return Verdict("no_failures", False,
-                   f"{len(failures)} failure line(s) since the last boot of {view.source} ({', '.join(kinds)}):\n"
-                   f"{quote(failures)}", judged=failures)
+                   f"{failures[0].line.splitlines()[0]}\n{len(failures)} failure line(s) since the last boot of "
+                   f"{view.source} ({', '.join(kinds)}):\n{quote(failures)}", judged=failures)
 
 
 def judge_peak_usage(view: LogView, target: Target, metric_peak_pct: float | None) -> Verdict:
