@@ -182,3 +182,13 @@ def test_with_several_engines_the_weakest_pool_is_judged(rtx: Target) -> None:
     assert not pool.ok and "KV pool 250,000 tokens < required 256,000" in pool.message
     conc = judge_max_concurrency(view, rtx)
     assert not conc.ok and "0.98x < 1.00x" in conc.message
+
+
+def test_refused_start_reports_vllms_refusal(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    # Seed 000: util 0.99 was refused at start-up; the session stops and quotes vLLM's message from the log.
+    result = pytester.runpytest_subprocess(
+        str(SUITE), "--target", "rtxpro6000-tp8", "--sim", "-m", "kv", "--ml4-reports", str(tmp_path / "reports"),
+        "--ml4-set", "engine.gpu_memory_utilization=0.99", "-p", "no:randomly", timeout=120)
+    assert result.ret != 0
+    assert ("ValueError: Free memory on device cuda:0 (93.94/95.06 GiB) on startup is less than desired GPU memory "
+            "utilization (0.99, 94.11 GiB).") in result.stderr.str() + result.stdout.str()
