@@ -17,13 +17,11 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import pytest
 
 from pytest_ml4.proxy import LiteLLMProxy, ProxySettings
 from pytest_ml4.sim import SimServer
 from pytest_ml4.targets import load_target
-from pytest_ml4.tools import tools_dir
 
 REPO = Path(__file__).resolve().parent.parent
 SUITES = [str(REPO / "suites" / "test_tools.py"), str(REPO / "suites" / "test_reasoning.py")]
@@ -43,19 +41,6 @@ VALIDATION = ["test_invalid_tool_requests_are_rejected[*]", "test_invalid_reason
 STREAMED = ["*[stream]", "*-stream]"]
 NON_STREAMED = ["*[nonstream]", "*-nonstream]"]
 STREAMED_ANSWERS = TOOL_CALLING + REASONING
-
-
-# pytester restores sys.modules after each test; httpx imports httpcore lazily on first use, so a first use
-# inside a pytester test would leave later tests with a second copy whose exceptions httpx no longer maps.
-httpx.HTTPTransport().close()
-
-#: Resolved before pytester moves HOME: installed tools (LiteLLM, the tokenizer cache) stay where they are.
-TOOLS = str(tools_dir())
-
-
-@pytest.fixture(autouse=True)
-def _installed_tools(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ML4_TOOLS", TOOLS)
 
 
 @dataclass
