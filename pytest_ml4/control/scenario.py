@@ -267,10 +267,12 @@ def check_client_errors(run: RestartRun, allowed: bool) -> list[RequestOutcome]:
     failed = [r for r in run.requests if not r.ok]
     if failed and not allowed:
         first = failed[0]
+        took = f"{run.restart.ready_s:.1f} s" if run.restart else f"too long ({run.restart_error})"
         raise AssertionError(
             f"{len(failed)} of {len(run.requests)} requests sent during the restart failed, but the target allows "
-            f"no client-visible error during a restart (gates.restart_client_errors_allowed: false).\n"
-            f"first failure: HTTP {first.status}: {first.error}\n" + "\n".join(r.line() for r in run.requests))
+            f"no client-visible error during a restart (gates.restart_client_errors_allowed: false); the restart "
+            f"took {took}.\nfirst failure: HTTP {first.status}: {first.error}\n"
+            + "\n".join(r.line() for r in run.requests))
     wrong = [r for r in run.requests if r.ok and not r.answer_ok]
     if wrong:
         raise AssertionError("requests answered 200 during the restart with a wrong answer:\n"
