@@ -16,6 +16,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 #: Terminal colour codes: vLLM colours its prefix unless NO_COLOR is set, and journald keeps the bytes.
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -56,6 +57,20 @@ def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text)
 
 
+@lru_cache(maxsize=4096)
+def _vllm_stamp(md: str, hms: str, year: int | None, tz: _dt.tzinfo | None) -> float | None:
+    # Cached: a busy log repeats each second's stamp many times, and building datetimes dominates reading.
+    now = _dt.datetime.now(tz)
+    y = year or now.year
+    try:
+        when = _dt.datetime(y, int(md[:2]), int(md[3:]), int(hms[:2]), int(hms[3:5]), int(hms[6:]), tzinfo=tz)
+    except ValueError:
+        return None
+    if year is None and when > now + _dt.timedelta(days=1):
+        when = when.replace(year=y - 1)
+    return when.timestamp()
+
+
 def line_time(text: str, *, year: int | None = None, tz: _dt.tzinfo | None = None) -> float | None:
     """The time a vLLM or Dynamo line was logged, as epoch seconds; None when the line has no stamp.
 
@@ -64,15 +79,7 @@ def line_time(text: str, *, year: int | None = None, tz: _dt.tzinfo | None = Non
     """
     m = _VLLM_PREFIX.match(text)
     if m:
-        now = _dt.datetime.now(tz)
-        y = year or now.year
-        try:
-            when = _dt.datetime.strptime(f"{y}-{m['md']} {m['hms']}", "%Y-%m-%d %H:%M:%S").replace(tzinfo=tz)
-        except ValueError:
-            return None
-        if year is None and when > now + _dt.timedelta(days=1):
-            when = when.replace(year=y - 1)
-        return when.timestamp()
+        return _vllm_stamp(m["md"], m["hms"], year, tz)
     m = _ISO_PREFIX.match(text)
     if m:
         try:

@@ -83,6 +83,20 @@ class Catalogue:
     def __init__(self, signatures: Sequence[Signature]) -> None:
         self.signatures = list(signatures)
         self.by_name = {s.name: s for s in self.signatures}
+        # One scan per line finds which hints occur (longest first); a found hint also stands for every shorter
+        # hint inside it, so overlapping hints ("Health check" in "Health check timeout") still select theirs.
+        hints = sorted({h for s in self.signatures for h in s.hints}, key=len, reverse=True)
+        self._hint_re = re.compile("|".join(re.escape(h) for h in hints)) if hints else None
+        self._by_hint = {h: [s for s in self.signatures if any(x in h for x in s.hints)] for h in hints}
+        self._unhinted = [s for s in self.signatures if not s.hints]
+
+    def candidates(self, text: str) -> list[Signature]:
+        """Signatures whose hints occur in ``text`` (plus those without hints), in catalogue order."""
+        found = set(self._hint_re.findall(text)) if self._hint_re else set()
+        if not found:
+            return self._unhinted
+        picked = {id(s) for h in found for s in self._by_hint[h]}
+        return [s for s in self.signatures if id(s) in picked or not s.hints]
 
     def __len__(self) -> int:
         return len(self.signatures)
@@ -92,11 +106,12 @@ class Catalogue:
 
     def matches(self, records: Sequence[LogRecord], names: Sequence[str] | None = None) -> list[Match]:
         """Every (signature, record) match, in record order; superseded general matches are dropped."""
-        sigs = [s for s in self.signatures if names is None or s.name in names]
+        wanted = None if names is None else set(names)
         out: list[Match] = []
         for pos, rec in enumerate(records):
+            sigs = [s for s in self.candidates(rec.text) if wanted is None or s.name in wanted]
             found = [Match(s, rec, {k: v for k, v in m.groupdict().items() if v is not None}, pos)
-                     for s in sigs if (m := s.search(rec.text)) and self._in_context(s, records, pos)]
+                     for s in sigs if (m := s.regex.search(rec.text)) and self._in_context(s, records, pos)]
             gone = {n for f in found for n in f.signature.supersedes}
             out.extend(f for f in found if f.signature.name not in gone)
         return out
