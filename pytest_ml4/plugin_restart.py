@@ -203,6 +203,9 @@ def ml4_restart_controller(pytestconfig: pytest.Config, ml4_target: Target, ml4_
     if engine_sim is not None:
         # The controller judges the engine itself; the proxy in front is the clients' business.
         root, base = engine_sim.url, engine_sim.base_url
+    elif ml4_restart_endpoint.proxy and (ml4_restart_endpoint.metrics_url or "").endswith("/metrics"):
+        # Behind a proxy the engine's own /health is where its metrics are (the target's metrics_url_env).
+        root = ml4_restart_endpoint.metrics_url[: -len("/metrics")]
     try:
         ctl = controller_for(ml4_target, root_url=root, base_url=base, api_key=_api_key(ml4_target),
                              sim=engine_sim, kube_api=ml4_kube_api, roles=roles, namespace=ml4_kube_namespace)

@@ -35,6 +35,7 @@ from pytest_ml4.control.scenario import (
 )
 from pytest_ml4.logs import LogView, ServerStart
 from pytest_ml4.logs.kv import judge_kv_pool, judge_max_concurrency, judge_no_failures
+from pytest_ml4.report.attach import attach_text
 from pytest_ml4.targets import Target
 
 pytestmark = [pytest.mark.restart]
@@ -96,6 +97,7 @@ def requests_run(streams_run: RestartRun, ml4_restart_controller: Any, ml4_resta
 
 def test_in_flight_streams_end_detectably(streams_run: RestartRun, record_property: Any) -> None:
     """Streams running when the restart begins complete or end with an error the client can see."""
+    attach_text(streams_run.report(), "restart with streams in flight")
     result = check_restart_finished(streams_run)
     counts = check_streams(streams_run)
     record_property("restart_in_flight_streams", counts)
@@ -107,6 +109,7 @@ def test_in_flight_streams_end_detectably(streams_run: RestartRun, record_proper
 def test_new_requests_during_restart(requests_run: RestartRun, ml4_target: Target, ml4_restart_endpoint: Any,
                                      record_property: Any) -> None:
     """New requests during the restart succeed where the target allows no client error (a proxy retries them)."""
+    attach_text(requests_run.report(), "restart with new requests")
     check_restart_finished(requests_run)
     allowed = ml4_target.gates.restart_client_errors_allowed
     failed = check_client_errors(requests_run, allowed)
