@@ -80,3 +80,27 @@ class _VerdictSummary:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_VerdictSummary(), "ml4-verdict-summary")
+
+
+def memory_header(target: Target) -> str:
+    """One header line: what the simulator's memory model makes of the target (seed-calibrated or an estimate)."""
+    from pytest_ml4.memory import plan_memory
+
+    plan = plan_memory(target.hardware, target.engine, target.topology.tensor_parallel)
+    basis = "estimate: no seed measured this hardware/KV dtype" if plan.estimate else "calibrated on seed 000"
+    if plan.outcome in ("startup_refused", "no_kv_memory"):
+        return f"ml4: memory model (sim): the engine will not start ({plan.outcome}); {basis}"
+    line = (f"ml4: memory model (sim): KV pool {plan.kv_pool_tokens:,} tokens, {plan.max_concurrency:.2f}x at "
+            f"{target.engine.max_model_len:,}, headroom {plan.headroom_gib:.2f} GiB/GPU")
+    if plan.outcome == "oom_first_step":
+        line += f"; dies on the first step of >= {plan.oom_step_tokens:,} tokens (FusedMoE workspace OOM)"
+    return f"{line}; {basis}"
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    from pytest_ml4.plugin import get_state
+
+    state = get_state(config)
+    if state.target is None or not state.use_sim:
+        return []
+    return [memory_header(state.target)]

@@ -60,3 +60,15 @@ def test_attach_log_writes_the_excerpt_into_allure_results(pytester: pytest.Pyte
     result.assert_outcomes(passed=1)
     attachments = [p.read_text() for p in out.glob("*-attachment.txt")]
     assert any("matched [symm_mem_unsupported]" in a for a in attachments)
+
+
+@pytest.mark.parametrize("target, expect", [
+    ("rtxpro6000-tp8", "KV pool 263,923 tokens, 1.03x at 256,000, headroom 2.85 GiB/GPU; calibrated on seed 000"),
+    ("targets/variants/rtxpro6000-tp8-crashing.yaml", "dies on the first step of >= 7,913 tokens"),
+    ("gb300-agg", "estimate: no seed measured this hardware/KV dtype"),
+])
+def test_memory_model_header(target: str, expect: str) -> None:
+    from pytest_ml4.plugin_logs import memory_header
+    from pytest_ml4.targets import load_target
+
+    assert expect in memory_header(load_target(target))
