@@ -44,13 +44,15 @@ def ml4_boot_log(ml4_logs: LogReader) -> LogView:
 
 
 def attach_log(view: LogView, events: Sequence[LogEvent], name: str = "judged log lines") -> str:
-    """Attach the judged lines with a little context to the Allure report; returns the attached text."""
-    import allure
+    """Attach the judged lines with a little context to the Allure report (secrets redacted: a real engine logs its
+    ``--api-key`` among the non-default args); returns the attached text."""
+    from pytest_ml4.report.attach import attach_text
+    from pytest_ml4.report.redact import redact
 
     text = view.excerpt(events) if events else view.tail(30)
     header = f"source: {view.source}\n" + "".join(f"matched [{e.signature}]: {e.meaning}\n" for e in events[:5])
-    body = f"{header}\n{text}\n"
-    allure.attach(body, name=name, attachment_type=allure.attachment_type.TEXT)
+    body = redact(f"{header}\n{text}\n")
+    attach_text(body, name)
     return body
 
 
@@ -69,7 +71,9 @@ class _VerdictSummary:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call":
-            self.lines.extend(str(v) for k, v in report.user_properties if k == "ml4_verdict")
+            from pytest_ml4.report.redact import redact
+
+            self.lines.extend(redact(str(v)) for k, v in report.user_properties if k == "ml4_verdict")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.lines:

@@ -72,3 +72,24 @@ def test_memory_model_header(target: str, expect: str) -> None:
     from pytest_ml4.targets import load_target
 
     assert expect in memory_header(load_target(target))
+
+
+def test_attached_excerpt_is_redacted(pytester: pytest.Pytester) -> None:
+    log = pytester.path / "engine.log"
+    log.write_text("(APIServer pid=1) INFO 11-01 18:00:00 [utils.py:233] non-default args: {'api_key': "
+                   "['sk-live-0123456789abcdef']}\n"
+                   "(EngineCore pid=1) INFO 11-01 18:00:01 [kv_cache_utils.py:1310] GPU KV cache size: 1,000 tokens, "
+                   "Maximum concurrency for 1,000 tokens per request: 1.00x\n")
+    pytester.makepyfile(test_redact=f"""
+        from pytest_ml4.logs import FileLogReader, KvCacheSize, LogView
+
+        def test_attach(ml4_attach_log):
+            view = LogView(FileLogReader({str(log)!r}).read(), "engine")
+            text = ml4_attach_log(view, view.all(KvCacheSize), "kv")
+            assert "GPU KV cache size: 1,000 tokens" in text
+            assert "sk-live-0123456789abcdef" not in text
+    """)
+    out = pytester.path / "allure"
+    pytester.runpytest("--target", "rtxpro6000-tp8", f"--alluredir={out}", "-p", "no:randomly").assert_outcomes(
+        passed=1)
+    assert not any("sk-live-0123456789abcdef" in p.read_text() for p in out.glob("*-attachment.txt"))

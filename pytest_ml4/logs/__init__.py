@@ -85,4 +85,6 @@ def start_failure_summary(log_file: str | Path, tail: int = 20) -> str:
     failures = view.failures()
     head = (f"engine log failure lines:\n{quote(failures)}\n" if failures
             else "no known failure signature in the engine log\n")
-    return f"{head}last {tail} lines of {log_file}:\n{view.tail(tail)}"
+    from pytest_ml4.report.redact import redact
+
+    return redact(f"{head}last {tail} lines of {log_file}:\n{view.tail(tail)}")
