@@ -43,3 +43,14 @@ def test_proxy_without_retries_fails_the_no_client_error_check(pytester: pytest.
     assert "FAILED" in out and "test_new_requests_during_restart" in out
     assert "allows no client-visible error during a restart" in out
     assert "litellm.InternalServerError" in out and "Cannot connect to host" in out
+
+
+def test_gb300_disagg_suite_passes_against_the_fake_api_server(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    result = pytester.runpytest_subprocess(
+        str(SUITE), "--target", "gb300-disagg", "--sim", "-m", "restart", "--ml4-reports", str(tmp_path / "r"),
+        "-p", "no:randomly", "-rA", timeout=600)
+    out = result.stdout.str()
+    result.assert_outcomes(passed=9)
+    assert "rolling, one pod at a time" in out  # restarted through the Kubernetes API (fake server), pod by pod
+    assert "session pinned to worker" in out and "prefilled on instance" in out
+    assert "model left /v1/models after" in out
