@@ -228,13 +228,19 @@ def _shared_labels(run_dir: Path | None, nodeid: str) -> tuple[dict[str, str], s
 
 
 # ------------------------------------------------------------------------------------------------ reports
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest) -> Iterator[Any]:
+    # Hook the endpoint's clients once, when they are made, without changing when they are made.
+    value = yield
+    if fixturedef.argname in _CLIENT_FIXTURES:
+        RECORDER.install(value)
+    return value
+
+
 @pytest.fixture(autouse=True)
 def _ml4_http_exchanges(request: pytest.FixtureRequest) -> Iterator[None]:
     """Records the HTTP exchanges of checks that use the endpoint's clients; a failing check gets them attached."""
-    used = [name for name in _CLIENT_FIXTURES if name in request.fixturenames]
-    for name in used:
-        RECORDER.install(request.getfixturevalue(name))
-    if used:
+    if any(name in request.fixturenames for name in _CLIENT_FIXTURES):
         RECORDER.start()
     yield
     RECORDER.stop()
