@@ -132,3 +132,25 @@ def test_nightly_script_is_valid_bash_and_every_example_is_documented() -> None:
     for path in EXAMPLES.rglob("*"):
         if path.is_file() and path.name != "README.md":
             assert f"`{path.relative_to(EXAMPLES)}`" in readme, f"{path.name} is not described in examples/README.md"
+
+
+def _bash_syntax_ok(script: str) -> str:
+    import subprocess
+
+    proc = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, check=False)
+    return proc.stderr if proc.returncode else ""
+
+
+def test_every_shell_snippet_in_the_recipes_is_valid_bash() -> None:
+    wf = yaml.safe_load((EXAMPLES / "github-actions.yml").read_text())
+    snippets = [s["run"] for s in wf["jobs"]["gate"]["steps"] if "run" in s]
+    ci = yaml.safe_load((EXAMPLES / "gitlab-ci.yml").read_text())
+    for job in ci.values():
+        if isinstance(job, dict):
+            for key in ("before_script", "script", "after_script"):
+                snippets += job.get(key, [])
+    job = next(d for d in _manifests() if d["kind"] == "Job")
+    snippets.append(job["spec"]["template"]["spec"]["containers"][0]["args"][0])
+    assert len(snippets) >= 10
+    errors = {s[:60]: err for s in snippets if (err := _bash_syntax_ok(s))}
+    assert not errors, errors
