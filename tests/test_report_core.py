@@ -226,3 +226,15 @@ def test_crash_result_is_broken_with_labels_and_redacted(tmp_path: Path, monkeyp
     assert data["fullName"] == "suites.test_tools#test_parallel"
     assert "sk-crash-abcdef0123456789" not in path.read_text()
     assert data["stop"] - data["start"] == 1500
+
+
+def test_generate_refuses_an_output_folder_that_holds_the_results(tmp_path: Path) -> None:
+    from pytest_ml4.report.html import ReportError, generate_report
+
+    results = tmp_path / "run" / "allure-results"
+    results.mkdir(parents=True)
+    (results / "x-result.json").write_text("{}")
+    for out in (tmp_path / "run", results, tmp_path):
+        with pytest.raises(ReportError, match="would contain the results"):
+            generate_report(results, out)
+    assert (results / "x-result.json").is_file()

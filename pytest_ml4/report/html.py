@@ -51,6 +51,10 @@ def generate_report(results_dir: Path, out_dir: Path, *, name: str = "pytest-ml4
     """Write a single-file Allure 2 report for ``results_dir`` to ``out_dir/index.html`` and return its path."""
     if not results_dir.is_dir():
         raise ReportError(f"no Allure results at {results_dir}")
+    out, res = out_dir.resolve(), results_dir.resolve()
+    if out == res or out in res.parents:
+        # allure generate --clean deletes the output folder first: never point it at the results or the run.
+        raise ReportError(f"report folder {out_dir} would contain the results {results_dir}; choose another -o")
     seed_history(results_dir, previous_report)
     java = java_executable()
     env = dict(os.environ, ALLURE_NO_ANALYTICS="true")
