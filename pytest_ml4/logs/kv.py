@@ -12,6 +12,7 @@ of the measurement before calling a value out of range.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,8 +103,8 @@ def cache_info_problems(size: KvCacheSize, target: Target, labels: Mapping[str, 
     if blocks.isdigit() and block.isdigit() and int(blocks) * int(block) < size.tokens - int(block):
         problems.append(f"cache_config_info num_gpu_blocks={blocks} x block_size={block} = "
                         f"{int(blocks) * int(block):,} tokens, fewer than the log's {size.tokens:,}")
-    util = labels.get("gpu_memory_utilization")
-    if util is not None and not math.isclose(float(util), eng.gpu_memory_utilization):
+    util = labels.get("gpu_memory_utilization", "")
+    if re.fullmatch(r"[\d.]+", util) and not math.isclose(float(util), eng.gpu_memory_utilization):
         problems.append(f"the engine runs gpu_memory_utilization={util}, the target says "
                         f"{eng.gpu_memory_utilization}")
     dtype = labels.get("cache_dtype")
