@@ -5,12 +5,14 @@
   Kubernetes), or the file given with ``--ml4-log-file`` (a saved journal/pod log, read instead).
 * ``ml4_boot_log`` (function): a fresh :class:`~pytest_ml4.logs.LogView` of the lines since the engine's last boot.
 * ``ml4_attach_log`` (function): attaches judged log lines to the test's report (Allure) and returns the text.
+* ``ml4_session_start`` (session): epoch seconds when the session started, for "during the session" windows.
 
 The core lives in :mod:`pytest_ml4.logs`; nothing here decides a verdict.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,6 +37,20 @@ def ml4_logs(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any) -> L
     if path:
         return FileLogReader(path)
     return reader_for_target(ml4_target, sim=ml4_sim)
+
+
+_SESSION_START = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_SESSION_START] = time.time()
+
+
+@pytest.fixture(scope="session")
+def ml4_session_start(pytestconfig: pytest.Config) -> float:
+    """When this pytest session started (epoch seconds): checks "during the session" read log lines from here."""
+    return pytestconfig.stash.get(_SESSION_START, time.time())
 
 
 @pytest.fixture
