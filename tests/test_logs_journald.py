@@ -148,3 +148,16 @@ def test_unknown_invocation_falls_back_to_the_unit_history(journal: Path) -> Non
 
     current = JournaldLogReader(UNIT, journal_file=journal, runner=host, invocation_lookup=True).since_last_boot()
     assert {r.boot_id for r in current} == {INVOCATIONS[2]}
+
+
+def test_multiline_and_invalid_utf8_messages(tmp_path: Path) -> None:
+    refusal = ("ValueError: Free memory on device cuda:0 (93.94/95.06 GiB) on startup is less than desired GPU memory "
+               "utilization (0.99, 94.11 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
+               "processes.")
+    base = {"_BOOT_ID": BOOT_ID, "_SYSTEMD_UNIT": UNIT, "_PID": "7", "__MONOTONIC_TIMESTAMP": "5"}
+    entries = [{**base, "__REALTIME_TIMESTAMP": str(T0), "MESSAGE": f"Traceback (most recent call last):\n{refusal}"},
+               {**base, "__REALTIME_TIMESTAMP": str(T0 + 1), "MESSAGE": b"bad \xff\xfe bytes"}]
+    journal = write_journal(entries, tmp_path / "odd.journal")
+    records = JournaldLogReader(UNIT, journal_file=journal).read()
+    assert [r.text for r in records] == ["Traceback (most recent call last):", refusal, "bad \ufffd\ufffd bytes"]
+    assert [e.signature for e in LogView(records).failures()] == ["startup_refused"]
