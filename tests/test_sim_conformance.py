@@ -211,6 +211,50 @@ def test_prompt_too_long_error(http: httpx.Client) -> None:
     assert r.text == ref.replace("5000", str(n))
 
 
+def test_prompt_over_the_character_bound_is_refused_before_tokenising(http: httpx.Client) -> None:
+    """0.33's _text_len_check: more characters than max_model_len tokens could hold -> 400, param input_text."""
+    from pytest_ml4.sim.tokenizer import get_tokenizer
+
+    bound = 4096 * get_tokenizer(15).max_chars_per_token
+    text = "x" * (bound + 1)
+    r = _chat(http, {"messages": [{"role": "user", "content": text}]})
+    assert r.status_code == 400
+    assert r.text == (
+        '{"error":{"message":"This model\'s maximum context length is 4096 tokens. However, your prompt contains '
+        f'{bound + 1} characters (more than {bound} characters, which is the upper bound for 4096 input tokens). '
+        f'Please reduce the length of the input prompt. (parameter=input_text, value={bound + 1})",'
+        '"type":"BadRequestError","param":"input_text","code":400}}')
+    # Just under the bound the request is tokenised and refused by the token check instead.
+    r = _chat(http, {"messages": [{"role": "user", "content": "x" * (bound - 64)}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_tokens"
+
+
+def _words_for_tokens(n: int) -> str:
+    """A user prompt whose chat encoding is exactly ``n`` Tekken tokens."""
+    from pytest_ml4.sim.tokenizer import get_tokenizer
+
+    tok = get_tokenizer(15)
+    overhead = tok.prompt_tokens({"messages": [{"role": "user", "content": "word"}]}) - 1
+    text = "word" + " word" * (n - overhead - 1)
+    assert tok.prompt_tokens({"messages": [{"role": "user", "content": text}]}) == n
+    return text
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["nonstream", "stream"])
+def test_prompt_of_exactly_max_model_len_gets_the_engine_wording(http: httpx.Client, stream: bool) -> None:
+    """The renderer passes a prompt == max_model_len; the engine's input processor refuses it (vllm.md §6.3)."""
+    r = _chat(http, {"messages": [{"role": "user", "content": _words_for_tokens(4096)}], "stream": stream})
+    assert r.status_code == 400
+    assert r.json() == {"error": {
+        "message": "The decoder prompt (length 4096) plus the number of requested output tokens (at least 1) is "
+                   "longer than the maximum model length of 4096. Make sure that `max_model_len` is no smaller "
+                   "than the number of text tokens (prompt + requested output tokens).",
+        "type": "BadRequestError", "param": None, "code": 400}}
+    ok = _chat(http, {"messages": [{"role": "user", "content": _words_for_tokens(4095)}], "max_tokens": 1,
+                      "reasoning_effort": "none"})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 1
+
+
 def test_unknown_model_404(http: httpx.Client) -> None:
     r = _chat(http, {"model": "foo", "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 404
@@ -305,3 +349,19 @@ def test_conversation_refused_by_mistral_common(http: httpx.Client) -> None:
     err = r.json()["error"]
     assert r.status_code == 400 and err["type"] == "BadRequestError"
     assert "must start with a user message or system message" in err["message"]
+
+
+def test_vllm_0_22_keeps_empty_tool_calls_in_the_message() -> None:
+    """<= 0.22 serialises ``"tool_calls": []`` in a message without calls (vllm.md §1.1); 0.33 drops it."""
+    with SimServer("gb300-agg", overrides={**OVERRIDES, "engine": {**OVERRIDES["engine"], "version": "0.22.0"}}) as s:
+        r = httpx.post(s.base_url + "/chat/completions", timeout=30,
+                       json={"messages": [{"role": "user", "content": "Hello"}], "reasoning_effort": "none"})
+    msg = r.json()["choices"][0]["message"]
+    assert list(msg) == ["role", "content", "refusal", "annotations", "audio", "function_call", "tool_calls",
+                         "reasoning"]
+    assert msg["tool_calls"] == []
+
+
+def test_vllm_0_33_drops_empty_tool_calls(http: httpx.Client) -> None:
+    msg = _chat(http, {"messages": [{"role": "user", "content": "Hello"}], "reasoning_effort": "none"}).json()
+    assert "tool_calls" not in msg["choices"][0]["message"]

@@ -56,8 +56,17 @@ def test_unguarded_paths_stay_open(keyed: SimServer, path: str) -> None:
 
 
 def test_key_never_in_argv_or_log(keyed: SimServer) -> None:
+    # Refused requests first (the key in a wrong scheme, a wrong key, the key in the query): none is logged.
+    for headers, query in (({"Authorization": "Basic sk-test-123"}, ""), (_auth("sk-wrong-456"), ""),
+                           ({}, "?api_key=sk-test-123")):
+        r = httpx.post(keyed.base_url + "/chat/completions" + query, json=CHAT, headers=headers)
+        assert r.status_code == 401
+    assert httpx.post(keyed.base_url + "/chat/completions", json={**CHAT, "model": "ml4"},
+                      headers=_auth()).status_code == 200
     assert not any("sk-test-123" in a for a in keyed.argv())
-    assert "sk-test-123" not in keyed.log_file.read_text()
+    log = keyed.log_file.read_text()
+    assert "sk-test-123" not in log and "sk-wrong-456" not in log
+    assert '"POST /v1/chat/completions' in log and " 401 " in log  # the refusals are logged, without the key
 
 
 # --------------------------------------------------------------------------- metrics

@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import os
 import random
+import signal
 import sys
 import time
 import uuid
@@ -31,10 +32,16 @@ from pytest_ml4.sim.logfmt import uvicorn_line, vllm_line
 from pytest_ml4.sim.perfmodel import PerfModel
 from pytest_ml4.sim.promstats import CONTENT_TYPE, SimMetrics
 from pytest_ml4.sim.responder import plan_response
-from pytest_ml4.sim.tokenizer import PromptError, SimTokenizer, get_tokenizer
+from pytest_ml4.sim.tokenizer import (
+    PromptError,
+    SimTokenizer,
+    get_tokenizer,
+    prompt_text_len,
+)
 from pytest_ml4.sim.validation import (
     ApiError,
     Context,
+    check_prompt_chars,
     check_request,
     engine_dead,
     parse_chat,
@@ -45,6 +52,10 @@ from pytest_ml4.targets import Target
 #: Path prefixes vLLM's API-key middleware guards (vllm/entrypoints/serve/middleware/authenticate.py).
 _GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
 _REASONING_FIELDS = ("reasoning", "reasoning_content", "both")
+#: Seconds open requests get after SIGTERM before they are cut; SimServer.stop() waits 10 s before SIGKILL.
+SHUTDOWN_GRACE_S = 1.0
+#: uvicorn sets no body limit; 1 GiB lets the character pre-check answer even for 1M-token contexts.
+MAX_BODY_BYTES = 1024 * 1024 * 1024
 
 
 class LogWriter:
@@ -95,6 +106,8 @@ class SimApp:
         self.target = t
         self.log = log
         self.tok = tokenizer
+        # Computed once at boot (a vocabulary scan), not on the first request.
+        self.max_chars_per_token = tokenizer.max_chars_per_token
         self.faults = cfg.faults
         self.names = served_names(t)
         self.ctx = Context(served_names=self.names, max_model_len=t.engine.max_model_len)
@@ -115,6 +128,7 @@ class SimApp:
             invalid_tool_json=self.faults.has("invalid_tool_json"),
             bad_tool_ids=self.faults.has("bad_tool_ids"),
             reasoning_usage_missing=self.faults.has("reasoning_usage_missing"),
+            empty_tool_calls=wire.version_tuple(t.engine.version) <= (0, 22, 99),
         )
         self.metrics = SimMetrics(t, self.names[0], boot.num_gpu_blocks)
         perf = PerfModel(t, itl_factor=self.faults.value("slow_decode", 1.0) or 1.0,
@@ -132,8 +146,8 @@ class SimApp:
 
     # ------------------------------------------------------------------ app
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._auth_middleware, self._access_log_middleware],
-                              client_max_size=64 * 1024 * 1024)
+        app = web.Application(middlewares=[self._access_log_middleware, self._auth_middleware],
+                              client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
@@ -168,12 +182,17 @@ class SimApp:
     async def _access_log_middleware(self, request: web.Request,
                                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                                      ) -> web.StreamResponse:
+        # Outermost, like uvicorn's access log: refused (401) requests are logged too.
         resp = await handler(request)
         peer = request.transport.get_extra_info("peername") if request.transport else None
         host = f"{peer[0]}:{peer[1]}" if peer else "-"
         status = resp.status
         reason = resp.reason or ""
-        self.log.uvicorn(f'{host} - "{request.method} {request.path_qs} HTTP/{request.version.major}.'
+        path = request.path_qs
+        if self.cfg.api_key and self.cfg.api_key in path:
+            # A client that put the key in the URL must not get it into the engine log.
+            path = path.replace(self.cfg.api_key, "***")
+        self.log.uvicorn(f'{host} - "{request.method} {path} HTTP/{request.version.major}.'
                          f'{request.version.minor}" {status} {reason}')
         return resp
 
@@ -210,6 +229,7 @@ class SimApp:
         try:
             body, req = parse_chat(await request.read())
             tool_choice = check_request(req, self.ctx, body)
+            check_prompt_chars(prompt_text_len(body), self.ctx, self.max_chars_per_token)
             prompt_ids = self._prompt_ids(body)
             max_tokens, requested = resolve_max_tokens(req, len(prompt_ids), self.ctx)
             if self.faults.has("error_rate") and self.error_rng.random() < self.faults.value("error_rate"):
@@ -261,7 +281,8 @@ class SimApp:
         asm = wire.assemble(out, ids, keep_parallel, include_reasoning)
         # Forced calls (required / named tool) report content "" rather than null.
         content_override = "" if (forced and asm.tool_calls and not asm.content) else None
-        message = wire.message_json(asm, content_override, self.opts.reasoning_field)
+        message = wire.message_json(asm, content_override, self.opts.reasoning_field,
+                                   self.opts.empty_tool_calls)
         reasoning_tokens = None
         if self.reasoning_parser:
             reasoning_tokens = 0 if self.opts.reasoning_usage_missing else asm.reasoning_tokens
@@ -398,7 +419,8 @@ async def serve(cfg: SimConfig) -> int:
     tokenizer = get_tokenizer(cfg.target.engine.tokenizer_version)
     sim = SimApp(cfg, boot, log, tokenizer)
     route_lines(cfg, log)
-    runner = web.AppRunner(sim.app(), access_log=None, handle_signals=False)
+    # In-flight handlers get SHUTDOWN_GRACE_S after SIGTERM, then are cancelled (vLLM cancels its server task).
+    runner = web.AppRunner(sim.app(), access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port, reuse_address=True)
     log.uvicorn(f"Started server process [{pid}]")
@@ -407,11 +429,15 @@ async def serve(cfg: SimConfig) -> int:
     log.uvicorn("Application startup complete.")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    import signal
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.uvicorn("Shutting down")
-    await runner.cleanup()
+    # Stop generating first: streams in flight would otherwise keep aiohttp's graceful shutdown waiting.
+    await sim.engine.stop()
+    try:
+        await asyncio.wait_for(runner.cleanup(), timeout=SHUTDOWN_GRACE_S + 2.0)
+    except TimeoutError:
+        log.uvicorn("Shutdown grace period exceeded; exiting with requests still open")
     log.uvicorn(f"Finished server process [{pid}]")
     return 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,17 @@ class SimTokenizer:
         self._pieces_cache[text] = result
         return result
 
+    @cached_property
+    def max_chars_per_token(self) -> int:
+        """Characters of the longest vocabulary piece: vLLM's bound for its character pre-check."""
+        longest = 0
+        for i in range(self._tok.n_words):
+            try:
+                longest = max(longest, len(self._tok.id_to_byte_piece(i).decode("utf-8", errors="replace")))
+            except Exception:  # noqa: BLE001, S112 - special-token ids have no byte piece
+                continue
+        return longest
+
     def count(self, text: str) -> int:
         return len(self._tok.encode(text, bos=False, eos=False))
 
@@ -157,6 +168,14 @@ def _clean_message(m: Any) -> Any:
     if out.get("role") == "assistant" and out.get("tool_calls") and not out.get("content"):
         out.pop("content", None)
     return out
+
+
+def prompt_text_len(body: dict[str, Any]) -> int:
+    """Characters of a chat request's text (messages and tool definitions), counted without tokenising."""
+    n = sum(len(message_text(m)) for m in body.get("messages") or [])
+    if body.get("tools"):
+        n += len(json.dumps(body["tools"]))
+    return n
 
 
 def message_text(m: Any) -> str:

@@ -169,13 +169,37 @@ def check_request(req: ChatRequest, ctx: Context, raw: dict[str, Any] | None = N
     return tool_choice
 
 
+def check_prompt_chars(text_len: int, ctx: Context, max_chars_per_token: int) -> None:
+    """0.33's character pre-check (``_text_len_check``, vllm.md §6.3): a prompt with more characters than
+    ``max_model_len`` tokens could ever hold is refused before it is tokenised at all."""
+    max_input_chars = ctx.max_model_len * max_chars_per_token
+    if text_len > max_input_chars:
+        raise vllm_validation(
+            f"This model's maximum context length is {ctx.max_model_len} tokens. However, your prompt contains "
+            f"{text_len} characters (more than {max_input_chars} characters, which is the upper bound for "
+            f"{ctx.max_model_len} input tokens). Please reduce the length of the input prompt.", "input_text",
+            text_len, with_value=True)
+
+
+def engine_prompt_too_long(prompt_tokens: int, max_model_len: int) -> ApiError:
+    """The engine-side backstop for a prompt of exactly ``max_model_len`` tokens (vllm.md §6.3,
+    ``vllm/v1/engine/input_processor.py``): a plain ``ValueError``, so a 400 without a ``param``."""
+    return ApiError(400, f"The decoder prompt (length {prompt_tokens}) plus the number of requested output tokens "
+                    f"(at least 1) is longer than the maximum model length of {max_model_len}. Make sure that "
+                    "`max_model_len` is no smaller than the number of text tokens (prompt + requested output "
+                    "tokens).", "BadRequestError", None)
+
+
 def resolve_max_tokens(req: ChatRequest, prompt_tokens: int, ctx: Context) -> tuple[int, int | None]:
     """Effective max tokens (``max_completion_tokens`` wins, clamped to the context) and the requested value."""
-    if prompt_tokens > ctx.max_model_len or (prompt_tokens == ctx.max_model_len):
+    if prompt_tokens > ctx.max_model_len:
+        # The renderer's token check (_token_len_check) refuses only prompts longer than the context.
         raise vllm_validation(
             f"This model's maximum context length is {ctx.max_model_len} tokens. However, your prompt contains "
             f"{prompt_tokens} input tokens, which exceeds this limit even without any output tokens. Please reduce "
             "the length of the input prompt.", "input_tokens", prompt_tokens, with_value=True)
+    if prompt_tokens == ctx.max_model_len:
+        raise engine_prompt_too_long(prompt_tokens, ctx.max_model_len)
     field, requested = ("max_completion_tokens", req.max_completion_tokens)
     if requested is None:
         field, requested = ("max_tokens", req.max_tokens)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import string
 from dataclasses import dataclass, field
 from itertools import cycle, islice
@@ -47,6 +48,8 @@ class WireOptions:
     invalid_tool_json: bool = False
     bad_tool_ids: bool = False
     reasoning_usage_missing: bool = False
+    #: vLLM <= 0.22 keeps ``"tool_calls": []`` in a non-streaming message without calls (vllm.md §1.1 notes).
+    empty_tool_calls: bool = False
     #: Per request (``include_reasoning``): false drops the reasoning text; its tokens are still generated.
     include_reasoning: bool = True
 
@@ -382,11 +385,12 @@ class StreamRenderer:
 
 
 # --------------------------------------------------------------------------- non-streaming body
-def message_json(asm: Assembled, content_override: str | None, reasoning_field: str) -> dict[str, Any]:
+def message_json(asm: Assembled, content_override: str | None, reasoning_field: str,
+                 empty_tool_calls: bool = False) -> dict[str, Any]:
     msg: dict[str, Any] = {"role": "assistant",
                            "content": content_override if content_override is not None else asm.content,
                            "refusal": None, "annotations": None, "audio": None, "function_call": None}
-    if asm.tool_calls:
+    if asm.tool_calls or empty_tool_calls:
         msg["tool_calls"] = asm.tool_calls
     if reasoning_field == "reasoning_content":
         msg["reasoning_content"] = asm.reasoning
@@ -395,6 +399,12 @@ def message_json(asm: Assembled, content_override: str | None, reasoning_field: 
         if reasoning_field == "both":
             msg["reasoning_content"] = asm.reasoning
     return msg
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``"0.22.1"`` -> ``(0, 22, 1)``; suffixes (``rc1``, ``+cu129``) are ignored."""
+    m = re.match(r"\d+(?:\.\d+)*", version.strip())
+    return tuple(int(x) for x in m.group(0).split(".")) if m else ()
 
 
 def response_body(*, req_id: str, created: int, model: str, message: dict[str, Any], finish: str,
