@@ -202,8 +202,8 @@ def _start_sim(state: Ml4State) -> None:
         # The refusal/OOM line first: a long traceback after it can push it out of the tail.
         if not Path(sim.log_file).exists():
             raise pytest.UsageError(f"ml4: the simulator for target {state.target.name} did not start: {err}") from None
-        headline = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise pytest.UsageError(f"ml4: {headline}\n{start_failure_summary(sim.log_file)}") from None
+        raise pytest.UsageError(f"ml4: the simulator for target {state.target.name} did not start\n"
+                                f"{start_failure_summary(sim.log_file)}") from None
     state.sim_info = {"url": sim.url, "base_url": sim.base_url, "log_file": str(sim.log_file), "pid": sim.pid}
 
 
