@@ -62,6 +62,21 @@ def test_stream_assembly_equals_the_non_streamed_body(name: str) -> None:
     assert result.finish_reason == choice["finish_reason"]
 
 
+#: fixtures/probe name -> case title in the recorded transcripts.txt.
+REFERENCE_TITLES = {"plain_content": "plain content", "reasoning_content": "reasoning + content",
+                    "tool_call_v13": "tool call v13", "reasoning_parallel_tools": "reasoning + parallel tool calls"}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_probe_copies_are_the_recorded_transcripts(name: str) -> None:
+    """The SSE files above are the reference's recorded lines, unchanged and in order (no drift, no edits)."""
+    text = (PROBE.parent / "transcripts" / "transcripts.txt").read_text()
+    block = text.split("================== " + REFERENCE_TITLES[name] + "\n", 1)[1].split("==================", 1)[0]
+    recorded = [line[len("data: "):] for line in block.splitlines() if line.startswith("data: ")]
+    assert recorded, f"no SSE lines for {REFERENCE_TITLES[name]!r} in transcripts.txt"
+    assert payloads(name) == recorded
+
+
 def test_reasoning_and_tool_calls_are_assembled_by_index() -> None:
     result = parse_sse_text((PROBE / "reasoning_parallel_tools.sse").read_text())
     assert result.reasoning == "Need weather."

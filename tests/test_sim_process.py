@@ -1,5 +1,6 @@
-"""The simulator process ends when asked: SIGTERM with streams in flight, and ``SimServer.stop()``'s SIGKILL
-fallback, never leaving a process behind."""
+"""The simulator process ends when asked: on SIGTERM it drains the streams in flight like uvicorn's graceful
+shutdown (tooling.md §3.6), bounded, and a second signal cuts the drain; ``SimServer.stop()`` falls back to
+SIGKILL and never leaves a process behind."""
 
 from __future__ import annotations
 
@@ -9,16 +10,20 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from pytest_ml4.sim import SimServer
 
-#: Long answers at a modest rate: a stream lasts far longer than the test allows for shutdown.
-SLOW = {"sim": {"ttft_s": 0.01, "itl_ms": 5.0}, "engine": {"speculative": None}}
-LONG_STREAM = {"model": "mistral-large-4", "messages": [{"role": "user", "content": "Hello"}], "stream": True,
-               "min_tokens": 5000, "max_tokens": 5000, "reasoning_effort": "none"}
+#: Answers at a modest, fixed rate (one token per 5 ms step) so stream durations are known.
+SLOW: dict[str, Any] = {"sim": {"ttft_s": 0.01, "itl_ms": 5.0}, "engine": {"speculative": None}}
+
+
+def _stream_body(tokens: int) -> dict[str, Any]:
+    return {"model": "mistral-large-4", "messages": [{"role": "user", "content": "Hello"}], "stream": True,
+            "min_tokens": tokens, "max_tokens": tokens, "reasoning_effort": "none"}
 
 
 def _gone(pid: int) -> bool:
@@ -29,47 +34,106 @@ def _gone(pid: int) -> bool:
     return False
 
 
-def _open_streams(sim: SimServer, n: int) -> tuple[list[threading.Thread], list[int]]:
-    """``n`` streams that have each received a few chunks; the list counts lines per stream."""
-    seen = [0] * n
+def _open_streams(sim: SimServer, n: int, tokens: int) -> tuple[list[threading.Thread], list[list[str]]]:
+    """``n`` streams of ``tokens`` tokens that have each received a few chunks; returns their lines so far."""
+    lines: list[list[str]] = [[] for _ in range(n)]
     started = threading.Barrier(n + 1, timeout=30)
 
     def read(i: int) -> None:
         try:
-            with httpx.stream("POST", sim.base_url + "/chat/completions", json=LONG_STREAM, timeout=60) as r:
+            with httpx.stream("POST", sim.base_url + "/chat/completions", json=_stream_body(tokens), timeout=60) as r:
                 for line in r.iter_lines():
-                    seen[i] += 1
-                    if seen[i] == 5:
+                    if not line:
+                        continue
+                    lines[i].append(line)
+                    if len(lines[i]) == 5:
                         started.wait()
-        except httpx.HTTPError:
-            pass  # the server going away mid-stream is the point of the test
+        except httpx.HTTPError as e:
+            lines[i].append(f"transport error: {e}")
 
     threads = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(n)]
     for t in threads:
         t.start()
     started.wait()
-    return threads, seen
+    return threads, lines
 
 
-def test_sigterm_with_streams_in_flight_exits_promptly(tmp_path: Path) -> None:
-    sim = SimServer("gb300-agg", overrides=SLOW, log_file=tmp_path / "e.log").start()
+def _sigterm_and_wait(sim: SimServer, limit: float, second_after: float | None = None) -> tuple[int, float]:
     proc = sim.proc
     assert proc is not None
-    try:
-        threads, seen = _open_streams(sim, 3)
-        t0 = time.monotonic()
+    t0 = time.monotonic()
+    os.kill(proc.pid, signal.SIGTERM)
+    if second_after is not None:
+        time.sleep(second_after)
         os.kill(proc.pid, signal.SIGTERM)
-        code = proc.wait(timeout=8)
-        took = time.monotonic() - t0
+    try:
+        code = proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the simulator did not exit within {limit} s of SIGTERM\n{sim.log_tail()}")
+    return code, time.monotonic() - t0
+
+
+def test_sigterm_drains_streams_in_flight_then_exits(tmp_path: Path) -> None:
+    sim = SimServer("gb300-agg", overrides=SLOW, log_file=tmp_path / "e.log").start()
+    try:
+        threads, lines = _open_streams(sim, 3, tokens=500)  # ~2.5 s each
+        pid = sim.pid
+        code, took = _sigterm_and_wait(sim, limit=8)
+        for t in threads:
+            t.join(timeout=10)
     finally:
         sim.stop()
     assert code == 0, f"exit code {code} after SIGTERM\n{sim.log_tail()}"
-    assert took < 5, f"SIGTERM with 3 streams in flight took {took:.1f} s to exit"
-    for t in threads:
-        t.join(timeout=10)
-    assert all(n < 5000 for n in seen), "a stream ran to completion: SIGTERM did not cut it"
+    assert took < 6, f"SIGTERM with 3 short streams in flight took {took:.1f} s to exit"
+    for i, got in enumerate(lines):
+        assert got[-1] == "data: [DONE]", f"stream {i} was cut by SIGTERM instead of drained: {got[-2:]}"
+        assert '"finish_reason":"length"' in got[-2] or '"finish_reason":"length"' in got[-3], got[-3:]
     log = sim.log_file.read_text()
-    assert "Shutting down" in log and f"Finished server process [{proc.pid}]" in log
+    assert "Waiting for connections to close." in log and f"Finished server process [{pid}]" in log
+
+
+def test_second_sigterm_cuts_the_drain(tmp_path: Path) -> None:
+    sim = SimServer("gb300-agg", overrides=SLOW, log_file=tmp_path / "e.log").start()
+    try:
+        threads, lines = _open_streams(sim, 2, tokens=5000)  # ~25 s each
+        code, took = _sigterm_and_wait(sim, limit=6, second_after=0.5)
+        for t in threads:
+            t.join(timeout=10)
+    finally:
+        sim.stop()
+    assert code == 0 and took < 4, f"exit code {code} after {took:.1f} s"
+    assert all(got[-1] != "data: [DONE]" for got in lines), "a 25 s stream completed: the drain was not cut"
+
+
+def test_drain_is_bounded(tmp_path: Path) -> None:
+    overrides = {**SLOW, "sim": {**SLOW["sim"], "extra": {"shutdown_drain_s": 1.0}}}
+    sim = SimServer("gb300-agg", overrides=overrides, log_file=tmp_path / "e.log").start()
+    try:
+        threads, _ = _open_streams(sim, 2, tokens=5000)
+        code, took = _sigterm_and_wait(sim, limit=6)
+        for t in threads:
+            t.join(timeout=10)
+    finally:
+        sim.stop()
+    assert code == 0 and took < 4, f"exit code {code} after {took:.1f} s with a 1 s drain limit"
+
+
+def test_no_new_connections_while_draining(tmp_path: Path) -> None:
+    sim = SimServer("gb300-agg", overrides=SLOW, log_file=tmp_path / "e.log").start()
+    try:
+        threads, _ = _open_streams(sim, 1, tokens=600)  # ~3 s
+        proc = sim.proc
+        assert proc is not None
+        os.kill(proc.pid, signal.SIGTERM)
+        time.sleep(0.3)
+        assert proc.poll() is None, "exited before the stream drained"
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(sim.url + "/health", timeout=2)
+        proc.wait(timeout=8)
+        for t in threads:
+            t.join(timeout=10)
+    finally:
+        sim.stop()
 
 
 def test_stop_falls_back_to_sigkill_and_leaves_nothing(tmp_path: Path) -> None:

@@ -52,7 +52,11 @@ from pytest_ml4.targets import Target
 #: Path prefixes vLLM's API-key middleware guards (vllm/entrypoints/serve/middleware/authenticate.py).
 _GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
 _REASONING_FIELDS = ("reasoning", "reasoning_content", "both")
-#: Seconds open requests get after SIGTERM before they are cut; SimServer.stop() waits 10 s before SIGKILL.
+#: SIGTERM drains like uvicorn's graceful shutdown (tooling.md §3.6: in-flight streams finish normally), but at
+#: most this long (``sim.extra.shutdown_drain_s``), under SimServer.stop()'s 10 s before SIGKILL; a second
+#: SIGTERM/SIGINT cuts the drain at once (uvicorn's "CTRL+C to force quit").
+DEFAULT_DRAIN_S = 8.0
+#: What aiohttp gives a handler still open once the drain is over before cancelling it.
 SHUTDOWN_GRACE_S = 1.0
 #: uvicorn sets no body limit; 1 GiB lets the character pre-check answer even for 1M-token contexts.
 MAX_BODY_BYTES = 1024 * 1024 * 1024
@@ -142,6 +146,10 @@ class SimApp:
         self.boot = boot
         self._exit = os._exit  # replaced in tests; a crashing engine takes the whole process down
         self.rng = random.Random(int(t.sim.extra.get("seed", 0)) + 1)
+        #: Requests being handled (streams until their last byte); ``idle`` is set whenever there are none.
+        self.inflight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
         self.error_rng = random.Random(int(t.sim.extra.get("seed", 0)) + 2)
 
     # ------------------------------------------------------------------ app
@@ -183,7 +191,14 @@ class SimApp:
                                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                                      ) -> web.StreamResponse:
         # Outermost, like uvicorn's access log: refused (401) requests are logged too.
-        resp = await handler(request)
+        self.inflight += 1
+        self.idle.clear()
+        try:
+            resp = await handler(request)
+        finally:
+            self.inflight -= 1
+            if not self.inflight:
+                self.idle.set()
         peer = request.transport.get_extra_info("peername") if request.transport else None
         host = f"{peer[0]}:{peer[1]}" if peer else "-"
         status = resp.status
@@ -419,7 +434,6 @@ async def serve(cfg: SimConfig) -> int:
     tokenizer = get_tokenizer(cfg.target.engine.tokenizer_version)
     sim = SimApp(cfg, boot, log, tokenizer)
     route_lines(cfg, log)
-    # In-flight handlers get SHUTDOWN_GRACE_S after SIGTERM, then are cancelled (vLLM cancels its server task).
     runner = web.AppRunner(sim.app(), access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port, reuse_address=True)
@@ -427,17 +441,39 @@ async def serve(cfg: SimConfig) -> int:
     log.uvicorn("Waiting for application startup.")
     await site.start()
     log.uvicorn("Application startup complete.")
-    stop = asyncio.Event()
+    stop, force = asyncio.Event(), asyncio.Event()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            force.set()
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     await stop.wait()
     log.uvicorn("Shutting down")
-    # Stop generating first: streams in flight would otherwise keep aiohttp's graceful shutdown waiting.
+    await site.stop()  # no new connections; the open ones finish their requests
+    if sim.inflight:
+        log.uvicorn("Waiting for connections to close. (CTRL+C to force quit)")
+        await _first(sim.idle.wait(), force.wait(), timeout=float(cfg.target.sim.extra.get("shutdown_drain_s",
+                                                                                           DEFAULT_DRAIN_S)))
     await sim.engine.stop()
+    log.uvicorn("Waiting for application shutdown.")
     try:
         await asyncio.wait_for(runner.cleanup(), timeout=SHUTDOWN_GRACE_S + 2.0)
     except TimeoutError:
-        log.uvicorn("Shutdown grace period exceeded; exiting with requests still open")
+        log.uvicorn("Cancel requests still open at shutdown.")
+    log.uvicorn("Application shutdown complete.")
     log.uvicorn(f"Finished server process [{pid}]")
     return 0
+
+
+async def _first(*aws: Awaitable[Any], timeout: float) -> None:
+    """Wait until any of ``aws`` finishes or ``timeout`` passes; cancel the rest."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
