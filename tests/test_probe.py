@@ -17,7 +17,12 @@ import pytest
 from ml4_http_stub import Scripted, StubServer, sse
 
 from pytest_ml4.checks.protocol import Assembled
-from pytest_ml4.probe import parse_sse_lines, parse_sse_text, probe_chat_stream, probe_chat_stream_async
+from pytest_ml4.probe import (
+    parse_sse_lines,
+    parse_sse_text,
+    probe_chat_stream,
+    probe_chat_stream_async,
+)
 
 PROBE = Path(__file__).resolve().parent.parent / "fixtures" / "probe"
 USAGE = {"stream_options": {"include_usage": True}}
