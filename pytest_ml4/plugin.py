@@ -116,6 +116,7 @@ class Ml4State:
         self.run_dir: Path | None = None
         self.sim: Any = None            # SimServer (controller) or None
         self.sim_info: dict[str, Any] | None = None
+        self.proxy: Any = None          # LiteLLMProxy (controller) or AttachedProxy (worker) under --sim
         self.is_worker = hasattr(config, "workerinput")
 
     @classmethod
@@ -146,6 +147,8 @@ class Ml4State:
         if wi and wi.get(_WI_RUN_DIR):
             self.run_dir = Path(wi[_WI_RUN_DIR])
             self.sim_info = wi.get(_WI_SIM)
+            if self.sim_info and self.sim_info.get("proxy"):
+                self.proxy = AttachedProxy(**self.sim_info["proxy"])
         return self
 
     # The run folder: one per run, never reused, so nothing is lost between runs.
@@ -185,13 +188,18 @@ def _sim_api_key(target: Target) -> None:
 
 
 def _start_sim(state: Ml4State) -> None:
-    from pytest_ml4.sim import SimServer
-
+    """Start the simulated deployment the target describes: a vLLM engine, or a Dynamo frontend with its
+    workers, and for targets served behind a proxy a real LiteLLM proxy in front of it."""
     assert state.target is not None
-    _sim_api_key(state.target)
+    target = state.target
+    _sim_api_key(target)
     run_dir = state.ensure_run_dir()
     timeout = float(_opt(state.config, "ml4_sim_timeout", "ml4_sim_start_timeout") or 60)
-    sim = SimServer(state.target, faults=state.faults, overrides=state.overrides or None,
+    if target.is_dynamo:
+        from pytest_ml4.sim.dynamo import DynamoSim as sim_class
+    else:
+        from pytest_ml4.sim import SimServer as sim_class
+    sim = sim_class(target, faults=state.faults, overrides=state.overrides or None,
                     log_file=run_dir / "sim" / "engine.log")
     state.sim = sim
     try:
@@ -199,12 +207,35 @@ def _start_sim(state: Ml4State) -> None:
     except Exception as err:  # the simulator's own error carries the log tail
         from pytest_ml4.logs import start_failure_summary
 
+        sim.stop()
         # The refusal/OOM line first: a long traceback after it can push it out of the tail.
         if not Path(sim.log_file).exists():
-            raise pytest.UsageError(f"ml4: the simulator for target {state.target.name} did not start: {err}") from None
-        raise pytest.UsageError(f"ml4: the simulator for target {state.target.name} did not start\n"
+            raise pytest.UsageError(f"ml4: the simulator for target {target.name} did not start: {err}") from None
+        raise pytest.UsageError(f"ml4: the simulator for target {target.name} did not start\n"
                                 f"{start_failure_summary(sim.log_file)}") from None
     state.sim_info = {"url": sim.url, "base_url": sim.base_url, "log_file": str(sim.log_file), "pid": sim.pid}
+    if target.has_proxy:
+        _start_proxy(state, sim, run_dir)
+
+
+def _start_proxy(state: Ml4State, sim: Any, run_dir: Path) -> None:
+    from pytest_ml4.plugin_restart import _int_opt
+    from pytest_ml4.proxy import LiteLLMProxy, ProxyError, ProxySettings
+    from pytest_ml4.tools import ToolMissing
+
+    assert state.target is not None
+    settings = ProxySettings.from_target(state.target, sim.base_url,
+                                         num_retries=_int_opt(state.config, "ml4_proxy_retries"),
+                                         max_retries=_int_opt(state.config, "ml4_proxy_max_retries"))
+    proxy = LiteLLMProxy(settings, run_dir / "proxy" / "main")
+    try:
+        proxy.start()
+    except (ProxyError, ToolMissing, OSError) as err:
+        proxy.stop()
+        raise pytest.UsageError(f"ml4: the LiteLLM proxy for {state.target.name} did not start: {err}") from None
+    state.proxy = proxy
+    state.sim_info = dict(state.sim_info or {}, proxy={"url": proxy.url, "base_url": proxy.base_url,
+                                                       "pid": proxy.pid, "num_retries": proxy.num_retries})
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -246,7 +277,12 @@ class _XdistHooks:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(STATE_KEY, None)
-    if state is not None and state.sim is not None:
+    if state is None:
+        return
+    if isinstance(state.proxy, _Stoppable):
+        state.proxy.stop()
+    state.proxy = None
+    if state.sim is not None:
         state.sim.stop()
         state.sim = None
 
@@ -257,9 +293,11 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         return [f"ml4: no target (use --target; known: {', '.join(known_targets())})"]
     t = state.target
     if state.use_sim:
-        where = (state.sim_info or {}).get("url", "simulator not started yet")
+        info = state.sim_info or {}
+        where = (info.get("proxy") or {}).get("url") or info.get("url", "simulator not started yet")
         host = where.split("//", 1)[-1]
-        mode = "simulated" + (f", faults: {', '.join(state.faults)}" if state.faults else "")
+        mode = ("simulated" + (", through a real LiteLLM proxy" if info.get("proxy") else "")
+                + (f", faults: {', '.join(state.faults)}" if state.faults else ""))
     else:
         url = state.config.getoption("ml4_endpoint") or os.environ.get(t.endpoint.url_env) or t.endpoint.default_url
         host = _host_only(url) if url else f"(unset: export {t.endpoint.url_env} or pass --endpoint)"
@@ -338,7 +376,8 @@ def ml4_sim(pytestconfig: pytest.Config, ml4_target: Target) -> Any:
     if state.sim is not None:
         return state.sim
     if state.sim_info is not None:
-        return AttachedSim(**state.sim_info)
+        info = {k: v for k, v in state.sim_info.items() if k != "proxy"}
+        return AttachedSim(**info)
     _start_sim(state)
     return state.sim
 
@@ -353,6 +392,24 @@ class AttachedSim:
         return f"AttachedSim({self.url}, pid={self.pid})"
 
 
+class AttachedProxy:
+    """The controller's LiteLLM proxy seen from an xdist worker."""
+
+    def __init__(self, url: str, base_url: str, pid: int | None, num_retries: int) -> None:
+        self.url, self.base_url, self.pid, self.num_retries = url, base_url, pid, num_retries
+
+    def __repr__(self) -> str:
+        return f"AttachedProxy({self.url}, pid={self.pid})"
+
+
+class _Stoppable:
+    """Anything with ``stop()``: what the controller owns and must stop (attached views are not)."""
+
+    @classmethod
+    def __subclasshook__(cls, other: type) -> bool:
+        return callable(getattr(other, "stop", None))
+
+
 def build_endpoint(state: Ml4State, sim: Any) -> Any:
     """The Endpoint for the session, or ``pytest.exit`` with one line saying what is missing or unreachable."""
     from pytest_ml4.client import Endpoint, check_reachable
@@ -360,7 +417,10 @@ def build_endpoint(state: Ml4State, sim: Any) -> Any:
     config, t = state.config, state.target
     assert t is not None
     key_var = config.getoption("ml4_api_key_env") or t.endpoint.api_key_env
-    if sim is not None:
+    via_proxy = sim is not None and state.proxy is not None
+    if via_proxy:
+        base_url = state.proxy.base_url     # the suites see the deployment as clients do: through the proxy
+    elif sim is not None:
         base_url = sim.base_url
     else:
         base_url = config.getoption("ml4_endpoint") or os.environ.get(t.endpoint.url_env) or t.endpoint.default_url
@@ -377,7 +437,7 @@ def build_endpoint(state: Ml4State, sim: Any) -> Any:
     elif sim is not None:
         metrics_url = sim.url + "/metrics"
     ep = Endpoint(base_url=base_url, api_key=api_key or "", model=t.serving.served_model_name,
-                  metrics_url=metrics_url, simulated=state.use_sim, proxy=t.has_proxy)
+                  metrics_url=metrics_url, simulated=state.use_sim, proxy=via_proxy or (sim is None and t.has_proxy))
     problem = check_reachable(ep)
     if problem:
         pytest.exit(f"ml4: {problem}", returncode=3)
