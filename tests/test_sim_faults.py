@@ -155,6 +155,24 @@ def test_slow_decode_and_ttft_spike() -> None:
     assert itl >= 0.9 * 8 * 0.002
 
 
+def test_target_file_can_name_faults() -> None:
+    """``sim.extra.faults`` in the target (or ``--set``) starts the simulator broken, like ``--fault``."""
+    overrides = {**FAST, "sim": {**FAST["sim"], "extra": {"faults": ["no_done", "bad_tool_ids"]}}}
+    for http in _client("gb300-agg", overrides=overrides):
+        lines = stream_lines(http, {**CHAT, "stream": True})
+        call = http.post("/v1/chat/completions", json=TOOL_CHAT).json()["choices"][0]["message"]["tool_calls"][0]
+    assert lines[-1] != "[DONE]"
+    assert call["id"].startswith("chatcmpl-tool-")
+
+
+def test_target_faults_must_be_known(tmp_path: Any) -> None:
+    from pytest_ml4.sim import SimServerError
+
+    overrides = {"sim": {"extra": {"faults": ["no_such_fault"]}}}
+    with pytest.raises(SimServerError, match="unknown fault 'no_such_fault'"):
+        SimServer("gb300-agg", overrides=overrides, log_file=tmp_path / "e.log").start(timeout=30)
+
+
 # --------------------------------------------------------------------------- legacy reasoning fields
 @pytest.mark.parametrize("mode", ["reasoning_content", "both"])
 def test_legacy_reasoning_field_profiles(mode: str) -> None:

@@ -3,6 +3,9 @@
     python -m pytest_ml4.sim --target rtxpro6000-tp8 --port 8000 [--host 127.0.0.1] [--log-file F]
                              [--fault NAME[=VALUE]]... [--set section.field=value]...
 
+Faults come from ``--fault`` and from the target's ``sim.extra.faults`` list (so a faulty profile can be a
+target file, or ``--ml4-set 'sim.extra.faults=[no_done]'`` on pytest).
+
 The API key (when the target requires one) is read from the environment variable named by
 ``endpoint.api_key_env``, never from argv.
 """
@@ -45,6 +48,17 @@ def load_with_overrides(target: str, exprs: list[str]) -> Target:
     return load_target(target, overrides=merged or None)
 
 
+def target_faults(target: Target) -> list[str]:
+    """Faults a target file asks for (``sim.extra.faults: [name, "name=value", ...]``), e.g. a broken profile
+    kept as its own YAML; ``--fault`` adds to them."""
+    raw = target.sim.extra.get("faults") or []
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list):
+        raise FaultError(f"sim.extra.faults must be a list of fault names, got {raw!r}")
+    return [str(f) for f in raw]
+
+
 def api_key_for(target: Target) -> str | None:
     """The key from the environment, or None when the target needs none; raises SystemExit if it is missing."""
     ep = target.endpoint
@@ -63,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         target = load_with_overrides(args.target, args.overrides)
-        faults = ActiveFaults(args.fault)
+        faults = ActiveFaults([*target_faults(target), *args.fault])
     except (TargetError, FaultError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
