@@ -57,16 +57,18 @@ def test_rtx_acceptance_in_the_seed_range_with_per_request_spread() -> None:
 @pytest.mark.parametrize("name", DYNAMO)
 def test_dynamo_profiles_sit_just_inside_the_gate(name: str) -> None:
     target = load_target(name)
-    top = max(target.perf.concurrencies)
+    prof = profile_for(target)
+    running = int(prof["gate_running"])            # sequences per decode worker at the top sweep concurrency
     perf = PerfModel(target)
     gate_tok_s = target.gates.decode_tok_s_user_p50_min
-    tok_s = 1.0 / perf.itl(top)
-    assert gate_tok_s < tok_s < 1.25 * gate_tok_s, f"{name}: {tok_s:.1f} tok/s/user at c{top}"
+    for r in (running - 4, running, running + 4):  # an uneven routing split stays inside
+        tok_s = 1.0 / perf.itl(r)
+        assert gate_tok_s < tok_s < 1.3 * gate_tok_s, f"{name}: {tok_s:.1f} tok/s/user with {r} running"
     slow = PerfModel(target, itl_factor=2.0)
-    assert 1.0 / slow.itl(top) < gate_tok_s                                # a 2x ITL regression fails the gate
-    ttft = perf.ttft(target.perf.isl, QueueState(running=top - 1))
+    assert 1.0 / slow.itl(running - 8) < gate_tok_s                         # a 2x ITL regression fails the gate
+    ttft = perf.ttft(target.perf.isl, QueueState(running=running - 1))
     assert 0.6 * target.gates.ttft_p50_s_max < ttft < target.gates.ttft_p50_s_max
-    assert "estimate" in profile_for(target)["source"]
+    assert "estimate" in prof["source"]
 
 
 def test_time_scale_compresses_every_duration(monkeypatch: pytest.MonkeyPatch) -> None:
