@@ -111,10 +111,13 @@ def test_dynamo_gate_thresholds() -> None:
 def test_saturation_and_knee() -> None:
     pts = seed_points()
     assert all(gates.saturation_gate(p, 16).passed for p in pts)
-    over = replace(pts[-1], decode_conc_max=20.0)
+    over = replace(pts[-1], decode_conc_p50=20.0, decode_conc_max=24.0)
     assert not gates.saturation_gate(over, 16).passed
     never = replace(pts[-1], decode_conc_max=9.0, decode_conc_p50=9.0)
     assert not gates.saturation_gate(never, 16).passed
+    # A client-side max above the cap (tokens still in flight through a proxy) is not an engine over the cap.
+    assert gates.saturation_gate(replace(pts[-1], decode_conc_max=20.0), 16).passed
+    assert not gates.saturation_gate(replace(pts[2], decode_conc_p50=6.0), 16).passed   # c4 cannot run 6
     assert gates.latency_knee(pts, 5.0) == 16            # "c16 is the latency knee: TTFT p99 there is 7.5 s"
     assert baseline_knee(Baseline.load(BASELINE), 5.0) == 16
     assert gates.knee_gate(pts, 5.0, not_before=16).passed

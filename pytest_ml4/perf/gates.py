@@ -5,7 +5,7 @@
   (seed 002: "decode tok/s/user P50 above 50 and TTFT P50 below 2 seconds"; dynamo.md §7 reads them as
   ``output_token_throughput_per_user.p50`` and ``time_to_first_token.p50``);
 * ``saturation``: decode concurrency caps at ``max_num_seqs`` (seed 000: "at c16-c64 the measured effective
-  decode concurrency has p50 = 16.0") - at or above the cap the p50 is the cap, and never above it;
+  decode concurrency has p50 = 16.0") - past the cap its p50 is the cap, and never above it;
 * ``knee``: the latency knee is the first concurrency whose TTFT p99 exceeds ``ttft_p99_knee_s``; it is reported,
   and gated only when the target says where it must lie (the sweep's knee must not come earlier than the
   baseline's);
@@ -60,21 +60,22 @@ def dynamo_gates(fig: PointFigures, target: Target) -> list[GateResult]:
 
 
 def saturation_gate(fig: PointFigures, max_num_seqs: int) -> GateResult:
-    """Decode concurrency never exceeds the engine cap, and an oversubscribed point reaches it.
+    """Decode concurrency (its p50) saturates at the engine cap and never sits above it.
 
-    Seed 000 reads p50 = 16 at c16-c64 in 300 s windows; in a short run prefill and ramp take a larger share of
-    the window, so the p50 is reported and the gate checks the cap itself: max = max_num_seqs past the cap.
+    Seed 000: "at c16-c64 the measured effective decode concurrency has p50 = 16.0, i.e. the engine caps running
+    sequences at max_num_seqs 16". The p50 is gated, not the max: measured at the client, one request's last
+    tokens are still in flight (through a proxy, for instance) when the engine has started the next one, so the
+    client-side maximum can briefly exceed the cap without the engine ever doing so.
     """
     p50, peak = fig.decode_conc_p50, fig.decode_conc_max
-    if p50 is None or peak is None:
+    if p50 is None:
         return GateResult("saturation", fig.concurrency, False, "effective_decode_concurrency missing")
     cap = min(max_num_seqs, fig.concurrency)
-    over = peak > cap + 1e-9
-    why = f"decode concurrency p50 {p50:.1f}, max {peak:.1f}, cap {cap} (max_num_seqs {max_num_seqs})"
+    why = f"decode concurrency p50 {p50:.1f} (max {_f(peak)}), max_num_seqs {max_num_seqs}"
     if fig.concurrency > max_num_seqs:
-        return GateResult("saturation", fig.concurrency, not over and peak >= max_num_seqs - 1e-9,
-                          why + ": must reach and never exceed the cap")
-    return GateResult("saturation", fig.concurrency, not over, why + ": must never exceed the cap")
+        return GateResult("saturation", fig.concurrency, abs(p50 - max_num_seqs) <= 1.0 + 1e-9,
+                          why + f": past the cap the p50 must be {max_num_seqs}")
+    return GateResult("saturation", fig.concurrency, p50 <= cap + 1e-9, why + f": must not exceed {cap}")
 
 
 def latency_knee(points: Sequence[PointFigures], limit_s: float) -> int | None:
