@@ -69,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
                 "min_tokens": args.osl, "stream_options": {"include_usage": True},
                 "messages": [{"role": "user", "content": "Explain how a KV cache works."}]}
         with httpx.Client(base_url=sim.base_url, headers=headers, timeout=120,
-                          limits=httpx.Limits(max_connections=args.concurrency)) as http:
-            with ThreadPoolExecutor(args.concurrency) as pool:
-                probes = list(pool.map(lambda _i: probe_chat_stream(http, body), range(args.requests)))
+                          limits=httpx.Limits(max_connections=args.concurrency)) as http, \
+                ThreadPoolExecutor(args.concurrency) as pool:
+            probes = list(pool.map(lambda _i: probe_chat_stream(http, body), range(args.requests)))
         after = scrape(metrics)
     if not run.ok:
         print(run.describe(), file=sys.stderr)

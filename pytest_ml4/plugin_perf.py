@@ -10,15 +10,28 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
 from pytest_ml4.perf.baseline import Baseline, BaselineError, parse_compare_fail
-from pytest_ml4.perf.evaluate import SweepOutputs, SweepVerdict, evaluate_sweep, write_sweep_outputs
-from pytest_ml4.perf.sweep import Client, PointResult, SweepSettings, cached, run_sweep, settings_from_target
+from pytest_ml4.perf.evaluate import (
+    SweepOutputs,
+    SweepVerdict,
+    evaluate_sweep,
+    write_sweep_outputs,
+)
+from pytest_ml4.perf.sweep import (
+    Client,
+    PointResult,
+    SweepSettings,
+    cached,
+    run_sweep,
+    settings_from_target,
+)
 from pytest_ml4.targets import Target
 
 PROGRESS_FILE = "perf/progress.log"
@@ -257,7 +270,10 @@ def ml4_perf_sweep(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint
                    ml4_perf_progress: Callable[[str], None],
                    ml4_perf_extra_inputs: dict[str, Any]) -> Iterator[SweepOutcome]:
     """Run the target's sweep once per run folder (xdist workers share it), judge it, write plots and summary."""
-    from pytest_ml4.perf.methodology import WHY_NOT_IGNORE_EOS, extra_inputs_ask_ignore_eos
+    from pytest_ml4.perf.methodology import (
+        WHY_NOT_IGNORE_EOS,
+        extra_inputs_ask_ignore_eos,
+    )
 
     if extra_inputs_ask_ignore_eos(ml4_perf_extra_inputs):
         pytest.fail(f"--perf-extra-input asks for ignore_eos; the sweep refuses it: {WHY_NOT_IGNORE_EOS}")

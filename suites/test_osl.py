@@ -18,7 +18,12 @@ from typing import Any
 import pytest
 
 from pytest_ml4.perf.export import read_records
-from pytest_ml4.perf.methodology import explain, extra_inputs_ask_ignore_eos, ignore_eos_in_files, WHY_NOT_IGNORE_EOS
+from pytest_ml4.perf.methodology import (
+    WHY_NOT_IGNORE_EOS,
+    explain,
+    extra_inputs_ask_ignore_eos,
+    ignore_eos_in_files,
+)
 from pytest_ml4.perf.runner import AiperfSpec, failure_log, run_aiperf
 from pytest_ml4.probe import probe_chat_stream
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from pytest_ml4.perf.evaluate import write_trace_outputs
-from pytest_ml4.perf.gates import error_gate, dynamo_gates, failures
+from pytest_ml4.perf.gates import dynamo_gates, error_gate, failures
 from pytest_ml4.perf.runner import trace_rows
 from pytest_ml4.perf.summary import SCHEMA, SUMMARY_NAME
 from pytest_ml4.perf.sweep import run_trace, short_trace

@@ -30,8 +30,8 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServer]:
 
 
 def _spec(sim: SimServer, **kw: object) -> AiperfSpec:
-    base = dict(model="ml4", url=sim.base_url, concurrency=2, isl=128, osl=32, duration_s=None, request_count=6,
-                min_tokens=32, server_metrics_url=sim.url + "/metrics", warmup_requests=2)
+    base = {"model": "ml4", "url": sim.base_url, "concurrency": 2, "isl": 128, "osl": 32, "duration_s": None,
+            "request_count": 6, "min_tokens": 32, "server_metrics_url": sim.url + "/metrics", "warmup_requests": 2}
     base.update(kw)
     return AiperfSpec(**base)  # type: ignore[arg-type]
 

@@ -11,7 +11,13 @@ import statistics
 
 import pytest
 
-from pytest_ml4.sim.perfmodel import TIME_SCALE_ENV, Curve, PerfModel, QueueState, profile_for
+from pytest_ml4.sim.perfmodel import (
+    TIME_SCALE_ENV,
+    Curve,
+    PerfModel,
+    QueueState,
+    profile_for,
+)
 from pytest_ml4.targets import load_target
 
 DYNAMO = ("gb300-agg", "gb300-disagg", "vr200-agg", "vr200-disagg")

@@ -44,7 +44,7 @@ class Baseline:
     path: Path | None = None
 
     @classmethod
-    def load(cls, path: str | Path) -> "Baseline":
+    def load(cls, path: str | Path) -> Baseline:
         p = Path(path)
         if not p.is_file():
             raise BaselineError(f"baseline not found: {p}")

@@ -103,13 +103,13 @@ class ProfileExport:
     metrics: Mapping[str, Metric] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], path: Path | None = None) -> "ProfileExport":
+    def from_dict(cls, data: Mapping[str, Any], path: Path | None = None) -> ProfileExport:
         if not isinstance(data, Mapping):
             raise ExportError(f"{path or 'export'}: top level is {type(data).__name__}, expected an object")
         return cls(raw=data, path=path, metrics=_metrics_of(data))
 
     @classmethod
-    def load(cls, path: str | Path) -> "ProfileExport":
+    def load(cls, path: str | Path) -> ProfileExport:
         p = Path(path)
         if p.is_dir():
             p = p / SUMMARY_FILE

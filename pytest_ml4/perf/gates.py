@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pytest_ml4.perf.baseline import Baseline, Deviation
+from pytest_ml4.perf.baseline import Deviation
 from pytest_ml4.perf.figures import PointFigures
 from pytest_ml4.targets import Target
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # no display in CI; must precede pyplot
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from pytest_ml4.perf.figures import PointFigures  # noqa: E402
+from pytest_ml4.perf.figures import PointFigures
 
 
 def _series(points: Sequence[PointFigures], name: str) -> tuple[list[int], list[float]]:

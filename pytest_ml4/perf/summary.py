@@ -36,10 +36,10 @@ from __future__ import annotations
 import datetime as _dt
 import fcntl
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from pytest_ml4.perf.baseline import Deviation
 from pytest_ml4.perf.gates import GateResult
@@ -80,7 +80,7 @@ def update_summary(run_dir: Path, target: str, simulated: bool, section: str,
             except json.JSONDecodeError:
                 data = {}
         data.update({"schema": SCHEMA, "target": target, "simulated": simulated,
-                     "updated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")})
+                     "updated_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")})
         data[section] = content
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")

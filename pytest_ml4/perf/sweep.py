@@ -19,7 +19,13 @@ from pytest_ml4.perf.baseline import Baseline
 from pytest_ml4.perf.export import ProfileExport
 from pytest_ml4.perf.figures import PointFigures, figures_from_export
 from pytest_ml4.perf.progress import SweepProgress
-from pytest_ml4.perf.runner import AiperfSpec, RunResult, expected_p99_latency_s, failure_log, run_aiperf
+from pytest_ml4.perf.runner import (
+    AiperfSpec,
+    RunResult,
+    expected_p99_latency_s,
+    failure_log,
+    run_aiperf,
+)
 from pytest_ml4.targets import Target
 
 #: The short profile CI runs: a few seconds per point, concurrencies around the engine cap. The prompt is short
