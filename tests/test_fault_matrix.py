@@ -1,7 +1,8 @@
 """Fault-detection matrix (issue 3): the tool and reasoning suites bite.
 
 For each simulator fault, the suites run (through pytester, in a subprocess) against the simulator started with
-that fault. The intended tests must fail with a message naming the defect, every failure of the run must name
+that fault, directly (``--endpoint``), and a few cases again behind the real LiteLLM proxy of the target's
+topology. The intended tests must fail with a message naming the defect, every failure of the run must name
 it (nothing unrelated breaks), and the listed unrelated tests must pass. The healthy simulator and the legacy
 reasoning-field profiles (vLLM <= 0.11 ``reasoning_content``; 0.11.1-0.15 both fields) must pass everything.
 
@@ -29,7 +30,8 @@ TARGET = "rtxpro6000-tp8"
 #: A representative slice of both suites: each check kind once, streamed and not.
 SELECTION = ("separated or token_count or (effort_is_accepted and (none or high)) or invalid "
              "or (auto_calls and weather) or tool_choice_is_obeyed or test_parallel_calls or round_trip")
-FAST = ["--ml4-set", "sim.ttft_s=0.005", "--ml4-set", "sim.itl_ms=0.2"]
+#: Fast timing for the simulator under test.
+FAST = {"sim": {"ttft_s": 0.005, "itl_ms": 0.2}}
 
 TOOL_CALLING = ["test_auto_calls_the_matching_tool_with_valid_arguments[weather-*]",
                 "test_tool_choice_is_obeyed[auto-*]", "test_tool_choice_is_obeyed[required-*]",
@@ -46,22 +48,23 @@ STREAMED_ANSWERS = TOOL_CALLING + REASONING
 @dataclass
 class Case:
     name: str
-    args: list[str]
+    faults: list[str]                       # --fault specs the simulator starts with
     defect: str | None = None               # phrase every failure must contain (None: nothing may fail)
     must_fail: list[str] = field(default_factory=list)
     must_pass: list[str] = field(default_factory=list)
     only_streamed: bool = False             # must_fail restricted to streamed variants
     selection: str | None = SELECTION       # -k expression; None runs both suites whole
+    sim_extra: dict[str, str] = field(default_factory=dict)   # sim.extra profile switches
 
 
 def fault(name: str) -> list[str]:
-    return ["--ml4-fault", name]
+    return [name]
 
 
 CASES = [
     Case("healthy", [], must_pass=["*"]),
-    Case("legacy_reasoning_content", ["--ml4-set", "sim.extra.reasoning_field=reasoning_content"], must_pass=["*"]),
-    Case("legacy_both_fields", ["--ml4-set", "sim.extra.reasoning_field=both"], must_pass=["*"]),
+    Case("legacy_reasoning_content", [], sim_extra={"reasoning_field": "reasoning_content"}, must_pass=["*"]),
+    Case("legacy_both_fields", [], sim_extra={"reasoning_field": "both"}, must_pass=["*"]),
     Case("reasoning_parser_off", fault("reasoning_parser_off"), "reasoning parser off",
          must_fail=REASONING + ["test_auto_calls_the_matching_tool_with_valid_arguments[weather-*]"],
          must_pass=VALIDATION + ["test_each_reasoning_effort_is_accepted[none-*]"]),
@@ -121,11 +124,20 @@ def is_streamed(name: str) -> bool:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_fault_is_detected_by_the_intended_tests(pytester: pytest.Pytester, tmp_path: Path, case: Case) -> None:
+def test_fault_is_detected_by_the_intended_tests(pytester: pytest.Pytester, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch, case: Case) -> None:
+    """The simulator itself, started with the fault, as the endpoint (``--endpoint``).
+
+    Not ``--sim``: for this target the plugin puts the real LiteLLM proxy in front, which repairs a missing
+    ``[DONE]`` or usage chunk; the proxied topology has its own cases below."""
+    target = load_target(TARGET)
+    monkeypatch.setenv(target.endpoint.api_key_env, "sk-matrix-" + secrets.token_urlsafe(12))
     junit = tmp_path / "junit.xml"
-    result = pytester.runpytest_subprocess(
-        *SUITES, "--target", TARGET, "--sim", *FAST, *case.args, "-k", case.selection or "", "--ml4-reports",
-        str(tmp_path / "reports"), f"--junitxml={junit}", "-p", "no:randomly", timeout=420)
+    overrides = {"sim": {**FAST["sim"], "extra": case.sim_extra}} if case.sim_extra else FAST
+    with SimServer(target, faults=tuple(case.faults), overrides=overrides, log_file=tmp_path / "sim.log") as sim:
+        result = pytester.runpytest_subprocess(
+            *SUITES, "--target", TARGET, "--endpoint", sim.base_url, "-k", case.selection or "", "--ml4-reports",
+            str(tmp_path / "reports"), f"--junitxml={junit}", "-p", "no:randomly", timeout=420)
     verify(case, junit, result.stdout.str())
 
 
@@ -179,7 +191,7 @@ def test_behind_the_real_litellm_proxy(pytester: pytest.Pytester, tmp_path: Path
     target = load_target(TARGET)
     monkeypatch.setenv(target.endpoint.api_key_env, "sk-matrix-" + secrets.token_urlsafe(12))
     junit = tmp_path / "junit.xml"
-    with SimServer(target, faults=tuple(case.args), overrides={"sim": {"ttft_s": 0.005, "itl_ms": 0.2}},
+    with SimServer(target, faults=tuple(case.faults), overrides=FAST,
                    log_file=tmp_path / "sim.log") as sim, \
             LiteLLMProxy(ProxySettings.from_target(target, backend_base_url=sim.base_url, num_retries=0),
                          workdir=tmp_path / "proxy") as proxy:
@@ -187,4 +199,17 @@ def test_behind_the_real_litellm_proxy(pytester: pytest.Pytester, tmp_path: Path
         result = pytester.runpytest_subprocess(
             *SUITES, "--target", TARGET, "--endpoint", proxy.base_url, *select, "--ml4-reports",
             str(tmp_path / "reports"), f"--junitxml={junit}", "-p", "no:randomly", timeout=300)
+    verify(case, junit, result.stdout.str())
+
+
+def test_sim_option_path_injects_the_fault(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """End to end through the plugin: ``--sim --ml4-fault`` starts the simulator (and, for this target, the
+    LiteLLM proxy in front of it) with the fault, and the suites catch it."""
+    case = Case("midstream_error", ["midstream_error"], "in-band error event", must_fail=STREAMED_ANSWERS,
+                must_pass=VALIDATION + NON_STREAMED, only_streamed=True)
+    junit = tmp_path / "junit.xml"
+    fast = [arg for key, value in FAST["sim"].items() for arg in ("--ml4-set", f"sim.{key}={value}")]
+    result = pytester.runpytest_subprocess(
+        *SUITES, "--target", TARGET, "--sim", *fast, "--ml4-fault", "midstream_error", "-k", SELECTION,
+        "--ml4-reports", str(tmp_path / "reports"), f"--junitxml={junit}", "-p", "no:randomly", timeout=420)
     verify(case, junit, result.stdout.str())
