@@ -17,6 +17,9 @@ import pytest
 
 from pytest_ml4.sim import SimServer
 
+#: Below the default drain bound (8 s): an exit this fast shows the drain ended early for the reason under test.
+#: Generous on purpose, the box is shared and slow.
+EARLY_EXIT_S = 7.0
 #: Answers at a modest, fixed rate (one token per 5 ms step) so stream durations are known.
 SLOW: dict[str, Any] = {"sim": {"ttft_s": 0.01, "itl_ms": 5.0}, "engine": {"speculative": None}}
 
@@ -78,13 +81,13 @@ def test_sigterm_drains_streams_in_flight_then_exits(tmp_path: Path) -> None:
     try:
         threads, lines = _open_streams(sim, 3, tokens=500)  # ~2.5 s each
         pid = sim.pid
-        code, took = _sigterm_and_wait(sim, limit=8)
+        code, took = _sigterm_and_wait(sim, limit=12)
         for t in threads:
             t.join(timeout=10)
     finally:
         sim.stop()
     assert code == 0, f"exit code {code} after SIGTERM\n{sim.log_tail()}"
-    assert took < 6, f"SIGTERM with 3 short streams in flight took {took:.1f} s to exit"
+    assert took < EARLY_EXIT_S, f"SIGTERM with 3 short (2.5 s) streams in flight took {took:.1f} s to exit"
     for i, got in enumerate(lines):
         assert got[-1] == "data: [DONE]", f"stream {i} was cut by SIGTERM instead of drained: {got[-2:]}"
         assert '"finish_reason":"length"' in got[-2] or '"finish_reason":"length"' in got[-3], got[-3:]
@@ -96,12 +99,12 @@ def test_second_sigterm_cuts_the_drain(tmp_path: Path) -> None:
     sim = SimServer("gb300-agg", overrides=SLOW, log_file=tmp_path / "e.log").start()
     try:
         threads, lines = _open_streams(sim, 2, tokens=5000)  # ~25 s each
-        code, took = _sigterm_and_wait(sim, limit=6, second_after=0.5)
+        code, took = _sigterm_and_wait(sim, limit=12, second_after=0.5)
         for t in threads:
             t.join(timeout=10)
     finally:
         sim.stop()
-    assert code == 0 and took < 4, f"exit code {code} after {took:.1f} s"
+    assert code == 0 and took < EARLY_EXIT_S, f"exit code {code} after {took:.1f} s"
     assert all(got[-1] != "data: [DONE]" for got in lines), "a 25 s stream completed: the drain was not cut"
 
 
@@ -110,12 +113,12 @@ def test_drain_is_bounded(tmp_path: Path) -> None:
     sim = SimServer("gb300-agg", overrides=overrides, log_file=tmp_path / "e.log").start()
     try:
         threads, _ = _open_streams(sim, 2, tokens=5000)
-        code, took = _sigterm_and_wait(sim, limit=6)
+        code, took = _sigterm_and_wait(sim, limit=12)
         for t in threads:
             t.join(timeout=10)
     finally:
         sim.stop()
-    assert code == 0 and took < 4, f"exit code {code} after {took:.1f} s with a 1 s drain limit"
+    assert code == 0 and took < EARLY_EXIT_S, f"exit code {code} after {took:.1f} s with a 1 s drain limit"
 
 
 def test_no_new_connections_while_draining(tmp_path: Path) -> None:
