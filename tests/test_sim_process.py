@@ -178,3 +178,36 @@ def test_cli_exits_on_sigterm_during_boot(tmp_path: Path) -> None:
         proc.wait()
         pytest.fail("the simulator ignored SIGTERM during boot")
     assert code != 0 or "Finished server process" in log.read_text()
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that mention ``text`` (e.g. a run's private folder)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in argv:
+            found.append(f"pid {proc.name}: {argv[:200]}")
+    return found
+
+
+def test_a_sim_session_leaves_no_process_behind(pytester: pytest.Pytester, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--sim`` on a proxied target starts the simulator and a LiteLLM proxy; both end with the session."""
+    monkeypatch.setenv("LLM_API_KEY", "sk-process-test-0123456789")
+    reports = tmp_path / "reports"
+    smoke = Path(__file__).resolve().parent.parent / "suites" / "test_smoke.py"
+    result = pytester.runpytest_subprocess(str(smoke), "--target", "rtxpro6000-tp8", "--sim", "-k", "test_health",
+                                           "--ml4-reports", str(reports), "-p", "no:randomly", timeout=300)
+    result.assert_outcomes(passed=1)
+    deadline = time.monotonic() + 5
+    while _processes_mentioning(str(reports)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _processes_mentioning(str(reports))
+    for line in left:  # do not leave them to the rest of the run either
+        os.kill(int(line.split()[1].rstrip(":")), signal.SIGKILL)
+    assert not left, "processes of the finished --sim session are still running:\n" + "\n".join(left)
