@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from test_sim_support import kill_processes_mentioning
 
 from pytest_ml4.proxy import LiteLLMProxy, ProxySettings
 from pytest_ml4.sim import SimServer
@@ -212,4 +213,6 @@ def test_sim_option_path_injects_the_fault(pytester: pytest.Pytester, tmp_path: 
     result = pytester.runpytest_subprocess(
         *SUITES, "--target", TARGET, "--sim", *fast, "--ml4-fault", "midstream_error", "-k", SELECTION,
         "--ml4-reports", str(tmp_path / "reports"), f"--junitxml={junit}", "-p", "no:randomly", timeout=420)
+    # The session's processes end with it (tests/test_sim_process.py checks that); none may outlive this test.
+    kill_processes_mentioning(str(tmp_path / "reports"))
     verify(case, junit, result.stdout.str())

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from test_sim_support import kill_processes_mentioning, processes_mentioning
 
 from pytest_ml4.sim import SimServer
 
@@ -180,21 +181,6 @@ def test_cli_exits_on_sigterm_during_boot(tmp_path: Path) -> None:
     assert code != 0 or "Finished server process" in log.read_text()
 
 
-def _processes_mentioning(text: str) -> list[str]:
-    """Command lines of live processes that mention ``text`` (e.g. a run's private folder)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in argv:
-            found.append(f"pid {proc.name}: {argv[:200]}")
-    return found
-
-
 def test_a_sim_session_leaves_no_process_behind(pytester: pytest.Pytester, tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """``--sim`` on a proxied target starts the simulator and a LiteLLM proxy; both end with the session."""
@@ -205,9 +191,7 @@ def test_a_sim_session_leaves_no_process_behind(pytester: pytest.Pytester, tmp_p
                                            "--ml4-reports", str(reports), "-p", "no:randomly", timeout=300)
     result.assert_outcomes(passed=1)
     deadline = time.monotonic() + 5
-    while _processes_mentioning(str(reports)) and time.monotonic() < deadline:
+    while processes_mentioning(str(reports)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    left = _processes_mentioning(str(reports))
-    for line in left:  # do not leave them to the rest of the run either
-        os.kill(int(line.split()[1].rstrip(":")), signal.SIGKILL)
+    left = kill_processes_mentioning(str(reports))  # found and ended: they must not outlive this test either
     assert not left, "processes of the finished --sim session are still running:\n" + "\n".join(left)

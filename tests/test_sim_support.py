@@ -127,3 +127,35 @@ def assemble(lines: list[str]) -> dict[str, Any]:
             finish = ch.get("finish_reason") or finish
     return {"content": content, "reasoning": reasoning, "tool_calls": [calls[i] for i in sorted(calls)],
             "finish_reason": finish, "usage": usage}
+
+
+def processes_mentioning(text: str) -> list[tuple[int, str]]:
+    """(pid, command line) of live processes whose command line mentions ``text`` (e.g. a run's private folder)."""
+    import os
+
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in argv:
+            found.append((int(proc.name), argv[:200]))
+    return found
+
+
+def kill_processes_mentioning(text: str) -> list[str]:
+    """SIGKILL what :func:`processes_mentioning` finds; returns ``"pid N: argv"`` lines for the message."""
+    import os
+    import signal
+
+    lines = []
+    for pid, argv in processes_mentioning(text):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        lines.append(f"pid {pid}: {argv}")
+    return lines
