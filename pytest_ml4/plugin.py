@@ -279,8 +279,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(STATE_KEY, None)
     if state is None:
         return
-    if isinstance(state.proxy, _Stoppable):
-        state.proxy.stop()
+    if state.proxy is not None and not isinstance(state.proxy, AttachedProxy):
+        state.proxy.stop()      # the controller owns the proxy; a worker only holds its address
     state.proxy = None
     if state.sim is not None:
         state.sim.stop()
@@ -400,14 +400,6 @@ class AttachedProxy:
 
     def __repr__(self) -> str:
         return f"AttachedProxy({self.url}, pid={self.pid})"
-
-
-class _Stoppable:
-    """Anything with ``stop()``: what the controller owns and must stop (attached views are not)."""
-
-    @classmethod
-    def __subclasshook__(cls, other: type) -> bool:
-        return callable(getattr(other, "stop", None))
 
 
 def build_endpoint(state: Ml4State, sim: Any) -> Any:
