@@ -1,6 +1,6 @@
 """The simulator process ends when asked: on SIGTERM it drains the streams in flight like uvicorn's graceful
 shutdown (tooling.md §3.6), bounded, and a second signal cuts the drain; ``SimServer.stop()`` falls back to
-SIGKILL and never leaves a process behind."""
+SIGKILL and never leaves a process behind; a whole ``--sim`` session (simulator and LiteLLM proxy) ends with it."""
 
 from __future__ import annotations
 
