@@ -79,7 +79,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="start the simulator with this fault injected (repeatable; needs --sim)")
     group.addoption("--ml4-set", dest="ml4_set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                     help="override a target field, e.g. engine.max_num_seqs=32 (repeatable)")
-    group.addoption("--sim-start-timeout", dest="ml4_sim_timeout", type=float, default=None,
+    group.addoption("--sim-start-timeout", dest="ml4_sim_timeout", type=float, default=None, metavar="S",
                     help="seconds to wait for the simulator to become healthy (ini: ml4_sim_start_timeout)")
     parser.addini("ml4_target", "default deployment target (name or path)", default=None)
     parser.addini("ml4_sim", "use the embedded simulator by default", type="bool", default=False)
