@@ -865,12 +865,16 @@ class DynamoSim:
     def start(self, timeout: float = 120.0) -> DynamoSim:
         deadline = time.monotonic() + timeout
         self._write_discovery()
-        for w in self.workers:
-            w.server.start(timeout=max(5.0, deadline - time.monotonic()))
-            with self.lock:
-                self.publish(w)
-        self.frontend.start(timeout=max(5.0, deadline - time.monotonic()))
-        self.wait_serving(max(5.0, deadline - time.monotonic()))
+        try:
+            for w in self.workers:
+                w.server.start(timeout=max(5.0, deadline - time.monotonic()))
+                with self.lock:
+                    self.publish(w)
+            self.frontend.start(timeout=max(5.0, deadline - time.monotonic()))
+            self.wait_serving(max(5.0, deadline - time.monotonic()))
+        except BaseException:
+            self.stop()     # workers already up must not outlive a failed start
+            raise
         return self
 
     def wait_serving(self, timeout: float) -> None:
@@ -892,9 +896,15 @@ class DynamoSim:
                            f"{_tail(self.frontend_log)}")
 
     def stop(self) -> None:
-        self.frontend.stop()
-        for w in self.workers:
-            w.server.stop()
+        """Stop the frontend and every worker; one that fails to stop does not keep the others running."""
+        errors: list[BaseException] = []
+        for stop in [self.frontend.stop, *(w.server.stop for w in self.workers)]:
+            try:
+                stop()
+            except Exception as err:  # noqa: BLE001 - collected and re-raised after the others are stopped
+                errors.append(err)
+        if errors:
+            raise errors[0]
 
     def restart(self) -> None:
         """Restart every worker (one at a time, like a rolling pod deletion) and wait until serving again."""
