@@ -37,7 +37,7 @@ import httpx
 import yaml
 
 from pytest_ml4.targets import Target
-from pytest_ml4.tools import ToolMissing, tools_dir
+from pytest_ml4.tools import tools_dir, venv_executable
 
 LITELLM_VERSION = "1.108.7"
 #: tooling.md §3.3: start-up took 10-29 s on 2 cores; "Allow >= 60 s for readiness in fixtures".
@@ -70,11 +70,7 @@ def litellm_venv() -> Path:
 
 
 def litellm_executable(required: bool = True) -> Path:
-    exe = litellm_venv() / "bin" / "litellm"
-    if required and not exe.is_file():
-        raise ToolMissing(f"LiteLLM {LITELLM_VERSION} not found at {exe}; run scripts/install.sh "
-                          f"(or bash scripts/install.d/40-litellm.sh)")
-    return exe
+    return venv_executable(litellm_venv(), "litellm", f"LiteLLM {LITELLM_VERSION}", "40-litellm.sh", required)
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,17 @@ def aiperf_venv() -> Path:
     return tools_dir() / f"aiperf-{AIPERF_VERSION}"
 
 
+def venv_executable(venv: Path, command: str, label: str, step: str, required: bool = True) -> Path:
+    """``venv/bin/command`` of a tool that an install step put in its own venv; ToolMissing names the step."""
+    exe = venv / "bin" / command
+    if required and not exe.is_file():
+        raise ToolMissing(f"{label} not found at {exe}; run scripts/install.sh (or bash scripts/install.d/{step})")
+    return exe
+
+
 def aiperf_executable(required: bool = True) -> Path:
     """Path of the ``aiperf`` CLI installed by ``scripts/install.d/10-aiperf.sh``."""
-    exe = aiperf_venv() / "bin" / "aiperf"
-    if required and not exe.is_file():
-        raise ToolMissing(f"aiperf {AIPERF_VERSION} not found at {exe}; run scripts/install.sh "
-                          f"(or bash scripts/install.d/10-aiperf.sh)")
-    return exe
+    return venv_executable(aiperf_venv(), "aiperf", f"aiperf {AIPERF_VERSION}", "10-aiperf.sh", required)
 
 
 def tiktoken_cache_dir(required: bool = True) -> Path:
