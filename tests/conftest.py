@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import secrets
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -26,3 +28,18 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def repo_root() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="module")
+def rtx_api_key() -> Iterator[str]:
+    """A fresh API key in the RTX PRO target's key variable for one module (restored afterwards)."""
+    from pytest_ml4.targets import load_target
+
+    var = load_target("rtxpro6000-tp8").endpoint.api_key_env or "LLM_API_KEY"
+    old = os.environ.get(var)
+    os.environ[var] = value = "sk-test-" + secrets.token_hex(12)
+    yield value
+    if old is None:
+        os.environ.pop(var, None)
+    else:
+        os.environ[var] = old

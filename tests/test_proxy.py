@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,15 +70,8 @@ def test_attempted_retries_header() -> None:
 
 
 @pytest.fixture(scope="module")
-def key() -> Iterator[str]:
-    old = os.environ.get(KEY_ENV)
-    value = "sk-test-" + secrets.token_hex(12)
-    os.environ[KEY_ENV] = value
-    yield value
-    if old is None:
-        os.environ.pop(KEY_ENV, None)
-    else:
-        os.environ[KEY_ENV] = old
+def key(rtx_api_key: str) -> str:
+    return rtx_api_key
 
 
 @pytest.fixture(scope="module")

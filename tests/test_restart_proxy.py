@@ -3,8 +3,6 @@ proxy's error body (tooling.md §3.5-3.6; seed 000 open item 2)."""
 
 from __future__ import annotations
 
-import os
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,14 +25,8 @@ KEY_ENV = TARGET.endpoint.api_key_env or "LLM_API_KEY"
 
 
 @pytest.fixture(scope="module")
-def key() -> Iterator[str]:
-    old = os.environ.get(KEY_ENV)
-    os.environ[KEY_ENV] = value = "sk-test-" + secrets.token_hex(12)
-    yield value
-    if old is None:
-        os.environ.pop(KEY_ENV, None)
-    else:
-        os.environ[KEY_ENV] = old
+def key(rtx_api_key: str) -> str:
+    return rtx_api_key
 
 
 @pytest.fixture(scope="module")
