@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ml4.perf.baseline import sequential_run
 from pytest_ml4.perf.export import read_records
+from pytest_ml4.perf.figures import figures_from_export
 from pytest_ml4.perf.runner import AiperfSpec, failure_log, run_aiperf
 from pytest_ml4.sim import SimServer
 from pytest_ml4.targets import load_target
@@ -64,3 +66,19 @@ def test_requests_dropped_after_the_grace_period_are_reported(sim: SimServer, tm
                            warmup_requests=0), tmp_path / "run", api_key=KEY)
     assert run.profiling_cancelled and run.profiling_cancelled > 0, run.describe()
     assert any("dropped silently" in p for p in run.problems), run.problems
+
+
+def test_c1_window_arithmetic_matches_aiperf(sim: SimServer, tmp_path: Path) -> None:
+    # The baseline reconciles a c1 row from its own TTFT and ITL (perf/baseline.py sequential_run); this is that
+    # arithmetic against aiperf itself. ~2.6 s requests (ISL 128), a 6 s window and 1 s grace: the third request
+    # starts at ~5.3 s and is dropped at 7 s (margins of 11-14 % on the request time either way).
+    run = run_aiperf(_spec(sim, concurrency=1, osl=200, min_tokens=200, request_count=None, duration_s=6.0,
+                           grace_s=1.0, warmup_requests=0), tmp_path / "run", api_key=KEY)
+    ex = run.export
+    assert ex is not None, run.describe()
+    fig = figures_from_export(ex, 1)
+    assert fig.ttft_p50_s and fig.itl_p50_ms and fig.out_tok_s and fig.decode_conc_avg, run.describe()
+    want = sequential_run(fig.ttft_p50_s, fig.itl_p50_ms, 200, 6.0, 1.0)
+    assert ex.request_count == want.requests, (want.describe(), run.describe())
+    assert fig.out_tok_s == pytest.approx(want.out_tok_s, rel=0.05), want.describe()
+    assert fig.decode_conc_avg == pytest.approx(want.decode_conc_avg, rel=0.05), want.describe()

@@ -17,6 +17,7 @@ from pytest_ml4.perf.baseline import (
     BaselineError,
     compare,
     parse_compare_fail,
+    sequential_run,
 )
 from pytest_ml4.perf.evaluate import baseline_knee
 from pytest_ml4.perf.export import ProfileExport
@@ -88,6 +89,38 @@ def test_compare_is_direction_aware_and_skips_queueing_ttft() -> None:
     assert "ttft_p50_s" not in figures and "itl_p50_ms" in figures
     short = {d.figure for d in compare(pts, b, full_run=False)}
     assert short == set(b.short_run_metrics)
+
+
+def test_sequential_run_windows() -> None:
+    # The seed's c1 row: 0.56 s + 4095 x 11.7 ms = 48.5 s a request; the 7th starts at 291 s (< 300 s) and would
+    # end at 339 s, after the 30 s grace, so aiperf drops it and the window is 330 s.
+    run = sequential_run(0.56, 11.7, 4096, 300, 30)
+    assert run.requests == 6 and run.window_s == 330
+    assert run.out_tok_s == pytest.approx(6 * 4096 / 330)
+    assert run.decode_conc_avg == pytest.approx(6 * 4095 * 0.0117 / 330)
+    # Faster requests that all finish inside the grace: the window closes at the last completion.
+    fast = sequential_run(0.5, 10.0, 4096, 300, 30)              # 41.45 s: 8 starts, the last ends at 331.6 s
+    assert fast.requests == 7 and fast.window_s == 330
+    done = sequential_run(0.5, 10.0, 4096, 300, 40)
+    assert done.requests == 8 and done.window_s == pytest.approx(8 * 41.45)
+    assert done.decode_conc_avg == pytest.approx(4095 * 0.010 / 41.45)
+    with pytest.raises(ValueError):
+        sequential_run(0.0, 0.0, 4096, 300, 30)
+
+
+def test_contradictory_c1_figure_is_compared_with_what_the_row_implies() -> None:
+    b = Baseline.load(BASELINE)
+    value, note = b.reference(1, "decode_conc_avg")
+    assert b.points[1]["decode_conc_avg"] == 1.0                 # the file keeps the printed figure
+    assert value == pytest.approx(0.871, abs=0.001) and "contradicts" in note and "6 requests" in note
+    assert b.reference(1, "out_tok_s") == (67.9, "")             # 74.5 implied: within its 10 %, printed kept
+    assert b.reference(2, "decode_conc_avg") == (1.7, "")        # only c1 is worked out
+    c1 = seed_points()[0]
+    healthy = replace(c1, out_tok_s=74.5, decode_conc_avg=0.873)  # what an endpoint with the row's TTFT/ITL gives
+    devs = {d.figure: d for d in compare([healthy], b, full_run=True)}
+    assert devs["decode_conc_avg"].within_band and "contradicts" in devs["decode_conc_avg"].describe()
+    idle = replace(c1, decode_conc_avg=0.7)                       # a client or proxy stalling between requests
+    assert {d.figure for d in compare([idle], b, full_run=True) if d.regressed} == {"decode_conc_avg"}
 
 
 def test_compare_fail_expressions() -> None:
