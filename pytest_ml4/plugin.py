@@ -52,6 +52,8 @@ OTHER_MARKERS = {
     "needs_proxy": "applies only to targets served behind a proxy (LiteLLM)",
     "dynamo": "applies only to Dynamo-served targets",
     "sim_only": "needs the embedded simulator (e.g. fault injection); skipped against a real endpoint",
+    "exclusive": "needs the endpoint to itself: under pytest-xdist no other worker's test runs while one of these "
+                 "(with the fixtures it sets up or tears down) does (pytest_ml4/endpoint_lock.py)",
 }
 
 # Keys carried from the xdist controller to its workers.
@@ -118,6 +120,19 @@ class Ml4State:
         self.sim_info: dict[str, Any] | None = None
         self.proxy: Any = None          # LiteLLMProxy (controller) or AttachedProxy (worker) under --sim
         self.is_worker = hasattr(config, "workerinput")
+        self._endpoint_lock: Any = None
+
+    def endpoint_lock(self) -> Any:
+        """The run folder's endpoint lock (one per process: see EndpointLock)."""
+        from pytest_ml4.endpoint_lock import EndpointLock
+
+        if self._endpoint_lock is None:
+            self._endpoint_lock = EndpointLock(self.ensure_run_dir())
+        return self._endpoint_lock
+
+    def shares_endpoint_with_other_processes(self) -> bool:
+        """True in an xdist worker of a run with a target: other workers send requests to the same endpoint."""
+        return self.is_worker and self.target is not None
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> "Ml4State":
@@ -346,6 +361,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             reason = "needs the embedded simulator (--sim)"
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Under xdist an ``exclusive`` test holds the endpoint alone, every other test holds it shared.
+
+    Per test, not per module: an xdist worker keeps its last test unrun until it gets more work or the shutdown, so a
+    lock held across tests could wait on a worker that waits on it. The whole protocol is covered, so the module
+    fixtures an exclusive test sets up (the OSL requests, the perf sweep, a restart) and tears down are inside.
+    """
+    state = get_state(item.config)
+    if not state.shares_endpoint_with_other_processes():
+        return (yield)
+    lock = state.endpoint_lock()
+    with (lock.exclusive() if item.get_closest_marker("exclusive") is not None else lock.shared()):
+        return (yield)
 
 
 # --------------------------------------------------------------------------------------------------- fixtures

@@ -27,7 +27,7 @@ from pytest_ml4.perf.methodology import (
 from pytest_ml4.perf.runner import AiperfSpec, failure_log, run_aiperf
 from pytest_ml4.probe import probe_chat_stream
 
-pytestmark = pytest.mark.osl
+pytestmark = [pytest.mark.osl, pytest.mark.exclusive]   # the engine counter must see only these requests
 
 #: Small enough for CI on the simulator (~3 s per request), large enough to outlast any natural answer.
 N = 192

@@ -26,7 +26,7 @@ from pytest_ml4.perf.runner import trace_rows
 from pytest_ml4.perf.summary import SCHEMA, SUMMARY_NAME
 from pytest_ml4.perf.sweep import run_trace, short_trace
 
-pytestmark = pytest.mark.perf
+pytestmark = [pytest.mark.perf, pytest.mark.exclusive]  # no other traffic during a measurement
 
 TRACE_SHORT_ROWS = 16
 

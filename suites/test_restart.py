@@ -38,7 +38,7 @@ from pytest_ml4.logs.kv import judge_kv_pool, judge_max_concurrency, judge_no_fa
 from pytest_ml4.report.attach import attach_text
 from pytest_ml4.targets import Target
 
-pytestmark = [pytest.mark.restart]
+pytestmark = [pytest.mark.restart, pytest.mark.exclusive]  # other tests must not see the engine go away
 
 
 @pytest.fixture(scope="module")
