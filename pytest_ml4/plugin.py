@@ -81,11 +81,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="start the simulator with this fault injected (repeatable; needs --sim)")
     group.addoption("--ml4-set", dest="ml4_set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                     help="override a target field, e.g. engine.max_num_seqs=32 (repeatable)")
+    group.addoption("--ml4-no-proxy", dest="ml4_no_proxy", action="store_true", default=None,
+                    help="talk to the engine behind the target's proxy directly: under --sim no LiteLLM proxy is "
+                         "started; live, --endpoint must be the engine's URL. Checks that count on the proxy are "
+                         "skipped (ini: ml4_no_proxy)")
     group.addoption("--sim-start-timeout", dest="ml4_sim_timeout", type=float, default=None, metavar="S",
                     help="seconds to wait for the simulator to become healthy (ini: ml4_sim_start_timeout)")
     parser.addini("ml4_target", "default deployment target (name or path)", default=None)
     parser.addini("ml4_sim", "use the embedded simulator by default", type="bool", default=False)
     parser.addini("ml4_reports", "folder for per-run artifact folders", default="reports")
+    parser.addini("ml4_no_proxy", "bypass the target's proxy (see --ml4-no-proxy)", type="bool", default=False)
     parser.addini("ml4_sim_start_timeout", "seconds to wait for the simulator", default="60")
 
 
@@ -114,6 +119,8 @@ class Ml4State:
         self.target: Target | None = None
         self.overrides: dict[str, Any] = {}
         self.use_sim: bool = False
+        self.no_proxy: bool = False     # --ml4-no-proxy: the suites talk to the engine behind the target's proxy
+        self.declared_target: Target | None = None   # as its YAML says (target is the engine-only view with no_proxy)
         self.faults: tuple[str, ...] = ()
         self.run_dir: Path | None = None
         self.sim: Any = None            # SimServer (controller) or None
@@ -159,12 +166,23 @@ class Ml4State:
                 raise pytest.UsageError(f"--target: {err}") from None
         elif self.use_sim:
             raise pytest.UsageError(f"--sim needs --target; known targets: {', '.join(known_targets())}")
+        self.declared_target = self.target
+        self.no_proxy = bool(_opt(config, "ml4_no_proxy", "ml4_no_proxy"))
+        if self.no_proxy and self.target is not None:
+            _check_no_proxy(self.target, self.use_sim, config.getoption("ml4_endpoint"))
+            # Everything downstream (simulator start, suites, gates) sees the engine the run talks to.
+            self.target = self.target.without_proxy()
         if wi and wi.get(_WI_RUN_DIR):
             self.run_dir = Path(wi[_WI_RUN_DIR])
             self.sim_info = wi.get(_WI_SIM)
             if self.sim_info and self.sim_info.get("proxy"):
                 self.proxy = AttachedProxy(**self.sim_info["proxy"])
         return self
+
+    @property
+    def bypasses_proxy(self) -> bool:
+        """The target has a proxy and this run talks to the engine behind it."""
+        return self.target is not None and self.target.serving.bypassed_proxy is not None
 
     # The run folder: one per run, never reused, so nothing is lost between runs.
     def ensure_run_dir(self) -> Path:
@@ -185,6 +203,15 @@ class Ml4State:
         path.mkdir(parents=True, exist_ok=True)
         self.run_dir = path.resolve()
         return self.run_dir
+
+
+def _check_no_proxy(target: Target, use_sim: bool, endpoint: str | None) -> None:
+    if not target.has_proxy:
+        raise pytest.UsageError(f"--ml4-no-proxy: target {target.name} has no proxy in front of its engine "
+                                f"({target.serving.stack})")
+    if not use_sim and not endpoint:
+        raise pytest.UsageError(f"--ml4-no-proxy against a live deployment needs --endpoint with the engine's URL: "
+                                f"{target.endpoint.url_env} is the {target.serving.proxy.kind} proxy's")
 
 
 STATE_KEY = pytest.StashKey[Ml4State]()
@@ -312,11 +339,12 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         where = (info.get("proxy") or {}).get("url") or info.get("url", "simulator not started yet")
         host = where.split("//", 1)[-1]
         mode = ("simulated" + (", through a real LiteLLM proxy" if info.get("proxy") else "")
+                + (", engine direct (--ml4-no-proxy)" if state.bypasses_proxy else "")
                 + (f", faults: {', '.join(state.faults)}" if state.faults else ""))
     else:
         url = state.config.getoption("ml4_endpoint") or os.environ.get(t.endpoint.url_env) or t.endpoint.default_url
         host = _host_only(url) if url else f"(unset: export {t.endpoint.url_env} or pass --endpoint)"
-        mode = "live"
+        mode = "live" + (", engine direct (--ml4-no-proxy)" if state.bypasses_proxy else "")
     lines = [f"ml4: target {t.name} ({t.hardware.count}x {t.hardware.gpu}, {t.topology.kind}, {t.serving.stack})",
              f"ml4: endpoint {host} [{mode}]"]
     if state.run_dir:
@@ -343,6 +371,8 @@ def skip_reason(target: Target, marker_names: set[str]) -> str | None:
     if topo and target.topology_kind not in topo:
         return (f"topology mismatch: test is for {', '.join(sorted(topo))}; "
                 f"target {target.name} is {target.topology_kind}")
+    if "needs_proxy" in marker_names and target.serving.bypassed_proxy is not None:
+        return f"--ml4-no-proxy: this run goes around {target.name}'s {target.serving.bypassed_proxy.kind} proxy"
     if "needs_proxy" in marker_names and not target.has_proxy:
         return f"target {target.name} has no proxy in front of the engine ({target.serving.stack})"
     if "dynamo" in marker_names and not target.is_dynamo:

@@ -38,9 +38,13 @@ def ml4_preflight_paths(pytestconfig: pytest.Config, ml4_target: Target) -> list
 
 
 @pytest.fixture(scope="session")
-def ml4_preflight_report(ml4_preflight_paths: list[Path], ml4_target: Target) -> Report:
+def ml4_preflight_report(pytestconfig: pytest.Config, ml4_preflight_paths: list[Path], ml4_target: Target) -> Report:
     """All rules over all the paths together (cross-file rules need them at once), tied to the target's hardware."""
     missing = [str(p) for p in ml4_preflight_paths if not p.exists()]
     if missing:
         pytest.fail(f"preflight: manifests listed for target {ml4_target.name} do not exist: {', '.join(missing)}")
-    return lint_paths(list(ml4_preflight_paths), ml4_target)
+    # The files describe the deployment as declared, proxy included, even when this run goes around the proxy.
+    from pytest_ml4.plugin import get_state
+
+    declared = get_state(pytestconfig).declared_target or ml4_target
+    return lint_paths(list(ml4_preflight_paths), declared)

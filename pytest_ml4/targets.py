@@ -112,6 +112,8 @@ class Serving(_Strict):
     served_model_name: str
     engine_served_model_name: str | None = None
     proxy: Proxy | None = None
+    #: Set only on the view ``Target.without_proxy()`` gives (--ml4-no-proxy): the proxy the run goes around.
+    bypassed_proxy: Proxy | None = None
     dynamo_router: Literal["kv", "round_robin", "random"] | None = None
     session_affinity: bool = False
     migration_limit: int | None = None
@@ -237,6 +239,21 @@ class Target(_Strict):
     @property
     def has_proxy(self) -> bool:
         return self.serving.proxy is not None
+
+    def without_proxy(self) -> "Target":
+        """The deployment as a client that goes around its proxy sees it: the engine's stack and served name.
+
+        Gates stay as declared; a check that only the proxy makes true (no client error across a restart thanks to
+        its retries) looks at ``serving.bypassed_proxy`` and says it does not apply.
+        """
+        if self.serving.proxy is None:
+            return self
+        engine_stack = self.serving.stack.split("+", 1)[0]
+        serving = self.serving.model_copy(update={
+            "stack": engine_stack, "proxy": None, "bypassed_proxy": self.serving.proxy,
+            "served_model_name": self.serving.engine_served_model_name or self.serving.served_model_name,
+            "engine_served_model_name": None})
+        return self.model_copy(update={"serving": serving})
 
     def resolve(self, relpath: str) -> Path:
         """A path from the YAML, relative to the repo root (or absolute)."""
