@@ -5,8 +5,9 @@ Kubernetes API (a fake one in ``--sim`` Dynamo runs), and the retry options. The
 
 Fixtures (session scope):
 
-* ``ml4_proxy`` — a real LiteLLM proxy in front of the simulator for targets with ``serving.proxy`` under
-  ``--sim`` (None otherwise); ``--ml4-proxy-retries`` / ``--ml4-proxy-max-retries`` choose its retry settings;
+* ``ml4_proxy`` — the real LiteLLM proxy the plugin starts in front of the simulator for targets with
+  ``serving.proxy`` under ``--sim`` (None otherwise); ``--ml4-proxy-retries`` / ``--ml4-proxy-max-retries``
+  (defined here) choose its retry settings;
 * ``ml4_dynamo_sim`` — the :class:`~pytest_ml4.sim.dynamo.DynamoSim` of a ``--sim`` Dynamo target (the session's
   ``ml4_sim`` when it is one, else one started here);
 * ``ml4_kube_api`` — a ``kubernetes`` ApiClient for Dynamo targets (kubeconfig / ``--ml4-kube-host``; under
@@ -73,29 +74,10 @@ def _api_key(target: Target) -> str | None:
 
 # ----------------------------------------------------------------------------------------------- proxy
 @pytest.fixture(scope="session")
-def ml4_proxy(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any, ml4_run_dir: Path) -> Iterator[Any]:
-    """The real LiteLLM proxy in front of the simulator (targets with ``serving.proxy``, ``--sim``), else None."""
-    state = _state(pytestconfig)
-    existing = getattr(state, "proxy", None)
-    if existing is not None or ml4_sim is None or not ml4_target.has_proxy:
-        yield existing
-        return
-    from pytest_ml4.proxy import LiteLLMProxy, ProxyError, ProxySettings
-    from pytest_ml4.tools import ToolMissing
-
-    settings = ProxySettings.from_target(ml4_target, ml4_sim.base_url,
-                                         num_retries=_int_opt(pytestconfig, "ml4_proxy_retries"),
-                                         max_retries=_int_opt(pytestconfig, "ml4_proxy_max_retries"))
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    proxy = LiteLLMProxy(settings, ml4_run_dir / "proxy" / worker)
-    try:
-        proxy.start()
-    except (ProxyError, ToolMissing, OSError) as err:
-        pytest.exit(f"ml4: the LiteLLM proxy for {ml4_target.name} did not start: {err}", returncode=3)
-    try:
-        yield proxy
-    finally:
-        proxy.stop()
+def ml4_proxy(pytestconfig: pytest.Config, ml4_sim: Any) -> Any:
+    """The real LiteLLM proxy the plugin started with the simulator (targets with ``serving.proxy``, ``--sim``),
+    or None; under xdist a worker's view of the controller's proxy."""
+    return _state(pytestconfig).proxy if ml4_sim is not None else None
 
 
 # ----------------------------------------------------------------------------------------------- Dynamo / Kubernetes
