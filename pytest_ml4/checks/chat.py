@@ -146,12 +146,12 @@ class ChatSession:
 
 
 def attach(path: Path, name: str | None = None) -> None:
-    """Show a file in the Allure report when allure-pytest is collecting; a no-op otherwise."""
+    """Show a file in the Allure report (redacted, :func:`pytest_ml4.report.attach.attach_file`) when allure-pytest
+    is collecting; a no-op otherwise, and never an error: a reporting aid must not fail a test."""
     try:
-        import allure
+        from pytest_ml4.report.attach import attach_file
 
-        kind = allure.attachment_type.JSON if path.suffix == ".json" else allure.attachment_type.TEXT
-        allure.attach.file(str(path), name=name or path.name, attachment_type=kind)
+        attach_file(path, name)
     except Exception:  # noqa: BLE001, S110 - a reporting aid must never fail a test
         pass
 
