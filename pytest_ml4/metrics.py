@@ -135,6 +135,22 @@ def scrape(url: str, http: httpx.Client | None = None, timeout: float = 10.0) ->
     return parse_metrics(resp.text)
 
 
+#: Output tokens generated so far: vLLM's engine counter, or a Dynamo frontend's.
+GENERATED_TOKEN_COUNTERS = ("vllm:generation_tokens_total", "dynamo_frontend_output_tokens_total")
+
+
+def generated_tokens(url: str | None, timeout: float = 5.0) -> float | None:
+    """Output tokens the engine (or Dynamo frontend) at ``url`` has generated so far; None when there is no URL,
+    it cannot be read, or it exposes neither counter."""
+    if not url:
+        return None
+    try:
+        snap = scrape(url, timeout=timeout)
+    except MetricsError:
+        return None
+    return next((snap.sum(n) for n in GENERATED_TOKEN_COUNTERS if n in snap), None)
+
+
 _COUNTER_SUFFIXES = ("_total", "_count", "_sum", "_bucket")
 
 

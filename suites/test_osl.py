@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from pytest_ml4.metrics import generated_tokens
 from pytest_ml4.perf.export import read_records
 from pytest_ml4.perf.methodology import (
     WHY_NOT_IGNORE_EOS,
@@ -47,22 +48,6 @@ def osl_window_start() -> float:
     return time.time() - 1.0
 
 
-TOKEN_COUNTERS = ("vllm:generation_tokens_total", "dynamo_frontend_output_tokens_total")
-
-
-def _engine_tokens(metrics_url: str | None) -> float | None:
-    """Output tokens the engine (or Dynamo frontend) has generated so far, from its /metrics; None if unreadable."""
-    if not metrics_url:
-        return None
-    from pytest_ml4.metrics import MetricsError, scrape
-
-    try:
-        snap = scrape(metrics_url, timeout=5.0)
-    except MetricsError:
-        return None
-    return next((snap.sum(n) for n in TOKEN_COUNTERS if n in snap), None)
-
-
 @dataclass
 class Streamed:
     results: list[Any]
@@ -71,10 +56,10 @@ class Streamed:
 
 @pytest.fixture(scope="module")
 def streamed(http_client: Any, ml4_endpoint: Any, osl_window_start: float) -> Streamed:
-    before = _engine_tokens(ml4_endpoint.metrics_url)
+    before = generated_tokens(ml4_endpoint.metrics_url)
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         results = list(pool.map(lambda p: probe_chat_stream(http_client, _body(ml4_endpoint.model, p, N)), PROMPTS))
-    after = _engine_tokens(ml4_endpoint.metrics_url)
+    after = generated_tokens(ml4_endpoint.metrics_url)
     return Streamed(results, None if before is None or after is None else after - before)
 
 

@@ -13,10 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pytest_ml4.metrics import MetricsError, scrape
+from pytest_ml4.metrics import generated_tokens
 from pytest_ml4.perf.runner import PhaseState
-
-TOKEN_COUNTERS = ("vllm:generation_tokens_total", "dynamo_frontend_output_tokens_total")
 
 
 def _mmss(seconds: float) -> str:
@@ -78,16 +76,8 @@ class SweepProgress:
         self._emit(f"c{concurrency} done: {summary}")
 
     def _read_tokens(self) -> _Live | None:
-        if not self.metrics_url:
-            return None
-        try:
-            snap = scrape(self.metrics_url, timeout=2.0)
-        except MetricsError:
-            return None
-        for name in TOKEN_COUNTERS:
-            if name in snap:
-                return _Live(time.monotonic(), snap.sum(name))
-        return None
+        tokens = generated_tokens(self.metrics_url, timeout=2.0)
+        return None if tokens is None else _Live(time.monotonic(), tokens)
 
     def _throughput(self, now: float, state: PhaseState) -> str:
         cur = self._read_tokens()
