@@ -9,6 +9,7 @@ single-process mode, which also yields the ``*_created`` gauges and the python/p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -81,11 +82,12 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
         exp += 1
 
 
-def _reference_cache_config(path: Path) -> tuple[str, dict[str, str]]:
-    """HELP text and label set of ``vllm:cache_config_info`` in the reference exposition."""
+@lru_cache(maxsize=4)
+def _reference_cache_config(path: Path) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """HELP text and label set of ``vllm:cache_config_info`` in the reference exposition (parsed once per file)."""
     for fam in text_string_to_metric_families(path.read_text()):
         if fam.name == "vllm:cache_config_info":
-            return fam.documentation, dict(fam.samples[0].labels)
+            return fam.documentation, tuple(fam.samples[0].labels.items())
     raise ValueError(f"{path} has no vllm:cache_config_info")
 
 
@@ -93,7 +95,7 @@ def cache_config_labels(target: Target, num_gpu_blocks: int,
                         catalogue: Path = REFERENCE_METRICS) -> dict[str, str]:
     """``vllm:cache_config_info`` labels: 0.33's CacheConfig field set as in the reference (vllm.md §8), with
     the values the target decides; the rest keep the reference's (default) values."""
-    _, labels = _reference_cache_config(catalogue)
+    labels = dict(_reference_cache_config(catalogue)[1])
     eng = target.engine
     labels.pop("engine", None)
     labels.update({"block_size": str(eng.block_size), "cache_dtype": eng.kv_cache_dtype,
