@@ -3,8 +3,9 @@
 Some checks are only true when nothing else talks to the deployment: the fixed-OSL suite compares the engine's
 generated-token counter with exactly its own requests, the perf sweep measures throughput and latency, the restart
 suite takes the engine away. Under pytest-xdist the other workers would otherwise keep sending smoke or tool
-requests meanwhile and turn a healthy deployment into a failed (or a flattering) result. A test in an exclusive
-module holds the lock exclusively for the whole module; every other test holds it shared while it runs.
+requests meanwhile and turn a healthy deployment into a failed (or a flattering) result. The plugin holds the lock
+exclusively around each test of an exclusive suite (with the fixtures it sets up and tears down) and shared around
+every other test.
 
 ``flock(2)`` on two files in the run folder, so it works between any processes that share that folder and is
 released by the kernel if a worker dies. A turnstile (the gate file) gives a waiting exclusive holder priority:
@@ -50,7 +51,7 @@ class EndpointLock:
             finally:
                 self._exclusive_depth -= 1
             return
-        with self._locked(self.gate, fcntl.LOCK_EX, timeout) as _gate:
+        with self._locked(self.gate, fcntl.LOCK_EX, timeout):
             lock_fd = self._acquire(self.path, fcntl.LOCK_EX, timeout)
         self._exclusive_depth = 1
         try:

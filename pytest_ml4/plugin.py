@@ -119,8 +119,7 @@ class Ml4State:
         self.target: Target | None = None
         self.overrides: dict[str, Any] = {}
         self.use_sim: bool = False
-        self.no_proxy: bool = False     # --ml4-no-proxy: the suites talk to the engine behind the target's proxy
-        self.declared_target: Target | None = None   # as its YAML says (target is the engine-only view with no_proxy)
+        self.declared_target: Target | None = None  # as its YAML says (target: its engine view, --ml4-no-proxy)
         self.faults: tuple[str, ...] = ()
         self.run_dir: Path | None = None
         self.sim: Any = None            # SimServer (controller) or None
@@ -167,8 +166,7 @@ class Ml4State:
         elif self.use_sim:
             raise pytest.UsageError(f"--sim needs --target; known targets: {', '.join(known_targets())}")
         self.declared_target = self.target
-        self.no_proxy = bool(_opt(config, "ml4_no_proxy", "ml4_no_proxy"))
-        if self.no_proxy and self.target is not None:
+        if _opt(config, "ml4_no_proxy", "ml4_no_proxy") and self.target is not None:
             _check_no_proxy(self.target, self.use_sim, config.getoption("ml4_endpoint"))
             # Everything downstream (simulator start, suites, gates) sees the engine the run talks to.
             self.target = self.target.without_proxy()
@@ -334,17 +332,17 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if state.target is None:
         return [f"ml4: no target (use --target; known: {', '.join(known_targets())})"]
     t = state.target
+    direct = ", engine direct (--ml4-no-proxy)" if state.bypasses_proxy else ""
     if state.use_sim:
         info = state.sim_info or {}
         where = (info.get("proxy") or {}).get("url") or info.get("url", "simulator not started yet")
         host = where.split("//", 1)[-1]
-        mode = ("simulated" + (", through a real LiteLLM proxy" if info.get("proxy") else "")
-                + (", engine direct (--ml4-no-proxy)" if state.bypasses_proxy else "")
+        mode = ("simulated" + (", through a real LiteLLM proxy" if info.get("proxy") else "") + direct
                 + (f", faults: {', '.join(state.faults)}" if state.faults else ""))
     else:
         url = state.config.getoption("ml4_endpoint") or os.environ.get(t.endpoint.url_env) or t.endpoint.default_url
         host = _host_only(url) if url else f"(unset: export {t.endpoint.url_env} or pass --endpoint)"
-        mode = "live" + (", engine direct (--ml4-no-proxy)" if state.bypasses_proxy else "")
+        mode = "live" + direct
     lines = [f"ml4: target {t.name} ({t.hardware.count}x {t.hardware.gpu}, {t.topology.kind}, {t.serving.stack})",
              f"ml4: endpoint {host} [{mode}]"]
     if state.run_dir:
