@@ -30,6 +30,13 @@ def repo_root() -> Path:
     return REPO
 
 
+@pytest.fixture
+def smoke_copy(pytester: pytest.Pytester) -> None:
+    """``suites/test_smoke.py`` copied into the pytester folder, to run as ``suites/test_smoke.py`` there."""
+    (pytester.path / "suites").mkdir()
+    (pytester.path / "suites" / "test_smoke.py").write_text((REPO / "suites" / "test_smoke.py").read_text())
+
+
 @pytest.fixture(scope="module")
 def rtx_api_key() -> Iterator[str]:
     """A fresh API key in the RTX PRO target's key variable for one module (restored afterwards)."""

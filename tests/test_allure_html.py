@@ -15,10 +15,9 @@ import pytest
 from pytest_ml4.report.categories import categorize, load_categories
 from pytest_ml4.report.history import extract_history
 from pytest_ml4.report.html import embedded_files
-from pytest_ml4.tools import tools_dir
 
-# pytester points HOME at a temporary folder; the installed tools stay where the install step put them.
-TOOLS = tools_dir()
+# pytester points HOME at a temporary folder; tests/conftest.py pins ML4_TOOLS first, so the installed tools
+# (the Allure CLI, Java) stay found.
 GATE, PROTOCOL, _, _, DEFECT = (c["name"] for c in load_categories())
 
 CHECKS = textwrap.dedent('''
@@ -72,7 +71,6 @@ def _generate(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 
 def test_report_generated_offline_renders_the_run(pytester: pytest.Pytester,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ML4_TOOLS", str(TOOLS))
     pytester.makepyfile(test_checks=CHECKS)
     reports = pytester.path / "reports"
     args = ("--target", "rtxpro6000-tp8", "--ml4-reports", str(reports), "-p", "no:cacheprovider")

@@ -173,11 +173,9 @@ def verify(case: Case, junit: Path, stdout: str) -> None:
 #: Behind the proxy. LiteLLM 1.108.7 itself appends [DONE] and computes a usage chunk, so the simulator's
 #: no_done / no_usage_chunk never reach a client there (checked without the proxy above); a backend error
 #: mid-stream does reach it, re-wrapped as LiteLLM's own in-band error event (tooling.md §3.6).
-PROXY_CASES = [
-    Case("healthy", [], must_pass=["*"], selection=None),
-    Case("midstream_error", ["midstream_error"], "in-band error event", must_fail=STREAMED_ANSWERS,
-         must_pass=VALIDATION + NON_STREAMED, only_streamed=True),
-]
+MIDSTREAM_BEHIND_PROXY = Case("midstream_error", ["midstream_error"], "in-band error event",
+                              must_fail=STREAMED_ANSWERS, must_pass=VALIDATION + NON_STREAMED, only_streamed=True)
+PROXY_CASES = [Case("healthy", [], must_pass=["*"], selection=None), MIDSTREAM_BEHIND_PROXY]
 
 
 @pytest.mark.parametrize("case", PROXY_CASES, ids=[c.name for c in PROXY_CASES])
@@ -206,8 +204,7 @@ def test_behind_the_real_litellm_proxy(pytester: pytest.Pytester, tmp_path: Path
 def test_sim_option_path_injects_the_fault(pytester: pytest.Pytester, tmp_path: Path) -> None:
     """End to end through the plugin: ``--sim --ml4-fault`` starts the simulator (and, for this target, the
     LiteLLM proxy in front of it) with the fault, and the suites catch it."""
-    case = Case("midstream_error", ["midstream_error"], "in-band error event", must_fail=STREAMED_ANSWERS,
-                must_pass=VALIDATION + NON_STREAMED, only_streamed=True)
+    case = MIDSTREAM_BEHIND_PROXY
     junit = tmp_path / "junit.xml"
     fast = [arg for key, value in FAST["sim"].items() for arg in ("--ml4-set", f"sim.{key}={value}")]
     result = pytester.runpytest_subprocess(

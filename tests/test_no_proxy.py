@@ -6,19 +6,11 @@ going around the proxy makes the smoke suite's stream-grammar check catch it. Ba
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from pytest_ml4.targets import load_target
 
 SMOKE = "suites/test_smoke.py"
-
-
-@pytest.fixture
-def smoke_copy(pytester: pytest.Pytester, repo_root: Path) -> None:
-    (pytester.path / "suites").mkdir()
-    (pytester.path / "suites" / "test_smoke.py").write_text((repo_root / SMOKE).read_text())
 
 
 def test_engine_only_view_of_a_proxied_target() -> None:
@@ -48,8 +40,8 @@ def test_sim_without_proxy_shows_the_engine_dropping_done(pytester: pytest.Pytes
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--target", "gb300-agg", "--sim"], "--ml4-no-proxy: target gb300-agg has no proxy in front of its engine"),
-    (["--target", "rtxpro6000-tp8"], "--ml4-no-proxy against a live deployment needs --endpoint with the engine's "
-                                     "URL: ML4_RTXPRO_URL is the litellm proxy's"),
+    (["--target", "rtxpro6000-tp8"], ("--ml4-no-proxy against a live deployment needs --endpoint with the engine's "
+                                      "URL: ML4_RTXPRO_URL is the litellm proxy's")),
 ])
 def test_bad_combinations_are_usage_errors(pytester: pytest.Pytester, smoke_copy: None, args: list[str],
                                            message: str) -> None:

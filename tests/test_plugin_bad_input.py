@@ -12,12 +12,6 @@ import pytest
 SMOKE = "suites/test_smoke.py"
 
 
-@pytest.fixture
-def smoke_copy(pytester: pytest.Pytester, repo_root) -> None:
-    (pytester.path / "suites").mkdir()
-    (pytester.path / "suites" / "test_smoke.py").write_text((repo_root / SMOKE).read_text())
-
-
 def test_unreachable_endpoint_stops_the_session_in_seconds(pytester: pytest.Pytester, smoke_copy, monkeypatch) -> None:
     monkeypatch.setenv("LLM_API_KEY", "sk-not-used")
     start = time.monotonic()

@@ -8,21 +8,16 @@ from pathlib import Path
 import pytest
 
 from pytest_ml4.targets import REPO_ROOT
-from pytest_ml4.tools import tools_dir
 
 SUITE = REPO_ROOT / "suites" / "test_restart.py"
 
 
-@pytest.fixture(autouse=True)
-def installed_tools(monkeypatch: pytest.MonkeyPatch) -> None:
-    # pytester moves HOME: point the child at the installed tools (the LiteLLM venv).
-    monkeypatch.setenv("ML4_TOOLS", str(tools_dir()))
-
-
-def run_suite(pytester: pytest.Pytester, tmp_path: Path, *extra: str) -> pytest.RunResult:
+def run_suite(pytester: pytest.Pytester, tmp_path: Path, *extra: str, target: str = "rtxpro6000-tp8",
+              timeout: float = 400) -> pytest.RunResult:
+    # ML4_TOOLS (the LiteLLM venv) reaches the child through tests/conftest.py, set before pytester moves HOME.
     return pytester.runpytest_subprocess(
-        str(SUITE), "--target", "rtxpro6000-tp8", "--sim", "-m", "restart", "--ml4-reports", str(tmp_path / "r"),
-        "-p", "no:randomly", "-rA", *extra, timeout=400)
+        str(SUITE), "--target", target, "--sim", "-m", "restart", "--ml4-reports", str(tmp_path / "r"),
+        "-p", "no:randomly", "-rA", *extra, timeout=timeout)
 
 
 def test_rtxpro_suite_passes_through_the_proxy_with_retries(pytester: pytest.Pytester, tmp_path: Path) -> None:
@@ -46,9 +41,7 @@ def test_proxy_without_retries_fails_the_no_client_error_check(pytester: pytest.
 
 
 def test_gb300_disagg_suite_passes_against_the_fake_api_server(pytester: pytest.Pytester, tmp_path: Path) -> None:
-    result = pytester.runpytest_subprocess(
-        str(SUITE), "--target", "gb300-disagg", "--sim", "-m", "restart", "--ml4-reports", str(tmp_path / "r"),
-        "-p", "no:randomly", "-rA", timeout=600)
+    result = run_suite(pytester, tmp_path, target="gb300-disagg", timeout=600)
     out = result.stdout.str()
     result.assert_outcomes(passed=9)
     assert "rolling, one pod at a time" in out  # restarted through the Kubernetes API (fake server), pod by pod

@@ -77,16 +77,24 @@ def _sigterm_and_wait(sim: SimServer, limit: float, second_after: float | None =
     return code, time.monotonic() - t0
 
 
-def test_sigterm_drains_streams_in_flight_then_exits(tmp_path: Path) -> None:
-    sim = SimServer("gb300-agg", overrides=SLOW, log_file=tmp_path / "e.log").start()
+def _sigterm_with_streams(tmp_path: Path, n: int, tokens: int, overrides: dict[str, Any] = SLOW,
+                          second_after: float | None = None) -> tuple[SimServer, int | None, int, float, list[list[str]]]:
+    """Start a simulator, open ``n`` streams of ``tokens`` tokens, SIGTERM it (a second time ``second_after``
+    seconds later) and wait for it to exit; returns (sim, its pid, exit code, seconds to exit, stream lines)."""
+    sim = SimServer("gb300-agg", overrides=overrides, log_file=tmp_path / "e.log").start()
     try:
-        threads, lines = _open_streams(sim, 3, tokens=500)  # ~2.5 s each
+        threads, lines = _open_streams(sim, n, tokens)
         pid = sim.pid
-        code, took = _sigterm_and_wait(sim, limit=12)
+        code, took = _sigterm_and_wait(sim, limit=12, second_after=second_after)
         for t in threads:
             t.join(timeout=10)
     finally:
         sim.stop()
+    return sim, pid, code, took, lines
+
+
+def test_sigterm_drains_streams_in_flight_then_exits(tmp_path: Path) -> None:
+    sim, pid, code, took, lines = _sigterm_with_streams(tmp_path, 3, tokens=500)  # ~2.5 s each
     assert code == 0, f"exit code {code} after SIGTERM\n{sim.log_tail()}"
     assert took < EARLY_EXIT_S, f"SIGTERM with 3 short (2.5 s) streams in flight took {took:.1f} s to exit"
     for i, got in enumerate(lines):
@@ -97,28 +105,14 @@ def test_sigterm_drains_streams_in_flight_then_exits(tmp_path: Path) -> None:
 
 
 def test_second_sigterm_cuts_the_drain(tmp_path: Path) -> None:
-    sim = SimServer("gb300-agg", overrides=SLOW, log_file=tmp_path / "e.log").start()
-    try:
-        threads, lines = _open_streams(sim, 2, tokens=5000)  # ~25 s each
-        code, took = _sigterm_and_wait(sim, limit=12, second_after=0.5)
-        for t in threads:
-            t.join(timeout=10)
-    finally:
-        sim.stop()
+    _, _, code, took, lines = _sigterm_with_streams(tmp_path, 2, tokens=5000, second_after=0.5)  # ~25 s each
     assert code == 0 and took < EARLY_EXIT_S, f"exit code {code} after {took:.1f} s"
     assert all(got[-1] != "data: [DONE]" for got in lines), "a 25 s stream completed: the drain was not cut"
 
 
 def test_drain_is_bounded(tmp_path: Path) -> None:
     overrides = {**SLOW, "sim": {**SLOW["sim"], "extra": {"shutdown_drain_s": 1.0}}}
-    sim = SimServer("gb300-agg", overrides=overrides, log_file=tmp_path / "e.log").start()
-    try:
-        threads, _ = _open_streams(sim, 2, tokens=5000)
-        code, took = _sigterm_and_wait(sim, limit=12)
-        for t in threads:
-            t.join(timeout=10)
-    finally:
-        sim.stop()
+    _, _, code, took, _ = _sigterm_with_streams(tmp_path, 2, tokens=5000, overrides=overrides)
     assert code == 0 and took < EARLY_EXIT_S, f"exit code {code} after {took:.1f} s with a 1 s drain limit"
 
 
