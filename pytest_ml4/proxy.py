@@ -265,3 +265,72 @@ def attempted_retries(headers: Mapping[str, str]) -> int | None:
         return int(raw)
     except ValueError:
         return None
+
+
+# ----------------------------------------------------------------------------------------------- retry window
+#: The router's backoff constants per LiteLLM version (read in the installed package; see the file's comments).
+RETRY_TABLE = Path(__file__).resolve().parent.parent / "fixtures" / "restart" / "litellm-retry.yaml"
+
+
+@dataclass(frozen=True)
+class RetryWindow:
+    """When the LiteLLM router re-sends a request whose backend is down, and so which outage it bridges.
+
+    A request that reaches the proxy just as the engine goes away is answered by the first attempt made after the
+    engine is back; it fails when the last attempt comes before that. ``bridged_s`` (jitter 0) is the outage
+    every such request survives, ``bridged_max_s`` (full jitter) the longest one any can. A refused connection
+    fails at once, so ``attempt_timeout_s`` only matters for a backend that accepts and hangs.
+    """
+
+    version: str
+    num_retries: int
+    initial_delay_s: float
+    max_delay_s: float
+    jitter_s: float
+    min_delay_s: float = 0.0
+    attempt_timeout_s: float | None = None
+
+    def sleep_before(self, retry: int, jitter: float = 0.0) -> float:
+        """Seconds the router sleeps before retry number ``retry`` (1-based), ``jitter`` in [0, 1]."""
+        base = min(max(self.initial_delay_s * 2.0 ** (retry - 1), self.min_delay_s), self.max_delay_s)
+        return base + self.jitter_s * jitter
+
+    def attempts_at(self, jitter: float = 0.0) -> list[float]:
+        """Offsets of every attempt from the first, for a backend that refuses connections."""
+        out = [0.0]
+        for k in range(1, self.num_retries + 1):
+            out.append(out[-1] + self.sleep_before(k, jitter))
+        return out
+
+    @property
+    def bridged_s(self) -> float:
+        return self.attempts_at(0.0)[-1]
+
+    @property
+    def bridged_max_s(self) -> float:
+        return self.attempts_at(1.0)[-1]
+
+    def describe(self) -> str:
+        offsets = ", ".join(f"+{t:.1f}" for t in self.attempts_at(0.0))
+        return (f"LiteLLM {self.version} num_retries={self.num_retries}: attempts at {offsets} s (backoff "
+                f"{self.initial_delay_s:g} s x 2^k, at most {self.max_delay_s:g} s, plus up to {self.jitter_s:g} s "
+                f"jitter each), so it bridges an outage of {self.bridged_s:.1f} s for every request "
+                f"({self.bridged_max_s:.1f} s at most)")
+
+    @classmethod
+    def from_settings(cls, settings: ProxySettings, version: str = LITELLM_VERSION,
+                      table: Path = RETRY_TABLE) -> RetryWindow:
+        """The window of the config ``settings`` generate (``router_settings.retry_after``, the model's timeout)."""
+        rows = (yaml.safe_load(table.read_text()) or {}).get("litellm", {})
+        row = rows.get(version)
+        if row is None:
+            raise ProxyError(f"{table}: no retry constants for LiteLLM {version} (known: {', '.join(rows)})")
+        cfg = render_config(settings)
+        router = cfg.get("router_settings") or {}
+        timeouts = [m.get("litellm_params", {}).get("timeout") for m in cfg["model_list"]
+                    if m.get("model_name") == settings.alias]
+        return cls(version=version, num_retries=settings.num_retries,
+                   initial_delay_s=float(row["initial_retry_delay_s"]), max_delay_s=float(row["max_retry_delay_s"]),
+                   jitter_s=float(row["jitter_s"]),
+                   min_delay_s=float(router.get("retry_after", row.get("router_retry_after_s", 0)) or 0),
+                   attempt_timeout_s=float(timeouts[0]) if timeouts and timeouts[0] is not None else None)

@@ -194,6 +194,10 @@ class SimProfile(_Strict):
     ttft_s: float = Field(default=0.5, gt=0)
     itl_ms: float = Field(default=12.0, gt=0)
     prefill_tok_s: float = Field(default=20000, gt=0)
+    #: Seconds a simulated restart keeps the port closed: from the old engine process's exit to the new one
+    #: binding. A modelled figure of the target (estimate unless its YAML cites a seed), so restart verdicts do
+    #: not depend on how fast this machine starts a Python process (``SimServer.restart``).
+    restart_outage_s: float = Field(default=1.5, ge=0)
     extra: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -6,8 +6,9 @@ Two restarts per session (module fixtures, in order):
    (tooling.md §3.6), and the suite reports which;
 2. with short requests sent throughout: where the target allows no client-visible error
    (``gates.restart_client_errors_allowed: false``, seed 000 open item 2) every one must succeed — through a LiteLLM
-   proxy thanks to its retries, counted from ``x-litellm-attempted-retries``; recovery (the first success after
-   the restart began) must stay under ``gates.recovery_time_s_max``.
+   proxy thanks to its retries, counted from ``x-litellm-attempted-retries``, the measured outage set beside the
+   proxy's retry window; recovery (trigger to the first answer of the *new* engine, per request evidence of which
+   engine answered) must stay under ``gates.recovery_time_s_max``.
 
 Afterwards: a fresh boot in the engine log, the KV pool and the no-OOM verdicts of ``pytest_ml4.logs.kv`` again,
 and a smoke chat. Dynamo targets add session affinity, prefix reuse, and for disagg the prefill -> decode handoff
@@ -24,6 +25,7 @@ from pytest_ml4.client import make_httpx
 from pytest_ml4.control.base import RestartError
 from pytest_ml4.control.scenario import (
     RestartRun,
+    StaleInstances,
     check_client_errors,
     check_recovery,
     check_restart_finished,
@@ -35,6 +37,7 @@ from pytest_ml4.control.scenario import (
 )
 from pytest_ml4.logs import LogView, ServerStart
 from pytest_ml4.logs.kv import judge_kv_pool, judge_max_concurrency, judge_no_failures
+from pytest_ml4.proxy import ProxySettings, RetryWindow
 from pytest_ml4.report.attach import attach_text
 from pytest_ml4.targets import Target
 
@@ -106,8 +109,16 @@ def test_in_flight_streams_end_detectably(streams_run: RestartRun, record_proper
         print("  " + s.line())
 
 
+def _retry_window(target: Target, proxy: Any) -> RetryWindow | None:
+    """What the proxy's retries bridge: the target's proxy config with the retries of the proxy started here."""
+    if target.serving.proxy is None or target.serving.bypassed_proxy is not None:
+        return None
+    return RetryWindow.from_settings(ProxySettings.from_target(target, backend_base_url="http://engine/v1",
+                                                               num_retries=getattr(proxy, "num_retries", None)))
+
+
 def test_new_requests_during_restart(requests_run: RestartRun, ml4_target: Target, ml4_restart_endpoint: Any,
-                                     record_property: Any) -> None:
+                                     ml4_proxy: Any, record_property: Any) -> None:
     """New requests during the restart succeed where the target allows no client error (a proxy retries them)."""
     attach_text(requests_run.report(), "restart with new requests")
     check_restart_finished(requests_run)
@@ -116,7 +127,9 @@ def test_new_requests_during_restart(requests_run: RestartRun, ml4_target: Targe
     if bypassed is not None and not allowed:
         pytest.skip(f"--ml4-no-proxy: the target's no-client-error gate counts on its {bypassed.kind} proxy retrying "
                     f"across the restart, and this run goes around the proxy")
-    failed = check_client_errors(requests_run, allowed)
+    failed = check_client_errors(requests_run, allowed, retry_window=_retry_window(ml4_target, ml4_proxy),
+                                 stale=StaleInstances.for_dynamo(getattr(ml4_target.serving, "dynamo_version", None))
+                                 if ml4_target.is_dynamo else None)
     retries = retries_seen(requests_run)
     record_property("restart_requests", len(requests_run.requests))
     record_property("restart_requests_failed", len(failed))
@@ -130,9 +143,13 @@ def test_new_requests_during_restart(requests_run: RestartRun, ml4_target: Targe
 
 
 def test_recovery_time(requests_run: RestartRun, ml4_target: Target, record_property: Any) -> None:
+    """Trigger to the first answer of a new engine (never one of the old engine) within the target's limit."""
+    attach_text(requests_run.timeline_report(), "restart timeline: old engine's last answer, new engine's first")
     check_restart_finished(requests_run)
     took = check_recovery(requests_run, ml4_target.gates.recovery_time_s_max)
     record_property("restart_recovery_s", round(took, 2))
+    if requests_run.timeline and requests_run.timeline.outage_s is not None:
+        record_property("restart_outage_s", round(requests_run.timeline.outage_s, 2))
     print(f"recovery {took:.2f} s (limit {ml4_target.gates.recovery_time_s_max:.0f} s)")
 
 
@@ -166,10 +183,10 @@ def test_smoke_chat_after_restart(requests_run: RestartRun, ml4_restart_endpoint
     check_restart_finished(requests_run)
     probe = restart_spec["probe"]
     with make_httpx(ml4_restart_endpoint) as http:
-        status, _, error, ok = send_probe(http, probe_body(ml4_restart_endpoint.model, probe),
-                                          probe["expect_substring"])
-    assert status == 200 and error is None, f"chat after the restart failed: HTTP {status}: {error}"
-    assert ok, f"chat after the restart answered without {probe['expect_substring']!r}"
+        reply = send_probe(http, probe_body(ml4_restart_endpoint.model, probe), probe["expect_substring"])
+    assert reply.status == 200 and reply.error is None, (f"chat after the restart failed: HTTP {reply.status}: "
+                                                         f"{reply.error}")
+    assert reply.ok, f"chat after the restart answered without {probe['expect_substring']!r}"
 
 
 # ----------------------------------------------------------------------------------------------- Dynamo

@@ -16,7 +16,7 @@ from pytest_ml4.control.scenario import (
     retries_seen,
     run_restart_scenario,
 )
-from pytest_ml4.proxy import LiteLLMProxy, ProxySettings
+from pytest_ml4.proxy import LiteLLMProxy, ProxySettings, RetryWindow
 from pytest_ml4.sim import SimServer
 from pytest_ml4.targets import load_target
 
@@ -35,21 +35,24 @@ def sim(key: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServe
         yield server
 
 
-def _restart_through(sim: SimServer, key: str, num_retries: int, work: Path) -> RestartRun:
+def _restart_through(sim: SimServer, key: str, num_retries: int | None, work: Path) -> tuple[RestartRun, RetryWindow]:
     settings = ProxySettings.from_target(TARGET, sim.base_url, num_retries=num_retries)
     with LiteLLMProxy(settings, work) as proxy:
         ep = Endpoint(base_url=proxy.base_url, api_key=key, model="ml4", proxy=True)
         ctl = SimController(sim, "ml4", api_key=key, timeout_s=60)
-        return run_restart_scenario(ctl, ep, with_streams=False, recovery_limit_s=60)
+        run = run_restart_scenario(ctl, ep, with_streams=False, recovery_limit_s=60)
+    return run, RetryWindow.from_settings(settings)
 
 
 def test_without_retries_the_no_client_error_check_fails_with_the_proxy_error(sim: SimServer, key: str,
                                                                               tmp_path: Path) -> None:
-    run = _restart_through(sim, key, 0, tmp_path)
+    run, window = _restart_through(sim, key, 0, tmp_path)
     assert run.restart is not None, run.report()
     with pytest.raises(AssertionError) as err:
-        check_client_errors(run, allowed=False)
+        check_client_errors(run, allowed=False, retry_window=window)
     message = str(err.value)
+    # The outage as the engines lived it, beside what no retries bridge.
+    assert "measured outage" in message and "exceeded the proxy's retry window of 0.0 s" in message
     # LiteLLM's own body for a dead backend (tooling.md §3.6): HTTP 500, internal_server_error, no retry header.
     assert "first failure: HTTP 500" in message
     assert "litellm.InternalServerError" in message and "Cannot connect to host" in message
@@ -57,18 +60,17 @@ def test_without_retries_the_no_client_error_check_fails_with_the_proxy_error(si
     assert all(r.retries is None for r in run.requests if not r.ok)
     assert key not in message
     # A target that tolerates client errors during a restart accepts the same run.
-    assert check_client_errors(run, allowed=True)
+    assert check_client_errors(run, allowed=True, retry_window=window)
 
 
-#: The retries must outlast the outage: LiteLLM's attempts come at ~0.5, ~1.5, ~3.5, ~7.5 s ... (exponential backoff,
-#: tooling.md §3.5), so 2-3 retries (seed 000 open item 2) bridge a 2-5 s restart. On a CI machine whose two cores
-#: are busy with other tests a simulator restart was seen to take 6.6 s, so the mechanism is tested with 5.
-CI_RETRIES = 5
-
-
-def test_with_retries_every_request_succeeds_and_retries_are_counted(sim: SimServer, key: str,
-                                                                     tmp_path: Path) -> None:
-    run = _restart_through(sim, key, CI_RETRIES, tmp_path)
+def test_with_the_targets_retries_every_request_succeeds_and_retries_are_counted(sim: SimServer, key: str,
+                                                                                 tmp_path: Path) -> None:
+    # The target's own 3 retries (attempts at +0, +0.5, +1.5, +3.5 s) bridge its modelled outage
+    # (sim.restart_outage_s) however busy the machine is: the simulator prepares the next engine before the port
+    # closes (issue 15: 3 of 21 requests failed when the box's speed set the outage).
+    run, window = _restart_through(sim, key, None, tmp_path)
     assert run.restart is not None, run.report()
-    assert check_client_errors(run, allowed=False) == []
+    assert window.num_retries == TARGET.serving.proxy.num_retries  # type: ignore[union-attr]
+    assert TARGET.sim.restart_outage_s < window.bridged_s
+    assert check_client_errors(run, allowed=False, retry_window=window) == []
     assert retries_seen(run) > 0, run.report()

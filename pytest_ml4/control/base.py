@@ -116,6 +116,15 @@ class Controller(ABC):
     def ready_checks(self) -> list[tuple[str, Check]]:
         """The conditions that together mean "serving again", in the order they are waited for."""
 
+    def incarnation(self) -> str | None:
+        """Which engine incarnation runs now (systemd InvocationID, ...), or None when unknown or down.
+
+        The restart scenario samples it before and after each request: a request with the same incarnation on
+        both sides was answered by that engine. Controllers without such a signal return None (the scenario then
+        relies on the response's own evidence, e.g. the simulator's ``x-ml4-engine-instance`` header).
+        """
+        return None
+
     def wait_ready(self, timeout: float | None = None, progress: Progress | None = None) -> list[WaitStep]:
         deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
         return [wait_for(what, check, deadline, progress) for what, check in self.ready_checks()]

@@ -1,9 +1,14 @@
 """The restart scenario and its checks (core, no pytest): what clients see while a deployment restarts.
 
 :func:`run_restart_scenario` starts long streams, restarts the engine through a :class:`Controller` while they
-run, keeps sending short requests during the restart, then measures recovery (the first request sent after the
-restart began that succeeds). The ``check_*`` functions judge the recorded :class:`RestartRun` and raise
-``AssertionError`` with a message that quotes what the client got (the proxy's error body, the in-band error).
+run, keeps sending short requests during the restart, then measures the restart from what the engines did: per
+request, which engine incarnation answered it (the simulator's ``x-ml4-engine-instance`` header, passed on by LiteLLM
+as ``llm_provider-x-ml4-engine-instance``; else the controller's incarnation, e.g. systemd's InvocationID, when it
+was the same before and after the request). The outage is the last answer of the old engine to the first of a new
+one; recovery is the trigger to that first answer of a new engine, so a controller that keeps the old engine
+serving for a while (systemd's stop delay, fault ``delayed_stop``) cannot make recovery look instant.
+
+The ``check_*`` functions judge the recorded :class:`RestartRun` and raise ``AssertionError`` with a message that quotes what the client got (the proxy's error body, the in-band error).
 
 Verdicts of an in-flight stream (tooling.md §3.6: "Every stream check must look for ``error`` events and for a
 final ``finish_reason`` + ``[DONE]``"): ``completed`` (finish_reason and ``[DONE]``), ``error_event`` (an in-band
@@ -18,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import yaml
@@ -26,11 +31,14 @@ import yaml
 from pytest_ml4.client import Endpoint, make_httpx, quote_body
 from pytest_ml4.control.base import Controller, Progress, RestartResult
 from pytest_ml4.probe import StreamResult, probe_chat_stream
-from pytest_ml4.proxy import attempted_retries
+from pytest_ml4.proxy import RetryWindow, attempted_retries
 from pytest_ml4.targets import FIXTURES_DIR
 
 REQUESTS_FILE = FIXTURES_DIR / "restart" / "requests.yaml"
+STALE_FILE = FIXTURES_DIR / "restart" / "stale-instances.yaml"
 BAD_VERDICTS = ("silently_truncated",)
+#: The simulator's engine-instance header, and the name LiteLLM gives a provider's response header.
+ENGINE_HEADERS = ("x-ml4-engine-instance", "llm_provider-x-ml4-engine-instance")
 
 
 def load_requests(path: Path = REQUESTS_FILE) -> dict[str, Any]:
@@ -58,16 +66,65 @@ class RequestOutcome:
     retries: int | None    # x-litellm-attempted-retries, where a proxy answered 200
     error: str | None      # what the client got instead of an answer (quoted body or transport error)
     answer_ok: bool = True
+    engine: str | None = None  # the engine incarnation that answered, where known (see the module docstring)
 
     @property
     def ok(self) -> bool:
         return self.status == 200 and self.error is None
 
+    @property
+    def done_s(self) -> float:
+        return self.sent_s + self.elapsed_s
+
     def line(self) -> str:
         state = f"HTTP {self.status}" if self.status is not None else "no response"
         extra = f", retries {self.retries}" if self.retries is not None else ""
+        by = f", engine {self.engine}" if self.engine else ""
         err = f": {self.error}" if self.error else ""
-        return f"request {self.index} sent at +{self.sent_s:.2f}s: {state} in {self.elapsed_s:.2f}s{extra}{err}"
+        return (f"request {self.index} sent at +{self.sent_s:.2f}s: {state} in {self.elapsed_s:.2f}s{extra}{by}"
+                f"{err}")
+
+
+@dataclass
+class Timeline:
+    """The restart as the engines lived it, in seconds after the trigger (None: not seen)."""
+
+    old_engine: str | None
+    new_engine: str | None = None
+    last_old_s: float | None = None   # the last answer the old engine gave
+    first_new_s: float | None = None  # the first answer of a new engine
+    evidence: str = "none"            # where the engine of each request came from
+
+    @property
+    def outage_s(self) -> float | None:
+        if self.first_new_s is None:
+            return None
+        return self.first_new_s - (self.last_old_s if self.last_old_s is not None else 0.0)
+
+    def lines(self) -> list[str]:
+        def at(t: float | None) -> str:
+            return "never" if t is None else f"+{t:.2f} s"
+        out = [f"engine evidence: {self.evidence}",
+               f"old engine {self.old_engine or '?'}: last answer {at(self.last_old_s)}",
+               f"new engine {self.new_engine or '?'}: first answer {at(self.first_new_s)}"]
+        if self.outage_s is not None:
+            out.append(f"outage (old engine's last answer to new engine's first): {self.outage_s:.2f} s")
+        return out
+
+
+def build_timeline(old_engine: str | None, outcomes: list[RequestOutcome]) -> Timeline:
+    """Last answer of ``old_engine``, first answer of any other engine, from the answered requests."""
+    ok = [o for o in outcomes if o.ok and o.sent_s >= 0]
+    known = [o for o in ok if o.engine is not None]
+    if old_engine is None or not known:
+        # No incarnation evidence: the first success after the trigger may be the old engine's (stated).
+        first = min(ok, key=lambda o: o.done_s, default=None)
+        return Timeline(old_engine, first_new_s=first.done_s if first else None,
+                        evidence="none: the first success after the trigger, old engine or not")
+    old = [o.done_s for o in known if o.engine == old_engine]
+    new = sorted((o for o in known if o.engine != old_engine), key=lambda o: o.done_s)
+    return Timeline(old_engine, new[0].engine if new else None, max(old) if old else None,
+                    new[0].done_s if new else None, evidence="per request")
 
 
 @dataclass
@@ -82,13 +139,21 @@ class RestartRun:
     requests: list[RequestOutcome] = field(default_factory=list)
     recovery_s: float | None = None
     progress: list[str] = field(default_factory=list)
+    timeline: Timeline | None = None
 
     def report(self) -> str:
         lines = [f"restart by {self.controller}: "
                  + (self.restart.summary() if self.restart else f"FAILED: {self.restart_error}")]
         lines += [s.line() for s in self.streams] + [r.line() for r in self.requests]
         lines.append(f"recovery: {self.recovery_s:.2f} s" if self.recovery_s is not None else "recovery: never")
+        if self.timeline is not None:
+            lines += ["timeline:"] + [f"  {t}" for t in self.timeline.lines()]
         return "\n".join(lines + ["progress:"] + [f"  {p}" for p in self.progress])
+
+    def timeline_report(self) -> str:
+        """The restart's timeline, request by request (the Allure attachment of the recovery check)."""
+        tl = self.timeline.lines() if self.timeline else ["no request was sent during this restart"]
+        return "\n".join(tl + [""] + [r.line() for r in self.requests])
 
 
 # ----------------------------------------------------------------------------------------------- classification
@@ -117,21 +182,29 @@ def probe_body(model: str, spec: dict[str, Any]) -> dict[str, Any]:
             "max_tokens": spec["max_tokens"]}
 
 
-def send_probe(http: httpx.Client, body: dict[str, Any], expect: str | None = None) -> tuple[int | None, int | None,
-                                                                                               str | None, bool]:
-    """One non-streaming request: (status, attempted retries, error text, answer ok)."""
+class ProbeReply(NamedTuple):
+    status: int | None
+    retries: int | None
+    error: str | None
+    ok: bool
+    engine: str | None = None
+
+
+def send_probe(http: httpx.Client, body: dict[str, Any], expect: str | None = None) -> ProbeReply:
+    """One non-streaming request: status, attempted retries, error text, answer ok, answering engine."""
     try:
         r = http.post("chat/completions", json=body)
     except httpx.HTTPError as err:
-        return None, None, f"{type(err).__name__}: {err}", False
+        return ProbeReply(None, None, f"{type(err).__name__}: {err}", False)
     if r.status_code != 200:
-        return r.status_code, None, quote_body(r.text, 400), False
+        return ProbeReply(r.status_code, None, quote_body(r.text, 400), False)
     try:
         msg = r.json()["choices"][0]["message"]
     except (ValueError, KeyError, IndexError, TypeError):
-        return r.status_code, None, f"malformed answer {quote_body(r.text)}", False
+        return ProbeReply(r.status_code, None, f"malformed answer {quote_body(r.text)}", False)
     ok = expect is None or expect in (msg.get("content") or "")
-    return r.status_code, attempted_retries(r.headers), None, ok
+    engine = next((r.headers[h] for h in ENGINE_HEADERS if h in r.headers), None)
+    return ProbeReply(r.status_code, attempted_retries(r.headers), None, ok, engine)
 
 
 # ----------------------------------------------------------------------------------------------- the scenario
@@ -159,9 +232,10 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
     body = probe_body(endpoint.model, probe)
     with http_factory(endpoint) as http:
         # Warm-up: the deployment must serve before the restart, or the scenario would blame the restart for it.
-        status, _, error, _ = send_probe(http, body)
-    if status != 200:
-        raise AssertionError(f"the deployment does not serve before the restart: HTTP {status}: {error}")
+        warm = send_probe(http, body)
+    if warm.status != 200:
+        raise AssertionError(f"the deployment does not serve before the restart: HTTP {warm.status}: {warm.error}")
+    old_engine = warm.engine or controller.incarnation()
     streams: list[StreamResult | None] = [None] * (int(flight["streams"]) if with_streams else 0)
 
     def stream_worker(i: int) -> None:
@@ -191,11 +265,18 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
     lock = threading.Lock()
 
     def request_worker(i: int) -> None:
+        before = controller.incarnation()
         sent = time.monotonic()
         with http_factory(endpoint) as http:
-            status, retries, error, ok = send_probe(http, body, probe.get("expect_substring"))
+            reply = send_probe(http, body, probe.get("expect_substring"))
+        done = time.monotonic()
+        engine = reply.engine
+        if engine is None and reply.ok and before is not None:
+            # The same incarnation before and after: nobody else can have answered (single engine behind it).
+            engine = before if controller.incarnation() == before else None
         with lock:
-            outcomes.append(RequestOutcome(i, sent - t_trigger, time.monotonic() - sent, status, retries, error, ok))
+            outcomes.append(RequestOutcome(i, sent - t_trigger, done - sent, reply.status, reply.retries,
+                                           reply.error, reply.ok, engine))
 
     senders: list[threading.Thread] = []
     while with_requests and restarter.is_alive():
@@ -206,18 +287,19 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
     restarter.join(recovery_limit_s)
     for th in senders:
         th.join(recovery_limit_s)
-    recovery = _first_success(outcomes)
+    timeline = build_timeline(old_engine, outcomes)
     deadline = t_trigger + recovery_limit_s
-    while recovery is None and "error" not in box and time.monotonic() < deadline:
-        # Nothing sent during the restart succeeded yet: keep asking until one does (bounded by the gate).
+    while timeline.first_new_s is None and "error" not in box and time.monotonic() < deadline:
+        # No new engine has answered yet: keep asking until one does (bounded by the gate).
         request_worker(len(outcomes))
-        recovery = _first_success(outcomes)
-        if recovery is None:
+        timeline = build_timeline(old_engine, outcomes)
+        if timeline.first_new_s is None:
             time.sleep(float(probe["interval_s"]))
     for th in stream_threads:
         th.join(recovery_limit_s)
     run = RestartRun(controller.kind, box.get("result"), box.get("error"), triggered_wall,
-                     requests=sorted(outcomes, key=lambda o: o.index), recovery_s=recovery, progress=notes)
+                     requests=sorted(outcomes, key=lambda o: o.index), recovery_s=timeline.first_new_s,
+                     progress=notes, timeline=timeline)
     for i, res in enumerate(streams):
         if res is None:
             run.streams.append(StreamOutcome(i, "silently_truncated", "the stream never returned", 0, False))
@@ -226,11 +308,6 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
         in_flight = res.t_start < t_trigger and (res.t_end is None or res.t_end > t_trigger)
         run.streams.append(StreamOutcome(i, verdict, detail, len(res.events), in_flight))
     return run
-
-
-def _first_success(outcomes: list[RequestOutcome]) -> float | None:
-    done = [o.sent_s + o.elapsed_s for o in outcomes if o.ok and o.sent_s >= 0]
-    return min(done) if done else None
 
 
 # ----------------------------------------------------------------------------------------------- checks
@@ -256,11 +333,46 @@ def check_streams(run: RestartRun) -> dict[str, int]:
     return counts
 
 
-def check_client_errors(run: RestartRun, allowed: bool) -> list[RequestOutcome]:
+@dataclass(frozen=True)
+class StaleInstances:
+    """A Dynamo frontend's stale-instance window (``fixtures/restart/stale-instances.yaml``, per version)."""
+
+    version: str
+    window_s: tuple[float, float]
+    status: int
+    signature: str
+    when: str
+    avoided_by: str
+
+    @classmethod
+    def for_dynamo(cls, version: str | None, path: Path = STALE_FILE) -> StaleInstances:
+        rows = (yaml.safe_load(path.read_text()) or {}).get("dynamo", {})
+        # A target without a recorded version is judged by the one version measured for real (1.6.1).
+        key = version if version in rows else min(rows)
+        row = rows[key]
+        lo, hi = row["stale_window_s"]
+        return cls(key, (float(lo), float(hi)), int(row["status"]), str(row["signature"]), str(row["when"]),
+                   str(row["avoided_by"]))
+
+    def explain(self, failed: list[RequestOutcome]) -> str | None:
+        """The sentence on the failures that carry this frontend's stale-instance answer (None if none do)."""
+        stale = [r for r in failed if r.status == self.status and self.signature in (r.error or "")]
+        if not stale:
+            return None
+        lo, hi = self.window_s
+        return (f"{len(stale)} of the failures are Dynamo {self.version}'s stale-instance answer (HTTP {self.status} "
+                f"'{self.signature}'): expected when {self.when}, for {lo:g}-{hi:g} s while the gone worker stays "
+                f"listed; {self.avoided_by}")
+
+
+def check_client_errors(run: RestartRun, allowed: bool, *, retry_window: RetryWindow | None = None,
+                        stale: StaleInstances | None = None) -> list[RequestOutcome]:
     """New requests during the restart: with ``allowed`` False every one must succeed; returns the failures.
 
     A failure message quotes what the client got, e.g. the LiteLLM proxy's
-    ``litellm.InternalServerError ... Cannot connect to host`` body when retries are off.
+    ``litellm.InternalServerError ... Cannot connect to host`` body when retries are off, and sets the measured
+    outage beside what the proxy's retries bridge (``retry_window``) saying which exceeded which; with ``stale``
+    (Dynamo targets) it names the frontend's stale-instance window when the failures carry its answer.
     """
     if not run.requests:
         raise AssertionError("no request was sent during the restart: the scenario measured nothing")
@@ -268,16 +380,36 @@ def check_client_errors(run: RestartRun, allowed: bool) -> list[RequestOutcome]:
     if failed and not allowed:
         first = failed[0]
         took = f"{run.restart.ready_s:.1f} s" if run.restart else f"too long ({run.restart_error})"
+        why = [line for line in (outage_verdict(run, retry_window), stale.explain(failed) if stale else None)
+               if line]
         raise AssertionError(
             f"{len(failed)} of {len(run.requests)} requests sent during the restart failed, but the target allows "
             f"no client-visible error during a restart (gates.restart_client_errors_allowed: false); the restart "
-            f"took {took}.\nfirst failure: HTTP {first.status}: {first.error}\n"
-            + "\n".join(r.line() for r in run.requests))
+            f"took {took}.\n" + "".join(f"{line}\n" for line in why) + f"first failure: HTTP {first.status}: "
+            f"{first.error}\n" + "\n".join(r.line() for r in run.requests))
     wrong = [r for r in run.requests if r.ok and not r.answer_ok]
     if wrong:
         raise AssertionError("requests answered 200 during the restart with a wrong answer:\n"
                              + "\n".join(r.line() for r in wrong))
     return failed
+
+
+def outage_verdict(run: RestartRun, window: RetryWindow | None) -> str | None:
+    """The measured outage beside the proxy's retry window, saying which exceeded which."""
+    tl = run.timeline
+    outage = tl.outage_s if tl is not None else None
+    seen = (f"measured outage {outage:.2f} s (old engine's last answer {tl.last_old_s or 0:+.2f} s, new engine's "
+            f"first {tl.first_new_s:+.2f} s after the trigger)" if tl is not None and outage is not None
+            else "no answer of a new engine was seen, so the outage is unknown")
+    if window is None:
+        return seen
+    if outage is None:
+        return f"{seen}; {window.describe()}"
+    if outage > window.bridged_s:
+        return (f"{seen} exceeded the proxy's retry window of {window.bridged_s:.1f} s by {outage - window.bridged_s:.1f}"
+                f" s: {window.describe()}; more num_retries (or a shorter outage) would bridge it")
+    return (f"{seen} was within the proxy's retry window of {window.bridged_s:.1f} s ({window.describe()}): the "
+            f"failures are not explained by the outage's length; see what the proxy answered")
 
 
 def retries_seen(run: RestartRun) -> int:
@@ -286,9 +418,11 @@ def retries_seen(run: RestartRun) -> int:
 
 
 def check_recovery(run: RestartRun, limit_s: float) -> float:
+    """Trigger to the first answer of a new engine (an answer of the old one never counts) within the limit."""
     if run.recovery_s is None:
-        raise AssertionError(f"no request succeeded within {limit_s:.0f} s of the restart\n{run.report()}")
+        raise AssertionError(f"no new engine answered within {limit_s:.0f} s of the restart\n{run.report()}")
     if run.recovery_s > limit_s:
-        raise AssertionError(f"recovery took {run.recovery_s:.1f} s, over the target's limit of {limit_s:.0f} s "
-                             f"(gates.recovery_time_s_max)")
+        raise AssertionError(f"recovery took {run.recovery_s:.1f} s (trigger to the new engine's first answer), over "
+                             f"the target's limit of {limit_s:.0f} s (gates.recovery_time_s_max)\n"
+                             + run.timeline_report())
     return run.recovery_s

@@ -65,6 +65,13 @@ class SystemdController(Controller):
     def invocation_id(self) -> str:
         return self._run("show", "-p", "InvocationID", "--value", self.unit).stdout.strip()
 
+    def incarnation(self) -> str | None:
+        # A new InvocationID per start of the unit (systemd.exec(5)); empty while the unit is stopped.
+        try:
+            return self.invocation_id() or None
+        except Exception:  # noqa: BLE001 - unknown is a state here (ssh hiccup), never a verdict
+            return None
+
     def trigger(self, progress: Progress | None = None) -> dict[str, Any]:
         self._old_invocation = self.invocation_id()
         done = self._run("restart", self.unit)

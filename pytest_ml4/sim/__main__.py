@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fault", action="append", default=[], metavar="NAME[=VALUE]", help="inject a named fault")
     p.add_argument("--set", action="append", default=[], metavar="section.field=value", dest="overrides",
                    help="override a target field (YAML value)")
+    p.add_argument("--hold-file", default=None, help=argparse.SUPPRESS)  # SimServer.restart's standby start
     return p
 
 
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     cfg = SimConfig(target=target, host=args.host, port=args.port, faults=faults, api_key=key,
-                    log_file=args.log_file)
+                    log_file=args.log_file, hold_file=args.hold_file)
     return asyncio.run(serve(cfg))
 
 

@@ -114,3 +114,12 @@ def describe() -> str:
     """A table of all faults for ``--help`` and docs."""
     width = max(len(n) for n in FAULTS)
     return "\n".join(f"{f.name.ljust(width)}  {f.description}  [caught by: {f.caught_by}]" for f in FAULTS.values())
+
+
+# Restart timeline (issue 14 item 1): the old engine keeps serving S seconds after the restart is triggered,
+# as under systemd's stop delay or a rolling pod replacement. Applied by SimServer.restart (the controller
+# side), not by the engine; recovery measured from the trigger's first success would count the old engine.
+register(Fault("delayed_stop", "a restart waits S seconds before stopping the engine, which serves meanwhile "
+               "(default 0.3, systemd's stop delay)",
+               "suites/test_restart.py (recovery counts the new engine only; over gates.recovery_time_s_max it fails)",
+               default=0.3, takes_value=True))

@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 from aiohttp import web
@@ -89,6 +90,9 @@ class SimConfig:
     faults: ActiveFaults = field(default_factory=ActiveFaults)
     api_key: str | None = None
     log_file: str | None = None
+    #: Standby start (``SimServer.restart``): import and load the tokenizer, then wait for this file to name the
+    #: wall-clock time at which to boot and bind (see :func:`hold_until_released`).
+    hold_file: str | None = None
 
 
 def served_names(target: Target) -> list[str]:
@@ -116,6 +120,7 @@ class SimApp:
         self.names = served_names(t)
         self.ctx = Context(served_names=self.names, max_model_len=t.engine.max_model_len)
         self.created = int(time.time())
+        self.instance_id = f"{os.getpid()}@{self.created}"
         self.fingerprint = fingerprint(t)
         field_mode = str(t.sim.extra.get("reasoning_field", "reasoning"))
         if field_mode not in _REASONING_FIELDS:
@@ -152,6 +157,9 @@ class SimApp:
         self.idle.set()
         self.error_rng = random.Random(int(t.sim.extra.get("seed", 0)) + 2)
 
+    async def _instance_header(self, request: web.Request, response: web.StreamResponse) -> None:
+        response.headers[ENGINE_INSTANCE_HEADER] = self.instance_id
+
     # ------------------------------------------------------------------ app
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._access_log_middleware, self._auth_middleware],
@@ -165,6 +173,7 @@ class SimApp:
         app.router.add_get("/load", self.load)
         app.router.add_get("/metrics", self.metrics_handler)
         app.on_response_prepare.append(_server_header)
+        app.on_response_prepare.append(self._instance_header)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
@@ -379,6 +388,13 @@ def _json(text: str, status: int = 200) -> web.Response:
     return web.Response(status=status, body=text.encode(), headers={"Content-Type": "application/json"})
 
 
+#: Which engine process answered (pid and start time): the restart scenario's per-request evidence of the engine
+#: incarnation, so recovery never counts a request the old engine served. Simulator only: a real vLLM sends no
+#: such header, and live runs bracket each request with the controller's incarnation instead (InvocationID).
+#: LiteLLM passes it on as ``llm_provider-x-ml4-engine-instance``.
+ENGINE_INSTANCE_HEADER = "x-ml4-engine-instance"
+
+
 async def _server_header(request: web.Request, response: web.StreamResponse) -> None:
     # vLLM is served by uvicorn.
     response.headers["Server"] = "uvicorn"
@@ -416,8 +432,29 @@ def route_lines(cfg: SimConfig, log: LogWriter) -> None:
         log.api("INFO", "launcher.py", 54, f"Route: {path}, Methods: {methods}")
 
 
+async def hold_until_released(cfg: SimConfig, poll_s: float = 0.02) -> None:
+    """Standby start: do the slow part (tokenizer) now, then wait until the hold file names a release time.
+
+    ``SimServer.restart`` starts the next engine process this way while the old one still serves, then writes
+    the release time (the old engine's stop + ``sim.restart_outage_s``) once the old one has exited: the outage
+    clients see is the target's modelled figure, not however long Python takes to start on a busy machine.
+    The hold file gets a ``.ready`` twin when the slow part is done. Nothing is logged before the release, so
+    the engine log shows the boot after the old engine's shutdown, as a real restart does.
+    """
+    assert cfg.hold_file
+    get_tokenizer(cfg.target.engine.tokenizer_version).max_chars_per_token  # noqa: B018 - warm the cached scan
+    hold = Path(cfg.hold_file)
+    Path(str(hold) + ".ready").write_text(str(os.getpid()))
+    while not hold.exists():
+        await asyncio.sleep(poll_s)
+    release = float(hold.read_text().strip() or 0)
+    await asyncio.sleep(max(0.0, release - time.time()))
+
+
 async def serve(cfg: SimConfig) -> int:
     """Boot, bind, serve until cancelled; returns the process exit code."""
+    if cfg.hold_file:
+        await hold_until_released(cfg)
     pid = os.getpid()
     log = LogWriter(cfg.log_file, pid)
     startup_lines(cfg, log)

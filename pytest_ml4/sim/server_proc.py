@@ -125,15 +125,33 @@ class SimServer:
                 return self
         raise SimServerError(f"simulator for {self.target_ref}: no free port after 3 attempts")
 
-    def _spawn_and_wait(self, deadline: float, timeout: float) -> bool:
-        """True once healthy; False if an auto-chosen port was taken meanwhile (retry); raises otherwise."""
+    def _spawn(self, extra: list[str] | None = None) -> subprocess.Popen[bytes]:
+        """Start one simulator process (``extra``: a standby's hold file); its stderr goes next to the log."""
         self.port = self._requested_port or free_port(self.host)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ if self.env is None else {**os.environ, **self.env})
-        stderr_path = self.log_file.with_suffix(self.log_file.suffix + ".stderr")
-        self._stderr = open(stderr_path, "wb")  # noqa: SIM115 - the child writes to it until stop()
-        self.proc = subprocess.Popen(self.argv(), env=env, stdout=subprocess.DEVNULL, stderr=self._stderr,
-                                     start_new_session=True)
+        # A standby must not truncate the stderr file of the process it replaces: the two names alternate.
+        current = getattr(self, "_stderr", None)
+        suffix = ".standby.stderr" if extra and not (current and current.name.endswith(".standby.stderr")) \
+            else ".stderr"
+        path = self.log_file.with_suffix(self.log_file.suffix + suffix)
+        stderr = open(path, "wb")  # noqa: SIM115 - the child writes to it until stop()
+        proc = subprocess.Popen(self.argv() + (extra or []), env=env, stdout=subprocess.DEVNULL, stderr=stderr,
+                                start_new_session=True)
+        if extra:
+            self._standby_stderr = stderr
+        else:
+            self._stderr, self.proc = stderr, proc
+        return proc
+
+    def _spawn_and_wait(self, deadline: float, timeout: float) -> bool:
+        """True once healthy; False if an auto-chosen port was taken meanwhile (retry); raises otherwise."""
+        self._spawn()
+        return self._wait_healthy(deadline, timeout)
+
+    def _wait_healthy(self, deadline: float, timeout: float) -> bool:
+        assert self.proc is not None
+        stderr_path = Path(self._stderr.name)
         url = self.url + "/health"
         while True:
             code = self.proc.poll()
@@ -183,11 +201,55 @@ class SimServer:
             self._stderr.close()
 
     def restart(self, timeout: float = 60.0) -> SimServer:
-        """Stop and start again on the same port (clients keep their base URL)."""
+        """Stop and start again on the same port (clients keep their base URL), with the target's modelled outage.
+
+        The next process is started first in standby (imports, tokenizer) while the old one still serves; after
+        ``delayed_stop`` (fault) the old one gets SIGTERM and drains; once it has exited the standby is released
+        to bind at ``stop + sim.restart_outage_s``. So the port is closed for the modelled figure (plus the
+        drain), not for however long this machine takes to start Python (issue 15: 6.3 s on a busy box).
+        """
         port = self.port
-        self.stop()
+        outage_s, delay_s = self.restart_profile()
+        hold = self.log_file.with_name(f"{self.log_file.name}.hold-{time.time_ns()}")
         self._requested_port = port or self._requested_port
-        return self.start(timeout)
+        standby = self._spawn(extra=["--hold-file", str(hold)])
+        try:
+            self._wait_file(Path(str(hold) + ".ready"), standby, time.monotonic() + timeout, "standby start")
+            time.sleep(delay_s)  # the old engine keeps serving, as under systemd's stop delay
+            stopped_at = time.time()
+            self.stop()
+            self.proc, self._stderr = standby, self._standby_stderr
+            tmp = hold.with_name(hold.name + ".tmp")
+            tmp.write_text(f"{stopped_at + outage_s:.6f}")
+            tmp.replace(hold)  # atomic: the standby never reads half a number
+            self._wait_healthy(time.monotonic() + timeout, timeout)
+        except BaseException:
+            self.proc, self._stderr = standby, self._standby_stderr
+            self.stop()
+            raise
+        finally:
+            for f in (hold, Path(str(hold) + ".ready")):
+                f.unlink(missing_ok=True)
+        return self
+
+    def restart_profile(self) -> tuple[float, float]:
+        """(modelled outage ``sim.restart_outage_s``, ``delayed_stop`` fault seconds) for this simulator."""
+        from pytest_ml4.sim.__main__ import load_with_overrides, target_faults
+        from pytest_ml4.sim.faults import ActiveFaults
+
+        target = self.target if self.target is not None else load_with_overrides(str(self.target_ref),
+                                                                                   self.overrides)
+        faults = ActiveFaults([*target_faults(target), *self.faults])
+        return target.sim.restart_outage_s, faults.value("delayed_stop", 0.0)
+
+    def _wait_file(self, path: Path, proc: subprocess.Popen[bytes], deadline: float, what: str) -> None:
+        while not path.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                err = Path(self._standby_stderr.name).read_text(errors="replace").strip()[-2000:]
+                raise SimServerError(f"simulator for {self.target_ref}: {what} "
+                                     + (f"exited with code {proc.returncode}" if proc.returncode is not None
+                                        else "timed out") + (f"\n--- stderr ---\n{err}" if err else ""))
+            time.sleep(0.02)
 
     def is_running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
