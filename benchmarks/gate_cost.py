@@ -1,0 +1,232 @@
+"""What does the gate spend?  Per suite: the requests, prompt and output tokens and the wall time it costs the
+endpoint, read from the simulator's own counters (issue 15 item 7).
+
+    python benchmarks/gate_cost.py [--target rtxpro6000-tp8] [--suites smoke,tools,...] [--json PATH]
+
+Each suite runs on its own (``pytest suites/test_<suite>.py --target T --sim``, perf with ``--perf-short``, the
+CI profile: a real gate run with the full sweep costs more) with this module loaded as a pytest plugin
+(``-p gate_cost``). The plugin polls every engine's ``/metrics`` while the session runs, the same series a real
+vLLM exposes: ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``, ``vllm:request_success_total``
+(every finished_reason), and ``process_start_time_seconds`` to notice a restarted engine (its counters start
+again from 0: the restart suite's engines are summed incarnation by incarnation, like Prometheus' ``increase()``).
+The ``requests`` column counts every ``POST /v1/chat/completions`` line of the engine's access log (uvicorn's, as
+real vLLM writes it; rejected requests included), ``served`` the finished requests of the counters. An engine
+that is stopped drains its in-flight streams after it has stopped listening, so what those streams finish is no
+longer scrapeable: for a suite whose engines restarted (``*``, the restart suite) the token and served figures are
+lower bounds. The figures are what the engine saw: a LiteLLM proxy's retries count once per attempt that reached
+it.
+
+Wall time is the pytest run's duration without the simulator's and proxy's start-up (the sum of the JUnit test
+times: setup, call and teardown of each test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = REPO / ".venv" / "bin" / "python"
+SUITES = ("smoke", "tools", "reasoning", "osl", "kv", "restart", "perf", "preflight")
+#: Extra pytest arguments per suite (the perf suite's short CI profile).
+SUITE_ARGS: dict[str, list[str]] = {"perf": ["--perf-short"]}
+COUNTERS = {"prompt_tokens": "vllm:prompt_tokens_total", "output_tokens": "vllm:generation_tokens_total",
+            "requests": "vllm:request_success_total"}
+OUT_ENV = "ML4_GATE_COST_OUT"
+POLL_S = 0.25
+
+
+# ----------------------------------------------------------------------------------------------- metering (core)
+@dataclass
+class EngineMeter:
+    """Counter increases of one engine URL across its incarnations (reset-aware)."""
+
+    url: str
+    start_time: float | None = None
+    last: dict[str, float] = field(default_factory=dict)
+    total: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0.0))
+    incarnations: int = 0
+
+    def sample(self) -> None:
+        from pytest_ml4.metrics import scrape
+
+        try:
+            snap = scrape(self.url, timeout=2.0)
+        except Exception:  # noqa: BLE001 - an engine that is down (restarting) has nothing to add now
+            return
+        started = snap.value("process_start_time_seconds")
+        now = {k: snap.sum(name) for k, name in COUNTERS.items()}
+        if started != self.start_time:
+            # A new engine process: its counters started from 0.
+            self.start_time, self.last = started, dict.fromkeys(COUNTERS, 0.0)
+            self.incarnations += 1
+        for k, v in now.items():
+            self.total[k] += max(0.0, v - self.last.get(k, 0.0))
+        self.last = now
+
+
+class Poller:
+    """Samples the meters every ``POLL_S`` until stopped (so an engine's last counts before a restart are seen)."""
+
+    def __init__(self, meters: list[EngineMeter]) -> None:
+        self.meters = meters
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            for m in self.meters:
+                m.sample()
+
+    def start(self) -> None:
+        for m in self.meters:
+            m.sample()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for m in self.meters:
+            m.sample()
+
+
+def engine_metrics_urls(sim: Any) -> list[str]:
+    """The vLLM engines' ``/metrics`` of a simulator (a SimServer, or a Dynamo deployment's workers)."""
+    workers = getattr(sim, "workers", None)
+    if workers:
+        return [f"{w.url.rstrip('/')}/metrics" for w in workers if getattr(w, "url", None)]
+    return [f"{sim.url.rstrip('/')}/metrics"]
+
+
+def access_log_posts(path: Path | None) -> int:
+    """Chat requests in an engine's access log (uvicorn's ``"POST /v1/chat/completions HTTP/1.1" <status>``)."""
+    if path is None or not path.exists():
+        return 0
+    return sum(1 for line in path.read_text(errors="replace").splitlines()
+               if '"POST /v1/chat/completions HTTP/1.1"' in line)
+
+
+# ----------------------------------------------------------------------------------------------- pytest plugin
+_POLLER: Poller | None = None
+
+
+@pytest.hookimpl(trylast=True)  # after the ml4 plugin started the simulator
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _POLLER
+    from pytest_ml4.plugin import get_state
+
+    state = get_state(session.config)
+    if state.sim is not None:
+        _POLLER = Poller([EngineMeter(u) for u in engine_metrics_urls(state.sim)])
+        _POLLER.start()
+
+
+
+@pytest.hookimpl(tryfirst=True)  # before the ml4 plugin stops the simulator
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from pytest_ml4.plugin import STATE_KEY
+
+    state = config.stash.get(STATE_KEY, None)
+    out = os.environ.get(OUT_ENV)
+    if _POLLER is None or not out:
+        return
+    _POLLER.stop()
+    totals = {k: sum(m.total[k] for m in _POLLER.meters) for k in COUNTERS}
+    log = getattr(state.sim, "log_file", None) if state is not None and state.sim is not None else None
+    totals["http"] = access_log_posts(Path(log) if log else None)
+    totals["incarnations"] = sum(m.incarnations for m in _POLLER.meters)
+    Path(out).write_text(json.dumps(totals))
+
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+@dataclass
+class SuiteCost:
+    suite: str
+    tests: int
+    failed: int
+    wall_s: float
+    requests: float = 0.0
+    http: int = 0
+    prompt_tokens: float = 0.0
+    output_tokens: float = 0.0
+    incarnations: int = 0
+
+
+def junit_figures(path: Path) -> tuple[int, int, float]:
+    """(tests, failed, summed test time) from a JUnit XML file."""
+    cases = list(ET.parse(path).getroot().iter("testcase"))
+    failed = sum(1 for c in cases if c.find("failure") is not None or c.find("error") is not None)
+    return len(cases), failed, sum(float(c.get("time") or 0) for c in cases)
+
+
+def run_suite(suite: str, target: str, work: Path, timeout: float) -> SuiteCost:
+    junit, out = work / f"{suite}.xml", work / f"{suite}.json"
+    argv = [str(PYTHON), "-m", "pytest", f"suites/test_{suite}.py", "--target", target, "-q", "-p", "no:randomly",
+            "-p", "gate_cost", "--ml4-reports", str(work / "reports"), "--junitxml", str(junit),
+            *([] if suite == "preflight" else ["--sim"]), *SUITE_ARGS.get(suite, [])]
+    env = dict(os.environ, **{OUT_ENV: str(out)})
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent), env.get("PYTHONPATH", "")])
+    subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    if not junit.exists():
+        raise SystemExit(f"gate_cost: suite {suite} produced no results ({' '.join(argv)})")
+    tests, failed, wall = junit_figures(junit)
+    cost = SuiteCost(suite, tests, failed, wall)
+    if out.exists():
+        for k, v in json.loads(out.read_text()).items():
+            setattr(cost, k, v)
+    return cost
+
+
+def row(c: SuiteCost) -> str:
+    mark = "*" if c.incarnations > 1 else " "
+    return (f"{c.suite:10} {c.tests:5d} {c.failed:6d} {c.http:8d} {c.requests:7.0f} {c.prompt_tokens:10.0f}{mark} "
+            f"{c.output_tokens:10.0f}{mark} {c.wall_s:7.1f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default="rtxpro6000-tp8")
+    p.add_argument("--suites", default=",".join(SUITES))
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per suite")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    suites = [s.strip() for s in args.suites.split(",") if s.strip()]
+    bad = [s for s in suites if s not in SUITES]
+    if bad:
+        p.error(f"--suites: unknown suite(s) {bad}; known: {', '.join(SUITES)}")
+    if not PYTHON.exists():
+        p.error(f"{PYTHON} is missing: run scripts/install.sh first")
+    costs: list[SuiteCost] = []
+    print(f"{'suite':10} {'tests':>5} {'failed':>6} {'requests':>8} {'served':>7} {'prompt tok':>11} {'output tok':>11} "
+          f"{'wall s':>7}")
+    with tempfile.TemporaryDirectory(prefix="ml4-gate-cost-") as tmp:
+        for suite in suites:
+            c = run_suite(suite, args.target, Path(tmp), args.timeout)
+            costs.append(c)
+            print(row(c), flush=True)
+    total = SuiteCost("total", sum(c.tests for c in costs), sum(c.failed for c in costs),
+                      sum(c.wall_s for c in costs), sum(c.requests for c in costs), sum(c.http for c in costs),
+                      sum(c.prompt_tokens for c in costs), sum(c.output_tokens for c in costs))
+    total.incarnations = max((c.incarnations for c in costs), default=0)
+    print(row(total))
+    if any(c.incarnations > 1 for c in costs):
+        print("* engines restarted during the suite: served and token figures are lower bounds (see --help)")
+    if args.json:
+        args.json.write_text(json.dumps([asdict(c) for c in [*costs, total]], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
