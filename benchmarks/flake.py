@@ -24,6 +24,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,13 +47,40 @@ def stop_load(load: list[subprocess.Popen[bytes]]) -> None:
         proc.wait()
 
 
-def failed_tests(junit: Path) -> tuple[int, list[str]]:
-    """(tests run, ids of the failed or errored ones) from a JUnit XML file."""
-    root = ET.parse(junit).getroot()
-    cases = list(root.iter("testcase"))
-    bad = [f"{c.get('classname')}::{c.get('name')}" for c in cases
-           if c.find("failure") is not None or c.find("error") is not None]
-    return len(cases), bad
+def junit_cases(junit: Path) -> tuple[int, list[str], float]:
+    """(tests run, ids of the failed or errored ones, summed test time) from a JUnit XML file."""
+    cases = list(ET.parse(junit).getroot().iter("testcase"))
+    bad = [f"{c.get('classname')}::{c.get('name')}" for c in cases if _problem(c) is not None]
+    return len(cases), bad, sum(float(c.get("time") or 0) for c in cases)
+
+
+def _problem(case: ET.Element) -> ET.Element | None:
+    return case.find("failure") if case.find("failure") is not None else case.find("error")
+
+
+def failure_lines(junit: Path, width: int = 300) -> list[str]:
+    """``id: first line of the message`` of each failed test, so a flake says what went wrong."""
+    out = []
+    for c in ET.parse(junit).getroot().iter("testcase"):
+        bad = _problem(c)
+        if bad is not None:
+            first = (bad.get("message") or bad.text or "").strip().splitlines()[:1]
+            out.append(f"{c.get('classname')}::{c.get('name')}: {(first[0] if first else '')[:width]}")
+    return out
+
+
+def choices(p: argparse.ArgumentParser, flag: str, raw: str, known: Iterable[str]) -> list[str]:
+    """A comma-separated option's items, each one of ``known`` (else the parser's one-line error)."""
+    items, known = [x.strip() for x in raw.split(",") if x.strip()], list(known)
+    unknown = [x for x in items if x not in known]
+    if unknown:
+        p.error(f"{flag}: unknown {unknown}; known: {', '.join(known)}")
+    return items
+
+
+def require_venv(p: argparse.ArgumentParser) -> None:
+    if not PYTHON.exists():
+        p.error(f"{PYTHON} is missing: run scripts/install.sh first")
 
 
 def run_job(job: str, target: str, work: Path, timeout: float) -> tuple[int, list[str], float, str]:
@@ -69,8 +97,14 @@ def run_job(job: str, target: str, work: Path, timeout: float) -> tuple[int, lis
     if not junit.exists():
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
         return 0, [f"{target} {job}: no results (exit {proc.returncode}): {' | '.join(tail)}"], wall, "crash"
-    tests, bad = failed_tests(junit)
-    junit.unlink()
+    tests, bad, _ = junit_cases(junit)
+    for line in failure_lines(junit):
+        print(f"    FAILED {line}", flush=True)
+    if bad:
+        # Kept for reading: the run's reports folder is in the same work directory (see --keep).
+        junit.rename(junit.with_name(f"{junit.stem}-{time.time_ns()}.xml"))
+    else:
+        junit.unlink()
     return tests, bad, wall, f"exit {proc.returncode}"
 
 
@@ -82,21 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load-procs", type=int, default=os.cpu_count() or 2, help="busy loops (0: no load)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per pytest run")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    p.add_argument("--keep", type=Path, default=None, help="work folder kept afterwards (reports, failed JUnit)")
     args = p.parse_args(argv)
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
-    jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
-    unknown = [j for j in jobs if j not in JOBS]
-    if unknown:
-        p.error(f"--jobs: unknown job(s) {unknown}; known: {', '.join(JOBS)}")
-    if not PYTHON.exists():
-        p.error(f"{PYTHON} is missing: run scripts/install.sh first")
+    jobs = choices(p, "--jobs", args.jobs, JOBS)
+    require_venv(p)
 
     failures: Counter[str] = Counter()
     runs: Counter[str] = Counter()
     walls: dict[str, list[float]] = {}
     load = start_load(args.load_procs)
     try:
-        with tempfile.TemporaryDirectory(prefix="ml4-flake-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="ml4-flake-") as scratch:
+            tmp = str(args.keep or scratch)
+            Path(tmp).mkdir(parents=True, exist_ok=True)
             for n in range(1, args.runs + 1):
                 for target in targets:
                     for job in jobs:

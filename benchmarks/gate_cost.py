@@ -29,15 +29,19 @@ import subprocess
 import sys
 import tempfile
 import threading
-import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from flake import (  # benchmarks/ is on sys.path
+    PYTHON,
+    REPO,
+    choices,
+    junit_cases,
+    require_venv,
+)
 
-REPO = Path(__file__).resolve().parent.parent
-PYTHON = REPO / ".venv" / "bin" / "python"
 SUITES = ("smoke", "tools", "reasoning", "osl", "kv", "restart", "perf", "preflight")
 #: Extra pytest arguments per suite (the perf suite's short CI profile).
 SUITE_ARGS: dict[str, list[str]] = {"perf": ["--perf-short"]}
@@ -164,13 +168,6 @@ class SuiteCost:
     incarnations: int = 0
 
 
-def junit_figures(path: Path) -> tuple[int, int, float]:
-    """(tests, failed, summed test time) from a JUnit XML file."""
-    cases = list(ET.parse(path).getroot().iter("testcase"))
-    failed = sum(1 for c in cases if c.find("failure") is not None or c.find("error") is not None)
-    return len(cases), failed, sum(float(c.get("time") or 0) for c in cases)
-
-
 def run_suite(suite: str, target: str, work: Path, timeout: float) -> SuiteCost:
     junit, out = work / f"{suite}.xml", work / f"{suite}.json"
     argv = [str(PYTHON), "-m", "pytest", f"suites/test_{suite}.py", "--target", target, "-q", "-p", "no:randomly",
@@ -181,8 +178,8 @@ def run_suite(suite: str, target: str, work: Path, timeout: float) -> SuiteCost:
     subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     if not junit.exists():
         raise SystemExit(f"gate_cost: suite {suite} produced no results ({' '.join(argv)})")
-    tests, failed, wall = junit_figures(junit)
-    cost = SuiteCost(suite, tests, failed, wall)
+    tests, failed, wall = junit_cases(junit)
+    cost = SuiteCost(suite, tests, len(failed), wall)
     if out.exists():
         for k, v in json.loads(out.read_text()).items():
             setattr(cost, k, v)
@@ -202,12 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per suite")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
-    suites = [s.strip() for s in args.suites.split(",") if s.strip()]
-    bad = [s for s in suites if s not in SUITES]
-    if bad:
-        p.error(f"--suites: unknown suite(s) {bad}; known: {', '.join(SUITES)}")
-    if not PYTHON.exists():
-        p.error(f"{PYTHON} is missing: run scripts/install.sh first")
+    suites = choices(p, "--suites", args.suites, SUITES)
+    require_venv(p)
     costs: list[SuiteCost] = []
     print(f"{'suite':10} {'tests':>5} {'failed':>6} {'requests':>8} {'served':>7} {'prompt tok':>11} {'output tok':>11} "
           f"{'wall s':>7}")

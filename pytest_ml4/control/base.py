@@ -116,6 +116,9 @@ class Controller(ABC):
     def ready_checks(self) -> list[tuple[str, Check]]:
         """The conditions that together mean "serving again", in the order they are waited for."""
 
+    def prepare(self) -> None:
+        """Get ready to restart without disturbing the engine (the scenario calls it before its streams start)."""
+
     def incarnation(self) -> str | None:
         """Which engine incarnation runs now (systemd InvocationID, ...), or None when unknown or down.
 

@@ -229,6 +229,7 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
             progress(msg)
 
     t_base = time.monotonic()
+    controller.prepare()
     body = probe_body(endpoint.model, probe)
     with http_factory(endpoint) as http:
         # Warm-up: the deployment must serve before the restart, or the scenario would blame the restart for it.
@@ -238,13 +239,19 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
     old_engine = warm.engine or controller.incarnation()
     streams: list[StreamResult | None] = [None] * (int(flight["streams"]) if with_streams else 0)
 
+    sending = [threading.Event() for _ in streams]
+
     def stream_worker(i: int) -> None:
         with http_factory(endpoint) as http:
+            sending[i].set()
             streams[i] = probe_chat_stream(http, _stream_body(endpoint.model, flight))
 
     stream_threads = [threading.Thread(target=stream_worker, args=(i,), daemon=True) for i in range(len(streams))]
     for th in stream_threads:
         th.start()
+    for ev in sending:
+        # A client takes a while to build on a busy machine: settle_s counts from the request, not the thread.
+        ev.wait(float(flight["settle_s"]) * 30)
     if with_streams:
         time.sleep(float(flight["settle_s"]))  # let them reach the decode phase: they are in flight when the restart hits
 

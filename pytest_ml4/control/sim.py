@@ -45,6 +45,12 @@ class SimController(Controller):
     def describe(self) -> str:
         return f"simulator at {self.sim.url}"
 
+    def prepare(self) -> None:
+        # The simulator's next process starts in standby now, so the restart stops the engine at once.
+        prepare = getattr(self.sim, "prepare_restart", None)
+        if prepare is not None:
+            prepare()
+
     def trigger(self, progress: Progress | None = None) -> dict[str, Any]:
         self._old_pid = self.sim.pid
         self.sim.restart()

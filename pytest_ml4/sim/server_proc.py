@@ -69,6 +69,8 @@ class SimServer:
         # Extra CLI arguments for other roles (e.g. a Dynamo frontend mode added later).
         self.extra_args = list(extra_args)
         self.proc: subprocess.Popen[bytes] | None = None
+        #: The next engine process waiting in standby, with its hold file (``prepare_restart``).
+        self._standby: tuple[subprocess.Popen[bytes], Path] | None = None
 
     @staticmethod
     def _materialise(target: Target, path: Path) -> str:
@@ -185,6 +187,15 @@ class SimServer:
         return mark in text and "Application startup complete." in text[text.rindex(mark):]
 
     def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM the engine (it drains), SIGKILL after ``timeout``; a prepared standby is ended too."""
+        self._stop_current(timeout)
+        standby, self._standby = self._standby, None
+        if standby is not None:
+            self.proc, self._stderr = standby[0], self._standby_stderr
+            self._stop_current(timeout)
+            self._remove_hold(standby[1])
+
+    def _stop_current(self, timeout: float = 10.0) -> None:
         proc, self.proc = self.proc, None
         if proc is None:
             return
@@ -200,37 +211,56 @@ class SimServer:
         if getattr(self, "_stderr", None):
             self._stderr.close()
 
+    def prepare_restart(self, timeout: float = 60.0) -> None:
+        """Start the next engine process in standby (imports, tokenizer) while this one serves; idempotent.
+
+        ``restart()`` does it itself when nobody did; the restart scenario calls it before its streams start
+        (``Controller.prepare``), so the restart then stops the engine at once, with the streams in flight.
+        """
+        if self._standby is not None and self._standby[0].poll() is None:
+            return
+        hold = self.log_file.with_name(f"{self.log_file.name}.hold-{time.time_ns()}")
+        self._requested_port = self.port or self._requested_port
+        standby = self._spawn(extra=["--hold-file", str(hold)])
+        self._standby = (standby, hold)
+        try:
+            self._wait_file(Path(str(hold) + ".ready"), standby, time.monotonic() + timeout, "standby start")
+        except BaseException:
+            self.stop()
+            raise
+
     def restart(self, timeout: float = 60.0) -> SimServer:
         """Stop and start again on the same port (clients keep their base URL), with the target's modelled outage.
 
-        The next process is started first in standby (imports, tokenizer) while the old one still serves; after
+        The next process is prepared in standby (:meth:`prepare_restart`) while the old one still serves; after
         ``delayed_stop`` (fault) the old one gets SIGTERM and drains; once it has exited the standby is released
         to bind at ``stop + sim.restart_outage_s``. So the port is closed for the modelled figure (plus the
         drain), not for however long this machine takes to start Python (issue 15: 6.3 s on a busy box).
         """
-        port = self.port
         outage_s, delay_s = self.restart_profile()
-        hold = self.log_file.with_name(f"{self.log_file.name}.hold-{time.time_ns()}")
-        self._requested_port = port or self._requested_port
-        standby = self._spawn(extra=["--hold-file", str(hold)])
+        self.prepare_restart(timeout)
+        assert self._standby is not None
+        time.sleep(delay_s)  # the old engine keeps serving, as under systemd's stop delay
+        stopped_at = time.time()
+        self._stop_current()
+        (standby, hold), self._standby = self._standby, None
+        self.proc, self._stderr = standby, self._standby_stderr
         try:
-            self._wait_file(Path(str(hold) + ".ready"), standby, time.monotonic() + timeout, "standby start")
-            time.sleep(delay_s)  # the old engine keeps serving, as under systemd's stop delay
-            stopped_at = time.time()
-            self.stop()
-            self.proc, self._stderr = standby, self._standby_stderr
             tmp = hold.with_name(hold.name + ".tmp")
             tmp.write_text(f"{stopped_at + outage_s:.6f}")
             tmp.replace(hold)  # atomic: the standby never reads half a number
             self._wait_healthy(time.monotonic() + timeout, timeout)
         except BaseException:
-            self.proc, self._stderr = standby, self._standby_stderr
             self.stop()
             raise
         finally:
-            for f in (hold, Path(str(hold) + ".ready")):
-                f.unlink(missing_ok=True)
+            self._remove_hold(hold)
         return self
+
+    @staticmethod
+    def _remove_hold(hold: Path) -> None:
+        for f in (hold, Path(str(hold) + ".ready"), hold.with_name(hold.name + ".tmp")):
+            f.unlink(missing_ok=True)
 
     def restart_profile(self) -> tuple[float, float]:
         """(modelled outage ``sim.restart_outage_s``, ``delayed_stop`` fault seconds) for this simulator."""
