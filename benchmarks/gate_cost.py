@@ -3,7 +3,7 @@ endpoint, read from the simulator's own counters (issue 15 item 7).
 
     python benchmarks/gate_cost.py [--target rtxpro6000-tp8] [--suites smoke,tools,...] [--json PATH]
 
-Each suite runs on its own (``pytest suites/test_<suite>.py --target T --sim``, perf with ``--perf-short``, the
+Each suite runs on its own (``pytest suites/<its file> --target T --sim``, perf with ``--perf-short``, the
 CI profile: a real gate run with the full sweep costs more) with this module loaded as a pytest plugin
 (``-p gate_cost``). The plugin polls every engine's ``/metrics`` while the session runs, the same series a real
 vLLM exposes: ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``, ``vllm:request_success_total``
@@ -42,11 +42,15 @@ from flake import (  # benchmarks/ is on sys.path
     require_venv,
 )
 
-SUITES = ("smoke", "tools", "reasoning", "osl", "kv", "restart", "perf", "preflight")
+#: Suite marker -> its file under suites/ (the README's suite table).
+SUITE_FILES = {"smoke": "test_smoke.py", "tools": "test_tools.py", "reasoning": "test_reasoning.py",
+               "osl": "test_osl.py", "kv": "test_kv_cache.py", "restart": "test_restart.py", "perf": "test_perf.py",
+               "preflight": "test_preflight.py"}
+SUITES = tuple(SUITE_FILES)
 #: Extra pytest arguments per suite (the perf suite's short CI profile).
 SUITE_ARGS: dict[str, list[str]] = {"perf": ["--perf-short"]}
 COUNTERS = {"prompt_tokens": "vllm:prompt_tokens_total", "output_tokens": "vllm:generation_tokens_total",
-            "requests": "vllm:request_success_total"}
+            "served": "vllm:request_success_total"}
 OUT_ENV = "ML4_GATE_COST_OUT"
 POLL_S = 0.25
 
@@ -148,7 +152,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     _POLLER.stop()
     totals = {k: sum(m.total[k] for m in _POLLER.meters) for k in COUNTERS}
     log = getattr(state.sim, "log_file", None) if state is not None and state.sim is not None else None
-    totals["http"] = access_log_posts(Path(log) if log else None)
+    totals["requests"] = access_log_posts(Path(log) if log else None)
     totals["incarnations"] = sum(m.incarnations for m in _POLLER.meters)
     Path(out).write_text(json.dumps(totals))
 
@@ -161,8 +165,8 @@ class SuiteCost:
     tests: int
     failed: int
     wall_s: float
-    requests: float = 0.0
-    http: int = 0
+    requests: int = 0       # chat POSTs in the engine's access log
+    served: float = 0.0     # finished requests of vllm:request_success_total
     prompt_tokens: float = 0.0
     output_tokens: float = 0.0
     incarnations: int = 0
@@ -170,7 +174,7 @@ class SuiteCost:
 
 def run_suite(suite: str, target: str, work: Path, timeout: float) -> SuiteCost:
     junit, out = work / f"{suite}.xml", work / f"{suite}.json"
-    argv = [str(PYTHON), "-m", "pytest", f"suites/test_{suite}.py", "--target", target, "-q", "-p", "no:randomly",
+    argv = [str(PYTHON), "-m", "pytest", f"suites/{SUITE_FILES[suite]}", "--target", target, "-q", "-p", "no:randomly",
             "-p", "gate_cost", "--ml4-reports", str(work / "reports"), "--junitxml", str(junit),
             *([] if suite == "preflight" else ["--sim"]), *SUITE_ARGS.get(suite, [])]
     env = dict(os.environ, **{OUT_ENV: str(out)})
@@ -179,6 +183,8 @@ def run_suite(suite: str, target: str, work: Path, timeout: float) -> SuiteCost:
     if not junit.exists():
         raise SystemExit(f"gate_cost: suite {suite} produced no results ({' '.join(argv)})")
     tests, failed, wall = junit_cases(junit)
+    if tests == 0:
+        raise SystemExit(f"gate_cost: suite {suite} ran no test ({' '.join(argv)})")
     cost = SuiteCost(suite, tests, len(failed), wall)
     if out.exists():
         for k, v in json.loads(out.read_text()).items():
@@ -188,7 +194,7 @@ def run_suite(suite: str, target: str, work: Path, timeout: float) -> SuiteCost:
 
 def row(c: SuiteCost) -> str:
     mark = "*" if c.incarnations > 1 else " "
-    return (f"{c.suite:10} {c.tests:5d} {c.failed:6d} {c.http:8d} {c.requests:7.0f} {c.prompt_tokens:10.0f}{mark} "
+    return (f"{c.suite:10} {c.tests:5d} {c.failed:6d} {c.requests:8d} {c.served:7.0f} {c.prompt_tokens:10.0f}{mark} "
             f"{c.output_tokens:10.0f}{mark} {c.wall_s:7.1f}")
 
 
@@ -210,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             costs.append(c)
             print(row(c), flush=True)
     total = SuiteCost("total", sum(c.tests for c in costs), sum(c.failed for c in costs),
-                      sum(c.wall_s for c in costs), sum(c.requests for c in costs), sum(c.http for c in costs),
+                      sum(c.wall_s for c in costs), sum(c.requests for c in costs), sum(c.served for c in costs),
                       sum(c.prompt_tokens for c in costs), sum(c.output_tokens for c in costs))
     total.incarnations = max((c.incarnations for c in costs), default=0)
     print(row(total))
