@@ -23,6 +23,7 @@ from pytest_ml4.plugin_common import opt as _opt
 from pytest_ml4.targets import Target, TargetError, known_targets, load_target, parse_override, deep_merge
 
 pytest_plugins = [
+    "pytest_ml4.plugin_args",
     "pytest_ml4.plugin_logs",
     "pytest_ml4.plugin_perf",
     "pytest_ml4.plugin_preflight",
