@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _pytest.config.findpaths import determine_setup  # pytest's own rule, so the comparison is exact
+from _pytest.config.findpaths import (
+    determine_setup,  # pytest's own rule, so the comparison is exact
+)
 
 from pytest_ml4.targets import REPO_ROOT
 

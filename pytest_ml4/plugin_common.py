@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # the class lives in plugin.py; only its name is needed here
 STATE_KEY = pytest.StashKey["Ml4State"]()
 
 
-def get_state(config: pytest.Config) -> "Ml4State":
+def get_state(config: pytest.Config) -> Ml4State:
     """The session's ml4 state (built by ``plugin.py``'s ``pytest_configure``)."""
     return config.stash[STATE_KEY]
 

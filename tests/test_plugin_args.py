@@ -111,13 +111,13 @@ def test_the_issue_command_line_on_the_project(tmp_path: Path) -> None:
     env = dict(os.environ, PYTEST_ADDOPTS="")
     base = [sys.executable, "-m", "pytest", "--collect-only", "--target", "rtxpro6000-tp8", "-m", "smoke"]
     space = subprocess.run(base + ["--ml4-log-file", str(log)], cwd=REPO, env=env, capture_output=True, text=True,
-                           timeout=120)
+                           timeout=120, check=False)
     assert space.returncode == pytest.ExitCode.USAGE_ERROR
     assert (f"ERROR: --ml4-log-file {log}: pytest took this path for a test path (rootdir {log.parent} instead of "
             f"{REPO}, config file none instead of {REPO / 'pyproject.toml'}); write --ml4-log-file={log}"
             in space.stderr)
     equals = subprocess.run(base + [f"--ml4-log-file={log}"], cwd=REPO, env=env, capture_output=True, text=True,
-                            timeout=120)
+                            timeout=120, check=False)
     assert equals.returncode == 0, equals.stdout[-1500:]
     assert f"rootdir: {REPO}" in equals.stdout and "configfile: pyproject.toml" in equals.stdout
     assert "<Module test_smoke.py>" in equals.stdout and "<Dir tests>" not in equals.stdout

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import yaml
 
-from pytest_ml4.preflight.model import DgdDocument, Document, LiteLLMConfig, PerfRun, Rule, VllmLaunch
+from pytest_ml4.preflight.model import (
+    DgdDocument,
+    Document,
+    LiteLLMConfig,
+    PerfRun,
+    Rule,
+    VllmLaunch,
+)
 from pytest_ml4.targets import REPO_ROOT, known_targets
 
 NEEDS_FILE = REPO_ROOT / "fixtures" / "preflight" / "rule_needs.yaml"
@@ -26,8 +33,8 @@ KIND_CLASSES: dict[str, type[Document]] = {"vllm": VllmLaunch, "dgd": DgdDocumen
 #: need -> (does the document have it, why the rule is not applied without it)
 _NEED_CHECKS: dict[str, tuple[Callable[[Document], bool], str]] = {
     "hardware": (lambda d: d.hardware.family is not None, "depends on the hardware, which is unknown"),
-    "target": (lambda d: d.target is not None, "needs the target's hardware spec and engine defaults, and no "
-                                               "target is known"),
+    "target": (lambda d: d.target is not None,
+               ("needs the target's hardware spec and engine defaults, and no target is known")),
 }
 
 
