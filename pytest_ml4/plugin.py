@@ -477,7 +477,7 @@ def build_endpoint(state: Ml4State, sim: Any) -> Any:
         metrics_url = sim.url + "/metrics"
     ep = Endpoint(base_url=base_url, api_key=api_key or "", model=t.serving.served_model_name,
                   metrics_url=metrics_url, simulated=state.use_sim, proxy=via_proxy or (sim is None and t.has_proxy))
-    problem = check_reachable(ep)
+    problem = check_reachable(ep, key_source=key_var)
     if problem:
         pytest.exit(f"ml4: {problem}", returncode=3)
     return ep
