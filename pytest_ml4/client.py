@@ -142,18 +142,23 @@ def make_async_httpx(ep: Endpoint, timeout: float | None = None) -> httpx.AsyncC
                              timeout=_httpx_timeout(timeout))
 
 
-def check_reachable(ep: Endpoint, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
-    """None when something answers HTTP at the endpoint, else one line naming the URL and the error.
+def check_reachable(ep: Endpoint, timeout: float = CONNECT_TIMEOUT_S, key_source: str | None = None) -> str | None:
+    """None when the endpoint answers HTTP and takes the session's key, else one line naming the URL and the error.
 
-    Any HTTP status counts as reachable (a 401 or 404 is the tests' business); only transport failures
-    (refused, DNS, TLS, timeout) are reported, so the plugin can stop the session instead of failing every test.
+    Transport failures (refused, DNS, TLS, timeout) and a 401/403 to the session's own key are reported, so the
+    plugin can stop the session instead of failing every test; any other status (a 404, an HTML error page) is
+    the tests' business. ``key_source`` names where the key came from (the variable), never the key.
     """
     url = f"{ep.base_url}/models"
     try:
         with httpx.Client(timeout=httpx.Timeout(timeout), headers=ep.auth_headers()) as http:
-            http.get(url)
+            resp = http.get(url)
     except httpx.HTTPError as err:
         return f"endpoint {display_url(url)} is unreachable: {type(err).__name__}: {_one_line(str(err)) or 'no detail'}"
+    if ep.api_key and resp.status_code in (401, 403):
+        source = f" from {key_source}" if key_source else ""
+        return (f"endpoint {display_url(url)} refused the API key{source}: HTTP {resp.status_code}: "
+                f"{quote_body(resp.text)}")
     return None
 
 

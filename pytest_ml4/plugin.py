@@ -18,9 +18,12 @@ from typing import Any, Iterator
 
 import pytest
 
+from pytest_ml4.plugin_common import STATE_KEY, get_state, int_opt
+from pytest_ml4.plugin_common import opt as _opt
 from pytest_ml4.targets import Target, TargetError, known_targets, load_target, parse_override, deep_merge
 
 pytest_plugins = [
+    "pytest_ml4.plugin_args",
     "pytest_ml4.plugin_logs",
     "pytest_ml4.plugin_perf",
     "pytest_ml4.plugin_preflight",
@@ -101,13 +104,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE_KEY] = Ml4State.from_config(config)
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(), "ml4-xdist-hooks")
-
-
-def _opt(config: pytest.Config, name: str, ini: str | None = None) -> Any:
-    value = config.getoption(name)
-    if value is None and ini is not None:
-        value = config.getini(ini)
-    return value
 
 
 # --------------------------------------------------------------------------------------------------- state
@@ -212,13 +208,6 @@ def _check_no_proxy(target: Target, use_sim: bool, endpoint: str | None) -> None
                                 f"{target.endpoint.url_env} is the {target.serving.proxy.kind} proxy's")
 
 
-STATE_KEY = pytest.StashKey[Ml4State]()
-
-
-def get_state(config: pytest.Config) -> Ml4State:
-    return config.stash[STATE_KEY]
-
-
 # --------------------------------------------------------------------------------------------------- simulator
 def _sim_api_key(target: Target) -> None:
     """A simulated target that requires a key gets a fresh random one in its env var (never printed)."""
@@ -259,14 +248,13 @@ def _start_sim(state: Ml4State) -> None:
 
 
 def _start_proxy(state: Ml4State, sim: Any, run_dir: Path) -> None:
-    from pytest_ml4.plugin_restart import _int_opt
     from pytest_ml4.proxy import LiteLLMProxy, ProxyError, ProxySettings
     from pytest_ml4.tools import ToolMissing
 
     assert state.target is not None
     settings = ProxySettings.from_target(state.target, sim.base_url,
-                                         num_retries=_int_opt(state.config, "ml4_proxy_retries"),
-                                         max_retries=_int_opt(state.config, "ml4_proxy_max_retries"))
+                                         num_retries=int_opt(state.config, "ml4_proxy_retries"),
+                                         max_retries=int_opt(state.config, "ml4_proxy_max_retries"))
     proxy = LiteLLMProxy(settings, run_dir / "proxy" / "main")
     try:
         proxy.start()
@@ -489,7 +477,7 @@ def build_endpoint(state: Ml4State, sim: Any) -> Any:
         metrics_url = sim.url + "/metrics"
     ep = Endpoint(base_url=base_url, api_key=api_key or "", model=t.serving.served_model_name,
                   metrics_url=metrics_url, simulated=state.use_sim, proxy=via_proxy or (sim is None and t.has_proxy))
-    problem = check_reachable(ep)
+    problem = check_reachable(ep, key_source=key_var)
     if problem:
         pytest.exit(f"ml4: {problem}", returncode=3)
     return ep

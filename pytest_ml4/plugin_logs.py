@@ -14,11 +14,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_ml4.logs import FileLogReader, LogEvent, LogReader, LogView, reader_for_target
+from pytest_ml4.logs import (
+    FileLogReader,
+    LogEvent,
+    LogReader,
+    LogView,
+    reader_for_target,
+)
 from pytest_ml4.targets import Target
 
 
@@ -99,7 +106,20 @@ class _VerdictSummary:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _check_log_file(config)
     config.pluginmanager.register(_VerdictSummary(), "ml4-verdict-summary")
+
+
+def _check_log_file(config: pytest.Config) -> None:
+    """A log file that is not there stops the run with one line, before any check reads "no boot line" from it."""
+    given = config.getoption("ml4_log_file")
+    path = given or config.getini("ml4_log_file")
+    if not path or Path(path).is_file():
+        return
+    what = "--ml4-log-file" if given else "ini ml4_log_file"
+    problem = "is not a file" if Path(path).exists() else "does not exist"
+    raise pytest.UsageError(f"{what} {path}: {problem}; give the engine's log (a file, or a saved 'journalctl -u "
+                            "UNIT' / 'kubectl logs' output)")
 
 
 def memory_header(target: Target) -> str:

@@ -22,17 +22,20 @@ from pytest_ml4.perf.evaluate import (
     SweepOutputs,
     SweepVerdict,
     evaluate_sweep,
+    write_interrupted_sweep,
     write_sweep_outputs,
 )
 from pytest_ml4.perf.sweep import (
     Client,
     PointResult,
+    SweepInterrupted,
     SweepSettings,
     cached,
     run_sweep,
     settings_from_target,
 )
 from pytest_ml4.targets import Target
+from pytest_ml4.tools import ToolMissing
 
 PROGRESS_FILE = "perf/progress.log"
 
@@ -279,9 +282,17 @@ def ml4_perf_sweep(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint
         pytest.fail(f"--perf-extra-input asks for ignore_eos; the sweep refuses it: {WHY_NOT_IGNORE_EOS}")
     settings = replace(ml4_perf_settings, extra_inputs=tuple(sorted(ml4_perf_extra_inputs.items())))
     root = ml4_run_dir / "perf" / f"sweep-{settings.key}"
-    points = cached(root / "points.json",
-                    lambda: run_sweep(ml4_target, ml4_perf_client, settings, root, baseline=ml4_perf_baseline,
-                                      write=ml4_perf_progress))
+    try:
+        points = cached(root / "points.json",
+                        lambda: run_sweep(ml4_target, ml4_perf_client, settings, root, baseline=ml4_perf_baseline,
+                                          write=ml4_perf_progress))
+    except SweepInterrupted as stop:
+        # Ctrl-C: the run folder keeps the finished points (summary.json reads them) and every export so far.
+        write_interrupted_sweep(ml4_run_dir, ml4_target, settings, stop.points, bool(ml4_endpoint.simulated),
+                                stop.concurrency)
+        raise
+    except ToolMissing as err:
+        pytest.exit(f"ml4: {err}", returncode=pytest.ExitCode.USAGE_ERROR)
     verdict = evaluate_sweep(ml4_target, settings, points, ml4_perf_baseline, ml4_perf_compare_fail)
     outputs = write_sweep_outputs(ml4_run_dir, ml4_target, settings, points, verdict, ml4_perf_baseline,
                                   bool(ml4_endpoint.simulated), out_dir=root)

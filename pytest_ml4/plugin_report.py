@@ -25,7 +25,6 @@ from typing import Any
 
 import allure_commons
 import pytest
-from allure_commons.logger import AllureFileLogger
 
 from pytest_ml4.report import labels as _labels
 from pytest_ml4.report.attach import ExchangeRecorder
@@ -57,7 +56,8 @@ _LABELS_DIR = ".ml4-report"
 _XDIST_CRASH_WHEN = "???"  # pytest-xdist's synthetic report for a crashed worker uses this phase name
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.register(_AllureTakeover(), "ml4-allure-takeover")
     group = parser.getgroup("ml4")
     group.addoption("--ml4-no-allure", dest="ml4_no_allure", action="store_true", default=None,
                     help="do not write Allure results into <run folder>/allure-results when --alluredir is not "
@@ -94,7 +94,7 @@ _STATE = pytest.StashKey[_ReportState]()
 
 
 def _ml4_state(config: pytest.Config) -> Any:
-    from pytest_ml4.plugin import STATE_KEY
+    from pytest_ml4.plugin_common import STATE_KEY
 
     return config.stash.get(STATE_KEY, None)
 
@@ -107,11 +107,14 @@ def pytest_configure(config: pytest.Config) -> None:
     if state is not None and state.target is not None:
         register_secret_env(state.target.endpoint.api_key_env)
     register_secret_env(config.getoption("ml4_api_key_env", None))
-    if _wants_default_alluredir(config, state):
+    user_dir = config.stash.get(_USER_ALLUREDIR, None)
+    if user_dir is not None:
+        config.option.allure_report_dir = user_dir
+        _register_allure(config, Path(user_dir), clean=_clean_requested(config))
+    elif _wants_default_alluredir(config, state):
         results = state.ensure_run_dir() / RESULTS_DIRNAME
         config.option.allure_report_dir = str(results)
         _register_allure(config, results)
-    _swap_in_redacting_logger(config)
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(_ControllerHooks(config), "ml4-report-controller")
 
@@ -134,28 +137,43 @@ def _wants_default_alluredir(config: pytest.Config, state: Any) -> bool:
     return not hasattr(config, "workerinput") or state.run_dir is not None
 
 
-def _register_allure(config: pytest.Config, results: Path) -> None:
-    """What allure-pytest's own pytest_configure does for ``--alluredir``, done after it for our default folder."""
+class _AllureTakeover:
+    """Hides the user's ``--alluredir`` from allure-pytest's own ``pytest_configure`` (tryfirst, every process).
+
+    allure-pytest would register a plain file logger and, at cleanup, unregister it by the name it was given; the
+    plugin must write through its redacting logger instead, and swapping allure's logger out made that cleanup fail
+    (``AssertionError: one of name or plugin needs to be specified``, exit 1 after a green run). So the plugin
+    registers the listener and the redacting logger itself (``_register_allure``), for the user's folder as for
+    its default one, and restores the option afterwards for everything that reads it.
+    """
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_configure(self, config: pytest.Config) -> None:
+        value = getattr(config.option, "allure_report_dir", None)
+        if value and config.pluginmanager.hasplugin("allure_pytest"):
+            config.stash[_USER_ALLUREDIR] = os.path.abspath(value)
+            config.option.allure_report_dir = None
+
+
+_USER_ALLUREDIR = pytest.StashKey[str]()
+
+
+def _clean_requested(config: pytest.Config) -> bool:
+    """allure-pytest's rule: ``--clean-alluredir`` empties the folder, except under ``--collect-only``."""
+    return bool(getattr(config.option, "clean_alluredir", False)) and not config.option.collectonly
+
+
+def _register_allure(config: pytest.Config, results: Path, clean: bool = False) -> None:
+    """What allure-pytest's own pytest_configure does for ``--alluredir``, with the redacting file logger."""
     from allure_pytest.listener import AllureListener
 
     listener = AllureListener(config)
     config.pluginmanager.register(listener, "allure_listener")
     allure_commons.plugin_manager.register(listener)
     config.add_cleanup(lambda: allure_commons.plugin_manager.unregister(listener))
-    file_logger = RedactingFileLogger(results, clean=False, redactor=REDACTOR)
+    file_logger = RedactingFileLogger(results, clean=clean, redactor=REDACTOR)
     allure_commons.plugin_manager.register(file_logger)
     config.add_cleanup(lambda: allure_commons.plugin_manager.unregister(file_logger))
-
-
-def _swap_in_redacting_logger(config: pytest.Config) -> None:
-    """Replace allure-pytest's plain file logger (user-given --alluredir) with the redacting one."""
-    for plugin in list(allure_commons.plugin_manager.get_plugins()):
-        if type(plugin) is AllureFileLogger:
-            report_dir = plugin._report_dir
-            allure_commons.plugin_manager.unregister(plugin)
-            redacting = RedactingFileLogger(report_dir, clean=False, redactor=REDACTOR)
-            allure_commons.plugin_manager.register(redacting)
-            config.add_cleanup(lambda r=redacting: allure_commons.plugin_manager.unregister(r))
 
 
 @pytest.hookimpl(trylast=True)

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from pytest_ml4.plugin_common import get_state as _state
 from pytest_ml4.targets import REPO_ROOT, Target
 
 #: Namespace of the simulated DGD when the target names none in the environment.
@@ -51,20 +52,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("ml4_proxy_retries", "num_retries of the simulator's LiteLLM proxy", default=None)
     parser.addini("ml4_proxy_max_retries", "max_retries of the simulator's LiteLLM proxy", default=None)
     parser.addini("ml4_restart_roles", "Dynamo pods a restart deletes", default="workers")
-
-
-def _int_opt(config: pytest.Config, name: str) -> int | None:
-    value = config.getoption(name)
-    if value is None:
-        raw = config.getini(name)
-        value = int(raw) if raw not in (None, "") else None
-    return value
-
-
-def _state(config: pytest.Config) -> Any:
-    from pytest_ml4.plugin import get_state
-
-    return get_state(config)
 
 
 def _api_key(target: Target) -> str | None:

@@ -271,11 +271,12 @@ def known_targets(directory: Path | None = None) -> list[str]:
 
 
 def _format_validation(path: Path, err: ValidationError) -> str:
-    lines = [f"invalid target file {path}:"]
+    """One line: the file, then each bad field with pydantic's reason."""
+    fields = []
     for e in err.errors():
         field = ".".join(str(x) for x in e["loc"]) or "<top level>"
-        lines.append(f"  field '{field}': {e['msg']}")
-    return "\n".join(lines)
+        fields.append(f"field '{field}': {e['msg']}")
+    return f"invalid target file {path}: " + "; ".join(fields)
 
 
 def parse_target(data: Any, path: Path) -> Target:

@@ -3,6 +3,8 @@
 Runs without any endpoint: ``pytest --target NAME -m preflight suites/``.  Each rule is one test (the Allure
 report shows its message, fix and seed source) covering all of the target's manifests at once, so cross-file
 rules such as the DGD name-prefix check see every file.  Error findings fail the test; warnings are attached.
+A rule with no document of its kinds among the manifests is skipped with that reason: it judged nothing, so it
+is no pass.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import allure
 import pytest
 
 from pytest_ml4.preflight import RULES, Report, Severity
+from pytest_ml4.preflight.applied import of_kinds
 from pytest_ml4.preflight.loader import collect_files, load_file
 from pytest_ml4.targets import Target
 
@@ -31,8 +34,12 @@ def test_rule(rule_id: str, ml4_preflight_report: Report, ml4_preflight_paths: l
     allure.dynamic.description(f"{rule.message}\n\nFix: {rule.fix}\n\nSource: {rule.source}")
     allure.dynamic.parameter("manifests", ", ".join(p.name for p in ml4_preflight_paths))
     allure.dynamic.parameter("target", ml4_target.name)
-    applicable = [d for d in ml4_preflight_report.documents if d.kind in _kinds(rule.kinds)]
-    for doc in applicable:
+    skipped = ml4_preflight_report.skipped(rule_id)
+    if skipped is not None:
+        allure.attach(skipped.format(), name="not applied", attachment_type=allure.attachment_type.TEXT)
+        if not skipped.judged:
+            pytest.skip(skipped.format())
+    for doc in of_kinds(rule, ml4_preflight_report.documents):
         with allure.step(f"{rule_id} on {doc.path} ({doc.kind})"):
             mine = [f for f in ml4_preflight_report.by_rule(rule_id) if f.path == doc.path]
             allure.attach("\n".join(f.format() for f in mine) or "no findings", name=f"{doc.path} findings",
@@ -43,15 +50,6 @@ def test_rule(rule_id: str, ml4_preflight_report: Report, ml4_preflight_paths: l
                       attachment_type=allure.attachment_type.TEXT)
     errors = [f for f in findings if f.severity is Severity.ERROR]
     assert not errors, f"{len(errors)} {rule_id} error(s):\n" + "\n".join(f.format() for f in errors)
-
-
-def _kinds(rule_kinds: tuple[str, ...]) -> set[str]:
-    # Rule kinds name document families; documents carry the concrete kind they were read from.
-    mapping = {"vllm": {"systemd", "shell"}, "dgd": {"dgd"}, "litellm": {"litellm"}, "perf": {"perf-job", "shell"}}
-    out: set[str] = set()
-    for k in rule_kinds:
-        out |= mapping.get(k, {k})
-    return out
 
 
 def test_manifests_parse(ml4_preflight_paths: list[Path], ml4_target: Target) -> None:

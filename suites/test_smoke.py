@@ -15,7 +15,8 @@ import httpx
 import pytest
 import yaml
 
-from pytest_ml4.client import decode_json
+from pytest_ml4.checks.protocol import assert_stream_clean
+from pytest_ml4.client import decode_json, display_url
 from pytest_ml4.targets import FIXTURES_DIR, Target
 
 pytestmark = pytest.mark.smoke
@@ -42,7 +43,8 @@ def test_health(ml4_target: Target, ml4_endpoint: Any) -> None:
 
 def test_models_lists_served_name(ml4_target: Target, http_client: httpx.Client) -> None:
     resp = http_client.get("/models")
-    assert resp.status_code == 200, f"GET /v1/models answered HTTP {resp.status_code}: {resp.text[:200]!r}"
+    where = display_url(str(resp.request.url))
+    assert resp.status_code == 200, f"GET {where} answered HTTP {resp.status_code}: {resp.text[:200]!r}"
     body = decode_json(resp, "GET /v1/models")
     ids = [card.get("id") for card in body.get("data", [])]
     assert ml4_target.serving.served_model_name in ids, (
@@ -94,7 +96,7 @@ def test_stream_answers_known_question_with_clean_grammar(ml4_target: Target, ht
                       stream_options={"include_usage": True})
     result = probe_chat_stream(http_client, body)
     assert result.http_status == 200, f"stream answered HTTP {result.http_status}: {result.error_body!r}"
-    assert not result.violations, "stream grammar violations:\n" + "\n".join(result.violations)
+    assert_stream_clean(result)  # one line naming the URL: "stream from URL: stream grammar violated: ..."
     assert not result.error_events, f"in-band error events in the stream: {result.error_events}"
     assert QUESTION["expect_substring"] in result.content, f"wrong streamed answer: {result.content!r}"
     assert result.finish_reason == "stop"
@@ -125,7 +127,8 @@ def _expect(target: Target, case: str) -> dict[str, Any]:
 
 def _check_error(resp: httpx.Response, expected: dict[str, Any], what: str) -> None:
     statuses = expected["status"] if isinstance(expected["status"], list) else [expected["status"]]
-    assert resp.status_code in statuses, f"{what}: HTTP {resp.status_code} (expected {statuses}): {resp.text[:300]!r}"
+    assert resp.status_code in statuses, (f"{what}: {display_url(str(resp.request.url))} answered HTTP "
+                                           f"{resp.status_code} (expected {statuses}): {resp.text[:300]!r}")
     body = decode_json(resp, what)
     if "body" in expected:
         assert body == expected["body"], f"{what}: body {body} != {expected['body']}"

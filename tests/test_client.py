@@ -4,7 +4,6 @@ an unreachable endpoint is one line within seconds, and non-JSON answers are quo
 from __future__ import annotations
 
 import socket
-import time
 
 import httpx
 import openai
@@ -62,17 +61,23 @@ def test_factories_use_no_retries_and_a_short_connect_timeout() -> None:
 
 def test_unreachable_endpoint_is_one_line_within_seconds() -> None:
     ep = Endpoint(f"http://127.0.0.1:{_free_port()}/v1", api_key=SECRET)
-    start = time.monotonic()
-    problem = check_reachable(ep)
-    assert time.monotonic() - start < 10
+    problem = check_reachable(ep)  # bounded by the connect timeout; the line is asserted, not the time
     assert problem is not None and "\n" not in problem
     assert f"{ep.root_url}/v1/models" in problem and "ConnectError" in problem and SECRET not in problem
 
 
-def test_any_http_answer_counts_as_reachable() -> None:
-    with StubServer({"/v1/models": Scripted(401, "application/json", [b'{"error":"Unauthorized"}'])}) as srv:
+def test_any_other_http_answer_counts_as_reachable() -> None:
+    with StubServer({"/v1/models": Scripted(404, "application/json", [b'{"error":"Not Found"}'])}) as srv:
         assert check_reachable(Endpoint(srv.base_url, api_key=SECRET)) is None
         assert srv.seen[0].headers["authorization"] == f"Bearer {SECRET}"
+
+
+def test_a_refused_session_key_is_one_line_naming_url_and_variable() -> None:
+    with StubServer({"/v1/models": Scripted(401, "application/json", [b'{"error":"Unauthorized"}'])}) as srv:
+        problem = check_reachable(Endpoint(srv.base_url, api_key=SECRET), key_source="LLM_API_KEY")
+        assert problem == (f"endpoint {srv.base_url}/models refused the API key from LLM_API_KEY: HTTP 401: "
+                           """'{"error":"Unauthorized"}'""")
+        assert check_reachable(Endpoint(srv.base_url, api_key="")) is None, "no key sent: the tests' business"
 
 
 def test_html_answer_is_quoted() -> None:

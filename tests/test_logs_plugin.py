@@ -18,7 +18,7 @@ def test_log_file_option_feeds_the_reader_and_the_boot_view(pytester: pytest.Pyt
             assert ml4_boot_log.first(KvCacheSize).tokens == 263923
             assert not ml4_boot_log.failures()
     """)
-    result = pytester.runpytest("--target", "rtxpro6000-tp8", "--ml4-log-file", str(STABLE), "-p", "no:randomly")
+    result = pytester.runpytest("--target", "rtxpro6000-tp8", f"--ml4-log-file={STABLE}", "-p", "no:randomly")
     result.assert_outcomes(passed=1)
 
 

@@ -70,8 +70,10 @@ def assert_no_control_tokens(message: Mapping[str, Any], where: str) -> None:
     assert not leaks, f"{where}: " + "; ".join(leaks)
 
 
-def assert_stream_clean(result: StreamResult, where: str = "stream") -> None:
-    """HTTP 200, no grammar violation, no in-band error; the message lists every problem found."""
+def assert_stream_clean(result: StreamResult, where: str | None = None) -> None:
+    """HTTP 200, no grammar violation, no in-band error; the message (one line, naming the URL unless ``where``
+    says otherwise) lists every problem found."""
+    where = where or f"stream from {result.url or 'the endpoint'}"
     assert result.status_code == 200, f"{where}: HTTP {result.status_code}: {quote_body(result.http_error_text or '')}"
     problems = list(result.violations)
     assert not problems, f"{where}: stream grammar violated: " + "; ".join(problems)

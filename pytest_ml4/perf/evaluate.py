@@ -90,6 +90,24 @@ class SweepOutputs:
     summary: Path | None = None
 
 
+def _point_dicts(points: Sequence[PointResult], run_dir: Path) -> list[dict[str, Any]]:
+    return [{**(p.figures or {"concurrency": p.concurrency}), "ok": p.ok, "problems": p.problems,
+             "artifact_dir": _rel(p.out_dir, run_dir)} for p in points]
+
+
+def write_interrupted_sweep(run_dir: Path, target: Target, settings: SweepSettings, points: Sequence[PointResult],
+                            simulated: bool, interrupted_at: int) -> Path:
+    """The ``sweep`` section of a sweep stopped by Ctrl-C: the finished points, no gates, never a pass."""
+    section: dict[str, Any] = {
+        "settings": settings.as_dict(),
+        "points": _point_dicts(points, run_dir),
+        "interrupted_at_concurrency": interrupted_at,
+        "gates": [],
+        "passed": False,
+    }
+    return update_summary(run_dir, target.name, simulated, "sweep", section)
+
+
 def write_sweep_outputs(run_dir: Path, target: Target, settings: SweepSettings, points: Sequence[PointResult],
                         verdict: SweepVerdict, baseline: Baseline | None, simulated: bool,
                         out_dir: Path | None = None) -> SweepOutputs:
@@ -99,8 +117,7 @@ def write_sweep_outputs(run_dir: Path, target: Target, settings: SweepSettings, 
     plots = write_plots(figures_of(points), folder, title, baseline.points if baseline else None)
     section: dict[str, Any] = {
         "settings": settings.as_dict(),
-        "points": [{**(p.figures or {"concurrency": p.concurrency}), "ok": p.ok, "problems": p.problems,
-                    "artifact_dir": _rel(p.out_dir, run_dir)} for p in points],
+        "points": _point_dicts(points, run_dir),
         "knee_concurrency": verdict.knee,
         "knee_ttft_p99_s": target.gates.ttft_p99_knee_s,
         "gates": gate_dicts(verdict.gates),

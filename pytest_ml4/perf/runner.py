@@ -347,15 +347,22 @@ def run_aiperf(spec: AiperfSpec, out_dir: str | Path, *, api_key: str | None = N
             raise AiperfError(f"cannot start aiperf ({argv[0]}): {err}") from None
         reader = threading.Thread(target=_pump, args=(proc, con, state), daemon=True)
         reader.start()
-        while proc.poll() is None:
-            elapsed = time.monotonic() - t0
-            if elapsed > limit:
-                timed_out = True
-                _stop(proc)
-                break
-            if on_tick is not None:
-                on_tick(elapsed, state)
-            proc.wait(timeout=None) if tick_s <= 0 else _sleep_or_exit(proc, tick_s)
+        try:
+            while proc.poll() is None:
+                elapsed = time.monotonic() - t0
+                if elapsed > limit:
+                    timed_out = True
+                    _stop(proc)
+                    break
+                if on_tick is not None:
+                    on_tick(elapsed, state)
+                proc.wait(timeout=None) if tick_s <= 0 else _sleep_or_exit(proc, tick_s)
+        except KeyboardInterrupt:
+            # Ctrl-C reaches pytest, not aiperf (its own session): stop it as a timeout does, so it writes its
+            # partial export and does not outlive the run, and its console is complete before the file closes.
+            _stop(proc)
+            reader.join(timeout=10)
+            raise
         reader.join(timeout=10)
     wall = time.monotonic() - t0
     export = _load_export(out)

@@ -156,9 +156,20 @@ def describe_point(point: PointResult) -> str:
     return text if point.ok else f"{text} [{'; '.join(point.problems)[:200]}]"
 
 
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a sweep; carries the points finished before it (still a KeyboardInterrupt for pytest)."""
+
+    def __init__(self, points: list[PointResult], concurrency: int) -> None:
+        super().__init__(f"perf sweep interrupted at c{concurrency} after {len(points)} finished point(s)")
+        self.points = points
+        self.concurrency = concurrency
+
+
 def run_sweep(target: Target, client: Client, settings: SweepSettings, out_root: Path, *,
               baseline: Baseline | None = None, write: Write | None = None) -> list[PointResult]:
-    """Run every point into ``out_root/c<N>`` and return the results in concurrency order."""
+    """Run every point into ``out_root/c<N>`` and return the results in concurrency order.
+
+    Ctrl-C raises :class:`SweepInterrupted` with the points finished so far (their exports stay in place)."""
     estimate = 8.0 + settings.duration_s + min(settings.duration_s, 30.0)
     progress = SweepProgress(write or (lambda _line: None), settings.concurrencies, estimate, client.metrics_url)
     results = []
@@ -168,7 +179,10 @@ def run_sweep(target: Target, client: Client, settings: SweepSettings, out_root:
                           grace_s=grace_for(settings, target, c, baseline), min_tokens=settings.osl,
                           extra_inputs=dict(settings.extra_inputs), server_metrics_url=client.metrics_url)
         progress.point_started(c)
-        run = run_aiperf(spec, out_root / f"c{c}", api_key=client.api_key, on_tick=progress.tick)
+        try:
+            run = run_aiperf(spec, out_root / f"c{c}", api_key=client.api_key, on_tick=progress.tick)
+        except KeyboardInterrupt:
+            raise SweepInterrupted(results, c) from None
         point = point_from_run(run, [client.api_key])
         results.append(point)
         progress.point_done(c, describe_point(point))

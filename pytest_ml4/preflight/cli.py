@@ -1,5 +1,8 @@
 """``ml4-preflight PATH...``: print preflight findings for config files; exit 1 on errors, 2 on bad usage.
 
+Without known hardware every rule that does not depend on it still runs; the others are listed as not applied
+with the flag that would apply them (``--target NAME``), and do not change the exit status.
+
 Paths may be files or directories (searched for .yaml/.yml/.service/.sh/.cmd/.conf).  Each file is tied to
 its hardware through ``--target``, through the target whose ``manifests:`` list names it, or through a
 ``# ml4-target: NAME`` comment in the file.
@@ -12,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from pytest_ml4.preflight.applied import grouped
 from pytest_ml4.preflight.lint import lint_paths
 from pytest_ml4.preflight.model import Severity, relpath
 from pytest_ml4.preflight.rules import RULES
@@ -66,18 +70,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.quiet:
         findings = [f for f in findings if f.severity is Severity.ERROR]
     if args.format == "json":
-        print(json.dumps({"documents": len(report.documents), "findings": [f.as_dict() for f in findings]},
-                         indent=2))
+        print(json.dumps({"documents": len(report.documents), "findings": [f.as_dict() for f in findings],
+                          "not_applied": [n.as_dict() for n in report.not_applied]}, indent=2))
     else:
         if args.verbose:
             for d in report.documents:
                 print(f"{d.path}: {d.kind} on {d.hardware.family or 'unknown hardware'} ({d.hardware.origin})")
         for f in findings:
             print(f.format())
+        if not args.quiet:
+            # Rules that could not judge (some) files are said so, never silently counted as passes.
+            for line in grouped(report.not_applied):
+                print(f"ml4-preflight: {line}")
         n_err = len(report.errors())
         n_warn = sum(1 for f in report.findings if f.severity is Severity.WARNING)
-        print(f"ml4-preflight: {len(report.documents)} document(s), {len(report.rules)} rule(s): "
-              f"{n_err} error(s), {n_warn} warning(s)")
+        partly = sum(1 for n in report.not_applied if n.judged)
+        some = f" ({partly} not to every file)" if partly else ""
+        print(f"ml4-preflight: {len(report.documents)} document(s), {len(report.applied())} of {len(report.rules)} "
+              f"rule(s) applied{some}: {n_err} error(s), {n_warn} warning(s)")
     return 1 if report.errors() else 0
 
 

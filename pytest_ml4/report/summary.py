@@ -135,6 +135,7 @@ def build_summary(*, run_dir: Path, target: str | None, simulated: bool, faults:
         "faults": list(faults),
         "versions": dict(versions),
         "exit_status": int(exit_status),
+        "interrupted": int(exit_status) == 2,  # pytest.ExitCode.INTERRUPTED: Ctrl-C, the figures are partial
         "tests": {"total": len(checks), **{o: counts.get(o, 0) for o in OUTCOMES}},
         "suites": suites,
         "gates": suite_gates(checks) + perf["gates"],

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
+import socket
 import sys
 from typing import Any
 
@@ -74,6 +76,20 @@ def api_key_for(target: Target) -> str | None:
     return key
 
 
+def port_in_use(host: str, port: int) -> str | None:
+    """One line when ``host:port`` cannot be bound (checked before the boot lines, so it is the only line)."""
+    if port == 0:
+        return None
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds: TIME_WAIT is no conflict
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            return (f"error: cannot listen on {host}:{port}: {err.strerror or err}; stop what listens there or "
+                    f"pick another --port (0 picks a free one)")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -83,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     key = api_key_for(target)
+    # A standby restart (--hold-file) starts while the old engine still owns the port: it binds on release.
+    busy = None if args.hold_file else port_in_use(args.host, args.port)
+    if busy:
+        print(busy, file=sys.stderr)
+        return 2
     from pytest_ml4.sim.server import (  # aiohttp imported only once arguments are valid
         SimConfig,
         serve,
@@ -90,7 +111,14 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = SimConfig(target=target, host=args.host, port=args.port, faults=faults, api_key=key,
                     log_file=args.log_file, hold_file=args.hold_file)
-    return asyncio.run(serve(cfg))
+    try:
+        return asyncio.run(serve(cfg))
+    except OSError as err:
+        if err.errno != errno.EADDRINUSE:
+            raise
+        # Taken between the check and the boot: still one line, not a traceback after the boot log.
+        print(f"error: cannot listen on {args.host}:{args.port}: {err.strerror}; pick another --port", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

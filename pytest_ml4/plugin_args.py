@@ -1,0 +1,77 @@
+"""Path-valued options given space-separated must not move pytest's rootdir (issue 17).
+
+pytest determines its rootdir and ini file from the free arguments of a first parse that knows none of the
+plugins' options: in ``--ml4-log-file /tmp/rd/engine.log`` the value is taken for a test path, the rootdir becomes
+``/tmp/rd``, the project's ``[tool.pytest.ini_options]`` (``testpaths``, ``--strict-markers``) is not read, and a
+run without ``-m`` collects whatever lies under the new rootdir. pytest offers no way to redo that choice, so the
+plugin recomputes it without those values and, where the outcome differs, stops before any conftest is imported
+with one line naming the option and the fix (``--opt=PATH``; ``--rootdir`` would not do: pytest
+still looks for the config file from the free arguments). Where the outcome is the same (a relative path inside the project,
+a path that does not exist yet) nothing happened and the run goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import yaml
+from _pytest.config.findpaths import (
+    determine_setup,  # pytest's own rule, so the comparison is exact
+)
+
+from pytest_ml4.targets import REPO_ROOT
+
+PATH_OPTIONS_FILE = REPO_ROOT / "fixtures" / "plugin" / "path_options.yaml"
+
+
+def path_options(path: Path = PATH_OPTIONS_FILE) -> tuple[str, ...]:
+    """The option names of the table (``fixtures/plugin/path_options.yaml``)."""
+    doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    names = doc.get("options")
+    if not isinstance(names, list) or not all(isinstance(n, str) and n.startswith("--") for n in names):
+        raise pytest.UsageError(f"{path}: 'options' must be a list of --option names")
+    return tuple(names)
+
+
+def space_separated(args: Sequence[str], options: Sequence[str]) -> list[tuple[str, str]]:
+    """(option, value) for each path option written ``--opt VALUE`` (the ``--opt=VALUE`` form is safe)."""
+    found = []
+    for i, arg in enumerate(args[:-1]):
+        if arg == "--":
+            break
+        if arg in options:
+            found.append((arg, args[i + 1]))
+    return found
+
+
+def moved_setup(config: pytest.Config, values: Sequence[str]) -> str | None:
+    """What the values changed in pytest's setup (rootdir, config file), or None when nothing changed."""
+    ns = config.known_args_namespace  # the second parse: knows every option, so file_or_dir holds no option values
+    free = [a for a in ns.file_or_dir if a not in values]
+    rootpath, inipath, _, _ = determine_setup(inifile=ns.inifilename, override_ini=ns.override_ini, args=free,
+                                              rootdir_cmd_arg=ns.rootdir or None,
+                                              invocation_dir=config.invocation_params.dir)
+    changes = []
+    if rootpath != config.rootpath:
+        changes.append(f"rootdir {config.rootpath} instead of {rootpath}")
+    if inipath != config.inipath:
+        changes.append(f"config file {config.inipath or 'none'} instead of {inipath or 'none'}")
+    return ", ".join(changes) or None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, args: list[str]) -> None:
+    here = early_config.invocation_params.dir
+    # Only a value that exists can steer the rootdir (pytest ignores free arguments that are not paths).
+    given = [(o, v) for o, v in space_separated(args, path_options()) if (here / v).exists()]
+    if not given:
+        return
+    changed = moved_setup(early_config, [value for _, value in given])
+    if changed is None:
+        return
+    opt, value = given[0]
+    # --rootdir is no fix: pytest still looks for the config file from the free arguments.
+    raise pytest.UsageError(f"{opt} {value}: pytest took this path for a test path ({changed}); "
+                            f"write {opt}={value}")

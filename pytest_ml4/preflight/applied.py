@@ -1,0 +1,117 @@
+"""Which rules a lint run could apply, and for the rest why not and what would apply them (issue 15 item 4).
+
+A rule is applied to a document of its kinds when the document has what the rule needs
+(``fixtures/preflight/rule_needs.yaml``: its hardware, its target). A rule applied to no document is no pass:
+it is reported "not applied" with the reason and the flag (``--target NAME``) that would apply it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+from pytest_ml4.preflight.model import (
+    DgdDocument,
+    Document,
+    LiteLLMConfig,
+    PerfRun,
+    Rule,
+    VllmLaunch,
+)
+from pytest_ml4.targets import REPO_ROOT, known_targets
+
+NEEDS_FILE = REPO_ROOT / "fixtures" / "preflight" / "rule_needs.yaml"
+
+#: The document classes a rule kind stands for.
+KIND_CLASSES: dict[str, type[Document]] = {"vllm": VllmLaunch, "dgd": DgdDocument, "litellm": LiteLLMConfig,
+                                           "perf": PerfRun}
+
+#: need -> (does the document have it, why the rule is not applied without it)
+_NEED_CHECKS: dict[str, tuple[Callable[[Document], bool], str]] = {
+    "hardware": (lambda d: d.hardware.family is not None, "depends on the hardware, which is unknown"),
+    "target": (lambda d: d.target is not None,
+               ("needs the target's hardware spec and engine defaults, and no target is known")),
+}
+
+
+@dataclass(frozen=True)
+class NotApplied:
+    """A rule that judged none (``paths`` empty: no document of its kinds) or only some of the documents."""
+
+    rule_id: str
+    reason: str
+    paths: tuple[str, ...] = ()
+    flag: str | None = None
+    judged: int = 0  # documents of its kinds it did judge
+
+    def format(self) -> str:
+        where = f" on {', '.join(self.paths)}" if self.paths else ""
+        how = f"; {self.flag}" if self.flag else ""
+        return f"not applied: {self.rule_id}{where}: {self.reason}{how}"
+
+    def as_dict(self) -> dict[str, object]:
+        return {"rule": self.rule_id, "reason": self.reason, "paths": list(self.paths), "flag": self.flag,
+                "judged": self.judged}
+
+
+def grouped(items: Iterable[NotApplied]) -> list[str]:
+    """One line per (reason, files, flag), naming the rules it holds for: short enough to read in a terminal."""
+    groups: dict[tuple[str, tuple[str, ...], str | None], list[str]] = {}
+    for n in items:
+        groups.setdefault((n.reason, n.paths, n.flag), []).append(n.rule_id)
+    lines = []
+    for (reason, paths, flag), ids in groups.items():
+        where = f" to {', '.join(paths)}" if paths else ""
+        how = f"; {flag}" if flag else ""
+        lines.append(f"not applied{where} ({reason}{how}): {', '.join(ids)}")
+    return lines
+
+
+@cache
+def rule_needs(path: Path = NEEDS_FILE) -> dict[str, tuple[str, ...]]:
+    """rule id -> its needs, from the table; an unknown need is an error naming the file and the rule."""
+    doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    out: dict[str, tuple[str, ...]] = {}
+    for rule_id, needs in doc.items():
+        bad = [n for n in needs or () if n not in _NEED_CHECKS]
+        if bad:
+            raise ValueError(f"{path}: {rule_id}: unknown need(s) {bad}; known: {sorted(_NEED_CHECKS)}")
+        out[str(rule_id)] = tuple(needs or ())
+    return out
+
+
+def of_kinds(rule: Rule, documents: Iterable[Document]) -> list[Document]:
+    """The documents a rule looks at by its kinds."""
+    classes = tuple(KIND_CLASSES[k] for k in rule.kinds if k in KIND_CLASSES)
+    return [d for d in documents if isinstance(d, classes)]
+
+
+def _flag() -> str:
+    return (f"pass --target NAME (known: {', '.join(known_targets())}) or put '# ml4-target: NAME' in the file "
+            "to apply it")
+
+
+def not_applied(rule: Rule, documents: list[Document], found_any: bool) -> NotApplied | None:
+    """Why ``rule`` judged none or only some of ``documents``; None when it judged every one of its kinds."""
+    mine = of_kinds(rule, documents)
+    if not mine:
+        if found_any:  # e.g. config-parse on an unreadable file: it did judge something
+            return None
+        kinds = ", ".join(rule.kinds)
+        return NotApplied(rule.id, f"no document of their kinds among the files: {kinds}")
+    lacking: dict[str, list[str]] = {}  # reason -> paths of the documents it could not judge
+    for need in rule_needs().get(rule.id, ()):
+        has, reason = _NEED_CHECKS[need]
+        for d in mine:
+            if not has(d) and d.path not in lacking.setdefault(reason, []):
+                lacking[reason].append(d.path)
+    lacking = {k: v for k, v in lacking.items() if v}
+    if not lacking:
+        return None
+    reason, paths = next(iter(lacking.items()))
+    judged = sum(1 for d in mine if d.path not in {p for ps in lacking.values() for p in ps})
+    return NotApplied(rule.id, reason, tuple(paths), _flag(), judged)
