@@ -463,7 +463,7 @@ class AttachedProxy:
 
 def build_endpoint(state: Ml4State, sim: Any) -> Any:
     """The Endpoint for the session, or ``pytest.exit`` with one line saying what is missing or unreachable."""
-    from pytest_ml4.client import Endpoint, check_reachable
+    from pytest_ml4.client import Endpoint, check_reachable, worker_metrics_urls_from_env
 
     config, t = state.config, state.target
     assert t is not None
@@ -487,8 +487,11 @@ def build_endpoint(state: Ml4State, sim: Any) -> Any:
         metrics_url = os.environ[t.endpoint.metrics_url_env]
     elif sim is not None:
         metrics_url = sim.url + "/metrics"
+    # Live runs: the workers' /metrics from the variables the target names (the simulator fills its own).
+    worker_metrics = worker_metrics_urls_from_env(t.endpoint.worker_metrics_url_env) if sim is None else {}
     ep = Endpoint(base_url=base_url, api_key=api_key or "", model=t.serving.served_model_name,
-                  metrics_url=metrics_url, simulated=state.use_sim, proxy=via_proxy or (sim is None and t.has_proxy))
+                  metrics_url=metrics_url, simulated=state.use_sim, proxy=via_proxy or (sim is None and t.has_proxy),
+                  worker_metrics_urls=worker_metrics)
     problem = check_reachable(ep)
     if problem:
         pytest.exit(f"ml4: {problem}", returncode=3)
