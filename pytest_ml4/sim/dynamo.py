@@ -46,7 +46,7 @@ SESSION_AFFINITY_TTL_S = 3600
 LOOPBACK_ENV = {"DYN_DISCOVERY_BACKEND": "file", "DYN_REQUEST_PLANE": "tcp", "DYN_EVENT_PLANE": "zmq",
                 "DYN_TCP_RPC_HOST": "127.0.0.1", "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
                 "DYN_EVENT_PLANE_HOST": "127.0.0.1", "DYN_HTTP_RPC_HOST": "127.0.0.1",
-                "DYN_SYSTEM_HOST": "127.0.0.1", "HF_HUB_OFFLINE": "1", "NO_COLOR": "1",
+                "DYN_SYSTEM_HOST": "127.0.0.1", "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "DYN_SDK_DISABLE_ANSI_LOGGING": "1",
                 "PYTHONUNBUFFERED": "1"}
 POLL_S = 0.1
 STOP_TIMEOUT_S = 15.0
@@ -353,6 +353,7 @@ class DynamoSim:
                 "workers": [{"role": w.role, "instance_id": w.instance_id, "pid": w.pid, "metrics_url": w.metrics_url,
                              "log": str(w.log_file)} for w in self.workers]}
 
+    @property
     def worker_metrics_urls(self) -> dict[str, tuple[str, ...]]:
         """role -> the workers' ``/metrics`` URLs (``Endpoint.worker_metrics_urls``)."""
         out: dict[str, list[str]] = {}
@@ -375,7 +376,7 @@ class DynamoSim:
         return self
 
     def serving_state(self) -> tuple[bool, str]:
-        """(model listed and every live worker's instance in ``/health``, what was seen)."""
+        """(model listed and ``/health`` lists exactly the running workers' instances, what was seen)."""
         try:
             h = httpx.get(self.url + "/health", timeout=2.0).json()
             m = httpx.get(self.base_url + "/models", timeout=2.0).json()
@@ -384,7 +385,9 @@ class DynamoSim:
         listed = {int(i.get("instance_id", 0)) for i in h.get("instances", [])}
         wanted = {w.instance_id for w in self.workers if w.alive()}
         model = any(d.get("id") == self.target.serving.served_model_name for d in m.get("data", []))
-        return model and bool(wanted) and wanted <= listed, f"models {m}, /health instances {sorted(listed)}"
+        # Equal, not a subset: a killed worker's instance stays listed for a while (Dynamo's stale-instance
+        # window); the deployment has settled once only the running workers are listed.
+        return model and bool(wanted) and wanted == listed, f"models {m}, /health instances {sorted(listed)}"
 
     def wait_serving(self, timeout: float) -> None:
         """Until the model is listed and ``/health`` lists every running worker (real-dynamo.md: ``/health`` alone

@@ -261,12 +261,16 @@ async def serve(runtime: Any, args: argparse.Namespace, worker: Worker) -> None:
     t = worker.target
     role = args.role
     ep = runtime.endpoint(f"{NAMESPACE}.{COMPONENTS[role]}.generate")
-    kinds = {"worker": (WorkerType.Aggregated, None), "prefill": (WorkerType.Prefill, [[WorkerType.Decode]]),
-             "decode": (WorkerType.Decode, [[WorkerType.Prefill]])}
-    wtype, needs = kinds[role]
+    chat = ModelType.Chat | ModelType.Completions
+    # A prefill worker exposes no OpenAI surface (1.6.1 refuses Chat on WorkerType.Prefill); each disagg role
+    # names the other as what it needs, so the model is listed only while both exist (real-dynamo.md).
+    kinds = {"worker": (WorkerType.Aggregated, chat, None),
+             "prefill": (WorkerType.Prefill, ModelType.Prefill, [[WorkerType.Decode]]),
+             "decode": (WorkerType.Decode, chat, [[WorkerType.Prefill]])}
+    wtype, mtype, needs = kinds[role]
     worker.app.engine.start()
     ep.metrics.register_prometheus_expfmt_callback(lambda: worker.app.metrics.render().decode())
-    await register_llm(ModelInput.Tokens, ModelType.Chat | ModelType.Completions, ep, args.model_dir,
+    await register_llm(ModelInput.Tokens, mtype, ep, args.model_dir,
                        t.serving.served_model_name, worker_type=wtype, kv_cache_block_size=t.engine.block_size,
                        runtime_config=runtime_config(t, worker.mode), needs=needs)
     loop = asyncio.get_running_loop()
