@@ -71,6 +71,8 @@ def test_a_real_frontend_lists_every_worker_instance(agg: DynamoSim) -> None:
 
 def test_worker_cuts_at_max_tokens_and_honours_min_tokens_and_ignore_eos(agg: DynamoSim) -> None:
     natural = _ok(_chat(agg, max_tokens=200))
+    again = _ok(_chat(agg, max_tokens=200))  # the engine's prefix cache, reported as Dynamo's vLLM worker does
+    assert "cached_tokens" in again["usage"]["prompt_tokens_details"]
     assert natural["choices"][0]["finish_reason"] == "stop" and "42" in natural["choices"][0]["message"]["content"]
     n = natural["usage"]["completion_tokens"]
     cut = _ok(_chat(agg, max_tokens=5))

@@ -226,8 +226,11 @@ class Worker:
                 item: dict[str, Any] = {"token_ids": chunk, "index": 0}
                 if pos >= len(reply.ids):
                     item["finish_reason"] = reply.finish
+                    # As Dynamo's vLLM worker reports it (dynamo/vllm/handlers.py: prompt_tokens_details from
+                    # vLLM's num_cached_tokens, the engine's prefix-cache hit).
                     item["completion_usage"] = {"prompt_tokens": len(prompt_ids), "completion_tokens": pos,
-                                                "total_tokens": len(prompt_ids) + pos}
+                                                "total_tokens": len(prompt_ids) + pos,
+                                                "prompt_tokens_details": {"cached_tokens": seq.cached_tokens}}
                     if self.role == "prefill":
                         item["disaggregated_params"] = {"sim_prefill": True}
                 yield item
