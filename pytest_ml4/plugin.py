@@ -268,9 +268,14 @@ def _start_sim(state: Ml4State) -> None:
         from pytest_ml4.sim.dynamo import DynamoSim as sim_class
     else:
         from pytest_ml4.sim import SimServer as sim_class
+    from pytest_ml4.tools import ToolMissing
+
     extra = {"bridge": state.dynamo_bridge} if target.is_dynamo else {}
-    sim = sim_class(target, faults=state.faults, overrides=state.overrides or None,
-                    log_file=run_dir / "sim" / "engine.log", **extra)
+    try:
+        sim = sim_class(target, faults=state.faults, overrides=state.overrides or None,
+                        log_file=run_dir / "sim" / "engine.log", **extra)
+    except ToolMissing as err:  # Dynamo not installed: one line naming the install step
+        raise pytest.UsageError(f"ml4: --sim for {target.name}: {err}") from None
     state.sim = sim
     try:
         sim.start(timeout=timeout)
