@@ -211,8 +211,15 @@ class Worker:
                        block_hashes=block_hashes(prompt_ids, self.target.engine.block_size))
         app.engine.add(seq)
         pos = 0
+        # midstream_error: the engine fails half-way; Dynamo turns the worker's error finish into its in-band error.
+        fail_at = len(reply.ids) // 2 if app.faults.has("midstream_error") else -1
         try:
             while pos < len(reply.ids):
+                if 0 < fail_at <= pos:
+                    app.engine.abort(seq)
+                    yield {"token_ids": [], "index": 0, "finish_reason": "error: simulated engine failure "
+                                                                         "(fault midstream_error)"}
+                    return
                 n = await seq.queue.get()
                 if n == 0:
                     yield {"token_ids": [], "index": 0, "finish_reason": "error: EngineDeadError"}
@@ -239,7 +246,13 @@ class Worker:
             raise
 
 
-def runtime_config(target: Target, mode: Behaviour) -> Any:
+#: Dynamo's parsers run in the frontend, configured by what the worker registers (``--dyn-tool-call-parser
+#: mistral``/``--dyn-reasoning-parser mistral`` in the seed's manifests); a parser fault leaves it unregistered.
+PARSERS = {"tool_call_parser": "tool_parser_off", "reasoning_parser": "reasoning_parser_off"}
+SEED_PARSER = "mistral"
+
+
+def runtime_config(target: Target, faults: ActiveFaults) -> Any:
     from dynamo.llm import ModelRuntimeConfig
 
     e = target.engine
@@ -247,10 +260,9 @@ def runtime_config(target: Target, mode: Behaviour) -> Any:
     rc.context_length = e.max_model_len
     rc.max_num_seqs = e.max_num_seqs
     rc.max_num_batched_tokens = e.max_num_batched_tokens
-    if e.tool_call_parser or target.is_dynamo:
-        rc.tool_call_parser = e.tool_call_parser or "mistral"
-    if e.reasoning_parser or target.is_dynamo:
-        rc.reasoning_parser = e.reasoning_parser or "mistral"
+    for field_name, fault in PARSERS.items():
+        if not faults.has(fault):
+            setattr(rc, field_name, getattr(e, field_name) or SEED_PARSER)
     # Without a token budget the frontend does not refuse an over-long prompt (real-dynamo.md "context length").
     rc.set_engine_specific("token_budget", json.dumps({"combined_limit": e.max_model_len,
                                                       "reject_prompt_overflow": True,
@@ -275,7 +287,7 @@ async def serve(runtime: Any, args: argparse.Namespace, worker: Worker) -> None:
     ep.metrics.register_prometheus_expfmt_callback(lambda: worker.app.metrics.render().decode())
     await register_llm(ModelInput.Tokens, mtype, ep, args.model_dir,
                        t.serving.served_model_name, worker_type=wtype, kv_cache_block_size=t.engine.block_size,
-                       runtime_config=runtime_config(t, worker.mode), needs=needs)
+                       runtime_config=runtime_config(t, worker.app.faults), needs=needs)
     loop = asyncio.get_running_loop()
 
     def on_sigterm() -> None:
