@@ -13,12 +13,20 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
-from pytest_ml4.targets import Target, TargetError, known_targets, load_target, parse_override, deep_merge
+from pytest_ml4.targets import (
+    Target,
+    TargetError,
+    deep_merge,
+    known_targets,
+    load_target,
+    parse_override,
+)
 
 pytest_plugins = [
     "pytest_ml4.plugin_logs",
@@ -150,7 +158,7 @@ class Ml4State:
         return self.is_worker and self.target is not None
 
     @classmethod
-    def from_config(cls, config: pytest.Config) -> "Ml4State":
+    def from_config(cls, config: pytest.Config) -> Ml4State:
         self = cls(config)
         wi = getattr(config, "workerinput", None)
         self.faults = tuple(config.getoption("ml4_faults") or ())
@@ -213,7 +221,7 @@ class Ml4State:
         return self.run_dir
 
 
-def _dynamo_bridge(config: pytest.Config, state: "Ml4State") -> bool:
+def _dynamo_bridge(config: pytest.Config, state: Ml4State) -> bool:
     """The bridge setting; turned off under --sim it makes the target describe public Dynamo 1.6.1 (through the
     normal override path, so xdist workers and the simulator's workers see the same target)."""
     from pytest_ml4.sim.dynamo_bridge import PUBLIC_VERSION
@@ -513,7 +521,11 @@ class AttachedProxy:
 
 def build_endpoint(state: Ml4State, sim: Any) -> Any:
     """The Endpoint for the session, or ``pytest.exit`` with one line saying what is missing or unreachable."""
-    from pytest_ml4.client import Endpoint, check_reachable, worker_metrics_urls_from_env
+    from pytest_ml4.client import (
+        Endpoint,
+        check_reachable,
+        worker_metrics_urls_from_env,
+    )
 
     config, t = state.config, state.target
     assert t is not None

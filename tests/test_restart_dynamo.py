@@ -10,9 +10,7 @@ One agg and one disagg deployment are started for the whole module (CI cost).
 
 from __future__ import annotations
 
-import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path

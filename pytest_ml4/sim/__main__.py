@@ -73,14 +73,20 @@ def api_key_for(target: Target) -> str | None:
     return key
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def target_and_faults(args: argparse.Namespace) -> tuple[Target, ActiveFaults]:
+    """The target (with ``--set`` overrides) and its faults from parsed CLI arguments; exits 2 after one error
+    line. Shared with the Dynamo worker (``pytest_ml4.sim.dynamo_worker``)."""
     try:
         target = load_with_overrides(args.target, args.overrides)
-        faults = ActiveFaults([*target_faults(target), *args.fault])
+        return target, ActiveFaults([*target_faults(target), *args.fault])
     except (TargetError, FaultError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise SystemExit(2) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    target, faults = target_and_faults(args)
     key = api_key_for(target)
     from pytest_ml4.sim.server import (  # aiohttp imported only once arguments are valid
         SimConfig,

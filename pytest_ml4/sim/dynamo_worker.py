@@ -23,7 +23,6 @@ import json
 import os
 import re
 import signal
-import sys
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -270,6 +269,14 @@ def runtime_config(target: Target, faults: ActiveFaults) -> Any:
     return rc
 
 
+def _write_atomically(path: str, text: str) -> None:
+    """The handle polls this file: it must never see it half-written."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
 async def serve(runtime: Any, args: argparse.Namespace, worker: Worker) -> None:
     from dynamo.llm import ModelInput, ModelType, WorkerType, register_llm
 
@@ -301,10 +308,7 @@ async def serve(runtime: Any, args: argparse.Namespace, worker: Worker) -> None:
     loop.add_signal_handler(signal.SIGINT, on_sigterm)
     runtime.set_health_status(True)
     if args.id_file:
-        tmp = args.id_file + ".tmp"
-        with open(tmp, "w") as fh:
-            fh.write(str(ep.connection_id()))
-        os.replace(tmp, args.id_file)
+        _write_atomically(args.id_file, str(ep.connection_id()))
     worker.log.raw(f"INFO dynamo worker {role} serving {t.serving.served_model_name} as {NAMESPACE}."
                    f"{COMPONENTS[role]}.generate (pid {os.getpid()}, bridge {'on' if worker.mode.bridged else 'off'})")
     await ep.serve_endpoint(worker.generate, graceful_shutdown=True)
@@ -326,17 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pytest_ml4.sim.__main__ import load_with_overrides, target_faults
-    from pytest_ml4.sim.faults import FaultError
-    from pytest_ml4.targets import TargetError
+    from pytest_ml4.sim.__main__ import target_and_faults
 
     args = build_parser().parse_args(argv)
-    try:
-        target = load_with_overrides(args.target, args.overrides)
-        faults = ActiveFaults([*target_faults(target), *args.fault])
-    except (TargetError, FaultError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    target, faults = target_and_faults(args)
     worker = Worker(target, args.role, faults, behaviour(not args.no_bridge), args.log_file)
     if worker.app is None:
         return 1
