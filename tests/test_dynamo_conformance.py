@@ -41,7 +41,7 @@ def recorded(name: str, section: int | None) -> tuple[int, str]:
     """(status, body text) of one recorded response (one ``=== ...`` section of a multi-section file)."""
     text = (TRANSCRIPTS / name).read_text()
     if section is not None:
-        text = re.split(r"^=== .*$", text, flags=re.M)[section + 1]
+        text = re.split(r"^=== .*$", text, flags=re.MULTILINE)[section + 1]
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if _STATUS.match(line)), None)
     if start is None:
