@@ -43,8 +43,11 @@ def test_worker_that_fails_to_boot_reports_command_and_log_tail(tmp_path: Path) 
     # 0.3 of GPU memory leaves no room for the KV cache (memory model): the engine never comes up.
     dsim = DynamoSim(AGG, log_file=tmp_path / "engine.log", agg_workers=1,
                      overrides={"engine": {"gpu_memory_utilization": 0.3}})
-    with pytest.raises(DynamoStartError) as exc:
-        dsim.start(timeout=60)
+    try:
+        with pytest.raises(DynamoStartError) as exc:
+            dsim.start(timeout=60)
+    finally:
+        dsim.stop()  # a start that unexpectedly succeeds must not leave processes behind
     text = str(exc.value)
     assert "Dynamo worker worker #0 exited with code 1" in text
     assert "command: " in text and "-m pytest_ml4.sim.dynamo_worker" in text and "gpu_memory_utilization" in text
