@@ -55,6 +55,9 @@ class Endpoint:
     simulated: bool = False
     proxy: bool = False
     headers: Mapping[str, str] = field(default_factory=dict, repr=False, hash=False)
+    #: Dynamo: role (``worker|prefill|decode``) -> the workers' own /metrics URLs, where the ``vllm:*`` families
+    #: live; empty when unknown (the frontend's /metrics has only ``dynamo_*``).
+    worker_metrics_urls: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if not self.base_url.rstrip("/").endswith("/v1"):
@@ -79,6 +82,10 @@ class Endpoint:
     def effective_metrics_url(self) -> str:
         return self.metrics_url or f"{self.root_url}/metrics"
 
+    def all_worker_metrics_urls(self) -> tuple[str, ...]:
+        """Every worker's /metrics URL, roles in a fixed order (empty when none is known)."""
+        return tuple(u for role in sorted(self.worker_metrics_urls) for u in self.worker_metrics_urls[role])
+
     def host_for_display(self) -> str:
         """``scheme://host:port`` without credentials, path or query: safe for report headers."""
         parts = urlsplit(self.base_url)
@@ -91,6 +98,21 @@ class Endpoint:
         if self.api_key:
             out["Authorization"] = f"Bearer {self.api_key}"
         return out
+
+
+def worker_metrics_urls_from_env(role_vars: Mapping[str, str],
+                                 environ: Mapping[str, str] | None = None) -> dict[str, tuple[str, ...]]:
+    """Role -> URLs from the variables a target names (``endpoint.worker_metrics_url_env``), comma-separated.
+
+    An unset or empty variable leaves its role out: the checks that need it skip and name the variable.
+    """
+    env = os.environ if environ is None else environ
+    out: dict[str, tuple[str, ...]] = {}
+    for role, var in role_vars.items():
+        urls = tuple(u.strip() for u in (env.get(var) or "").split(",") if u.strip())
+        if urls:
+            out[role] = urls
+    return out
 
 
 def _strip_userinfo(url: str) -> str:

@@ -97,8 +97,8 @@ def ml4_dynamo_sim(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any
     # The session's simulator is a plain engine: start the Dynamo frontend + workers for the restart suite.
     state = _state(pytestconfig)
     dsim = DynamoSim(ml4_target, faults=getattr(state, "faults", ()), overrides=getattr(state, "overrides", None)
-                     or None, log_file=ml4_run_dir / "dynamo" / os.environ.get("PYTEST_XDIST_WORKER", "main")
-                     / "engine.log")
+                     or None, bridge=getattr(state, "dynamo_bridge", True),
+                     log_file=ml4_run_dir / "dynamo" / os.environ.get("PYTEST_XDIST_WORKER", "main") / "engine.log")
     try:
         dsim.start()
     except Exception as err:  # noqa: BLE001 - the simulator's own error carries the log tail

@@ -29,6 +29,7 @@ FIXTURES_DIR = REPO_ROOT / "fixtures"
 
 HardwareFamily = Literal["rtxpro", "gb300", "vr200"]
 TopologyKind = Literal["single_node", "agg", "disagg"]
+WorkerRole = Literal["worker", "prefill", "decode"]
 
 
 class TargetError(ValueError):
@@ -117,11 +118,29 @@ class Serving(_Strict):
     dynamo_router: Literal["kv", "round_robin", "random"] | None = None
     session_affinity: bool = False
     migration_limit: int | None = None
+    #: The Dynamo release the deployment runs (its image tag); a row of fixtures/dynamo/versions.yaml.
+    dynamo_version: str | None = None
 
     @model_validator(mode="after")
     def _proxy(self) -> "Serving":
         if self.stack == "vllm+litellm" and self.proxy is None:
             raise ValueError("stack vllm+litellm needs a proxy section")
+        return self
+
+    @model_validator(mode="after")
+    def _dynamo_version(self) -> "Serving":
+        if self.stack != "dynamo+vllm":
+            if self.dynamo_version is not None:
+                raise ValueError(f"dynamo_version is only for stack dynamo+vllm, not {self.stack}")
+            return self
+        from pytest_ml4.dynamo_versions import behaviour, known_versions
+
+        if not self.dynamo_version:
+            raise ValueError("stack dynamo+vllm needs dynamo_version (the image tag, e.g. "
+                             "1.7.0-mistral-large-4-dev.1)")
+        if behaviour(self.dynamo_version) is None:
+            raise ValueError(f"dynamo_version {self.dynamo_version!r} is not in fixtures/dynamo/versions.yaml "
+                             f"(known: {', '.join(known_versions())})")
         return self
 
 
@@ -131,6 +150,9 @@ class EndpointSource(_Strict):
     requires_api_key: bool = True
     metrics_url_env: str | None = None
     default_url: str | None = None
+    #: Dynamo: the environment variable holding the workers' /metrics URLs per role (comma-separated), where the
+    #: ``vllm:*`` families live (the frontend's /metrics has only ``dynamo_*``; reference/real-dynamo.md).
+    worker_metrics_url_env: dict[WorkerRole, str] = Field(default_factory=dict)
 
 
 class Logs(_Strict):

@@ -497,7 +497,9 @@ COMPONENT_NAMES = {"frontend": "Frontend", "worker": "VllmWorker", "prefill": "V
 
 def serve_dynamo(dsim: Any, namespace: str, dgd: str) -> FakeKubeAPI:
     """Start a fake API server whose DGD ``dgd`` is the running ``DynamoSim``: one pod per process, labelled as the
-    Dynamo operator labels them (dynamo.md §2), one container ``main`` each."""
+    Dynamo operator labels them (dynamo.md §2), one container ``main`` each. Each worker pod is a real Dynamo worker
+    process behind the real ``dynamo.frontend``: deleting the pod SIGTERMs it (Dynamo deregisters and drains) and
+    starts a replacement under a new instance id, so migration and the stale-instance window are Dynamo's own."""
     api = FakeKubeAPI()
     roles: dict[str, int] = {}
     for w in dsim.workers:

@@ -90,14 +90,20 @@ def port_in_use(host: str, port: int) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def target_and_faults(args: argparse.Namespace) -> tuple[Target, ActiveFaults]:
+    """The target (with ``--set`` overrides) and its faults from parsed CLI arguments; exits 2 after one error
+    line. Shared with the Dynamo worker (``pytest_ml4.sim.dynamo_worker``)."""
     try:
         target = load_with_overrides(args.target, args.overrides)
-        faults = ActiveFaults([*target_faults(target), *args.fault])
+        return target, ActiveFaults([*target_faults(target), *args.fault])
     except (TargetError, FaultError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise SystemExit(2) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    target, faults = target_and_faults(args)
     key = api_key_for(target)
     # A standby restart (--hold-file) starts while the old engine still owns the port: it binds on release.
     busy = None if args.hold_file else port_in_use(args.host, args.port)

@@ -1,0 +1,87 @@
+"""What a Dynamo version does with Mistral Large 4's output: the table in ``fixtures/dynamo/versions.yaml``.
+
+Works without pytest::
+
+    from pytest_ml4.dynamo_versions import behaviour, image_version
+    b = behaviour("1.6.1")                      # DynamoBehaviour(mistral_v11_tool_calls_parsed=False, ...)
+    image_version("nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1")   # "1.6.1"
+
+Per-version differences live in the table, not in ``if`` chains: a suite asks ``behaviour(v).<field>``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from pytest_ml4.targets import FIXTURES_DIR
+
+VERSIONS_FILE = FIXTURES_DIR / "dynamo" / "versions.yaml"
+
+
+class DynamoVersionError(ValueError):
+    """The versions table is malformed; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class DynamoBehaviour:
+    version: str
+    public: bool
+    mistral_v11_tool_calls_parsed: bool
+    mistral_legacy_tool_calls_parsed: bool
+    mistral_parser_v2: bool
+    reasoning_split_needs_effort: bool
+    source: str
+    covers: tuple[str, ...] = ()
+
+
+_BOOL_FIELDS = ("public", "mistral_v11_tool_calls_parsed", "mistral_legacy_tool_calls_parsed", "mistral_parser_v2",
+                "reasoning_split_needs_effort")
+
+
+def _row(version: str, raw: object, path: Path) -> DynamoBehaviour:
+    if not isinstance(raw, dict):
+        raise DynamoVersionError(f"{path}: versions.{version} must be a mapping")
+    unknown = set(raw) - set(_BOOL_FIELDS) - {"source", "covers"}
+    if unknown:
+        raise DynamoVersionError(f"{path}: versions.{version}: unknown field(s) {sorted(unknown)}")
+    for name in _BOOL_FIELDS:
+        if not isinstance(raw.get(name), bool):
+            raise DynamoVersionError(f"{path}: versions.{version}.{name} must be true or false, "
+                                     f"got {raw.get(name)!r}")
+    return DynamoBehaviour(version=version, source=" ".join(str(raw.get("source", "")).split()),
+                           covers=tuple(str(c) for c in raw.get("covers") or ()),
+                           **{name: raw[name] for name in _BOOL_FIELDS})
+
+
+@lru_cache(maxsize=4)
+def load_table(path: Path = VERSIONS_FILE) -> dict[str, DynamoBehaviour]:
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("versions"), dict):
+        raise DynamoVersionError(f"{path}: top level needs a 'versions' mapping")
+    return {str(v): _row(str(v), raw, path) for v, raw in data["versions"].items()}
+
+
+def behaviour(version: str, path: Path = VERSIONS_FILE) -> DynamoBehaviour | None:
+    """The row for ``version`` (exact key first, then a row whose ``covers`` pattern matches); None if unknown."""
+    table = load_table(path)
+    if version in table:
+        return table[version]
+    return next((row for row in table.values() if any(fnmatch.fnmatchcase(version, c) for c in row.covers)), None)
+
+
+def known_versions(path: Path = VERSIONS_FILE) -> list[str]:
+    return sorted(load_table(path))
+
+
+def image_version(image: str | None) -> str | None:
+    """The tag of a container image reference (``repo/name:TAG[@digest]``), or None when it has no tag."""
+    if not image:
+        return None
+    ref = image.split("@", 1)[0]
+    last = ref.rsplit("/", 1)[-1]
+    return last.split(":", 1)[1] if ":" in last else None
