@@ -1,18 +1,26 @@
 """The suites' Dynamo expectations (issue 12 items 6, 8; issue 14 items 2, 3), checked against the recorded real
-Dynamo 1.6.1 answers in ../shared/reference/real-dynamo-1.6.1-transcripts/ and small scripted transports.
+Dynamo 1.6.1 answers (fixtures/transcripts/real-dynamo-1.6.1/, copied from the reference) and small scripted
+transports.
 
 No simulator and no Dynamo process: every request goes through ``httpx.MockTransport``.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+import yaml
 
+from pytest_ml4.checks.expected import Expected, check_answer, expected_for
 from pytest_ml4.client import Endpoint, worker_metrics_urls_from_env
+from pytest_ml4.control.dynamo import worker_instance_ids
 from pytest_ml4.dynamo_versions import behaviour, image_version, load_table
-from pytest_ml4.targets import TargetError, load_target
+from pytest_ml4.targets import FIXTURES_DIR, TargetError, load_target
 
 DYNAMO_TARGETS = ("gb300-agg", "gb300-disagg", "vr200-agg", "vr200-disagg")
 
@@ -74,3 +82,101 @@ def test_worker_metrics_urls_from_env() -> None:
     assert ep.all_worker_metrics_urls() == urls["prefill"]
     with pytest.raises(TargetError, match="worker_metrics_url_env"):
         load_target("gb300-agg", overrides={"endpoint": {"worker_metrics_url_env": {"frontend": "X"}}})
+
+
+# ------------------------------------------------------------------------------- error answers per stack
+#: Verbatim copies of ../shared/reference/real-dynamo-1.6.1-transcripts/ (see its README for provenance).
+REF = FIXTURES_DIR / "transcripts" / "real-dynamo-1.6.1"
+REQ = httpx.Request("POST", "http://fe:8000/v1/chat/completions")
+
+
+def recorded(name: str, block: int = 0) -> httpx.Response:
+    """The ``block``-th HTTP answer recorded in a transcript (status line, headers, blank line, body)."""
+    text = (REF / name).read_text()
+    answers = re.findall(r"HTTP/1\.1 (\d{3})[^\n]*\n(.*?)\n\n(.*?)(?:\[(?:curl )?exit=\d+\]|\n===|\Z)", text, re.DOTALL)
+    status, head, body = answers[block]
+    headers = dict(line.split(": ", 1) for line in head.splitlines() if ": " in line)
+    headers.pop("transfer-encoding", None)
+    headers.pop("content-length", None)
+    return httpx.Response(int(status), headers=headers, content=body.strip().encode(), request=REQ)
+
+
+def flat(status: int, message: str, kind: str = "Bad Request") -> httpx.Response:
+    return httpx.Response(status, json={"message": message, "type": kind, "code": status}, request=REQ)
+
+
+def row(file: Path, stack: str, case: str) -> Expected:
+    data = yaml.safe_load(file.read_text())
+    table = data["errors"] if file.name == "smoke.yaml" else data["errors"]["expect"]
+    return expected_for(table, stack, case, file)
+
+
+SMOKE, TOOLS, REASONING = (FIXTURES_DIR / "smoke" / "smoke.yaml", FIXTURES_DIR / "prompts" / "tools.yaml",
+                           FIXTURES_DIR / "prompts" / "reasoning.yaml")
+# What real Dynamo 1.6.1 said (transcripts), or its validation texts (reference/real-dynamo.md, the 1.6.1 binary).
+DYNAMO_ANSWERS = [
+    (SMOKE, "unknown_model", lambda: recorded("mocker/14_bad_model.txt")),
+    (SMOKE, "unknown_model", lambda: recorded("mocker/21_bad_model_stream.txt")),
+    (SMOKE, "prompt_too_long", lambda: recorded("python-worker/45_q4_context_length_token_budget.txt")),
+    (TOOLS, "tool_choice_without_tools", lambda: flat(400, 'Validation: tool_choice is "required" but tools is empty')),
+    (TOOLS, "empty_tools", lambda: flat(400, "Validation: tools array cannot be empty; omit the field entirely to "
+                                             "disable tool use")),
+    (TOOLS, "unknown_named_tool", lambda: flat(400, 'Validation: tool named "book_hotel" in tool_choice is not '
+                                                    'present in tools')),
+    (REASONING, "unsupported_effort", lambda: flat(400, "unknown variant `extreme`, expected one of `none`, "
+                                                        "`minimal`, `low`, `medium`, `high`, `xhigh`, `max`")),
+]
+
+
+@pytest.mark.parametrize("file, case, answer", DYNAMO_ANSWERS, ids=[f"{f.stem}-{c}" for f, c, _ in DYNAMO_ANSWERS])
+def test_dynamo_rows_accept_what_real_dynamo_answers(file: Path, case: str, answer: Any) -> None:
+    check_answer(answer(), row(file, "dynamo+vllm", case), case)
+
+
+@pytest.mark.parametrize("file, case, answer", DYNAMO_ANSWERS, ids=[f"{f.stem}-{c}" for f, c, _ in DYNAMO_ANSWERS])
+def test_vllm_rows_refuse_dynamos_answers(file: Path, case: str, answer: Any) -> None:
+    """The old false positives: vLLM's wording and shape are not what Dynamo says."""
+    with pytest.raises(AssertionError):
+        check_answer(answer(), row(file, "vllm", case), case)
+
+
+def test_unknown_model_match_is_case_insensitive_and_the_shape_is_checked() -> None:
+    expected = row(SMOKE, "dynamo+vllm", "unknown_model")
+    check_answer(flat(404, "MODEL NOT FOUND", "Not Found"), expected, "x")
+    nested = httpx.Response(404, json={"error": {"message": "Model not found: no-such-model", "type": "Not Found",
+                                                 "code": 404}}, request=REQ)
+    with pytest.raises(AssertionError, match="flat"):
+        check_answer(nested, expected, "x")
+    with pytest.raises(AssertionError, match="HTTP 400, expected 404"):
+        check_answer(flat(400, "Model not found"), expected, "x")
+
+
+def test_over_long_prompt_without_a_token_budget_is_reported_as_that_deviation() -> None:
+    expected = row(SMOKE, "dynamo+vllm", "prompt_too_long")
+    mocker_500 = flat(500, "Internal server error", "Internal Server Error")
+    with pytest.raises(AssertionError, match="no token budget.*the stack said.*Internal server error"):
+        check_answer(mocker_500, expected, "over-long prompt")
+    with pytest.raises(AssertionError, match="enforced no context length"):
+        check_answer(recorded("python-worker/44_q4_context_length.txt"), expected, "over-long prompt")
+
+
+def test_chat_template_kwargs_is_served_on_dynamo_and_refused_on_vllm() -> None:
+    ok = httpx.Response(200, json={"choices": [{"message": {"content": "132"}}]}, request=REQ)
+    check_answer(ok, row(REASONING, "dynamo+vllm", "chat_template_kwargs"), "x")
+    with pytest.raises(AssertionError, match="accepted"):
+        check_answer(ok, row(REASONING, "vllm", "chat_template_kwargs"), "x")
+    with pytest.raises(AssertionError, match="expected 200"):
+        check_answer(flat(400, "nope"), row(REASONING, "dynamo+vllm", "chat_template_kwargs"), "x")
+
+
+def test_litellm_inherits_vllm_rows_and_overrides_its_own() -> None:
+    assert row(TOOLS, "vllm+litellm", "empty_tools") == row(TOOLS, "vllm", "empty_tools")
+    assert row(TOOLS, "vllm+litellm", "tool_choice_without_tools").accepted
+    with pytest.raises(ValueError, match="no expectation for case 'nope'"):
+        row(TOOLS, "vllm+litellm", "nope")
+
+
+def test_health_readiness_counts_generate_instances_only() -> None:
+    body = json.loads(recorded("mocker/01_health.txt").text)
+    assert worker_instance_ids(body) == {5470118659194256688}
+    assert worker_instance_ids(json.loads(recorded("mocker/68_no_workers_health.txt").text)) == set()

@@ -111,6 +111,14 @@ def check_prefix_reuse(turns: list[Turn]) -> int:
     return last.cached_tokens
 
 
+def worker_instance_ids(health: Any) -> set[Any]:
+    """The worker instances a frontend ``/health`` body lists: one per worker, on its ``generate`` endpoint (real
+    Dynamo lists each worker once per endpoint it serves, e.g. also ``worker_kv_query_source_*``)."""
+    instances = health.get("instances") if isinstance(health, dict) else None
+    return {i.get("instance_id") for i in instances or [] if isinstance(i, dict)
+            and i.get("endpoint", "generate") == "generate"}
+
+
 def frontend_instances(root_url: str) -> list[dict[str, Any]]:
     """The worker instances the frontend's ``/health`` lists (empty when it is not healthy)."""
     try:
