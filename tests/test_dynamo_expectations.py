@@ -17,9 +17,15 @@ import pytest
 import yaml
 
 from pytest_ml4.checks.expected import Expected, check_answer, expected_for
+from pytest_ml4.checks.tools import assert_tool_choice_obeyed
 from pytest_ml4.client import Endpoint, worker_metrics_urls_from_env
 from pytest_ml4.control.dynamo import worker_instance_ids
-from pytest_ml4.dynamo_versions import behaviour, image_version, load_table
+from pytest_ml4.dynamo_versions import (
+    behaviour,
+    image_version,
+    load_table,
+    tool_call_drop_cause,
+)
 from pytest_ml4.targets import FIXTURES_DIR, TargetError, load_target
 
 DYNAMO_TARGETS = ("gb300-agg", "gb300-disagg", "vr200-agg", "vr200-disagg")
@@ -180,3 +186,30 @@ def test_health_readiness_counts_generate_instances_only() -> None:
     body = json.loads(recorded("mocker/01_health.txt").text)
     assert worker_instance_ids(body) == {5470118659194256688}
     assert worker_instance_ids(json.loads(recorded("mocker/68_no_workers_health.txt").text)) == set()
+
+
+# ------------------------------------------------------------------------ tools on a Dynamo that drops v11
+def _dropped_v11_message() -> tuple[dict[str, Any], str]:
+    """What real Dynamo 1.6.1 returned for a worker that emitted ``[TOOL_CALLS]get_weather[ARGS]{...}``."""
+    text = (REF / "python-worker" / "30_auto_tool_v11_unary_noeffort.txt").read_text()
+    body = json.loads(text.split("HTTP 200\n", 1)[1])
+    return body["choices"][0]["message"], body["choices"][0]["finish_reason"]
+
+
+def test_tools_failure_names_the_dynamo_version_that_drops_the_v11_form() -> None:
+    message, finish = _dropped_v11_message()
+    cause = tool_call_drop_cause(load_target("gb300-agg", overrides={"serving": {"dynamo_version": "1.6.1"}})
+                                 .serving.dynamo_version)
+    assert cause is not None
+    with pytest.raises(AssertionError) as info:
+        assert_tool_choice_obeyed("auto", message, finish, "get_weather", "x", no_call_cause=cause)
+    text = str(info.value)
+    assert "Dynamo 1.6.1" in text and "[TOOL_CALLS]name[ARGS]" in text and "not enabled?" not in text
+    assert "1.7.0-mistral-large-4-dev.1" in text, "the fix names a version that parses the form"
+
+
+def test_no_cause_where_the_version_parses_the_v11_form() -> None:
+    assert tool_call_drop_cause("1.7.0-mistral-large-4-dev.1") is None
+    message, finish = _dropped_v11_message()
+    with pytest.raises(AssertionError, match="tool parser off or not enabled"):
+        assert_tool_choice_obeyed("auto", message, finish, "get_weather", "x", no_call_cause=None)

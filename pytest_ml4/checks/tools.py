@@ -99,11 +99,14 @@ def named(tool: str) -> dict[str, Any]:
 
 
 def assert_tool_choice_obeyed(tool_choice: Any, message: Mapping[str, Any], finish_reason: str | None,
-                              expect_tool: str | None, where: str, via_litellm: bool = False) -> None:
+                              expect_tool: str | None, where: str, via_litellm: bool = False,
+                              no_call_cause: str | None = None) -> None:
     """The calls, content and finish_reason that ``tool_choice`` requires (vllm.md §4.4, §4.6).
 
     ``via_litellm``: LiteLLM 1.108.7 (observed in front of the simulator) reports ``tool_calls`` instead of
     vLLM's ``stop`` for a named choice when not streaming; that proxy rewrite is tolerated, nothing else.
+    ``no_call_cause``: what a missing tool call means on this stack when it is known (a serving release whose
+    parser drops the model's call format), said instead of the generic parser hint.
     """
     calls = message.get("tool_calls") or []
     names = [(c.get("function") or {}).get("name") for c in calls]
@@ -113,7 +116,8 @@ def assert_tool_choice_obeyed(tool_choice: Any, message: Mapping[str, Any], fini
         assert content, f"{where}: tool_choice 'none' gave no content"
     else:
         label = json.dumps(tool_choice) if isinstance(tool_choice, Mapping) else repr(tool_choice)
-        assert calls, (f"{where}: tool_choice {label} but no tool call came back (tool parser off or not enabled?); "
+        hint = no_call_cause or "tool parser off or not enabled?"
+        assert calls, (f"{where}: tool_choice {label} but no tool call came back ({hint}); "
                        f"content: {quote_body(str(content))}")
         if expect_tool is not None:
             assert set(names) == {expect_tool}, f"{where}: tool_choice {label} should call {expect_tool!r}, got {names}"
