@@ -213,3 +213,18 @@ def test_no_cause_where_the_version_parses_the_v11_form() -> None:
     message, finish = _dropped_v11_message()
     with pytest.raises(AssertionError, match="tool parser off or not enabled"):
         assert_tool_choice_obeyed("auto", message, finish, "get_weather", "x", no_call_cause=None)
+
+
+# ---------------------------------------------------------------------- preflight: DYN_PARSER_VERSION=2
+@pytest.mark.parametrize("name", ["gb300-disagg", "vr200-agg"])
+def test_seed_manifests_on_a_public_1_6_image_are_never_served(name: str, tmp_path: Path) -> None:
+    """The seed's own manifests pass; the same files on the public 1.6.1 image are flagged on every frontend."""
+    from pytest_ml4.preflight import lint_paths
+
+    target = load_target(name)
+    deploy = target.resolve(next(m for m in target.manifests if m.endswith("deploy.yaml")))
+    assert not lint_paths([deploy], target=target).by_rule("dynamo-parser-v2-unserved")
+    public = tmp_path / "deploy.yaml"
+    public.write_text(deploy.read_text().replace("vllm-runtime:1.7.0-mistral-large-4-dev.1", "vllm-runtime:1.6.1"))
+    findings = lint_paths([public], target=target).by_rule("dynamo-parser-v2-unserved")
+    assert findings and all("Dynamo 1.6.1" in f.message and f.severity.value == "error" for f in findings)
