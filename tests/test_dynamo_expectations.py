@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from pytest_ml4.dynamo_versions import (
     load_table,
     tool_call_drop_cause,
 )
-from pytest_ml4.targets import FIXTURES_DIR, TargetError, load_target
+from pytest_ml4.targets import FIXTURES_DIR, REPO_ROOT, TargetError, load_target
 
 DYNAMO_TARGETS = ("gb300-agg", "gb300-disagg", "vr200-agg", "vr200-disagg")
 
@@ -228,3 +229,31 @@ def test_seed_manifests_on_a_public_1_6_image_are_never_served(name: str, tmp_pa
     public.write_text(deploy.read_text().replace("vllm-runtime:1.7.0-mistral-large-4-dev.1", "vllm-runtime:1.6.1"))
     findings = lint_paths([public], target=target).by_rule("dynamo-parser-v2-unserved")
     assert findings and all("Dynamo 1.6.1" in f.message and f.severity.value == "error" for f in findings)
+
+
+# ------------------------------------------------------------------------ vllm:* metrics live on the workers
+def _kv_suite() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ml4_kv_suite", REPO_ROOT / "suites" / "test_kv_cache.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_kv_cross_checks_read_the_workers_and_name_the_missing_field() -> None:
+    kv = _kv_suite()
+    disagg = load_target("gb300-disagg")
+    live = Endpoint("http://fe:8000/v1", worker_metrics_urls={"prefill": ("http://p:1/metrics",),
+                                                              "decode": ("http://d0:1/metrics", "http://d1:1/metrics")})
+    m = kv.EngineMetrics.of(live, disagg)
+    assert m.missing is None and "http://fe:8000/metrics" not in m.urls
+    assert set(m.urls) == {"http://p:1/metrics", "http://d0:1/metrics", "http://d1:1/metrics"}
+    assert m.engine_urls == ("http://d0:1/metrics", "http://d1:1/metrics")
+    unknown = kv.EngineMetrics.of(Endpoint("http://fe:8000/v1"), disagg)
+    assert unknown.urls == () and "ML4_GB300_DISAGG_DECODE_METRICS" in unknown.missing
+    assert "endpoint.worker_metrics_url_env" in unknown.missing
+    vllm = kv.EngineMetrics.of(Endpoint("http://e:8000/v1"), load_target("rtxpro6000-tp8"))
+    assert vllm.urls == ("http://e:8000/metrics",) and vllm.missing is None
