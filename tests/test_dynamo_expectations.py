@@ -20,7 +20,15 @@ import yaml
 from pytest_ml4.checks.expected import Expected, check_answer, expected_for
 from pytest_ml4.checks.tools import assert_tool_choice_obeyed
 from pytest_ml4.client import Endpoint, worker_metrics_urls_from_env
-from pytest_ml4.control.dynamo import worker_instance_ids
+from pytest_ml4.control.dynamo import (
+    AffinityInconclusive,
+    Turn,
+    check_affinity,
+    check_prefix_reuse,
+    run_affinity_probe,
+    run_conversation,
+    worker_instance_ids,
+)
 from pytest_ml4.dynamo_versions import (
     behaviour,
     image_version,
@@ -257,3 +265,128 @@ def test_kv_cross_checks_read_the_workers_and_name_the_missing_field() -> None:
     assert "endpoint.worker_metrics_url_env" in unknown.missing
     vllm = kv.EngineMetrics.of(Endpoint("http://e:8000/v1"), load_target("rtxpro6000-tp8"))
     assert vllm.urls == ("http://e:8000/metrics",) and vllm.missing is None
+
+
+# --------------------------------------------------- session affinity and prefix reuse (issue 14 items 2, 3)
+class FakeFrontend:
+    """A Dynamo frontend in front of two workers, as far as the affinity and prefix checks can see it: KV routing
+    by cached-prefix overlap (4-word blocks, hashes chained like a KV cache), optional session affinity, the
+    worker-pin header, and the router's cached_tokens / kv_hit_rate (or a fabricated clamped figure)."""
+
+    BLOCK = 4
+
+    def __init__(self, affinity: bool = True, kv_routing: bool = True, honour_pin: bool = True,
+                 fabricated: bool = False) -> None:
+        self.affinity, self.kv_routing, self.honour_pin, self.fabricated = affinity, kv_routing, honour_pin, fabricated
+        self.workers = [101, 202]
+        self.cache: dict[int, set[int]] = {w: set() for w in self.workers}
+        self.sessions: dict[str, int] = {}
+
+    def blocks(self, words: list[str]) -> list[int]:
+        out, parent = [], 0
+        for i in range(0, len(words) - len(words) % self.BLOCK, self.BLOCK):
+            parent = hash((parent, tuple(words[i:i + self.BLOCK])))
+            out.append(parent)
+        return out
+
+    def overlap(self, worker: int, blocks: list[int]) -> int:
+        return next((i for i, b in enumerate(blocks) if b not in self.cache[worker]), len(blocks))
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200, json={"status": "healthy", "instances": [
+                {"component": "backend", "endpoint": "generate", "instance_id": w} for w in self.workers]})
+        body = json.loads(request.content)
+        words = " ".join(m["content"] for m in body["messages"]).split()
+        blocks = self.blocks(words)
+        session, pin = request.headers.get("x-dynamo-session-id"), request.headers.get("x-dynamo-worker-instance-id")
+        if pin and self.honour_pin:
+            worker = int(pin)
+        elif self.affinity and session in self.sessions:
+            worker = self.sessions[session]
+        elif self.kv_routing:
+            worker = max(self.workers, key=lambda w: self.overlap(w, blocks))  # ties: the first worker
+        else:
+            worker = self.workers[0]
+        if self.affinity and session:
+            self.sessions.setdefault(session, worker)
+        hit = self.overlap(worker, blocks)
+        self.cache[worker].update(blocks)
+        cached = min(len(words) - 1, 16) if self.fabricated else hit * self.BLOCK
+        rate = round(hit / max(1, -(-len(words) // self.BLOCK)), 2)
+        return httpx.Response(200, json={
+            "choices": [{"message": {"content": "42"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": len(words), "completion_tokens": 1,
+                      "prompt_tokens_details": {"cached_tokens": cached}},
+            "nvext": {"worker_id": {"prefill_worker_id": worker, "decode_worker_id": worker},
+                      "timing": {"kv_hit_rate": rate}}})
+
+
+RESTART = yaml.safe_load((FIXTURES_DIR / "restart" / "requests.yaml").read_text())
+FRONT = Endpoint("http://fe:8000/v1", model="mistral-large-4")
+
+
+def fake(**kw: bool) -> tuple[httpx.Client, FakeFrontend]:
+    frontend = FakeFrontend(**kw)
+    return httpx.Client(transport=httpx.MockTransport(frontend), base_url=FRONT.base_url + "/"), frontend
+
+
+def test_shared_prefix_turns_stay_together_without_affinity_so_they_prove_nothing() -> None:
+    """Why the old check could not fail: KV routing alone co-locates continuation turns."""
+    http, _ = fake(affinity=False)
+    turns = run_conversation(FRONT, RESTART["conversation"], http=http)
+    assert len({t.decode_worker for t in turns}) == 1
+
+
+def test_affinity_check_passes_with_affinity_and_fails_without() -> None:
+    http, _ = fake(affinity=True)
+    run = run_affinity_probe(FRONT, RESTART["affinity"], http=http)
+    assert check_affinity(run) == run.turns[0].decode_worker
+    http, _ = fake(affinity=False)
+    with pytest.raises(AssertionError, match="session affinity is off") as info:
+        check_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http))
+    assert not isinstance(info.value, AffinityInconclusive)
+
+
+@pytest.mark.parametrize("kw, why", [({"kv_routing": False}, "does not follow cached prefixes"),
+                                     ({"honour_pin": False}, "not honoured")])
+def test_affinity_check_says_when_it_cannot_tell(kw: dict[str, bool], why: str) -> None:
+    http, _ = fake(**kw)
+    with pytest.raises(AffinityInconclusive, match=why):
+        check_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http))
+
+
+def test_affinity_needs_two_decode_workers() -> None:
+    http, frontend = fake()
+    frontend.workers = [101]
+    assert "1 decode worker" in (run_affinity_probe(FRONT, RESTART["affinity"], http=http).not_applicable or "")
+
+
+def test_prefix_reuse_passes_on_router_figures_and_fails_on_fabricated_ones() -> None:
+    http, _ = fake()
+    turns = run_conversation(FRONT, RESTART["conversation"], http=http)
+    assert check_prefix_reuse(turns, FakeFrontend.BLOCK) >= turns[0].prompt_tokens - 2 * FakeFrontend.BLOCK
+    http, _ = fake(fabricated=True)
+    with pytest.raises(AssertionError, match="never-seen prefix yet reports"):
+        check_prefix_reuse(run_conversation(FRONT, RESTART["conversation"], http=http), FakeFrontend.BLOCK)
+
+
+def test_prefix_reuse_fails_without_reuse_or_with_a_hit_rate_that_disagrees() -> None:
+    cold = Turn(200, "42", {"decode_worker_id": 1}, 782, 0, kv_hit_rate=0.0, label="turn 1")
+    # 70_kv_routing.txt: a 782-token prompt again on the same worker: 768 cached, kv_hit_rate 0.92 (12/13 blocks).
+    warm = Turn(200, "42", {"decode_worker_id": 1}, 782, 768, kv_hit_rate=0.92, label="turn 2")
+    assert check_prefix_reuse([cold, warm], 64) == 768
+    with pytest.raises(AssertionError, match="no prefix reuse"):
+        check_prefix_reuse([cold, Turn(200, "42", {"decode_worker_id": 2}, 800, 0, kv_hit_rate=0.0)], 64)
+    with pytest.raises(AssertionError, match="kv_hit_rate 0.5 disagrees"):
+        check_prefix_reuse([cold, Turn(200, "42", {"decode_worker_id": 1}, 782, 768, kv_hit_rate=0.5)], 64)
+    with pytest.raises(AssertionError, match="768 cached tokens of a 700-token prompt"):
+        check_prefix_reuse([cold, Turn(200, "42", {"decode_worker_id": 1}, 700, 768)], 64)
+
+
+def test_recorded_kv_routing_figures_fit_the_hit_rate_rule() -> None:
+    text = (REF / "mocker" / "70_kv_routing.txt").read_text()
+    rows = re.findall(r"'prompt_tokens': (\d+).*?'cached_tokens': (\d+).*?'kv_hit_rate': ([\d.]+)", text)
+    assert len(rows) == 6
+    for prompt, cached, rate in rows:
+        assert abs(float(rate) - (int(cached) // 64) / -(-int(prompt) // 64)) <= 0.02
