@@ -390,3 +390,22 @@ def test_recorded_kv_routing_figures_fit_the_hit_rate_rule() -> None:
     assert len(rows) == 6
     for prompt, cached, rate in rows:
         assert abs(float(rate) - (int(cached) // 64) / -(-int(prompt) // 64)) <= 0.02
+
+
+# ------------------------------------------------------------- OSL engine counter on live runs (issue 14 item 4)
+def test_osl_engine_counter_runs_on_a_live_endpoint(pytester: pytest.Pytester, tmp_path: Path,
+                                                    rtx_api_key: str) -> None:
+    """``--endpoint`` at a running engine (no ``--sim``, no metrics variable): the counter is still read, at the
+    endpoint's own /metrics (it used to need ``metrics_url``, which only ``--sim`` set)."""
+    from pytest_ml4.sim import SimServer
+
+    target = load_target("rtxpro6000-tp8")
+    with SimServer(target, overrides={"sim": {"ttft_s": 0.005, "itl_ms": 0.2}}, log_file=tmp_path / "e.log") as sim:
+        result = pytester.runpytest_subprocess(
+            str(REPO_ROOT / "suites" / "test_osl.py"), "--target", "rtxpro6000-tp8", "--endpoint", sim.base_url,
+            "--ml4-no-proxy", "--ml4-log-file", str(tmp_path / "e.log"), "-k", "streamed_token_count", "-s",
+            "--ml4-reports", str(tmp_path / "reports"), timeout=240)
+        port = sim.url.rsplit(":", 1)[1]
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"*engine token counter: 768 tokens generated (vllm:generation_tokens_total at "
+                                 f"http://127.0.0.1:{port}/metrics)*"])
