@@ -85,6 +85,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="talk to the engine behind the target's proxy directly: under --sim no LiteLLM proxy is "
                          "started; live, --endpoint must be the engine's URL. Checks that count on the proxy are "
                          "skipped (ini: ml4_no_proxy)")
+    group.addoption("--ml4-dynamo-bridge", dest="ml4_dynamo_bridge", action="store_true", default=None,
+                    help="under --sim, bridge public Dynamo 1.6.1 to the seed's image (Mistral tool/reasoning "
+                         "parsing; pytest_ml4/sim/dynamo_bridge.py); the default (ini: ml4_dynamo_bridge)")
+    group.addoption("--ml4-no-dynamo-bridge", dest="ml4_dynamo_bridge", action="store_false",
+                    help="under --sim, run Dynamo targets exactly as public Dynamo 1.6.1 behaves with the seed's "
+                         "model output (serving.dynamo_version becomes 1.6.1)")
     group.addoption("--sim-start-timeout", dest="ml4_sim_timeout", type=float, default=None, metavar="S",
                     help="seconds to wait for the simulator to become healthy (ini: ml4_sim_start_timeout)")
     parser.addini("ml4_target", "default deployment target (name or path)", default=None)
@@ -92,6 +98,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("ml4_reports", "folder for per-run artifact folders", default="reports")
     parser.addini("ml4_no_proxy", "bypass the target's proxy (see --ml4-no-proxy)", type="bool", default=False)
     parser.addini("ml4_sim_start_timeout", "seconds to wait for the simulator", default="60")
+    parser.addini("ml4_dynamo_bridge", "bridge Dynamo 1.6.1 to the seed's image under --sim (see "
+                  "--ml4-no-dynamo-bridge)", type="bool", default=True)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -121,6 +129,7 @@ class Ml4State:
         self.use_sim: bool = False
         self.declared_target: Target | None = None  # as its YAML says (target: its engine view, --ml4-no-proxy)
         self.faults: tuple[str, ...] = ()
+        self.dynamo_bridge: bool = True
         self.run_dir: Path | None = None
         self.sim: Any = None            # SimServer (controller) or None
         self.sim_info: dict[str, Any] | None = None
@@ -165,6 +174,7 @@ class Ml4State:
                 raise pytest.UsageError(f"--target: {err}") from None
         elif self.use_sim:
             raise pytest.UsageError(f"--sim needs --target; known targets: {', '.join(known_targets())}")
+        self.dynamo_bridge = _dynamo_bridge(config, self)
         self.declared_target = self.target
         if _opt(config, "ml4_no_proxy", "ml4_no_proxy") and self.target is not None:
             _check_no_proxy(self.target, self.use_sim, config.getoption("ml4_endpoint"))
@@ -203,6 +213,25 @@ class Ml4State:
         return self.run_dir
 
 
+def _dynamo_bridge(config: pytest.Config, state: "Ml4State") -> bool:
+    """The bridge setting; turned off under --sim it makes the target describe public Dynamo 1.6.1 (through the
+    normal override path, so xdist workers and the simulator's workers see the same target)."""
+    from pytest_ml4.sim.dynamo_bridge import PUBLIC_VERSION
+
+    bridge = _opt(config, "ml4_dynamo_bridge", "ml4_dynamo_bridge")
+    if config.getoption("ml4_dynamo_bridge") is None or bridge:
+        return True if bridge is None else bool(bridge)
+    if not state.use_sim:
+        raise pytest.UsageError("--ml4-no-dynamo-bridge needs --sim: it changes the embedded Dynamo deployment")
+    if state.target is not None and not state.target.is_dynamo:
+        raise pytest.UsageError(f"--ml4-no-dynamo-bridge: target {state.target.name} is not served by Dynamo "
+                                f"({state.target.serving.stack})")
+    if state.target is not None:
+        state.overrides = deep_merge(state.overrides, {"serving": {"dynamo_version": PUBLIC_VERSION}})
+        state.target = load_target(state.target.path or state.target.name, overrides=state.overrides)
+    return False
+
+
 def _check_no_proxy(target: Target, use_sim: bool, endpoint: str | None) -> None:
     if not target.has_proxy:
         raise pytest.UsageError(f"--ml4-no-proxy: target {target.name} has no proxy in front of its engine "
@@ -239,21 +268,28 @@ def _start_sim(state: Ml4State) -> None:
         from pytest_ml4.sim.dynamo import DynamoSim as sim_class
     else:
         from pytest_ml4.sim import SimServer as sim_class
+    extra = {"bridge": state.dynamo_bridge} if target.is_dynamo else {}
     sim = sim_class(target, faults=state.faults, overrides=state.overrides or None,
-                    log_file=run_dir / "sim" / "engine.log")
+                    log_file=run_dir / "sim" / "engine.log", **extra)
     state.sim = sim
     try:
         sim.start(timeout=timeout)
     except Exception as err:  # the simulator's own error carries the log tail
         from pytest_ml4.logs import start_failure_summary
+        from pytest_ml4.sim.dynamo import DynamoStartError
 
         sim.stop()
+        if isinstance(err, DynamoStartError):  # command + log tail of the Dynamo process that failed
+            raise pytest.UsageError(f"ml4: the Dynamo deployment for target {target.name} did not start: "
+                                    f"{err}") from None
         # The refusal/OOM line first: a long traceback after it can push it out of the tail.
         if not Path(sim.log_file).exists():
             raise pytest.UsageError(f"ml4: the simulator for target {target.name} did not start: {err}") from None
         raise pytest.UsageError(f"ml4: the simulator for target {target.name} did not start\n"
                                 f"{start_failure_summary(sim.log_file)}") from None
     state.sim_info = {"url": sim.url, "base_url": sim.base_url, "log_file": str(sim.log_file), "pid": sim.pid}
+    if target.is_dynamo:
+        state.sim_info.update(dynamo=sim.info(), worker_metrics_urls=sim.worker_metrics_urls)
     if target.has_proxy:
         _start_proxy(state, sim, run_dir)
 
@@ -345,6 +381,12 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         mode = "live" + direct
     lines = [f"ml4: target {t.name} ({t.hardware.count}x {t.hardware.gpu}, {t.topology.kind}, {t.serving.stack})",
              f"ml4: endpoint {host} [{mode}]"]
+    dyn = (state.sim_info or {}).get("dynamo")
+    if dyn:
+        fe = dyn["frontend"]
+        lines.append(f"ml4: real dynamo.frontend {fe['dynamo_version']} (pid {fe['pid']}, bridge "
+                     f"{'on' if dyn['bridge'] else 'off'}) + {len(dyn['workers'])} Dynamo workers: "
+                     f"{' '.join(fe['command'][1:])}")
     if state.run_dir:
         lines.append(f"ml4: artifacts {state.run_dir}")
     return lines
@@ -444,8 +486,11 @@ def ml4_sim(pytestconfig: pytest.Config, ml4_target: Target) -> Any:
 class AttachedSim:
     """A simulator started by the xdist controller, seen from a worker: where it is, not how to own it."""
 
-    def __init__(self, url: str, base_url: str, log_file: str, pid: int) -> None:
+    def __init__(self, url: str, base_url: str, log_file: str, pid: int, dynamo: dict[str, Any] | None = None,
+                 worker_metrics_urls: dict[str, list[str]] | None = None) -> None:
         self.url, self.base_url, self.log_file, self.pid = url, base_url, Path(log_file), pid
+        self.dynamo = dynamo
+        self.worker_metrics_urls = {role: tuple(urls) for role, urls in (worker_metrics_urls or {}).items()}
 
     def __repr__(self) -> str:
         return f"AttachedSim({self.url}, pid={self.pid})"
@@ -488,7 +533,8 @@ def build_endpoint(state: Ml4State, sim: Any) -> Any:
     elif sim is not None:
         metrics_url = sim.url + "/metrics"
     # Live runs: the workers' /metrics from the variables the target names (the simulator fills its own).
-    worker_metrics = worker_metrics_urls_from_env(t.endpoint.worker_metrics_url_env) if sim is None else {}
+    worker_metrics = (worker_metrics_urls_from_env(t.endpoint.worker_metrics_url_env) if sim is None
+                      else dict(getattr(sim, "worker_metrics_urls", None) or {}))
     ep = Endpoint(base_url=base_url, api_key=api_key or "", model=t.serving.served_model_name,
                   metrics_url=metrics_url, simulated=state.use_sim, proxy=via_proxy or (sim is None and t.has_proxy),
                   worker_metrics_urls=worker_metrics)

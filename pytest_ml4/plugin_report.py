@@ -354,6 +354,11 @@ def _versions(state: Any) -> dict[str, str]:
         if state.config.getoption("ml4_endpoint"):
             urls.insert(0, state.config.getoption("ml4_endpoint"))
     reported = engine_version(urls) if urls else None
+    dyn = (state.sim_info or {}).get("dynamo")
+    if dyn:  # a real dynamo.frontend served the run (pytest_ml4.sim.dynamo)
+        out["dynamo_frontend"] = dyn["frontend"]["dynamo_version"]
+        out["dynamo_frontend_command"] = " ".join(dyn["frontend"]["command"][1:])
+        out["dynamo_bridge"] = "on" if dyn["bridge"] else "off"
     out["engine"] = reported or target.engine.version
     if reported:
         out["engine_reported"] = reported

@@ -51,3 +51,31 @@ def tiktoken_cache_dir(required: bool = True) -> Path:
     if required and not (cache / O200K_CACHE_NAME).is_file():
         raise ToolMissing(f"tiktoken o200k_base cache not found in {cache}; run scripts/install.d/10-aiperf.sh")
     return cache
+
+
+DYNAMO_VERSION = "1.6.1"
+DYNAMO_STEP = "50-dynamo.sh"
+
+
+def dynamo_dir() -> Path:
+    """Real NVIDIA Dynamo (frontend + Python worker runtime) and its converted model dir (50-dynamo.sh)."""
+    return tools_dir() / f"dynamo-{DYNAMO_VERSION}"
+
+
+def dynamo_python(required: bool = True) -> Path:
+    """The Dynamo venv's python (``python -m dynamo.frontend``, the embedded workers)."""
+    root = dynamo_dir()
+    exe = root / "venv" / "bin" / "python"
+    if required and not (root / ".ml4-installed").is_file():
+        raise ToolMissing(f"Dynamo {DYNAMO_VERSION} not installed at {root}; run scripts/install.sh "
+                          f"(or bash scripts/install.d/{DYNAMO_STEP})")
+    return exe
+
+
+def dynamo_model_dir(required: bool = True) -> Path:
+    """The HF ``tokenizer.json`` model directory the frontend reads (converted from Tekken at install time)."""
+    model = dynamo_dir() / "model"
+    if required and not (model / "tokenizer.json").is_file():
+        raise ToolMissing(f"Dynamo model dir (tokenizer.json) not found in {model}; run "
+                          f"bash scripts/install.d/{DYNAMO_STEP}")
+    return model

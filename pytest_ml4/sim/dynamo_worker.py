@@ -1,0 +1,339 @@
+"""A real Dynamo Python worker (``@dynamo_worker``, ``register_llm``, ``serve_endpoint``) on the simulated engine.
+
+Runs inside the Dynamo venv (``scripts/install.d/50-dynamo.sh``) with the checkout on ``PYTHONPATH``, behind the
+real ``python -m dynamo.frontend`` (shared/reference/real-dynamo.md "A plain Python worker behind the real
+frontend"). The frontend tokenises the chat request and sends ``token_ids``; this worker decodes them back into
+the conversation (system prompt, tools, turns, tool results) for the project's responder, builds the model's raw
+output tokens (``wire.build_output``: min_tokens / ignore_eos padding, thinking budget, faults), rewrites the tool
+calls into the form :mod:`pytest_ml4.sim.dynamo_bridge` chooses, and yields the token ids step by step as the
+simulated engine (perf model, ``max_num_seqs`` scheduler, speculative bursts) emits them. It cuts at
+``max_tokens`` itself (the frontend does not), publishes its context length and token budget (so the frontend
+answers an over-long prompt 400 ``context_length``), serves the ``vllm:*`` metrics on its own system port
+(``DYN_SYSTEM_PORT``) and on SIGTERM deregisters (``runtime.shutdown``) and drains.
+
+    python -m pytest_ml4.sim.dynamo_worker --target PATH --role worker|prefill|decode --model-dir DIR
+        [--log-file F] [--fault NAME[=VALUE]]... [--set section.field=value]... [--no-bridge]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_ml4.sim import wire
+from pytest_ml4.sim.dynamo_bridge import Behaviour, behaviour, tool_calls_text
+from pytest_ml4.sim.engine import Sequence, block_hashes
+from pytest_ml4.sim.faults import ActiveFaults
+from pytest_ml4.sim.tokenizer import SPECIAL_TOKENS
+from pytest_ml4.targets import Target
+
+#: Dynamo component per role (dynamo.md §3: the decode/agg component is ``backend``).
+COMPONENTS = {"worker": "backend", "prefill": "prefill", "decode": "backend"}
+NAMESPACE = "dynamo"
+EOS_ID = SPECIAL_TOKENS.index("</s>")
+_SPECIAL_IDS = {s: i for i, s in enumerate(SPECIAL_TOKENS)}
+_SEGMENT = re.compile(r"(\[/?[A-Z_]+\]|</s>|<s>)")
+
+
+# ----------------------------------------------------------------------------------------- prompt -> conversation
+def conversation(prompt: str) -> dict[str, Any]:
+    """The chat request a Mistral-format prompt came from, as far as the responder needs it: ``messages`` (system,
+    user turns, assistant tool calls, tool results) and ``tools``."""
+    messages: list[dict[str, Any]] = []
+    tools: list[Any] = []
+    parts = [p for p in _SEGMENT.split(prompt) if p]
+    i = 0
+    while i < len(parts):
+        tok = parts[i]
+        body = parts[i + 1] if i + 1 < len(parts) and not _SEGMENT.fullmatch(parts[i + 1]) else ""
+        step = 2 if body else 1
+        if tok == "[SYSTEM_PROMPT]":
+            messages.append({"role": "system", "content": body})
+        elif tok == "[AVAILABLE_TOOLS]":
+            try:
+                tools = list(json.loads(body))
+            except ValueError:
+                tools = []
+        elif tok == "[INST]":
+            messages.append({"role": "user", "content": body})
+        elif tok == "[TOOL_CALLS]":
+            messages.append({"role": "assistant", "content": None,
+                             "tool_calls": [{"id": None, "function": {"name": body, "arguments": ""}}]})
+        elif tok == "[TOOL_RESULTS]":
+            messages.append({"role": "tool", "content": body, "tool_call_id": None})
+        elif tok == "[/INST]" and body.strip():
+            messages.append({"role": "assistant", "content": body})
+        i += step
+    return {"messages": messages, "tools": tools}
+
+
+def tool_choice_of(request: dict[str, Any], tools: list[Any]) -> Any:
+    """``tool_choice`` as the frontend passed it: ``required``/named arrive as ``guided_decoding.json`` (an array
+    schema whose items enumerate the allowed names); no tools rendered means none or auto without tools."""
+    guided = ((request.get("sampling_options") or {}).get("guided_decoding") or {}).get("json")
+    if not isinstance(guided, dict):
+        return "auto"
+    names: list[str] = []
+    for alt in ((guided.get("items") or {}).get("anyOf") or []):
+        names += ((alt.get("properties") or {}).get("name") or {}).get("enum") or []
+    if len(names) == 1 and len(tools) > 1:
+        return {"type": "function", "function": {"name": names[0]}}
+    return "required"
+
+
+def reasoning_effort_of(request: dict[str, Any]) -> str | None:
+    kwargs = ((request.get("extra_args") or {}).get("reasoning_parser_kwargs") or {}).get("chat_template_kwargs")
+    effort = (kwargs or {}).get("reasoning_effort")
+    return str(effort) if effort else None
+
+
+# ----------------------------------------------------------------------------------------- output tokens
+@dataclass
+class Reply:
+    ids: list[int]
+    finish: str  # "stop" | "length"
+
+
+def _ids_of(tok: Any, segments: list[str]) -> list[int]:
+    out: list[int] = []
+    for seg in segments:
+        if seg in _SPECIAL_IDS:
+            out.append(_SPECIAL_IDS[seg])
+        elif seg:
+            out += tok._tok.encode(seg, bos=False, eos=False)
+    return out
+
+
+def reply_ids(out: wire.Output, tok: Any, mode: Behaviour, max_tokens: int) -> Reply:
+    """Token ids of the engine output, tool calls rewritten to ``mode.tool_form``, cut at ``max_tokens``."""
+    segments: list[str] = []
+    calls: dict[int, list[str]] = {}
+    args: dict[int, list[str]] = {}
+    eos = False
+    for kind, text, idx in out.tokens:
+        if kind == wire.EOS:
+            eos = True
+        elif kind == wire.TC_NAME:
+            calls.setdefault(idx, []).append(text)
+        elif kind == wire.ARG:
+            args.setdefault(idx, []).append(text)
+        elif kind in (wire.TC_START, wire.ARGS_MARK):
+            calls.setdefault(idx, [])
+        else:
+            segments.append(text)
+    if calls:
+        pairs = [("".join(calls[i]), "".join(args.get(i, [])) + out.held.get(i, "")) for i in sorted(calls)]
+        segments += tool_calls_text(pairs, mode.tool_form)
+    ids = _ids_of(tok, segments)
+    finish = out.finish
+    if len(ids) > max_tokens:
+        ids, finish = ids[:max_tokens], "length"
+    elif eos and len(ids) < max_tokens:
+        ids.append(EOS_ID)
+    return Reply(ids, finish)
+
+
+# ----------------------------------------------------------------------------------------- the worker
+@dataclass
+class Limits:
+    """The request fields ``SimApp._generate`` reads (vLLM's request model in the HTTP simulator)."""
+
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    thinking_token_budget: int | None = None
+
+
+class Worker:
+    """Engine + responder behind one Dynamo endpoint."""
+
+    def __init__(self, target: Target, role: str, faults: ActiveFaults, mode: Behaviour, log_file: str | None) -> None:
+        from pytest_ml4.sim.boot import boot_sequence
+        from pytest_ml4.sim.server import LogWriter, SimApp, SimConfig, startup_lines
+        from pytest_ml4.sim.tokenizer import get_tokenizer
+
+        self.target, self.role, self.mode = target, role, mode
+        pid = os.getpid()
+        self.log = LogWriter(log_file, pid)
+        cfg = SimConfig(target=target, faults=faults, log_file=log_file)
+        startup_lines(cfg, self.log)
+        self.boot = boot_sequence(target, pid)
+        for line in self.boot.lines:
+            self.log.raw(line)
+        self.app: Any = None
+        if self.boot.alive:
+            # SimApp holds the engine, metrics, wire options and responder glue of the HTTP simulator; this
+            # worker uses them without its HTTP layer.
+            self.app = SimApp(cfg, self.boot, self.log, get_tokenizer(target.engine.tokenizer_version))
+            self.app.opts.tool_parser = True  # the frontend parses; the engine output always carries the calls
+        self.draining = False
+
+    def prompt_body(self, request: dict[str, Any]) -> dict[str, Any]:
+        from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
+
+        text = self.app.tok._tok.decode(list(request.get("token_ids") or []), special_token_policy=SpecialTokenPolicy.KEEP)
+        body = conversation(text)
+        effort = reasoning_effort_of(request)
+        if effort is None and not self.mode.think_without_effort:
+            effort = "none"
+        if effort is not None:
+            body["reasoning_effort"] = effort
+        return body
+
+    async def generate(self, request: dict[str, Any], context: Any) -> Any:
+        app = self.app
+        prompt_ids = list(request.get("token_ids") or [])
+        stop = request.get("stop_conditions") or {}
+        max_tokens = int(stop.get("max_tokens") or self.target.engine.max_model_len - len(prompt_ids))
+        if self.role == "prefill":
+            max_tokens = 1
+        body = self.prompt_body(request)
+        tool_choice = tool_choice_of(request, body["tools"])
+        if not self.mode.think_before_tool_call and body["tools"] and tool_choice != "none":
+            body["reasoning_effort"] = "none"
+        limits = Limits(int(stop.get("min_tokens") or 0), bool(stop.get("ignore_eos")),
+                        stop.get("max_thinking_tokens"))
+        out = app._generate(body, limits, tool_choice, max_tokens)
+        reply = reply_ids(out, app.tok, self.mode, max_tokens)
+        if app.faults.has("error_rate") and app.error_rng.random() < app.faults.value("error_rate"):
+            yield {"token_ids": [], "index": 0, "finish_reason": "error: simulated engine error (fault error_rate)"}
+            return
+        seq = Sequence(req_id=str(request.get("id") or uuid.uuid4().hex), prompt_tokens=len(prompt_ids),
+                       output_tokens=len(reply.ids), max_tokens=max_tokens, finish_reason=reply.finish,
+                       params_max_tokens=stop.get("max_tokens"),
+                       block_hashes=block_hashes(prompt_ids, self.target.engine.block_size))
+        app.engine.add(seq)
+        pos = 0
+        try:
+            while pos < len(reply.ids):
+                n = await seq.queue.get()
+                if n == 0:
+                    yield {"token_ids": [], "index": 0, "finish_reason": "error: EngineDeadError"}
+                    return
+                if context is not None and context.is_stopped():
+                    app.engine.abort(seq)
+                    yield {"token_ids": [], "index": 0, "finish_reason": "cancelled"}
+                    return
+                chunk = reply.ids[pos:pos + n]
+                pos += len(chunk)
+                item: dict[str, Any] = {"token_ids": chunk, "index": 0}
+                if pos >= len(reply.ids):
+                    item["finish_reason"] = reply.finish
+                    item["completion_usage"] = {"prompt_tokens": len(prompt_ids), "completion_tokens": pos,
+                                                "total_tokens": len(prompt_ids) + pos}
+                    if self.role == "prefill":
+                        item["disaggregated_params"] = {"sim_prefill": True}
+                yield item
+        except (asyncio.CancelledError, GeneratorExit):
+            app.engine.abort(seq)
+            raise
+
+
+def runtime_config(target: Target, mode: Behaviour) -> Any:
+    from dynamo.llm import ModelRuntimeConfig
+
+    e = target.engine
+    rc = ModelRuntimeConfig()
+    rc.context_length = e.max_model_len
+    rc.max_num_seqs = e.max_num_seqs
+    rc.max_num_batched_tokens = e.max_num_batched_tokens
+    if e.tool_call_parser or target.is_dynamo:
+        rc.tool_call_parser = e.tool_call_parser or "mistral"
+    if e.reasoning_parser or target.is_dynamo:
+        rc.reasoning_parser = e.reasoning_parser or "mistral"
+    # Without a token budget the frontend does not refuse an over-long prompt (real-dynamo.md "context length").
+    rc.set_engine_specific("token_budget", json.dumps({"combined_limit": e.max_model_len,
+                                                      "reject_prompt_overflow": True,
+                                                      "reject_total_overflow": True}))
+    return rc
+
+
+async def serve(runtime: Any, args: argparse.Namespace, worker: Worker) -> None:
+    from dynamo.llm import ModelInput, ModelType, WorkerType, register_llm
+
+    t = worker.target
+    role = args.role
+    ep = runtime.endpoint(f"{NAMESPACE}.{COMPONENTS[role]}.generate")
+    chat = ModelType.Chat | ModelType.Completions
+    # A prefill worker exposes no OpenAI surface (1.6.1 refuses Chat on WorkerType.Prefill); each disagg role
+    # names the other as what it needs, so the model is listed only while both exist (real-dynamo.md).
+    kinds = {"worker": (WorkerType.Aggregated, chat, None),
+             "prefill": (WorkerType.Prefill, ModelType.Prefill, [[WorkerType.Decode]]),
+             "decode": (WorkerType.Decode, chat, [[WorkerType.Prefill]])}
+    wtype, mtype, needs = kinds[role]
+    worker.app.engine.start()
+    ep.metrics.register_prometheus_expfmt_callback(lambda: worker.app.metrics.render().decode())
+    await register_llm(ModelInput.Tokens, mtype, ep, args.model_dir,
+                       t.serving.served_model_name, worker_type=wtype, kv_cache_block_size=t.engine.block_size,
+                       runtime_config=runtime_config(t, worker.mode), needs=needs)
+    loop = asyncio.get_running_loop()
+
+    def on_sigterm() -> None:
+        # Deregister at once (else the instance stays listed ~10 s and gets 503s), then drain in-flight streams
+        # (serve_endpoint's graceful_shutdown).
+        worker.draining = True
+        worker.log.raw(f"INFO dynamo worker {role}: SIGTERM, deregistering and draining")
+        runtime.shutdown()
+
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    loop.add_signal_handler(signal.SIGINT, on_sigterm)
+    runtime.set_health_status(True)
+    if args.id_file:
+        tmp = args.id_file + ".tmp"
+        with open(tmp, "w") as fh:
+            fh.write(str(ep.connection_id()))
+        os.replace(tmp, args.id_file)
+    worker.log.raw(f"INFO dynamo worker {role} serving {t.serving.served_model_name} as {NAMESPACE}."
+                   f"{COMPONENTS[role]}.generate (pid {os.getpid()}, bridge {'on' if worker.mode.bridged else 'off'})")
+    await ep.serve_endpoint(worker.generate, graceful_shutdown=True)
+    await worker.app.engine.stop()
+    worker.log.raw(f"INFO dynamo worker {role}: drained, exiting")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pytest_ml4.sim.dynamo_worker")
+    p.add_argument("--target", required=True)
+    p.add_argument("--role", required=True, choices=sorted(COMPONENTS))
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--log-file", default=None)
+    p.add_argument("--id-file", default=None, help="write the worker's Dynamo instance id here once registered")
+    p.add_argument("--fault", action="append", default=[])
+    p.add_argument("--set", action="append", default=[], dest="overrides")
+    p.add_argument("--no-bridge", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pytest_ml4.sim.__main__ import load_with_overrides, target_faults
+    from pytest_ml4.sim.faults import FaultError
+    from pytest_ml4.targets import TargetError
+
+    args = build_parser().parse_args(argv)
+    try:
+        target = load_with_overrides(args.target, args.overrides)
+        faults = ActiveFaults([*target_faults(target), *args.fault])
+    except (TargetError, FaultError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    worker = Worker(target, args.role, faults, behaviour(not args.no_bridge), args.log_file)
+    if worker.app is None:
+        return 1
+    from dynamo.runtime import dynamo_worker
+
+    @dynamo_worker()
+    async def run(runtime: Any) -> None:
+        await serve(runtime, args, worker)
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
