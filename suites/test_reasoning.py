@@ -25,6 +25,7 @@ from pytest_ml4.checks.reasoning import (
     reasoning_tokens,
 )
 from pytest_ml4.client import Endpoint
+from pytest_ml4.dynamo_versions import behaviour
 from pytest_ml4.targets import FIXTURES_DIR, Target
 
 pytestmark = pytest.mark.reasoning
@@ -36,10 +37,19 @@ STREAM = pytest.mark.parametrize("stream", [False, True], ids=["nonstream", "str
 SHARE_TOLERANCE = 0.02
 
 
+def defaults_for(target: Target) -> dict[str, Any]:
+    """The request defaults; on a Dynamo release that splits reasoning only for requests naming an effort
+    (``reasoning_split_needs_effort``), every question names ``effort_when_required``, as its clients must."""
+    row = behaviour(target.serving.dynamo_version) if target.is_dynamo and target.serving.dynamo_version else None
+    if row is not None and row.reasoning_split_needs_effort:
+        return {**DATA["defaults"], "reasoning_effort": DATA["effort_when_required"]}
+    return dict(DATA["defaults"])
+
+
 @pytest.fixture
-def chat(request: pytest.FixtureRequest, ml4_endpoint: Endpoint, openai_client: Any, http_client: httpx.Client,
-         ml4_run_dir: Path) -> ChatSession:
-    return ChatSession(openai_client, http_client, ml4_endpoint.model, DATA["defaults"],
+def chat(request: pytest.FixtureRequest, ml4_target: Target, ml4_endpoint: Endpoint, openai_client: Any,
+         http_client: httpx.Client, ml4_run_dir: Path) -> ChatSession:
+    return ChatSession(openai_client, http_client, ml4_endpoint.model, defaults_for(ml4_target),
                        ml4_run_dir / "transcripts", request.node.name)
 
 

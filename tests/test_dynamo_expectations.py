@@ -409,3 +409,20 @@ def test_osl_engine_counter_runs_on_a_live_endpoint(pytester: pytest.Pytester, t
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([f"*engine token counter: 768 tokens generated (vllm:generation_tokens_total at "
                                  f"http://127.0.0.1:{port}/metrics)*"])
+
+
+def test_dynamo_tool_conventions_accept_the_recorded_named_call_and_vllm_ones_do_not() -> None:
+    """55_replay_tool_named.txt: a named tool_choice on real Dynamo: id call-<uuid4>, finish tool_calls, content null."""
+    from pytest_ml4.checks.tools import VLLM_TOOLS, ToolConventions, assert_mistral_tool_ids, named
+
+    body = json.loads(recorded("mocker/55_replay_tool_named.txt").text)
+    message, finish = body["choices"][0]["message"], body["choices"][0]["finish_reason"]
+    dynamo = ToolConventions.from_row(yaml.safe_load(TOOLS.read_text())["conventions"]["dynamo+vllm"])
+    assert_mistral_tool_ids(message["tool_calls"], "x", dynamo)
+    assert_tool_choice_obeyed(named("get_weather"), message, finish, "get_weather", "x", conventions=dynamo)
+    with pytest.raises(AssertionError, match="not Mistral ids"):
+        assert_mistral_tool_ids(message["tool_calls"], "x", VLLM_TOOLS)
+    with pytest.raises(AssertionError, match="expected 'stop'"):
+        assert_tool_choice_obeyed(named("get_weather"), message, finish, "get_weather", "x")
+    with pytest.raises(AssertionError, match="not the Dynamo frontend's ids"):
+        assert_mistral_tool_ids([{"id": "abcDEF123"}], "x", dynamo)
