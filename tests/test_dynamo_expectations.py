@@ -407,8 +407,8 @@ def test_osl_engine_counter_runs_on_a_live_endpoint(pytester: pytest.Pytester, t
             "--ml4-reports", str(tmp_path / "reports"), timeout=240)
         port = sim.url.rsplit(":", 1)[1]
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines([f"*engine token counter: 768 tokens generated (vllm:generation_tokens_total at "
-                                 f"http://127.0.0.1:{port}/metrics)*"])
+    line = f"*engine token counter: 768 tokens generated (vllm:generation_tokens_total at http://127.0.0.1:{port}/metrics)*"
+    result.stdout.fnmatch_lines([line])
 
 
 def test_dynamo_tool_conventions_accept_the_recorded_named_call_and_vllm_ones_do_not() -> None:
