@@ -413,7 +413,12 @@ def test_osl_engine_counter_runs_on_a_live_endpoint(pytester: pytest.Pytester, t
 
 def test_dynamo_tool_conventions_accept_the_recorded_named_call_and_vllm_ones_do_not() -> None:
     """55_replay_tool_named.txt: a named tool_choice on real Dynamo: id call-<uuid4>, finish tool_calls, content null."""
-    from pytest_ml4.checks.tools import VLLM_TOOLS, ToolConventions, assert_mistral_tool_ids, named
+    from pytest_ml4.checks.tools import (
+        VLLM_TOOLS,
+        ToolConventions,
+        assert_mistral_tool_ids,
+        named,
+    )
 
     body = json.loads(recorded("mocker/55_replay_tool_named.txt").text)
     message, finish = body["choices"][0]["message"], body["choices"][0]["finish_reason"]
