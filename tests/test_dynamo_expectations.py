@@ -1,5 +1,5 @@
 """The suites' Dynamo expectations (issue 12 items 6, 8; issue 14 items 2, 3), checked against the recorded real
-Dynamo 1.6.1 answers (fixtures/transcripts/real-dynamo-1.6.1/, copied from the reference) and small scripted
+Dynamo 1.6.1 answers (fixtures/transcripts/dynamo-1.6.1/, copied from the reference) and small scripted
 transports.
 
 No simulator and no Dynamo process: every request goes through ``httpx.MockTransport``.
@@ -100,8 +100,8 @@ def test_worker_metrics_urls_from_env() -> None:
 
 
 # ------------------------------------------------------------------------------- error answers per stack
-#: Verbatim copies of ../shared/reference/real-dynamo-1.6.1-transcripts/ (see its README for provenance).
-REF = FIXTURES_DIR / "transcripts" / "real-dynamo-1.6.1"
+#: Verbatim copies of ../shared/reference/real-dynamo-1.6.1-transcripts/, named <folder>-<name> (see its README).
+REF = FIXTURES_DIR / "transcripts" / "dynamo-1.6.1"
 REQ = httpx.Request("POST", "http://fe:8000/v1/chat/completions")
 
 
@@ -130,9 +130,9 @@ SMOKE, TOOLS, REASONING = (FIXTURES_DIR / "smoke" / "smoke.yaml", FIXTURES_DIR /
                            FIXTURES_DIR / "prompts" / "reasoning.yaml")
 # What real Dynamo 1.6.1 said (transcripts), or its validation texts (reference/real-dynamo.md, the 1.6.1 binary).
 DYNAMO_ANSWERS = [
-    (SMOKE, "unknown_model", lambda: recorded("mocker/14_bad_model.txt")),
-    (SMOKE, "unknown_model", lambda: recorded("mocker/21_bad_model_stream.txt")),
-    (SMOKE, "prompt_too_long", lambda: recorded("python-worker/45_q4_context_length_token_budget.txt")),
+    (SMOKE, "unknown_model", lambda: recorded("mocker-14_bad_model.txt")),
+    (SMOKE, "unknown_model", lambda: recorded("mocker-21_bad_model_stream.txt")),
+    (SMOKE, "prompt_too_long", lambda: recorded("python-worker-45_q4_context_length_token_budget.txt")),
     (TOOLS, "tool_choice_without_tools", lambda: flat(400, 'Validation: tool_choice is "required" but tools is empty')),
     (TOOLS, "empty_tools", lambda: flat(400, "Validation: tools array cannot be empty; omit the field entirely to "
                                              "disable tool use")),
@@ -172,7 +172,7 @@ def test_over_long_prompt_without_a_token_budget_is_reported_as_that_deviation()
     with pytest.raises(AssertionError, match="no token budget.*the stack said.*Internal server error"):
         check_answer(mocker_500, expected, "over-long prompt")
     with pytest.raises(AssertionError, match="enforced no context length"):
-        check_answer(recorded("python-worker/44_q4_context_length.txt"), expected, "over-long prompt")
+        check_answer(recorded("python-worker-44_q4_context_length.txt"), expected, "over-long prompt")
 
 
 def test_chat_template_kwargs_is_served_on_dynamo_and_refused_on_vllm() -> None:
@@ -192,15 +192,15 @@ def test_litellm_inherits_vllm_rows_and_overrides_its_own() -> None:
 
 
 def test_health_readiness_counts_generate_instances_only() -> None:
-    body = json.loads(recorded("mocker/01_health.txt").text)
+    body = json.loads(recorded("mocker-01_health.txt").text)
     assert worker_instance_ids(body) == {5470118659194256688}
-    assert worker_instance_ids(json.loads(recorded("mocker/68_no_workers_health.txt").text)) == set()
+    assert worker_instance_ids(json.loads(recorded("mocker-68_no_workers_health.txt").text)) == set()
 
 
 # ------------------------------------------------------------------------ tools on a Dynamo that drops v11
 def _dropped_v11_message() -> tuple[dict[str, Any], str]:
     """What real Dynamo 1.6.1 returned for a worker that emitted ``[TOOL_CALLS]get_weather[ARGS]{...}``."""
-    text = (REF / "python-worker" / "30_auto_tool_v11_unary_noeffort.txt").read_text()
+    text = (REF / "python-worker-30_auto_tool_v11_unary_noeffort.txt").read_text()
     body = json.loads(text.split("HTTP 200\n", 1)[1])
     return body["choices"][0]["message"], body["choices"][0]["finish_reason"]
 
@@ -385,7 +385,7 @@ def test_prefix_reuse_fails_without_reuse_or_with_a_hit_rate_that_disagrees() ->
 
 
 def test_recorded_kv_routing_figures_fit_the_hit_rate_rule() -> None:
-    text = (REF / "mocker" / "70_kv_routing.txt").read_text()
+    text = (REF / "mocker-70_kv_routing.txt").read_text()
     rows = re.findall(r"'prompt_tokens': (\d+).*?'cached_tokens': (\d+).*?'kv_hit_rate': ([\d.]+)", text)
     assert len(rows) == 6
     for prompt, cached, rate in rows:
@@ -420,7 +420,7 @@ def test_dynamo_tool_conventions_accept_the_recorded_named_call_and_vllm_ones_do
         named,
     )
 
-    body = json.loads(recorded("mocker/55_replay_tool_named.txt").text)
+    body = json.loads(recorded("mocker-55_replay_tool_named.txt").text)
     message, finish = body["choices"][0]["message"], body["choices"][0]["finish_reason"]
     dynamo = ToolConventions.from_row(yaml.safe_load(TOOLS.read_text())["conventions"]["dynamo+vllm"])
     assert_mistral_tool_ids(message["tool_calls"], "x", dynamo)
