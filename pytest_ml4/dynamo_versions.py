@@ -95,6 +95,6 @@ def tool_call_drop_cause(version: str) -> str | None:
         return None
     parsed = [v for v, r in load_table().items() if r.mistral_v11_tool_calls_parsed]
     return (f"Dynamo {version}'s `mistral` tool parser silently drops Mistral Large 4's "
-            f"[TOOL_CALLS]name[ARGS]{{...}} form (content null, no tool_calls, finish_reason stop; "
+            f"[TOOL_CALLS]name[ARGS]{{...}} form (no tool_calls; content null or the raw markup, finish_reason stop; "
             f"fixtures/dynamo/versions.yaml mistral_v11_tool_calls_parsed: false); serve it with a Dynamo that "
             f"parses that form ({', '.join(parsed) or 'none known'})")

@@ -27,7 +27,7 @@ from pytest_ml4.checks.tools import (
     named,
     tool_name,
 )
-from pytest_ml4.client import Endpoint
+from pytest_ml4.client import Endpoint, quote_body
 from pytest_ml4.dynamo_versions import tool_call_drop_cause
 from pytest_ml4.probe import StreamResult
 from pytest_ml4.targets import FIXTURES_DIR, Target
@@ -51,6 +51,10 @@ class ToolChat(ChatSession):
               expect_tool: str | None) -> list[Any]:
         """The checks every answer with tools gets; returns the parsed arguments."""
         where = answer.where
+        if self.no_call_cause and not answer.tool_calls and tool_choice != "none":
+            # Said first: the markup this release leaves in content would otherwise read as "tool parser off".
+            raise AssertionError(f"{where}: tool_choice {tool_choice!r} but no tool call came back: "
+                                 f"{self.no_call_cause}; content: {quote_body(str(answer.message.get('content')))}")
         assert_no_control_tokens(answer.message, where)
         assert_tool_choice_obeyed(tool_choice, answer.message, answer.finish_reason, expect_tool, where,
                                   answer.via_litellm, no_call_cause=self.no_call_cause,
