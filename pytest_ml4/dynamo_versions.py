@@ -85,3 +85,16 @@ def image_version(image: str | None) -> str | None:
     ref = image.split("@", 1)[0]
     last = ref.rsplit("/", 1)[-1]
     return last.split(":", 1)[1] if ":" in last else None
+
+
+def tool_call_drop_cause(version: str) -> str | None:
+    """Why no tool call comes back from a Dynamo ``version`` whose ``mistral`` parser drops Mistral Large 4's
+    ``[TOOL_CALLS]name[ARGS]{...}`` form; None where the table says the form is parsed (or the version is unknown)."""
+    row = behaviour(version)
+    if row is None or row.mistral_v11_tool_calls_parsed:
+        return None
+    parsed = [v for v, r in load_table().items() if r.mistral_v11_tool_calls_parsed]
+    return (f"Dynamo {version}'s `mistral` tool parser silently drops Mistral Large 4's "
+            f"[TOOL_CALLS]name[ARGS]{{...}} form (no tool_calls; content null or the raw markup, finish_reason stop; "
+            f"fixtures/dynamo/versions.yaml mistral_v11_tool_calls_parsed: false); serve it with a Dynamo that "
+            f"parses that form ({', '.join(parsed) or 'none known'})")

@@ -137,18 +137,23 @@ def scrape(url: str, http: httpx.Client | None = None, timeout: float = 10.0) ->
 
 #: Output tokens generated so far: vLLM's engine counter, or a Dynamo frontend's.
 GENERATED_TOKEN_COUNTERS = ("vllm:generation_tokens_total", "dynamo_frontend_output_tokens_total")
+#: The counter each serving stack's metrics URL (``Endpoint.effective_metrics_url``) carries: a Dynamo frontend's
+#: /metrics has only ``dynamo_*`` families, the ``vllm:*`` ones live on its workers (reference/real-dynamo.md).
+STACK_TOKEN_COUNTER = {"vllm": "vllm:generation_tokens_total", "vllm+litellm": "vllm:generation_tokens_total",
+                       "dynamo+vllm": "dynamo_frontend_output_tokens_total"}
 
 
-def generated_tokens(url: str | None, timeout: float = 5.0) -> float | None:
+def generated_tokens(url: str | None, timeout: float = 5.0, counter: str | None = None) -> float | None:
     """Output tokens the engine (or Dynamo frontend) at ``url`` has generated so far; None when there is no URL,
-    it cannot be read, or it exposes neither counter."""
+    it cannot be read, or it exposes neither counter (or not ``counter``, when one is named)."""
     if not url:
         return None
     try:
         snap = scrape(url, timeout=timeout)
     except MetricsError:
         return None
-    return next((snap.sum(n) for n in GENERATED_TOKEN_COUNTERS if n in snap), None)
+    names = (counter,) if counter else GENERATED_TOKEN_COUNTERS
+    return next((snap.sum(n) for n in names if n in snap), None)
 
 
 _COUNTER_SUFFIXES = ("_total", "_count", "_sum", "_bucket")

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from pytest_ml4.metrics import generated_tokens
+from pytest_ml4.client import display_url
+from pytest_ml4.metrics import STACK_TOKEN_COUNTER, generated_tokens
 from pytest_ml4.perf.export import read_records
 from pytest_ml4.perf.methodology import (
     WHY_NOT_IGNORE_EOS,
@@ -52,15 +53,20 @@ def osl_window_start() -> float:
 class Streamed:
     results: list[Any]
     engine_tokens: float | None      # generated while these requests ran (engine counter difference)
+    counter: str = ""                # which counter, at which URL
 
 
 @pytest.fixture(scope="module")
-def streamed(http_client: Any, ml4_endpoint: Any, osl_window_start: float) -> Streamed:
-    before = generated_tokens(ml4_endpoint.metrics_url)
+def streamed(http_client: Any, ml4_endpoint: Any, ml4_target: Any, osl_window_start: float) -> Streamed:
+    # The effective metrics URL (not only a --sim one): live runs read the engine's, or the Dynamo frontend's,
+    # counter too; each stack's URL carries its own counter (STACK_TOKEN_COUNTER).
+    url, counter = ml4_endpoint.effective_metrics_url, STACK_TOKEN_COUNTER[ml4_target.serving.stack]
+    before = generated_tokens(url, counter=counter)
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         results = list(pool.map(lambda p: probe_chat_stream(http_client, _body(ml4_endpoint.model, p, N)), PROMPTS))
-    after = generated_tokens(ml4_endpoint.metrics_url)
-    return Streamed(results, None if before is None or after is None else after - before)
+    after = generated_tokens(url, counter=counter)
+    return Streamed(results, None if before is None or after is None else after - before,
+                    f"{counter} at {display_url(url)}")
 
 
 def test_usage_reports_exactly_n_completion_tokens(streamed: Streamed) -> None:
@@ -84,11 +90,15 @@ def test_streamed_token_count_is_exactly_n(streamed: Streamed) -> None:
             f"expected {N}")
         assert all(n >= 1 for n in r.tokens_per_chunk), "a content chunk carried no new token"
     if streamed.engine_tokens is not None:
+        print(f"engine token counter: {streamed.engine_tokens:.0f} tokens generated ({streamed.counter})")
         assert streamed.engine_tokens == N * len(streamed.results), (
-            f"the engine generated {streamed.engine_tokens:.0f} tokens for {len(streamed.results)} requests of "
-            f"exactly {N} (no other traffic may hit the endpoint while this module runs)")
+            f"the engine generated {streamed.engine_tokens:.0f} tokens ({streamed.counter}) for "
+            f"{len(streamed.results)} requests of exactly {N} (no other traffic may hit the endpoint while this "
+            f"module runs)")
+    else:
+        print(f"engine token counter not readable ({streamed.counter}): judged on the per-chunk usage only")
     assert per_chunk or streamed.engine_tokens is not None, (
-        "no streamed count: the stream carried no per-chunk usage and the engine's /metrics were not readable")
+        f"no streamed count: the stream carried no per-chunk usage and {streamed.counter} was not readable")
 
 
 @pytest.fixture(scope="module")

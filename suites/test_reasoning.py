@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from pytest_ml4.checks.chat import ChatSession, attach, send_raw, user
-from pytest_ml4.checks.protocol import assert_no_control_tokens, assert_rejected
+from pytest_ml4.checks.expected import check_answer, expected_for
+from pytest_ml4.checks.protocol import assert_no_control_tokens
 from pytest_ml4.checks.reasoning import (
     assert_reasoning_separated,
     assert_reasoning_tokens_agree,
@@ -24,20 +25,31 @@ from pytest_ml4.checks.reasoning import (
     reasoning_tokens,
 )
 from pytest_ml4.client import Endpoint
+from pytest_ml4.dynamo_versions import behaviour
 from pytest_ml4.targets import FIXTURES_DIR, Target
 
 pytestmark = pytest.mark.reasoning
 
-DATA = yaml.safe_load((FIXTURES_DIR / "prompts" / "reasoning.yaml").read_text())
+REASONING_FILE = FIXTURES_DIR / "prompts" / "reasoning.yaml"
+DATA = yaml.safe_load(REASONING_FILE.read_text())
 STREAM = pytest.mark.parametrize("stream", [False, True], ids=["nonstream", "stream"])
 #: Token rounding when comparing a measured share with the gate band (shares are ratios of small integers).
 SHARE_TOLERANCE = 0.02
 
 
+def defaults_for(target: Target) -> dict[str, Any]:
+    """The request defaults; on a Dynamo release that splits reasoning only for requests naming an effort
+    (``reasoning_split_needs_effort``), every question names ``effort_when_required``, as its clients must."""
+    row = behaviour(target.serving.dynamo_version) if target.is_dynamo and target.serving.dynamo_version else None
+    if row is not None and row.reasoning_split_needs_effort:
+        return {**DATA["defaults"], "reasoning_effort": DATA["effort_when_required"]}
+    return dict(DATA["defaults"])
+
+
 @pytest.fixture
-def chat(request: pytest.FixtureRequest, ml4_endpoint: Endpoint, openai_client: Any, http_client: httpx.Client,
-         ml4_run_dir: Path) -> ChatSession:
-    return ChatSession(openai_client, http_client, ml4_endpoint.model, DATA["defaults"],
+def chat(request: pytest.FixtureRequest, ml4_target: Target, ml4_endpoint: Endpoint, openai_client: Any,
+         http_client: httpx.Client, ml4_run_dir: Path) -> ChatSession:
+    return ChatSession(openai_client, http_client, ml4_endpoint.model, defaults_for(ml4_target),
                        ml4_run_dir / "transcripts", request.node.name)
 
 
@@ -76,16 +88,16 @@ def test_each_reasoning_effort_is_accepted(chat: ChatSession, ml4_target: Target
 
 
 @STREAM
-@pytest.mark.parametrize("case", ["unsupported_effort", "chat_template_kwargs"])
-def test_invalid_reasoning_requests_are_rejected(ml4_endpoint: Endpoint, http_client: httpx.Client, case: str,
-                                                 stream: bool) -> None:
-    spec = DATA[case]
-    field = "reasoning_effort" if case == "unsupported_effort" else "chat_template_kwargs"
-    body = {"model": ml4_endpoint.model, "messages": user(DATA["question"]["prompt"]), "max_tokens": 64,
-            field: spec["value"]}
-    resp = send_raw(http_client, body, stream)
-    assert_rejected(resp, spec["status"], spec["message_contains"], f"{field}={spec['value']!r} "
-                                                                     f"({'streamed' if stream else 'non-streamed'})")
+@pytest.mark.parametrize("case", sorted(DATA["errors"]["cases"]))
+def test_invalid_reasoning_requests_are_rejected(ml4_target: Target, ml4_endpoint: Endpoint,
+                                                 http_client: httpx.Client, case: str, stream: bool) -> None:
+    """Each stack answers these in its own words (``fixtures/prompts/reasoning.yaml`` errors.expect): vLLM refuses
+    both; the Dynamo chat processor refuses the unknown effort and serves ``chat_template_kwargs``."""
+    extra = DATA["errors"]["cases"][case]
+    body = {"model": ml4_endpoint.model, "messages": user(DATA["question"]["prompt"]), "max_tokens": 64, **extra}
+    expected = expected_for(DATA["errors"]["expect"], ml4_target.serving.stack, case, REASONING_FILE)
+    check_answer(send_raw(http_client, body, stream), expected,
+                 f"{extra} ({'streamed' if stream else 'non-streamed'})")
 
 
 @STREAM

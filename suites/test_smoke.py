@@ -15,13 +15,16 @@ import httpx
 import pytest
 import yaml
 
+from pytest_ml4.checks.expected import Expected, check_answer, expected_for
 from pytest_ml4.checks.protocol import assert_stream_clean
 from pytest_ml4.client import decode_json, display_url
+from pytest_ml4.control.dynamo import worker_instance_ids
 from pytest_ml4.targets import FIXTURES_DIR, Target
 
 pytestmark = pytest.mark.smoke
 
-DATA = yaml.safe_load((FIXTURES_DIR / "smoke" / "smoke.yaml").read_text())
+SMOKE_FILE = FIXTURES_DIR / "smoke" / "smoke.yaml"
+DATA = yaml.safe_load(SMOKE_FILE.read_text())
 QUESTION = DATA["question"]
 # Real vLLM counts the EOS token and, for reasoning models, the [THINK]/[/THINK] markers that the client never
 # sees; with speculative decoding a chunk may carry several tokens. A handful of tokens of slack covers that.
@@ -36,9 +39,17 @@ def test_health(ml4_target: Target, ml4_endpoint: Any) -> None:
     path = DATA["health_path"][ml4_target.serving.stack]
     resp = httpx.get(ml4_endpoint.root_url + path, headers=ml4_endpoint.auth_headers(), timeout=10)
     assert resp.status_code == 200, f"GET {path} answered HTTP {resp.status_code}: {resp.text[:200]!r}"
-    if ml4_target.is_dynamo and resp.content:
+    if ml4_target.is_dynamo:
+        # Real Dynamo's /health says "healthy" with zero workers: ready means the workers are listed too.
         body = decode_json(resp, f"GET {path}")
         assert body.get("status") in ("healthy", "ready"), f"Dynamo frontend not healthy: {body}"
+        workers = worker_instance_ids(body)
+        want = ml4_target.topology.workers if ml4_target.topology_kind != "disagg" else (
+            ml4_target.topology.prefill_workers + ml4_target.topology.decode_workers)
+        assert workers, (f"the Dynamo frontend is up but serves no worker: /health lists no 'generate' "
+                         f"instance ({body})")
+        assert len(workers) >= want, (f"/health lists {len(workers)} worker instance(s) {sorted(workers)}, the "
+                                      f"target has {want} workers: not every worker registered")
 
 
 def test_models_lists_served_name(ml4_target: Target, http_client: httpx.Client) -> None:
@@ -121,42 +132,21 @@ def test_stream_usage_agrees_with_streamed_text(ml4_target: Target, http_client:
     assert len(result.events) >= 3, "too few SSE events for a streamed answer"
 
 
-def _expect(target: Target, case: str) -> dict[str, Any]:
-    return DATA["errors"][target.serving.stack][case]
-
-
-def _check_error(resp: httpx.Response, expected: dict[str, Any], what: str) -> None:
-    statuses = expected["status"] if isinstance(expected["status"], list) else [expected["status"]]
-    assert resp.status_code in statuses, (f"{what}: {display_url(str(resp.request.url))} answered HTTP "
-                                           f"{resp.status_code} (expected {statuses}): {resp.text[:300]!r}")
-    body = decode_json(resp, what)
-    if "body" in expected:
-        assert body == expected["body"], f"{what}: body {body} != {expected['body']}"
-        return
-    err = body.get("error", body)
-    assert isinstance(err, dict), f"{what}: no error object in {body}"
-    message = str(err.get("message", ""))
-    wanted = expected["message_contains"]
-    wanted = wanted if isinstance(wanted, list) else [wanted]
-    assert any(w in message for w in wanted), f"{what}: message {message!r} mentions none of {wanted}"
-    for key in ("type", "param"):
-        if key in expected:
-            assert err.get(key) == expected[key], f"{what}: error.{key} is {err.get(key)!r}, expected {expected[key]!r}"
-    if "type" in expected:  # vLLM's error object: HTTP status repeated as an int code
-        assert err.get("code") == resp.status_code, f"{what}: error.code {err.get('code')!r}"
+def _expect(target: Target, case: str) -> Expected:
+    return expected_for(DATA["errors"], target.serving.stack, case, SMOKE_FILE)
 
 
 def test_unknown_model_is_refused(ml4_target: Target, http_client: httpx.Client) -> None:
     resp = http_client.post("/chat/completions",
                             json={**_chat_body(ml4_target, "hi", max_tokens=8), "model": "no-such-model"})
-    _check_error(resp, _expect(ml4_target, "unknown_model"), "unknown model")
+    check_answer(resp, _expect(ml4_target, "unknown_model"), "unknown model")
 
 
 def test_over_long_prompt_is_refused(ml4_target: Target, http_client: httpx.Client) -> None:
     # "hello " is one Tekken token; 10% over max_model_len guarantees the prompt alone exceeds the context.
     prompt = "hello " * int(ml4_target.engine.max_model_len * 1.1)
     resp = http_client.post("/chat/completions", json=_chat_body(ml4_target, prompt, max_tokens=8), timeout=120)
-    _check_error(resp, _expect(ml4_target, "prompt_too_long"), "over-long prompt")
+    check_answer(resp, _expect(ml4_target, "prompt_too_long"), "over-long prompt")
 
 
 def test_wrong_api_key_is_refused(ml4_target: Target, ml4_endpoint: Any) -> None:
@@ -164,7 +154,7 @@ def test_wrong_api_key_is_refused(ml4_target: Target, ml4_endpoint: Any) -> None
         pytest.skip(f"target {ml4_target.name} requires no API key ({ml4_target.serving.stack})")
     resp = httpx.post(ml4_endpoint.base_url + "/chat/completions", json=_chat_body(ml4_target, "hi", max_tokens=8),
                       headers={"Authorization": "Bearer wrong-key-for-smoke-test"}, timeout=30)
-    _check_error(resp, _expect(ml4_target, "bad_api_key"), "wrong API key")
+    check_answer(resp, _expect(ml4_target, "bad_api_key"), "wrong API key")
 
 
 def test_parallel_burst_all_succeed(ml4_target: Target, async_openai_client: Any) -> None:

@@ -1,18 +1,41 @@
 """The suites' Dynamo expectations (issue 12 items 6, 8; issue 14 items 2, 3), checked against the recorded real
-Dynamo 1.6.1 answers in ../shared/reference/real-dynamo-1.6.1-transcripts/ and small scripted transports.
+Dynamo 1.6.1 answers (fixtures/transcripts/dynamo-1.6.1/, copied from the reference) and small scripted
+transports.
 
 No simulator and no Dynamo process: every request goes through ``httpx.MockTransport``.
 """
 
 from __future__ import annotations
 
+import json
+import re
+import sys
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+import yaml
 
+from pytest_ml4.checks.expected import Expected, check_answer, expected_for
+from pytest_ml4.checks.tools import assert_tool_choice_obeyed
 from pytest_ml4.client import Endpoint, worker_metrics_urls_from_env
-from pytest_ml4.dynamo_versions import behaviour, image_version, load_table
-from pytest_ml4.targets import TargetError, load_target
+from pytest_ml4.control.dynamo import (
+    AffinityInconclusive,
+    Turn,
+    check_affinity,
+    check_prefix_reuse,
+    run_affinity_probe,
+    run_conversation,
+    worker_instance_ids,
+)
+from pytest_ml4.dynamo_versions import (
+    behaviour,
+    image_version,
+    load_table,
+    tool_call_drop_cause,
+)
+from pytest_ml4.targets import FIXTURES_DIR, REPO_ROOT, TargetError, load_target
 
 DYNAMO_TARGETS = ("gb300-agg", "gb300-disagg", "vr200-agg", "vr200-disagg")
 
@@ -74,3 +97,337 @@ def test_worker_metrics_urls_from_env() -> None:
     assert ep.all_worker_metrics_urls() == urls["prefill"]
     with pytest.raises(TargetError, match="worker_metrics_url_env"):
         load_target("gb300-agg", overrides={"endpoint": {"worker_metrics_url_env": {"frontend": "X"}}})
+
+
+# ------------------------------------------------------------------------------- error answers per stack
+#: Verbatim copies of ../shared/reference/real-dynamo-1.6.1-transcripts/, named <folder>-<name> (see its README).
+REF = FIXTURES_DIR / "transcripts" / "dynamo-1.6.1"
+REQ = httpx.Request("POST", "http://fe:8000/v1/chat/completions")
+
+
+def recorded(name: str, block: int = 0) -> httpx.Response:
+    """The ``block``-th HTTP answer recorded in a transcript (status line, headers, blank line, body)."""
+    text = (REF / name).read_text()
+    answers = re.findall(r"HTTP/1\.1 (\d{3})[^\n]*\n(.*?)\n\n(.*?)(?:\[(?:curl )?exit=\d+\]|\n===|\Z)", text, re.DOTALL)
+    status, head, body = answers[block]
+    headers = dict(line.split(": ", 1) for line in head.splitlines() if ": " in line)
+    headers.pop("transfer-encoding", None)
+    headers.pop("content-length", None)
+    return httpx.Response(int(status), headers=headers, content=body.strip().encode(), request=REQ)
+
+
+def flat(status: int, message: str, kind: str = "Bad Request") -> httpx.Response:
+    return httpx.Response(status, json={"message": message, "type": kind, "code": status}, request=REQ)
+
+
+def row(file: Path, stack: str, case: str) -> Expected:
+    data = yaml.safe_load(file.read_text())
+    table = data["errors"] if file.name == "smoke.yaml" else data["errors"]["expect"]
+    return expected_for(table, stack, case, file)
+
+
+SMOKE, TOOLS, REASONING = (FIXTURES_DIR / "smoke" / "smoke.yaml", FIXTURES_DIR / "prompts" / "tools.yaml",
+                           FIXTURES_DIR / "prompts" / "reasoning.yaml")
+# What real Dynamo 1.6.1 said (transcripts), or its validation texts (reference/real-dynamo.md, the 1.6.1 binary).
+DYNAMO_ANSWERS = [
+    (SMOKE, "unknown_model", lambda: recorded("mocker-14_bad_model.txt")),
+    (SMOKE, "unknown_model", lambda: recorded("mocker-21_bad_model_stream.txt")),
+    (SMOKE, "prompt_too_long", lambda: recorded("python-worker-45_q4_context_length_token_budget.txt")),
+    (TOOLS, "tool_choice_without_tools", lambda: flat(400, 'Validation: tool_choice is "required" but tools is empty')),
+    (TOOLS, "empty_tools", lambda: flat(400, "Validation: tools array cannot be empty; omit the field entirely to "
+                                             "disable tool use")),
+    (TOOLS, "unknown_named_tool", lambda: flat(400, 'Validation: tool named "book_hotel" in tool_choice is not '
+                                                    'present in tools')),
+    (REASONING, "unsupported_effort", lambda: flat(400, "unknown variant `extreme`, expected one of `none`, "
+                                                        "`minimal`, `low`, `medium`, `high`, `xhigh`, `max`")),
+]
+
+
+@pytest.mark.parametrize("file, case, answer", DYNAMO_ANSWERS, ids=[f"{f.stem}-{c}" for f, c, _ in DYNAMO_ANSWERS])
+def test_dynamo_rows_accept_what_real_dynamo_answers(file: Path, case: str, answer: Any) -> None:
+    check_answer(answer(), row(file, "dynamo+vllm", case), case)
+
+
+@pytest.mark.parametrize("file, case, answer", DYNAMO_ANSWERS, ids=[f"{f.stem}-{c}" for f, c, _ in DYNAMO_ANSWERS])
+def test_vllm_rows_refuse_dynamos_answers(file: Path, case: str, answer: Any) -> None:
+    """The old false positives: vLLM's wording and shape are not what Dynamo says."""
+    with pytest.raises(AssertionError):
+        check_answer(answer(), row(file, "vllm", case), case)
+
+
+def test_unknown_model_match_is_case_insensitive_and_the_shape_is_checked() -> None:
+    expected = row(SMOKE, "dynamo+vllm", "unknown_model")
+    check_answer(flat(404, "MODEL NOT FOUND", "Not Found"), expected, "x")
+    nested = httpx.Response(404, json={"error": {"message": "Model not found: no-such-model", "type": "Not Found",
+                                                 "code": 404}}, request=REQ)
+    with pytest.raises(AssertionError, match="flat"):
+        check_answer(nested, expected, "x")
+    with pytest.raises(AssertionError, match="HTTP 400, expected 404"):
+        check_answer(flat(400, "Model not found"), expected, "x")
+
+
+def test_over_long_prompt_without_a_token_budget_is_reported_as_that_deviation() -> None:
+    expected = row(SMOKE, "dynamo+vllm", "prompt_too_long")
+    mocker_500 = flat(500, "Internal server error", "Internal Server Error")
+    with pytest.raises(AssertionError, match="no token budget.*the stack said.*Internal server error"):
+        check_answer(mocker_500, expected, "over-long prompt")
+    with pytest.raises(AssertionError, match="enforced no context length"):
+        check_answer(recorded("python-worker-44_q4_context_length.txt"), expected, "over-long prompt")
+
+
+def test_chat_template_kwargs_is_served_on_dynamo_and_refused_on_vllm() -> None:
+    ok = httpx.Response(200, json={"choices": [{"message": {"content": "132"}}]}, request=REQ)
+    check_answer(ok, row(REASONING, "dynamo+vllm", "chat_template_kwargs"), "x")
+    with pytest.raises(AssertionError, match="accepted"):
+        check_answer(ok, row(REASONING, "vllm", "chat_template_kwargs"), "x")
+    with pytest.raises(AssertionError, match="expected 200"):
+        check_answer(flat(400, "nope"), row(REASONING, "dynamo+vllm", "chat_template_kwargs"), "x")
+
+
+def test_litellm_inherits_vllm_rows_and_overrides_its_own() -> None:
+    assert row(TOOLS, "vllm+litellm", "empty_tools") == row(TOOLS, "vllm", "empty_tools")
+    assert row(TOOLS, "vllm+litellm", "tool_choice_without_tools").accepted
+    with pytest.raises(ValueError, match="no expectation for case 'nope'"):
+        row(TOOLS, "vllm+litellm", "nope")
+
+
+def test_health_readiness_counts_generate_instances_only() -> None:
+    body = json.loads(recorded("mocker-01_health.txt").text)
+    assert worker_instance_ids(body) == {5470118659194256688}
+    assert worker_instance_ids(json.loads(recorded("mocker-68_no_workers_health.txt").text)) == set()
+
+
+# ------------------------------------------------------------------------ tools on a Dynamo that drops v11
+def _dropped_v11_message() -> tuple[dict[str, Any], str]:
+    """What real Dynamo 1.6.1 returned for a worker that emitted ``[TOOL_CALLS]get_weather[ARGS]{...}``."""
+    text = (REF / "python-worker-30_auto_tool_v11_unary_noeffort.txt").read_text()
+    body = json.loads(text.split("HTTP 200\n", 1)[1])
+    return body["choices"][0]["message"], body["choices"][0]["finish_reason"]
+
+
+def test_tools_failure_names_the_dynamo_version_that_drops_the_v11_form() -> None:
+    message, finish = _dropped_v11_message()
+    cause = tool_call_drop_cause(load_target("gb300-agg", overrides={"serving": {"dynamo_version": "1.6.1"}})
+                                 .serving.dynamo_version)
+    assert cause is not None
+    with pytest.raises(AssertionError) as info:
+        assert_tool_choice_obeyed("auto", message, finish, "get_weather", "x", no_call_cause=cause)
+    text = str(info.value)
+    assert "Dynamo 1.6.1" in text and "[TOOL_CALLS]name[ARGS]" in text and "not enabled?" not in text
+    assert "1.7.0-mistral-large-4-dev.1" in text, "the fix names a version that parses the form"
+
+
+def test_no_cause_where_the_version_parses_the_v11_form() -> None:
+    assert tool_call_drop_cause("1.7.0-mistral-large-4-dev.1") is None
+    message, finish = _dropped_v11_message()
+    with pytest.raises(AssertionError, match="tool parser off or not enabled"):
+        assert_tool_choice_obeyed("auto", message, finish, "get_weather", "x", no_call_cause=None)
+
+
+# ---------------------------------------------------------------------- preflight: DYN_PARSER_VERSION=2
+@pytest.mark.parametrize("name", ["gb300-disagg", "vr200-agg"])
+def test_seed_manifests_on_a_public_1_6_image_are_never_served(name: str, tmp_path: Path) -> None:
+    """The seed's own manifests pass; the same files on the public 1.6.1 image are flagged on every frontend."""
+    from pytest_ml4.preflight import lint_paths
+
+    target = load_target(name)
+    deploy = target.resolve(next(m for m in target.manifests if m.endswith("deploy.yaml")))
+    assert not lint_paths([deploy], target=target).by_rule("dynamo-parser-v2-unserved")
+    public = tmp_path / "deploy.yaml"
+    public.write_text(deploy.read_text().replace("vllm-runtime:1.7.0-mistral-large-4-dev.1", "vllm-runtime:1.6.1"))
+    findings = lint_paths([public], target=target).by_rule("dynamo-parser-v2-unserved")
+    assert findings and all("Dynamo 1.6.1" in f.message and f.severity.value == "error" for f in findings)
+
+
+# ------------------------------------------------------------------------ vllm:* metrics live on the workers
+def _kv_suite() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ml4_kv_suite", REPO_ROOT / "suites" / "test_kv_cache.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_kv_cross_checks_read_the_workers_and_name_the_missing_field() -> None:
+    kv = _kv_suite()
+    disagg = load_target("gb300-disagg")
+    live = Endpoint("http://fe:8000/v1", worker_metrics_urls={"prefill": ("http://p:1/metrics",),
+                                                              "decode": ("http://d0:1/metrics", "http://d1:1/metrics")})
+    m = kv.EngineMetrics.of(live, disagg)
+    assert m.missing is None and "http://fe:8000/metrics" not in m.urls
+    assert set(m.urls) == {"http://p:1/metrics", "http://d0:1/metrics", "http://d1:1/metrics"}
+    assert m.engine_urls == ("http://d0:1/metrics", "http://d1:1/metrics")
+    unknown = kv.EngineMetrics.of(Endpoint("http://fe:8000/v1"), disagg)
+    assert unknown.urls == () and "ML4_GB300_DISAGG_DECODE_METRICS" in unknown.missing
+    assert "endpoint.worker_metrics_url_env" in unknown.missing
+    vllm = kv.EngineMetrics.of(Endpoint("http://e:8000/v1"), load_target("rtxpro6000-tp8"))
+    assert vllm.urls == ("http://e:8000/metrics",) and vllm.missing is None
+
+
+# --------------------------------------------------- session affinity and prefix reuse (issue 14 items 2, 3)
+class FakeFrontend:
+    """A Dynamo frontend in front of two workers, as far as the affinity and prefix checks can see it: KV routing
+    by cached-prefix overlap (4-word blocks, hashes chained like a KV cache), optional session affinity, the
+    worker-pin header, and the router's cached_tokens / kv_hit_rate (or a fabricated clamped figure)."""
+
+    BLOCK = 4
+
+    def __init__(self, affinity: bool = True, kv_routing: bool = True, honour_pin: bool = True,
+                 fabricated: bool = False) -> None:
+        self.affinity, self.kv_routing, self.honour_pin, self.fabricated = affinity, kv_routing, honour_pin, fabricated
+        self.workers = [101, 202]
+        self.cache: dict[int, set[int]] = {w: set() for w in self.workers}
+        self.sessions: dict[str, int] = {}
+
+    def blocks(self, words: list[str]) -> list[int]:
+        out, parent = [], 0
+        for i in range(0, len(words) - len(words) % self.BLOCK, self.BLOCK):
+            parent = hash((parent, tuple(words[i:i + self.BLOCK])))
+            out.append(parent)
+        return out
+
+    def overlap(self, worker: int, blocks: list[int]) -> int:
+        return next((i for i, b in enumerate(blocks) if b not in self.cache[worker]), len(blocks))
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200, json={"status": "healthy", "instances": [
+                {"component": "backend", "endpoint": "generate", "instance_id": w} for w in self.workers]})
+        body = json.loads(request.content)
+        words = " ".join(m["content"] for m in body["messages"]).split()
+        blocks = self.blocks(words)
+        session, pin = request.headers.get("x-dynamo-session-id"), request.headers.get("x-dynamo-worker-instance-id")
+        if pin and self.honour_pin:
+            worker = int(pin)
+        elif self.affinity and session in self.sessions:
+            worker = self.sessions[session]
+        elif self.kv_routing:
+            worker = max(self.workers, key=lambda w: self.overlap(w, blocks))  # ties: the first worker
+        else:
+            worker = self.workers[0]
+        if self.affinity and session:
+            self.sessions.setdefault(session, worker)
+        hit = self.overlap(worker, blocks)
+        self.cache[worker].update(blocks)
+        cached = min(len(words) - 1, 16) if self.fabricated else hit * self.BLOCK
+        rate = round(hit / max(1, -(-len(words) // self.BLOCK)), 2)
+        return httpx.Response(200, json={
+            "choices": [{"message": {"content": "42"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": len(words), "completion_tokens": 1,
+                      "prompt_tokens_details": {"cached_tokens": cached}},
+            "nvext": {"worker_id": {"prefill_worker_id": worker, "decode_worker_id": worker},
+                      "timing": {"kv_hit_rate": rate}}})
+
+
+RESTART = yaml.safe_load((FIXTURES_DIR / "restart" / "requests.yaml").read_text())
+FRONT = Endpoint("http://fe:8000/v1", model="mistral-large-4")
+
+
+def fake(**kw: bool) -> tuple[httpx.Client, FakeFrontend]:
+    frontend = FakeFrontend(**kw)
+    return httpx.Client(transport=httpx.MockTransport(frontend), base_url=FRONT.base_url + "/"), frontend
+
+
+def test_shared_prefix_turns_stay_together_without_affinity_so_they_prove_nothing() -> None:
+    """Why the old check could not fail: KV routing alone co-locates continuation turns."""
+    http, _ = fake(affinity=False)
+    turns = run_conversation(FRONT, RESTART["conversation"], http=http)
+    assert len({t.decode_worker for t in turns}) == 1
+
+
+def test_affinity_check_passes_with_affinity_and_fails_without() -> None:
+    http, _ = fake(affinity=True)
+    run = run_affinity_probe(FRONT, RESTART["affinity"], http=http)
+    assert check_affinity(run) == run.turns[0].decode_worker
+    http, _ = fake(affinity=False)
+    with pytest.raises(AssertionError, match="session affinity is off") as info:
+        check_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http))
+    assert not isinstance(info.value, AffinityInconclusive)
+
+
+@pytest.mark.parametrize("kw, why", [({"kv_routing": False}, "does not follow cached prefixes"),
+                                     ({"honour_pin": False}, "not honoured")])
+def test_affinity_check_says_when_it_cannot_tell(kw: dict[str, bool], why: str) -> None:
+    http, _ = fake(**kw)
+    with pytest.raises(AffinityInconclusive, match=why):
+        check_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http))
+
+
+def test_affinity_needs_two_decode_workers() -> None:
+    http, frontend = fake()
+    frontend.workers = [101]
+    assert "1 decode worker" in (run_affinity_probe(FRONT, RESTART["affinity"], http=http).not_applicable or "")
+
+
+def test_prefix_reuse_passes_on_router_figures_and_fails_on_fabricated_ones() -> None:
+    http, _ = fake()
+    turns = run_conversation(FRONT, RESTART["conversation"], http=http)
+    assert check_prefix_reuse(turns, FakeFrontend.BLOCK) >= turns[0].prompt_tokens - 2 * FakeFrontend.BLOCK
+    http, _ = fake(fabricated=True)
+    with pytest.raises(AssertionError, match="never-seen prefix yet reports"):
+        check_prefix_reuse(run_conversation(FRONT, RESTART["conversation"], http=http), FakeFrontend.BLOCK)
+
+
+def test_prefix_reuse_fails_without_reuse_or_with_a_hit_rate_that_disagrees() -> None:
+    cold = Turn(200, "42", {"decode_worker_id": 1}, 782, 0, kv_hit_rate=0.0, label="turn 1")
+    # 70_kv_routing.txt: a 782-token prompt again on the same worker: 768 cached, kv_hit_rate 0.92 (12/13 blocks).
+    warm = Turn(200, "42", {"decode_worker_id": 1}, 782, 768, kv_hit_rate=0.92, label="turn 2")
+    assert check_prefix_reuse([cold, warm], 64) == 768
+    with pytest.raises(AssertionError, match="no prefix reuse"):
+        check_prefix_reuse([cold, Turn(200, "42", {"decode_worker_id": 2}, 800, 0, kv_hit_rate=0.0)], 64)
+    with pytest.raises(AssertionError, match="kv_hit_rate 0.5 disagrees"):
+        check_prefix_reuse([cold, Turn(200, "42", {"decode_worker_id": 1}, 782, 768, kv_hit_rate=0.5)], 64)
+    with pytest.raises(AssertionError, match="768 cached tokens of a 700-token prompt"):
+        check_prefix_reuse([cold, Turn(200, "42", {"decode_worker_id": 1}, 700, 768)], 64)
+
+
+def test_recorded_kv_routing_figures_fit_the_hit_rate_rule() -> None:
+    text = (REF / "mocker-70_kv_routing.txt").read_text()
+    rows = re.findall(r"'prompt_tokens': (\d+).*?'cached_tokens': (\d+).*?'kv_hit_rate': ([\d.]+)", text)
+    assert len(rows) == 6
+    for prompt, cached, rate in rows:
+        assert abs(float(rate) - (int(cached) // 64) / -(-int(prompt) // 64)) <= 0.02
+
+
+# ------------------------------------------------------------- OSL engine counter on live runs (issue 14 item 4)
+def test_osl_engine_counter_runs_on_a_live_endpoint(pytester: pytest.Pytester, tmp_path: Path,
+                                                    rtx_api_key: str) -> None:
+    """``--endpoint`` at a running engine (no ``--sim``, no metrics variable): the counter is still read, at the
+    endpoint's own /metrics (it used to need ``metrics_url``, which only ``--sim`` set)."""
+    from pytest_ml4.sim import SimServer
+
+    target = load_target("rtxpro6000-tp8")
+    with SimServer(target, overrides={"sim": {"ttft_s": 0.005, "itl_ms": 0.2}}, log_file=tmp_path / "e.log") as sim:
+        result = pytester.runpytest_subprocess(
+            str(REPO_ROOT / "suites" / "test_osl.py"), "--target", "rtxpro6000-tp8", "--endpoint", sim.base_url,
+            "--ml4-no-proxy", "--ml4-log-file", str(tmp_path / "e.log"), "-k", "streamed_token_count", "-s",
+            "--ml4-reports", str(tmp_path / "reports"), timeout=240)
+        port = sim.url.rsplit(":", 1)[1]
+    result.assert_outcomes(passed=1)
+    line = f"*engine token counter: 768 tokens generated (vllm:generation_tokens_total at http://127.0.0.1:{port}/metrics)*"
+    result.stdout.fnmatch_lines([line])
+
+
+def test_dynamo_tool_conventions_accept_the_recorded_named_call_and_vllm_ones_do_not() -> None:
+    """55_replay_tool_named.txt: a named tool_choice on real Dynamo: id call-<uuid4>, finish tool_calls, content null."""
+    from pytest_ml4.checks.tools import (
+        VLLM_TOOLS,
+        ToolConventions,
+        assert_mistral_tool_ids,
+        named,
+    )
+
+    body = json.loads(recorded("mocker-55_replay_tool_named.txt").text)
+    message, finish = body["choices"][0]["message"], body["choices"][0]["finish_reason"]
+    dynamo = ToolConventions.from_row(yaml.safe_load(TOOLS.read_text())["conventions"]["dynamo+vllm"])
+    assert_mistral_tool_ids(message["tool_calls"], "x", dynamo)
+    assert_tool_choice_obeyed(named("get_weather"), message, finish, "get_weather", "x", conventions=dynamo)
+    with pytest.raises(AssertionError, match="not Mistral ids"):
+        assert_mistral_tool_ids(message["tool_calls"], "x", VLLM_TOOLS)
+    with pytest.raises(AssertionError, match="expected 'stop'"):
+        assert_tool_choice_obeyed(named("get_weather"), message, finish, "get_weather", "x")
+    with pytest.raises(AssertionError, match="not the Dynamo frontend's ids"):
+        assert_mistral_tool_ids([{"id": "abcDEF123"}], "x", dynamo)

@@ -7,14 +7,14 @@ that let it through.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from pytest_ml4.client import decode_json, quote_body
+from pytest_ml4.checks.expected import Expected, check_answer, error_object
+from pytest_ml4.client import quote_body
 from pytest_ml4.probe import StreamResult
 
 #: Each Mistral control token and the defect its appearance in client-visible output means.
@@ -146,42 +146,13 @@ def assert_stream_equals_non_stream(streamed: Assembled, whole: Assembled, lenie
 
 def error_message(body: Any) -> str:
     """The message of an error body in any of the shapes met: vLLM ``{"error": {...}}``, vLLM <= 0.10 flat
-    ``{"object": "error", "message": ...}``, vLLM's auth middleware ``{"error": "Unauthorized"}``, LiteLLM."""
-    if isinstance(body, Mapping):
-        err = body.get("error", body)
-        if isinstance(err, Mapping):
-            return str(err.get("message", ""))
-        return str(err)
-    return str(body)
+    ``{"object": "error", "message": ...}``, Dynamo's flat ``{"message", "type", "code"}``, vLLM's auth middleware
+    ``{"error": "Unauthorized"}``, LiteLLM."""
+    return str(error_object(body).get("message", ""))
 
 
 def assert_rejected(resp: httpx.Response | StreamResult, status: int, message_contains: str, what: str) -> None:
-    """The request was refused with ``status`` and a JSON error whose message contains ``message_contains``.
-
-    A proxy (LiteLLM) wraps vLLM's error JSON as text inside its own message, so a substring check holds
-    across stacks; the status must match exactly.
-    """
-    if isinstance(resp, StreamResult):
-        code, text = resp.status_code, resp.http_error_text or ""
-        if code == 200:
-            raise AssertionError(f"{what}: accepted (HTTP 200, streamed {resp.describe()}); expected HTTP {status} "
-                                 f"with {message_contains!r}")
-        body: Any = resp.http_error if resp.http_error is not None else decode_json(_fake(resp), what)
-    else:
-        code, text = resp.status_code, resp.text
-        body = decode_json(resp, what) if code != 200 else None
-        if code == 200:
-            raise AssertionError(f"{what}: accepted (HTTP 200): {quote_body(text)}; expected HTTP {status} "
-                                 f"with {message_contains!r}")
-    assert code == status, f"{what}: HTTP {code}, expected {status}: {quote_body(text)}"
-    message = error_message(body)
-    if message_contains not in message:
-        # LiteLLM may escape the wrapped JSON; look in the raw text too before failing.
-        assert message_contains in text or message_contains in json.dumps(body), (
-            f"{what}: error message {quote_body(message)} does not contain {message_contains!r}")
-
-
-def _fake(result: StreamResult) -> httpx.Response:
-    return httpx.Response(result.status_code or 0, text=result.http_error_text or "",
-                          headers={"content-type": result.headers.get("content-type", "")},
-                          request=httpx.Request("POST", result.url or "http://unknown/"))
+    """The request was refused with ``status`` and a JSON error whose message contains ``message_contains``
+    (case-insensitive; a proxy's wrapped JSON text counts). The suites read per-stack rows from fixtures and call
+    :func:`pytest_ml4.checks.expected.check_answer` directly."""
+    check_answer(resp, Expected(statuses=(status,), message_contains=(message_contains,)), what)

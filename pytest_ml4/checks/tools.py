@@ -7,7 +7,9 @@ Tool schemas are data: ``fixtures/tools/<name>.json`` in OpenAI ``tools`` form.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +42,37 @@ def is_mistral_tool_id(value: Any) -> bool:
     return isinstance(value, str) and len(value) == 9 and value.isascii() and value.isalnum()
 
 
-def assert_mistral_tool_ids(calls: Sequence[Mapping[str, Any]], where: str) -> None:
-    bad = [c.get("id") for c in calls if not is_mistral_tool_id(c.get("id"))]
-    assert not bad, (f"{where}: tool-call ids {bad} are not Mistral ids (9 ASCII letters/digits); the serving layer "
-                     f"is not using the Mistral tool parser's ids (a Mistral tokenizer rejects them on the next turn)")
+@dataclass(frozen=True)
+class ToolConventions:
+    """What a serving stack does with tool calls where the OpenAI contract leaves it open: the id format and a named
+    ``tool_choice``'s finish_reason and content. Defaults: vLLM 0.33 (vllm.md §4.4); other stacks' rows live in
+    ``fixtures/prompts/tools.yaml`` ``conventions``."""
+
+    id_pattern: str = r"[A-Za-z0-9]{9}"
+    id_what: str = "Mistral ids (9 ASCII letters/digits)"
+    id_why: str = ("the serving layer is not using the Mistral tool parser's ids (a Mistral tokenizer rejects them "
+                   "on the next turn)")
+    named_finish_reason: str = "stop"
+    named_content: tuple[Any, ...] = ("",)
+    source: str = "vllm.md §4.4"
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ToolConventions:
+        fields = dict(row)
+        if "named_content" in fields:
+            fields["named_content"] = tuple(fields["named_content"])
+        return cls(**fields)
+
+
+VLLM_TOOLS = ToolConventions()
+
+
+def assert_mistral_tool_ids(calls: Sequence[Mapping[str, Any]], where: str,
+                            conventions: ToolConventions = VLLM_TOOLS) -> None:
+    """Ids in the stack's format (vLLM: Mistral's 9 characters) and unique."""
+    bad = [c.get("id") for c in calls
+           if not (isinstance(c.get("id"), str) and re.fullmatch(conventions.id_pattern, c["id"]))]
+    assert not bad, f"{where}: tool-call ids {bad} are not {conventions.id_what}; {conventions.id_why}"
     ids = [c.get("id") for c in calls]
     assert len(set(ids)) == len(ids), f"{where}: duplicate tool-call ids {ids}"
 
@@ -86,9 +115,12 @@ def assert_arguments_valid(calls: Sequence[Mapping[str, Any]], tools: Sequence[M
     return parsed
 
 
-def expected_finish_reason(tool_choice: Any, made_calls: bool) -> str:
-    """``resolve_finish_reason`` of vLLM 0.33: ``tool_calls`` only for produced calls under a non-named choice."""
-    if made_calls and not isinstance(tool_choice, Mapping):
+def expected_finish_reason(tool_choice: Any, made_calls: bool, named_finish_reason: str = "stop") -> str:
+    """``resolve_finish_reason`` of vLLM 0.33: ``tool_calls`` only for produced calls under a non-named choice; a
+    named choice gives ``named_finish_reason`` (vLLM ``stop``, the Dynamo frontend ``tool_calls``)."""
+    if made_calls and isinstance(tool_choice, Mapping):
+        return named_finish_reason
+    if made_calls:
         return "tool_calls"
     return "stop"
 
@@ -99,11 +131,15 @@ def named(tool: str) -> dict[str, Any]:
 
 
 def assert_tool_choice_obeyed(tool_choice: Any, message: Mapping[str, Any], finish_reason: str | None,
-                              expect_tool: str | None, where: str, via_litellm: bool = False) -> None:
+                              expect_tool: str | None, where: str, via_litellm: bool = False,
+                              no_call_cause: str | None = None,
+                              conventions: ToolConventions = VLLM_TOOLS) -> None:
     """The calls, content and finish_reason that ``tool_choice`` requires (vllm.md §4.4, §4.6).
 
     ``via_litellm``: LiteLLM 1.108.7 (observed in front of the simulator) reports ``tool_calls`` instead of
     vLLM's ``stop`` for a named choice when not streaming; that proxy rewrite is tolerated, nothing else.
+    ``no_call_cause``: what a missing tool call means on this stack when it is known (a serving release whose
+    parser drops the model's call format), said instead of the generic parser hint.
     """
     calls = message.get("tool_calls") or []
     names = [(c.get("function") or {}).get("name") for c in calls]
@@ -113,7 +149,8 @@ def assert_tool_choice_obeyed(tool_choice: Any, message: Mapping[str, Any], fini
         assert content, f"{where}: tool_choice 'none' gave no content"
     else:
         label = json.dumps(tool_choice) if isinstance(tool_choice, Mapping) else repr(tool_choice)
-        assert calls, (f"{where}: tool_choice {label} but no tool call came back (tool parser off or not enabled?); "
+        hint = no_call_cause or "tool parser off or not enabled?"
+        assert calls, (f"{where}: tool_choice {label} but no tool call came back ({hint}); "
                        f"content: {quote_body(str(content))}")
         if expect_tool is not None:
             assert set(names) == {expect_tool}, f"{where}: tool_choice {label} should call {expect_tool!r}, got {names}"
@@ -121,7 +158,7 @@ def assert_tool_choice_obeyed(tool_choice: Any, message: Mapping[str, Any], fini
             # Forced calls: content is "" rather than null (message_assembly.keeps_tool_calls). Under "auto" a
             # model may legitimately say something before calling, so content is not judged there.
             assert content in ("", None), f"{where}: forced tool call with content {quote_body(str(content))}"
-    want = expected_finish_reason(tool_choice, bool(calls))
+    want = expected_finish_reason(tool_choice, bool(calls), conventions.named_finish_reason)
     if via_litellm and calls and isinstance(tool_choice, Mapping) and finish_reason == "tool_calls":
         return
     assert finish_reason == want, (f"{where}: finish_reason {finish_reason!r}, expected {want!r} for tool_choice "

@@ -1,16 +1,26 @@
 """Client-side checks of a Dynamo deployment around restarts (core, no pytest; dynamo.md §3, §5).
 
-* session affinity: turns sent with one ``x-dynamo-session-id`` land on the same worker, seen through
-  ``nvext.worker_id`` (requested with ``"nvext": {"extra_fields": ["worker_id"]}``);
-* prefix reuse: a continuation turn reports ``usage.prompt_tokens_details.cached_tokens`` > 0;
+* session affinity: turns of one ``x-dynamo-session-id`` stay on one worker even when KV routing alone would send
+  a turn elsewhere. KV routing co-locates continuation turns that share a prefix by itself, so the check sends
+  turns with distinct long prefixes and first caches the second turn's prefix on *another* worker (pinned with
+  ``x-dynamo-worker-instance-id``); a session-less control request proves the router would follow that cache;
+  only affinity then keeps the session's turn on its worker (reference/real-dynamo.md "KV routing");
+* prefix reuse: the router's own figures (``usage.prompt_tokens_details.cached_tokens`` and
+  ``nvext.timing.kv_hit_rate``, real-dynamo-1.6.1-transcripts/mocker/70_kv_routing.txt): a fresh prefix has
+  nothing cached, its continuation has the previous turn's full KV blocks cached, and the hit rate agrees with
+  cached blocks over prompt blocks;
 * disaggregated handoff: a request is prefilled on one instance of the prefill component and decoded on another,
   both instances the frontend's ``/health`` lists;
 * model visibility: with every prefill pod gone the model leaves ``/v1/models`` (its worker set is incomplete)
   and comes back once the replacements serve.
+
+Workers are seen through ``nvext.worker_id`` (requested with ``"nvext": {"extra_fields": ["worker_id",
+"timing"]}``).
 """
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -23,8 +33,16 @@ from pytest_ml4.control.base import Progress, models_listed
 from pytest_ml4.control.kubernetes import KubernetesController
 
 SESSION_HEADER = "x-dynamo-session-id"
+#: Pins a request to one decode/aggregated worker (dynamo.md §5 header overrides; a bogus id answers 400).
+PIN_HEADER = "x-dynamo-worker-instance-id"
 #: How often model visibility is polled while pods are replaced (the simulator restarts a worker in ~1-2 s).
 VISIBILITY_POLL_S = 0.05
+#: kv_hit_rate is reported rounded (0.92 for 12/13 blocks in 70_kv_routing.txt).
+HIT_RATE_TOLERANCE = 0.02
+
+
+class AffinityInconclusive(AssertionError):
+    """The deployment did not let the check tell affinity from KV routing (it fails: a check must be able to)."""
 
 
 @dataclass
@@ -35,6 +53,8 @@ class Turn:
     prompt_tokens: int
     cached_tokens: int | None
     error: str | None = None
+    kv_hit_rate: float | None = None
+    label: str = ""
 
     @property
     def decode_worker(self) -> Any:
@@ -45,36 +65,52 @@ class Turn:
         return (self.worker_id or {}).get("prefill_worker_id")
 
     def line(self) -> str:
+        head = f"{self.label}: " if self.label else ""
         if self.error:
-            return f"HTTP {self.status}: {self.error}"
-        return (f"HTTP {self.status}, worker_id={self.worker_id}, prompt_tokens={self.prompt_tokens}, "
-                f"cached_tokens={self.cached_tokens}, content={self.content[:60]!r}")
+            return f"{head}HTTP {self.status}: {self.error}"
+        return (f"{head}HTTP {self.status}, worker_id={self.worker_id}, prompt_tokens={self.prompt_tokens}, "
+                f"cached_tokens={self.cached_tokens}, kv_hit_rate={self.kv_hit_rate}, "
+                f"content={self.content[:60]!r}")
 
 
-def chat_turn(http: httpx.Client, model: str, messages: list[dict[str, Any]], session: str,
-              max_tokens: int) -> Turn:
+def chat_turn(http: httpx.Client, model: str, messages: list[dict[str, Any]], session: str | None,
+              max_tokens: int, pin: Any = None, label: str = "") -> Turn:
     body = {"model": model, "messages": messages, "max_tokens": max_tokens,
             "nvext": {"extra_fields": ["worker_id", "timing"]}}
-    r = http.post("chat/completions", json=body, headers={SESSION_HEADER: session})
+    headers = {SESSION_HEADER: session} if session else {}
+    if pin is not None:
+        headers[PIN_HEADER] = str(pin)
+    r = http.post("chat/completions", json=body, headers=headers)
     if r.status_code != 200:
-        return Turn(r.status_code, "", None, 0, None, quote_body(r.text))
+        return Turn(r.status_code, "", None, 0, None, quote_body(r.text), label=label)
     data = r.json()
     usage = data.get("usage") or {}
     details = usage.get("prompt_tokens_details") or {}
-    return Turn(r.status_code, data["choices"][0]["message"].get("content") or "",
-                (data.get("nvext") or {}).get("worker_id"), int(usage.get("prompt_tokens") or 0),
-                details.get("cached_tokens"))
+    nvext = data.get("nvext") or {}
+    hit = (nvext.get("timing") or {}).get("kv_hit_rate")
+    return Turn(r.status_code, data["choices"][0]["message"].get("content") or "", nvext.get("worker_id"),
+                int(usage.get("prompt_tokens") or 0), details.get("cached_tokens"),
+                kv_hit_rate=None if hit is None else float(hit), label=label)
 
 
-def run_conversation(endpoint: Endpoint, spec: dict[str, Any], session: str | None = None) -> list[Turn]:
-    """The conversation of ``spec`` (a system prompt and user turns), each answer fed back, one session id."""
-    session = session or f"ml4-{uuid.uuid4().hex[:12]}"
-    messages: list[dict[str, Any]] = [{"role": "system", "content": spec["system"]}]
+def fresh_session() -> str:
+    return f"ml4-{uuid.uuid4().hex[:12]}"
+
+
+def run_conversation(endpoint: Endpoint, spec: dict[str, Any], session: str | None = None,
+                     http: httpx.Client | None = None) -> list[Turn]:
+    """The conversation of ``spec`` (a system prompt and user turns), each answer fed back, one session id.
+
+    The system prompt starts with a fresh nonce so that its first turn meets a cold cache (block hashes chain from
+    the first block: nothing of an earlier run's prompt can match)."""
+    session = session or fresh_session()
+    system = f"[conversation {uuid.uuid4().hex[:12]}] {spec['system']}"
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
     turns: list[Turn] = []
-    with make_httpx(endpoint) as http:
-        for t in spec["turns"]:
+    with _client(endpoint, http) as client:
+        for i, t in enumerate(spec["turns"]):
             messages.append({"role": "user", "content": t["prompt"]})
-            turn = chat_turn(http, endpoint.model, messages, session, int(spec["max_tokens"]))
+            turn = chat_turn(client, endpoint.model, messages, session, int(spec["max_tokens"]), label=f"turn {i + 1}")
             turns.append(turn)
             if turn.error:
                 break
@@ -82,33 +118,151 @@ def run_conversation(endpoint: Endpoint, spec: dict[str, Any], session: str | No
     return turns
 
 
-def check_affinity(turns: list[Turn], disagg: bool) -> Any:
-    """Every turn of the session went to one decode worker (and one prefill worker in disagg); returns it."""
-    failed = [t for t in turns if t.error or not t.worker_id]
-    if failed:
-        raise AssertionError("the conversation did not get worker ids back (nvext.extra_fields worker_id):\n"
-                             + "\n".join(t.line() for t in turns))
-    decode = {t.decode_worker for t in turns}
-    prefill = {t.prefill_worker for t in turns}
-    if len(decode) != 1 or (disagg and len(prefill) != 1):
-        raise AssertionError(f"one {SESSION_HEADER} was served by several workers (decode {sorted(decode)}, prefill "
-                             f"{sorted(prefill)}): session affinity is off (router session-affinity TTL unset, or "
-                             f"the vLLM chat processor dropped the header)\n" + "\n".join(t.line() for t in turns))
-    return decode.pop()
+class _Borrowed:
+    """A caller's client used as a context manager without closing it."""
+
+    def __init__(self, http: httpx.Client) -> None:
+        self.http = http
+
+    def __enter__(self) -> httpx.Client:
+        return self.http
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
-def check_prefix_reuse(turns: list[Turn]) -> int:
-    """The continuation turn reused the cached prefix; returns its cached tokens."""
-    last = turns[-1]
-    if last.cached_tokens is None:
-        raise AssertionError("the continuation turn reports no usage.prompt_tokens_details.cached_tokens:\n"
-                             + "\n".join(t.line() for t in turns))
-    if not 0 < last.cached_tokens < max(last.prompt_tokens, 1):
-        raise AssertionError(f"the continuation turn reused {last.cached_tokens} cached tokens of "
-                             f"{last.prompt_tokens}: no prefix reuse (with the hybrid KV cache manager on, a prefix "
-                             f"hit needs both KV groups; seed 002 GB300 settings)\n"
-                             + "\n".join(t.line() for t in turns))
-    return last.cached_tokens
+def _client(endpoint: Endpoint, http: httpx.Client | None) -> Any:
+    return _Borrowed(http) if http is not None else make_httpx(endpoint)
+
+
+def _failed(turns: list[Turn]) -> str | None:
+    bad = [t for t in turns if t.error or not t.worker_id]
+    if not bad:
+        return None
+    return ("requests did not get worker ids back (nvext.extra_fields worker_id):\n"
+            + "\n".join(t.line() for t in turns))
+
+
+def _generate_instances(health: Any) -> list[dict[str, Any]]:
+    """The instances a frontend ``/health`` body lists on their ``generate`` endpoint: one per worker (real Dynamo
+    lists each worker once per endpoint it serves, e.g. also ``worker_kv_query_source_*``)."""
+    instances = health.get("instances") if isinstance(health, dict) else None
+    return [i for i in instances or [] if isinstance(i, dict) and i.get("endpoint", "generate") == "generate"]
+
+
+def worker_instance_ids(health: Any) -> set[Any]:
+    """Every worker instance of a ``/health`` body (all roles)."""
+    return {i.get("instance_id") for i in _generate_instances(health)}
+
+
+def decode_instance_ids(health: Any) -> list[Any]:
+    """The workers of a ``/health`` body that decode (aggregated or decode role), in a stable order."""
+    return sorted({i.get("instance_id") for i in _generate_instances(health)
+                   if "prefill" not in str(i.get("component", ""))}, key=str)
+
+
+@dataclass
+class AffinityRun:
+    turns: list[Turn]
+    session_worker: Any = None
+    other_worker: Any = None
+    not_applicable: str | None = None
+
+
+def run_affinity_probe(endpoint: Endpoint, spec: dict[str, Any], http: httpx.Client | None = None) -> AffinityRun:
+    """Turns of one session whose second prefix is cached on another worker (see the module docstring).
+
+    ``spec``: ``prefix`` (a long text) and ``repeat`` (so the prefix spans many KV blocks), ``question``,
+    ``control_question``, ``max_tokens``. Returns the turns in order:
+    session turn 1, the pinned priming request, the session-less control, session turn 2."""
+    nonce = uuid.uuid4().hex[:12]
+    prefix = " ".join([str(spec["prefix"]).strip()] * int(spec.get("repeat", 1)))
+
+    def messages(part: int, question: str) -> list[dict[str, Any]]:
+        # Distinct first tokens: every KV block hash of one prefix differs from the other's.
+        return [{"role": "system", "content": f"[affinity {nonce} part {part}] {prefix}"},
+                {"role": "user", "content": question}]
+
+    n = int(spec["max_tokens"])
+    session = fresh_session()
+    with _client(endpoint, http) as client:
+        health = client.get(endpoint.root_url + "/health")
+        workers = decode_instance_ids(health.json()) if health.status_code == 200 else []
+        if len(workers) < 2:
+            return AffinityRun([], not_applicable=f"/health lists {len(workers)} decode worker(s) {workers}: "
+                                                  f"session affinity needs two to be observable")
+        first = chat_turn(client, endpoint.model, messages(1, spec["question"]), session, n, label="session turn 1")
+        if first.error or first.decode_worker is None:
+            return AffinityRun([first])
+        other = next(w for w in workers if w != first.decode_worker)
+        prime = chat_turn(client, endpoint.model, messages(2, spec["question"]), None, n, pin=other,
+                          label=f"priming part 2 on worker {other} ({PIN_HEADER})")
+        control = chat_turn(client, endpoint.model, messages(2, spec["control_question"]), None, n,
+                            label="control: part 2 without a session")
+        second = chat_turn(client, endpoint.model, messages(2, spec["question"]), session, n,
+                           label="session turn 2 (part 2)")
+    return AffinityRun([first, prime, control, second], first.decode_worker, other)
+
+
+def check_affinity(run: AffinityRun) -> Any:
+    """Session turn 2 stayed on turn 1's worker although KV routing (proven by the control) would have sent its
+    prefix to the other worker; returns the session's worker."""
+    listing = "\n".join(t.line() for t in run.turns)
+    problem = _failed(run.turns)
+    if problem or len(run.turns) < 4:
+        raise AssertionError(problem or f"the session's first turn failed:\n{listing}")
+    first, prime, control, second = run.turns
+    if prime.decode_worker != run.other_worker:
+        raise AffinityInconclusive(f"the priming request pinned to worker {run.other_worker} ran on "
+                                   f"{prime.decode_worker}: {PIN_HEADER} not honoured, affinity cannot be told from "
+                                   f"routing\n{listing}")
+    if control.decode_worker != run.other_worker:
+        raise AffinityInconclusive(f"the KV router sent a session-less request whose prefix only worker "
+                                   f"{run.other_worker} holds to {control.decode_worker}: routing does not follow "
+                                   f"cached prefixes (router mode not kv, or the workers publish no KV events), so "
+                                   f"affinity cannot be told from load balancing\n{listing}")
+    if second.decode_worker != first.decode_worker:
+        raise AssertionError(f"one {SESSION_HEADER} was served by workers {first.decode_worker} and "
+                             f"{second.decode_worker}: the second turn followed its cached prefix to the other "
+                             f"worker, session affinity is off (router session-affinity TTL unset, or the vLLM "
+                             f"chat processor dropped the header)\n{listing}")
+    return first.decode_worker
+
+
+def check_prefix_reuse(turns: list[Turn], block_size: int) -> int:
+    """The router's figures show the continuation reusing the previous turn's KV blocks; returns its cached tokens.
+
+    Judged on the first two turns of :func:`run_conversation`: turn 1 (a fresh nonce prefix) must have nothing
+    cached, turn 2 at least every full block of turn 1's prompt but one, never more than its own prompt; where
+    ``nvext.timing.kv_hit_rate`` is reported it must equal cached blocks / prompt blocks."""
+    listing = "\n".join(t.line() for t in turns)
+    problem = _failed(turns[:2])
+    if problem or len(turns) < 2:
+        raise AssertionError(problem or f"the conversation needs two turns:\n{listing}")
+    cold, warm = turns[0], turns[1]
+    if warm.cached_tokens is None:
+        raise AssertionError(f"the continuation turn reports no usage.prompt_tokens_details.cached_tokens:\n{listing}")
+    problems = []
+    if cold.cached_tokens:
+        problems.append(f"turn 1 starts with a never-seen prefix yet reports {cold.cached_tokens} cached tokens: "
+                        f"the figure is not the router's")
+    floor = max(block_size, (cold.prompt_tokens // block_size - 1) * block_size)
+    if warm.cached_tokens < floor:
+        problems.append(f"turn 2 reused {warm.cached_tokens} cached tokens, less than turn 1's {cold.prompt_tokens}-"
+                        f"token prompt in full {block_size}-token blocks less one ({floor}): no prefix reuse (with the "
+                        f"hybrid KV cache manager on, a prefix hit needs both KV groups; seed 002 GB300 settings)")
+    if warm.cached_tokens > warm.prompt_tokens:
+        problems.append(f"turn 2 reports {warm.cached_tokens} cached tokens of a {warm.prompt_tokens}-token prompt")
+    for turn in (cold, warm):
+        if turn.kv_hit_rate is None or turn.cached_tokens is None:
+            continue
+        expected = (turn.cached_tokens // block_size) / max(1, math.ceil(turn.prompt_tokens / block_size))
+        if abs(turn.kv_hit_rate - expected) > HIT_RATE_TOLERANCE:
+            problems.append(f"{turn.label}: nvext.timing.kv_hit_rate {turn.kv_hit_rate} disagrees with "
+                            f"{turn.cached_tokens} cached of {turn.prompt_tokens} prompt tokens ({expected:.2f})")
+    if problems:
+        raise AssertionError("; ".join(problems) + "\n" + listing)
+    return warm.cached_tokens
 
 
 def frontend_instances(root_url: str) -> list[dict[str, Any]]:

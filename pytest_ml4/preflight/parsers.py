@@ -380,7 +380,8 @@ def _dgd_component(name: str, comp: dict[str, Any], alpha: bool, global_env: tup
     replicas = comp.get("replicas")
     return DgdComponent(name=name, role=role, replicas=int(replicas) if isinstance(replicas, int) else None,
                         env=redact_env(env), env_refs=refs, engine=engine, frontend=frontend, resources=resources,
-                        shared_memory=_shared_memory(comp), line=line)
+                        shared_memory=_shared_memory(comp), line=line,
+                        image=str(container["image"]) if container.get("image") else None)
 
 
 def _shared_memory(comp: dict[str, Any]) -> str | None:

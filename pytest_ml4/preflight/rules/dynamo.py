@@ -279,3 +279,37 @@ def check_parsers(ctx: LintContext) -> Iterator[Finding]:
             if comp.env.get("DYN_PARSER_VERSION") != "2":
                 yield r.finding(doc, f"frontend DYN_PARSER_VERSION={comp.env.get('DYN_PARSER_VERSION', 'unset')}",
                                 line=comp.line, where=f"{doc.name}/{comp.name}")
+
+
+def _mistral_parser_sites(doc: DgdDocument) -> list[str]:
+    """The workers of ``doc`` that run a ``mistral`` tool-call or reasoning parser."""
+    return [c.name for c in doc.components if c.engine is not None and "mistral" in {
+        (c.engine.get("dyn-tool-call-parser") or "").lower(), (c.engine.get("dyn-reasoning-parser") or "").lower()}]
+
+
+@rule("dynamo-parser-v2-unserved", Severity.ERROR,
+      "the frontend sets DYN_PARSER_VERSION=2 with the workers' mistral parsers on a Dynamo image that has no "
+      "Mistral v2 parser: the model is never served (every request 404 with an empty body; frontend log 'the "
+      "configured parser pair has no compatible unified v2 implementation')",
+      "run an image whose Dynamo has a Mistral v2 parser (fixtures/dynamo/versions.yaml mistral_parser_v2: true, "
+      "e.g. the seed's vllm-runtime:1.7.0-mistral-large-4-dev.1); on a public 1.6.x image unset "
+      "DYN_PARSER_VERSION instead, knowing 1.6.x then drops Mistral Large 4's [TOOL_CALLS]name[ARGS] calls",
+      "reference/real-dynamo.md 'Mistral parsing in 1.6.1' (DYN_PARSER_VERSION=2 column: 'model never served: every "
+      "request 404, empty body') and real-dynamo-1.6.1-transcripts/python-worker/31_v2_*; seeds/002 'the frontend "
+      "sets DYN_PARSER_VERSION=2'; the version from the frontend container's image tag", DGD)
+def check_parser_v2_served(ctx: LintContext) -> Iterator[Finding]:
+    from pytest_ml4.dynamo_versions import behaviour, image_version
+
+    r = RULES["dynamo-parser-v2-unserved"]
+    for doc in ctx.of(DgdDocument):
+        workers = _mistral_parser_sites(doc)
+        for comp in _frontends(doc):
+            if comp.env.get("DYN_PARSER_VERSION") != "2" or not workers:
+                continue
+            version = image_version(comp.image)
+            row = behaviour(version) if version else None
+            # An image whose version the table does not know is not judged here: no evidence either way.
+            if row is not None and not row.mistral_parser_v2:
+                yield r.finding(doc, f"frontend image {comp.image} (Dynamo {version}, no Mistral v2 parser) with "
+                                     f"DYN_PARSER_VERSION=2 and mistral parsers on {', '.join(workers)}",
+                                line=comp.line, where=f"{doc.name}/{comp.name}")
