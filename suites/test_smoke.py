@@ -103,7 +103,7 @@ def test_stream_answers_known_question_with_clean_grammar(ml4_target: Target, ht
 
 def test_stream_usage_agrees_with_streamed_text(ml4_target: Target, http_client: httpx.Client) -> None:
     from pytest_ml4.probe import probe_chat_stream
-    from pytest_ml4.sim.tokenizer import SimTokenizer
+    from pytest_ml4.tokenizer import SimTokenizer
 
     body = _chat_body(ml4_target, "Write a one-sentence readiness check.", max_tokens=256, stream=True,
                       stream_options={"include_usage": True})

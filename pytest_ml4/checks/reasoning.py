@@ -25,7 +25,7 @@ REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
 def count_tokens(text: str, tokenizer_version: int) -> int:
     """Tekken token count of ``text`` with the tokenizer the simulator serves (mistral-common's v13/v15 Tekken)."""
-    from pytest_ml4.sim.tokenizer import get_tokenizer
+    from pytest_ml4.tokenizer import get_tokenizer
 
     return get_tokenizer(tokenizer_version).count(text) if text else 0
 

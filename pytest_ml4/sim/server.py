@@ -32,7 +32,7 @@ from pytest_ml4.sim.logfmt import uvicorn_line, vllm_line
 from pytest_ml4.sim.perfmodel import PerfModel
 from pytest_ml4.sim.promstats import CONTENT_TYPE, SimMetrics
 from pytest_ml4.sim.responder import plan_response
-from pytest_ml4.sim.tokenizer import (
+from pytest_ml4.tokenizer import (
     PromptError,
     SimTokenizer,
     get_tokenizer,

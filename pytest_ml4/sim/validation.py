@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from pytest_ml4.sim.tokenizer import REASONING_EFFORTS
+from pytest_ml4.tokenizer import REASONING_EFFORTS
 
 ENGINE_DEAD_MESSAGE = "The server had an error while processing your request."
 

@@ -25,7 +25,7 @@ from itertools import cycle, islice
 from typing import Any
 
 from pytest_ml4.sim.responder import Plan, load_data
-from pytest_ml4.sim.tokenizer import SimTokenizer
+from pytest_ml4.tokenizer import SimTokenizer
 
 # Token kinds.
 MARK, REASON, CONTENT, TC_START, TC_NAME, ARGS_MARK, ARG, EOS = range(8)
