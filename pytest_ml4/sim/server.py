@@ -30,8 +30,9 @@ from pytest_ml4.sim.engine import Engine, Sequence, block_hashes
 from pytest_ml4.sim.faults import ActiveFaults
 from pytest_ml4.sim.logfmt import uvicorn_line, vllm_line
 from pytest_ml4.sim.perfmodel import PerfModel
-from pytest_ml4.sim.promstats import CONTENT_TYPE, SimMetrics
+from pytest_ml4.sim.promstats import SimMetrics
 from pytest_ml4.sim.responder import plan_response
+from pytest_ml4.vllm_versions import for_version
 from pytest_ml4.tokenizer import (
     PromptError,
     SimTokenizer,
@@ -114,7 +115,9 @@ class SimApp:
         self.max_chars_per_token = tokenizer.max_chars_per_token
         self.faults = cfg.faults
         self.names = served_names(t)
-        self.ctx = Context(served_names=self.names, max_model_len=t.engine.max_model_len)
+        self.wire_version = for_version(t.engine.version)
+        self.ctx = Context(served_names=self.names, max_model_len=t.engine.max_model_len,
+                           reasoning_efforts=self.wire_version.reasoning_efforts)
         self.created = int(time.time())
         self.fingerprint = fingerprint(t)
         field_mode = str(t.sim.extra.get("reasoning_field", "reasoning"))
@@ -133,8 +136,12 @@ class SimApp:
             bad_tool_ids=self.faults.has("bad_tool_ids"),
             reasoning_usage_missing=self.faults.has("reasoning_usage_missing"),
             empty_tool_calls=wire.version_tuple(t.engine.version) <= (0, 22, 99),
+            kv_transfer_params=self.wire_version.kv_transfer_params,
+            weight_versions=self.wire_version.weight_versions,
+            eos_finish_delta_empty=self.wire_version.eos_finish_delta_empty,
         )
-        self.metrics = SimMetrics(t, self.names[0], boot.num_gpu_blocks)
+        self.metrics = SimMetrics(t, self.names[0], boot.num_gpu_blocks,
+                                  extra_families=self.wire_version.metrics_families_extra)
         perf = PerfModel(t, itl_factor=self.faults.value("slow_decode", 1.0) or 1.0,
                          ttft_extra_s=self.faults.value("ttft_spike", 0.0))
         self.engine = Engine(perf=perf, metrics=self.metrics, max_num_seqs=t.engine.max_num_seqs,
@@ -193,12 +200,17 @@ class SimApp:
         # Outermost, like uvicorn's access log: refused (401) requests are logged too.
         self.inflight += 1
         self.idle.clear()
+        t0 = time.monotonic()
         try:
             resp = await handler(request)
         finally:
             self.inflight -= 1
             if not self.inflight:
                 self.idle.set()
+        route = request.match_info.route.resource
+        if route is not None and resp.status != 401:
+            self.metrics.http_request(route.canonical, request.method, resp.status, request.content_length or 0,
+                                      resp.content_length or 0, time.monotonic() - t0)
         peer = request.transport.get_extra_info("peername") if request.transport else None
         host = f"{peer[0]}:{peer[1]}" if peer else "-"
         status = resp.status
@@ -237,7 +249,8 @@ class SimApp:
         return _json(wire._dumps({"object": "list", "data": cards}))
 
     async def metrics_handler(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(body=self.metrics.render(),
+                            headers={"Content-Type": self.wire_version.metrics_content_type})
 
     # ------------------------------------------------------------------ chat
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -304,7 +317,7 @@ class SimApp:
         return wire.response_body(req_id=req_id, created=int(time.time()), model=self.names[0], message=message,
                                   finish=finish, prompt_tokens=prompt_tokens, completion_tokens=out.completion_tokens,
                                   reasoning_tokens=reasoning_tokens, fingerprint=self.fingerprint,
-                                  cached_tokens=cached_tokens)
+                                  cached_tokens=cached_tokens, weight_versions=self.opts.weight_versions)
 
     async def _stream(self, request: web.Request, req: Any, out: wire.Output, seq: Sequence, ids: list[str],
                       keep_parallel: bool, finish: str, prompt_tokens: int) -> web.StreamResponse:
