@@ -20,6 +20,7 @@ class VllmVersion:
     key: str
     reasoning_field: str
     reasoning_efforts: tuple[str, ...]
+    default_reasoning_effort: str | None
     kv_transfer_params: bool
     weight_versions: bool
     eos_finish_delta_empty: bool
@@ -48,6 +49,7 @@ def for_version(version: str) -> VllmVersion:
     row = table[key]
     return VllmVersion(key=row["key"], reasoning_field=row["reasoning_field"],
                        reasoning_efforts=tuple(row["reasoning_efforts"]),
+                       default_reasoning_effort=row.get("default_reasoning_effort"),
                        kv_transfer_params=bool(row["chunk_keys"]["kv_transfer_params"]),
                        weight_versions=bool(row["chunk_keys"]["weight_versions"]),
                        eos_finish_delta_empty=bool(row["eos_finish_delta_empty"]),

@@ -25,6 +25,7 @@ from pytest_ml4.checks.reasoning import (
 )
 from pytest_ml4.client import Endpoint
 from pytest_ml4.targets import FIXTURES_DIR, Target
+from pytest_ml4.vllm_versions import for_version
 
 pytestmark = pytest.mark.reasoning
 
@@ -60,8 +61,19 @@ def test_reasoning_token_count_agrees_with_usage(chat: ChatSession, ml4_target: 
 
 @STREAM
 @pytest.mark.parametrize("effort", DATA["efforts"])
-def test_each_reasoning_effort_is_accepted(chat: ChatSession, ml4_target: Target, effort: str, stream: bool) -> None:
+def test_each_reasoning_effort_is_accepted(chat: ChatSession, ml4_target: Target, ml4_endpoint: Endpoint,
+                                           http_client: httpx.Client, effort: str, stream: bool) -> None:
+    """Each effort the target's vLLM version accepts (fixtures/vllm/versions.yaml) answers; the others are
+    refused with vLLM's 400 naming the supported values."""
     q = DATA["question"]
+    accepted = for_version(ml4_target.engine.version).reasoning_efforts
+    if effort not in accepted:
+        body = {"model": ml4_endpoint.model, "messages": user(q["prompt"]), "max_tokens": 64,
+                "reasoning_effort": effort}
+        assert_rejected(send_raw(http_client, body, stream), 400,
+                        f"reasoning_effort={effort} is not supported",
+                        f"reasoning_effort={effort!r} on vLLM {ml4_target.engine.version}")
+        return
     answer = chat.ask(chat.body(user(q["prompt"]), reasoning_effort=effort), stream)
     assert_no_control_tokens(answer.message, answer.where)
     assert q["expect_substring"] in answer.content, f"{answer.where}: wrong answer at effort {effort}: {answer.content!r}"

