@@ -592,6 +592,15 @@ def async_openai_client(ml4_endpoint: Any) -> Any:
 
 
 @pytest.fixture(scope="session")
+def ml4_token_counter(ml4_target: Target, ml4_endpoint: Any) -> Any:
+    """Token re-counter for usage checks: the deployment's ``POST /tokenize`` where the stack has one, else the
+    local Tekken (``pytest_ml4.recount``)."""
+    from pytest_ml4.recount import counter_for
+
+    return counter_for(ml4_target, ml4_endpoint)
+
+
+@pytest.fixture(scope="session")
 def http_client(ml4_endpoint: Any) -> Iterator[Any]:
     from pytest_ml4.client import make_httpx
 

@@ -53,16 +53,17 @@ def test_reasoning_is_separated_from_content(chat: ChatSession, stream: bool) ->
 
 
 @STREAM
-def test_reasoning_token_count_agrees_with_usage(chat: ChatSession, ml4_target: Target, stream: bool) -> None:
+def test_reasoning_token_count_agrees_with_usage(chat: ChatSession, ml4_token_counter: Any, stream: bool) -> None:
     answer = chat.ask(chat.body(user(DATA["question"]["prompt"])), stream)
     reasoning = assert_reasoning_separated(answer.message, answer.where)
-    assert_reasoning_tokens_agree(reasoning, answer.usage, ml4_target.engine.tokenizer_version, answer.where)
+    assert_reasoning_tokens_agree(reasoning, answer.usage, ml4_token_counter, answer.where)
 
 
 @STREAM
 @pytest.mark.parametrize("effort", DATA["efforts"])
 def test_each_reasoning_effort_is_accepted(chat: ChatSession, ml4_target: Target, ml4_endpoint: Endpoint,
-                                           http_client: httpx.Client, effort: str, stream: bool) -> None:
+                                           http_client: httpx.Client, ml4_token_counter: Any, effort: str,
+                                           stream: bool) -> None:
     """Each effort the target's vLLM version accepts (fixtures/vllm/versions.yaml) answers; the others are
     refused with vLLM's 400 naming the supported values."""
     q = DATA["question"]
@@ -83,7 +84,7 @@ def test_each_reasoning_effort_is_accepted(chat: ChatSession, ml4_target: Target
                                                     f"{reasoning_tokens(answer.usage)} reasoning tokens")
     else:
         reasoning = assert_reasoning_separated(answer.message, f"{answer.where}, effort {effort}")
-        assert_reasoning_tokens_agree(reasoning, answer.usage, ml4_target.engine.tokenizer_version,
+        assert_reasoning_tokens_agree(reasoning, answer.usage, ml4_token_counter,
                                       f"{answer.where}, effort {effort}")
 
 

@@ -189,10 +189,12 @@ def test_tokenize_counts_agree(clients: dict[str, httpx.Client]) -> None:
     from pytest_ml4.tokenizer import get_tokenizer
 
     text = "The Mistral Large 4 endpoint is ready and responding normally."
-    r = clients["real"].post("/tokenize", json={"model": _target().serving.served_model_name, "prompt": text,
-                                                "add_special_tokens": False})
-    assert r.status_code == 200, r.text
-    assert r.json()["count"] == get_tokenizer(15).count(text)
+    got = {side: c.post("/tokenize", json={"prompt": text, "add_special_tokens": False})
+           for side, c in clients.items()}
+    assert got["real"].status_code == got["sim"].status_code == 200, got["sim"].text
+    assert got["real"].json()["count"] == get_tokenizer(15).count(text)
+    assert got["sim"].json()["tokens"] == got["real"].json()["tokens"]
+    assert shape(pairs(got["sim"].text)) == shape(pairs(got["real"].text))
 
 
 def test_log_signatures_match_real_boot_and_stats_lines(real: RealVllm,

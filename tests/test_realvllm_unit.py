@@ -119,3 +119,13 @@ def test_failed_start_shows_command_and_log_tail(tmp_path: Path, monkeypatch: py
     assert "exited with code 132" in message and "Illegal instruction" in message
     assert f"command: {fake} -m vllm.entrypoints.openai.api_server" in message
     assert json.dumps(message)  # one printable message
+
+
+def test_recount_falls_back_to_local_tekken_and_says_why() -> None:
+    from pytest_ml4.recount import TokenCounter
+
+    counter = TokenCounter("http://127.0.0.1:9/tokenize", 15)  # discard port: nothing listens
+    text = "The Mistral Large 4 endpoint is ready and responding normally."
+    assert counter.count(text) == get_tokenizer(15).count(text)
+    assert counter.local and counter.slack(200, 3) == 10
+    assert "POST http://127.0.0.1:9/tokenize failed" in counter.describe() and "5% slack" in counter.describe()

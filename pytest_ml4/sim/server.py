@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import json
 import hmac
 import os
 import random
@@ -168,6 +169,8 @@ class SimApp:
         app.router.add_get("/health", self.health)
         app.router.add_get("/ping", self.health)
         app.router.add_post("/ping", self.health)
+        if self.wire_version.tokenize_endpoint:
+            app.router.add_post("/tokenize", self.tokenize)
         app.router.add_get("/version", self.version)
         app.router.add_get("/load", self.load)
         app.router.add_get("/metrics", self.metrics_handler)
@@ -230,6 +233,24 @@ class SimApp:
 
     async def version(self, request: web.Request) -> web.Response:
         return _json(f'{{"version":"{self.target.engine.version}"}}')
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /tokenize`` for a ``prompt`` (the form the re-counts use; chat ``messages`` too)."""
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            return _json('{"error":{"message":"invalid JSON","type":"Bad Request","param":null,"code":400}}', 400)
+        if isinstance(body.get("messages"), list):
+            try:
+                ids = self._prompt_ids(body)
+            except ApiError as err:
+                return _json(err.body(), status=err.status)
+        else:
+            raw = self.tok._tok  # noqa: SLF001 - the Tekkenizer under the shared wrapper
+            ids = list(raw.encode(str(body.get("prompt", "")), bos=bool(body.get("add_special_tokens", True)),
+                                  eos=False))
+        return _json(wire._dumps({"count": len(ids), "max_model_len": self.target.engine.max_model_len,
+                                  "tokens": ids, "token_strs": None}))
 
     async def load(self, request: web.Request) -> web.Response:
         return _json(f'{{"server_load":{self.engine.load}}}')
