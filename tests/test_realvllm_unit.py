@@ -65,7 +65,7 @@ def test_script_is_the_simulators_output_as_token_ids() -> None:
     body = {"messages": [{"role": "user", "content": "What is 17 + 25?"}], "reasoning_effort": "none"}
     ids = script_ids(body, "auto", wire.Limits(max_tokens=200), tok)
     assert ids[-1] == SPECIAL_TOKENS.index("</s>")
-    text = b"".join(tok._tok.id_to_byte_piece(i) for i in ids[:-1]).decode()  # noqa: SLF001
+    text = b"".join(tok._tok.id_to_byte_piece(i) for i in ids[:-1]).decode()
     assert "42" in text and "[THINK]" not in text
     padded = script_ids(body, "auto", wire.Limits(max_tokens=64, min_tokens=64), tok)
     assert len(padded) == 64 and SPECIAL_TOKENS.index("</s>") not in padded

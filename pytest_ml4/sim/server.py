@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import json
 import hmac
+import json
 import os
 import random
 import signal
@@ -33,13 +33,6 @@ from pytest_ml4.sim.logfmt import uvicorn_line, vllm_line
 from pytest_ml4.sim.perfmodel import PerfModel
 from pytest_ml4.sim.promstats import SimMetrics
 from pytest_ml4.sim.responder import plan_response
-from pytest_ml4.vllm_versions import for_version
-from pytest_ml4.tokenizer import (
-    PromptError,
-    SimTokenizer,
-    get_tokenizer,
-    prompt_text_len,
-)
 from pytest_ml4.sim.validation import (
     ApiError,
     Context,
@@ -50,6 +43,13 @@ from pytest_ml4.sim.validation import (
     resolve_max_tokens,
 )
 from pytest_ml4.targets import Target
+from pytest_ml4.tokenizer import (
+    PromptError,
+    SimTokenizer,
+    get_tokenizer,
+    prompt_text_len,
+)
+from pytest_ml4.vllm_versions import for_version
 
 #: Path prefixes vLLM's API-key middleware guards (vllm/entrypoints/serve/middleware/authenticate.py).
 _GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
@@ -246,7 +246,7 @@ class SimApp:
             except ApiError as err:
                 return _json(err.body(), status=err.status)
         else:
-            raw = self.tok._tok  # noqa: SLF001 - the Tekkenizer under the shared wrapper
+            raw = self.tok._tok
             ids = list(raw.encode(str(body.get("prompt", "")), bos=bool(body.get("add_special_tokens", True)),
                                   eos=False))
         return _json(wire._dumps({"count": len(ids), "max_model_len": self.target.engine.max_model_len,
