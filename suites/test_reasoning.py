@@ -17,7 +17,7 @@ import yaml
 
 from pytest_ml4.checks.chat import ChatSession, attach, send_raw, user
 from pytest_ml4.checks.expected import check_answer, expected_for
-from pytest_ml4.checks.protocol import assert_no_control_tokens
+from pytest_ml4.checks.protocol import assert_no_control_tokens, assert_rejected
 from pytest_ml4.checks.reasoning import (
     assert_reasoning_separated,
     assert_reasoning_tokens_agree,
@@ -27,6 +27,7 @@ from pytest_ml4.checks.reasoning import (
 from pytest_ml4.client import Endpoint
 from pytest_ml4.dynamo_versions import behaviour
 from pytest_ml4.targets import FIXTURES_DIR, Target
+from pytest_ml4.vllm_versions import for_version
 
 pytestmark = pytest.mark.reasoning
 
@@ -64,16 +65,28 @@ def test_reasoning_is_separated_from_content(chat: ChatSession, stream: bool) ->
 
 
 @STREAM
-def test_reasoning_token_count_agrees_with_usage(chat: ChatSession, ml4_target: Target, stream: bool) -> None:
+def test_reasoning_token_count_agrees_with_usage(chat: ChatSession, ml4_token_counter: Any, stream: bool) -> None:
     answer = chat.ask(chat.body(user(DATA["question"]["prompt"])), stream)
     reasoning = assert_reasoning_separated(answer.message, answer.where)
-    assert_reasoning_tokens_agree(reasoning, answer.usage, ml4_target.engine.tokenizer_version, answer.where)
+    assert_reasoning_tokens_agree(reasoning, answer.usage, ml4_token_counter, answer.where)
 
 
 @STREAM
 @pytest.mark.parametrize("effort", DATA["efforts"])
-def test_each_reasoning_effort_is_accepted(chat: ChatSession, ml4_target: Target, effort: str, stream: bool) -> None:
+def test_each_reasoning_effort_is_accepted(chat: ChatSession, ml4_target: Target, ml4_endpoint: Endpoint,
+                                           http_client: httpx.Client, ml4_token_counter: Any, effort: str,
+                                           stream: bool) -> None:
+    """Each effort the target's vLLM version accepts (fixtures/vllm/versions.yaml) answers; the others are
+    refused with vLLM's 400 naming the supported values."""
     q = DATA["question"]
+    accepted = for_version(ml4_target.engine.version).reasoning_efforts
+    if effort not in accepted:
+        body = {"model": ml4_endpoint.model, "messages": user(q["prompt"]), "max_tokens": 64,
+                "reasoning_effort": effort}
+        assert_rejected(send_raw(http_client, body, stream), 400,
+                        f"reasoning_effort={effort} is not supported",
+                        f"reasoning_effort={effort!r} on vLLM {ml4_target.engine.version}")
+        return
     answer = chat.ask(chat.body(user(q["prompt"]), reasoning_effort=effort), stream)
     assert_no_control_tokens(answer.message, answer.where)
     assert q["expect_substring"] in answer.content, f"{answer.where}: wrong answer at effort {effort}: {answer.content!r}"
@@ -83,7 +96,7 @@ def test_each_reasoning_effort_is_accepted(chat: ChatSession, ml4_target: Target
                                                     f"{reasoning_tokens(answer.usage)} reasoning tokens")
     else:
         reasoning = assert_reasoning_separated(answer.message, f"{answer.where}, effort {effort}")
-        assert_reasoning_tokens_agree(reasoning, answer.usage, ml4_target.engine.tokenizer_version,
+        assert_reasoning_tokens_agree(reasoning, answer.usage, ml4_token_counter,
                                       f"{answer.where}, effort {effort}")
 
 

@@ -213,7 +213,7 @@ def test_prompt_too_long_error(http: httpx.Client) -> None:
 
 def test_prompt_over_the_character_bound_is_refused_before_tokenising(http: httpx.Client) -> None:
     """0.33's _text_len_check: more characters than max_model_len tokens could hold -> 400, param input_text."""
-    from pytest_ml4.sim.tokenizer import get_tokenizer
+    from pytest_ml4.tokenizer import get_tokenizer
 
     bound = 4096 * get_tokenizer(15).max_chars_per_token
     text = "x" * (bound + 1)
@@ -231,7 +231,7 @@ def test_prompt_over_the_character_bound_is_refused_before_tokenising(http: http
 
 def _words_for_tokens(n: int) -> str:
     """A user prompt whose chat encoding is exactly ``n`` Tekken tokens."""
-    from pytest_ml4.sim.tokenizer import get_tokenizer
+    from pytest_ml4.tokenizer import get_tokenizer
 
     tok = get_tokenizer(15)
     overhead = tok.prompt_tokens({"messages": [{"role": "user", "content": "word"}]}) - 1
@@ -294,7 +294,7 @@ def test_completion_tokens_count_eos(http: httpx.Client) -> None:
     u = body["usage"]
     assert u["prompt_tokens"] + u["completion_tokens"] == u["total_tokens"]
     content = body["choices"][0]["message"]["content"]
-    from pytest_ml4.sim.tokenizer import get_tokenizer
+    from pytest_ml4.tokenizer import get_tokenizer
     assert u["completion_tokens"] == get_tokenizer(15).count(content) + 1
 
 

@@ -185,7 +185,7 @@ def test_crash_on_first_large_step(tmp_path: Path) -> None:
 
     from pytest_ml4.sim.boot import BootResult
     from pytest_ml4.sim.server import LogWriter, SimApp, SimConfig
-    from pytest_ml4.sim.tokenizer import get_tokenizer
+    from pytest_ml4.tokenizer import get_tokenizer
 
     target = load_target("gb300-agg", overrides=FAST)
     boot = BootResult(lines=[], crash_on_first_step=True, crash_min_step_tokens=500,

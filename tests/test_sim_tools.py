@@ -14,7 +14,7 @@ import pytest
 from test_sim_support import FAST, WEATHER_TOOL, assemble, stream_lines
 
 from pytest_ml4.sim import SimServer
-from pytest_ml4.sim.tokenizer import CONTROL_MARKERS
+from pytest_ml4.tokenizer import CONTROL_MARKERS
 
 FLIGHTS = {"type": "function", "function": {
     "name": "search_flights", "description": "Search flights between two cities",

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_ml4.client import quote_body
+from pytest_ml4.recount import LOCAL_SLACK_FRACTION, TokenCounter
 
 #: Tokens by which the reasoning count may differ from a re-tokenisation: a real parser counts the text
 #: between the markers as the engine emitted it, which can split differently at the edges (a leading space,
@@ -17,7 +18,7 @@ from pytest_ml4.client import quote_body
 REASONING_TOKEN_SLACK = 3
 #: Relative slack for long reasoning: the deployed checkpoint's tekken.json may split some words differently
 #: from mistral-common's bundled vocabulary used for the re-count; a missing count (0) is caught regardless.
-REASONING_TOKEN_SLACK_FRACTION = 0.05
+REASONING_TOKEN_SLACK_FRACTION = LOCAL_SLACK_FRACTION
 
 #: Reasoning efforts vLLM 0.33 accepts with a Mistral tokenizer (``ReasoningEffort``, vllm.md §3.1).
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
@@ -25,7 +26,7 @@ REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
 def count_tokens(text: str, tokenizer_version: int) -> int:
     """Tekken token count of ``text`` with the tokenizer the simulator serves (mistral-common's v13/v15 Tekken)."""
-    from pytest_ml4.sim.tokenizer import get_tokenizer
+    from pytest_ml4.tokenizer import get_tokenizer
 
     return get_tokenizer(tokenizer_version).count(text) if text else 0
 
@@ -55,19 +56,23 @@ def assert_reasoning_separated(message: Mapping[str, Any], where: str) -> str:
     return reasoning
 
 
-def assert_reasoning_tokens_agree(reasoning: str, usage: Mapping[str, Any] | None, tokenizer_version: int,
-                                  where: str) -> int:
-    """``reasoning_tokens`` in usage matches the reasoning text's token count within a few tokens."""
+def assert_reasoning_tokens_agree(reasoning: str, usage: Mapping[str, Any] | None,
+                                  counter: int | TokenCounter, where: str) -> int:
+    """``reasoning_tokens`` in usage matches the reasoning text's token count within a few tokens. ``counter``:
+    the deployment's re-counter (:func:`pytest_ml4.recount.counter_for`), or a Tekken version to count locally."""
     reported = reasoning_tokens(usage)
     assert reported is not None, (f"{where}: usage has no completion_tokens_details.reasoning_tokens "
                                   f"(reasoning parser not configured on the server?): {usage}")
-    seen = count_tokens(reasoning, tokenizer_version)
-    slack = max(REASONING_TOKEN_SLACK, int(seen * REASONING_TOKEN_SLACK_FRACTION))
+    if isinstance(counter, int):
+        counter = TokenCounter(None, counter)
+    seen = counter.count(reasoning)
+    slack = counter.slack(seen, REASONING_TOKEN_SLACK)
     if seen and reported == 0:
         raise AssertionError(f"{where}: reasoning tokens missing from usage: reasoning_tokens is 0 but the "
                              f"reasoning re-tokenises to {seen} tokens")
     assert abs(reported - seen) <= slack, (f"{where}: usage reports {reported} reasoning tokens but the reasoning "
-                                           f"re-tokenises to {seen} (allowed difference {slack})")
+                                           f"re-tokenises to {seen} (allowed difference {slack}; "
+                                           f"{counter.describe()})")
     completion = (usage or {}).get("completion_tokens")
     if isinstance(completion, int):
         assert reported <= completion, f"{where}: reasoning_tokens {reported} > completion_tokens {completion}"

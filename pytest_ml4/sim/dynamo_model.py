@@ -3,7 +3,7 @@
 The frontend tokenises prompts and detokenises the workers' token ids itself, so it needs a HF tokenizer; a raw
 Mistral directory (``tekken.json``) gives a model card with ``"tokenizer": null`` and the frontend never serves it
 (shared/reference/real-dynamo.md "Run time"). ``transformers``' ``convert_tekken_tokenizer`` converts the derived
-v15 Tekken file of :mod:`pytest_ml4.sim.tokenizer` offline, with the same ids as mistral-common's, so the worker
+v15 Tekken file of :mod:`pytest_ml4.tokenizer` offline, with the same ids as mistral-common's, so the worker
 (which decodes with mistral-common) and the frontend agree token for token; the control tokens ``[THINK]``,
 ``[/THINK]``, ``[TOOL_CALLS]``, ``[ARGS]``, ``[CALL_ID]`` stay in the text the frontend's parsers see.
 
@@ -31,7 +31,7 @@ def convert(dest: Path) -> Path:
     """Write ``tokenizer.json`` (+ tokenizer_config and chat template) into ``dest``; returns ``dest``."""
     from transformers.integrations.mistral import convert_tekken_tokenizer
 
-    from pytest_ml4.sim.tokenizer import SPECIAL_TOKENS, tekken_path
+    from pytest_ml4.tokenizer import SPECIAL_TOKENS, tekken_path
 
     tok = convert_tekken_tokenizer(str(tekken_path(TEKKEN_VERSION)))
     for marker in PARSER_TOKENS:

@@ -31,7 +31,7 @@ from pytest_ml4.sim import wire
 from pytest_ml4.sim.dynamo_bridge import Behaviour, behaviour, tool_calls_text
 from pytest_ml4.sim.engine import Sequence, block_hashes
 from pytest_ml4.sim.faults import ActiveFaults
-from pytest_ml4.sim.tokenizer import SPECIAL_TOKENS
+from pytest_ml4.tokenizer import SPECIAL_TOKENS
 from pytest_ml4.targets import Target
 
 #: Dynamo component per role (dynamo.md §3: the decode/agg component is ``backend``).
@@ -156,7 +156,7 @@ class Worker:
     def __init__(self, target: Target, role: str, faults: ActiveFaults, mode: Behaviour, log_file: str | None) -> None:
         from pytest_ml4.sim.boot import boot_sequence
         from pytest_ml4.sim.server import LogWriter, SimApp, SimConfig, startup_lines
-        from pytest_ml4.sim.tokenizer import get_tokenizer
+        from pytest_ml4.tokenizer import get_tokenizer
 
         self.target, self.role, self.mode = target, role, mode
         pid = os.getpid()

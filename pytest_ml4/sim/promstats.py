@@ -21,6 +21,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Summary,
     generate_latest,
 )
 from prometheus_client.parser import text_string_to_metric_families
@@ -46,10 +47,18 @@ class _Family:
     buckets: tuple[float, ...] = ()
 
 
-def _catalogue(path: Path) -> list[_Family]:
+#: The real vLLM 0.32 exposition (shared/reference/real-vllm-0.32-cpu-transcripts/get_metrics.txt): the source of
+#: the families a version adds (``metrics_families_extra`` in fixtures/vllm/versions.yaml).
+EXTRA_METRICS = FIXTURES_DIR / "vllm" / "metrics-0.32.txt"
+
+
+def _catalogue(path: Path, only: tuple[str, ...] | None = None) -> list[_Family]:
+    """The ``vllm:*`` families of ``path``, or (``only``) exactly the named families of any prefix."""
     fams: list[_Family] = []
     for fam in text_string_to_metric_families(path.read_text()):
-        if not fam.name.startswith("vllm:") or fam.name.endswith("_created") or fam.name == "vllm:cache_config_info":
+        if fam.name.endswith("_created") or fam.name == "vllm:cache_config_info":
+            continue
+        if (fam.name not in only) if only is not None else not fam.name.startswith("vllm:"):
             continue
         labels: list[str] = []
         children: list[dict[str, str]] = []
@@ -108,7 +117,7 @@ class SimMetrics:
     """All ``vllm:*`` series of one simulated engine (engine label ``"0"``)."""
 
     def __init__(self, target: Target, model_name: str, num_gpu_blocks: int, engine: str = "0",
-                 catalogue: Path = REFERENCE_METRICS) -> None:
+                 catalogue: Path = REFERENCE_METRICS, extra_families: tuple[str, ...] = ()) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         for c in (GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR):
             try:
@@ -123,13 +132,18 @@ class SimMetrics:
             if fam.name.startswith("vllm:spec_decode") and not self.num_spec:
                 continue
             self._m[fam.name] = self._make(fam, target)
+        for fam in _catalogue(EXTRA_METRICS, extra_families) if extra_families else ():
+            # Per-handler HTTP families start without children, as the instrumentator's do.
+            children = [] if fam.name.startswith("http_") else fam.children
+            self._m[fam.name] = self._make(_Family(fam.name, fam.kind, fam.help, fam.labels, children,
+                                                   fam.buckets), target, bare=not fam.name.startswith("http_"))
         help_text, _ = _reference_cache_config(catalogue)
         labels = cache_config_labels(target, num_gpu_blocks, catalogue)
         info = Gauge("vllm:cache_config_info", help_text, labelnames=[*labels, "engine"], registry=self.registry)
         info.labels(**labels, engine=engine).set(1)
         self.gauge("vllm:engine_sleep_state", 1, sleep_state="awake")
 
-    def _make(self, fam: _Family, target: Target) -> Any:
+    def _make(self, fam: _Family, target: Target, bare: bool = True) -> Any:
         name = fam.name
         kw: dict[str, Any] = {"labelnames": list(fam.labels), "registry": self.registry}
         if fam.kind == "counter":
@@ -138,12 +152,14 @@ class SimMetrics:
             buckets = (build_1_2_5_buckets(target.engine.max_model_len) if name in _TOKEN_HISTOGRAMS
                        else list(fam.buckets))
             metric = Histogram(name, fam.help, buckets=buckets, **kw)
+        elif fam.kind == "summary":
+            metric = Summary(name, fam.help, **kw)
         else:
             metric = Gauge(name, fam.help, **kw)
         children = fam.children
         if name == "vllm:spec_decode_num_accepted_tokens_per_pos":
             children = [{"position": str(i)} for i in range(self.num_spec)]
-        if not children:
+        if not children and bare:
             metric.labels(**self._labels(fam, {}))
         for extra in children:
             metric.labels(**self._labels(fam, extra))
@@ -154,6 +170,8 @@ class SimMetrics:
 
     def _child(self, name: str, **extra: str) -> Any:
         m = self._m[name]
+        if not m._labelnames:
+            return m  # an unlabelled family is its own child
         return m.labels(**{k: self.base.get(k, extra.get(k, "")) for k in m._labelnames})
 
     # -- update helpers used by the engine loop
@@ -165,9 +183,20 @@ class SimMetrics:
         if name in self._m:
             self._child(name, **extra).set(value)
 
-    def observe(self, name: str, value: float) -> None:
+    def observe(self, name: str, value: float, **extra: str) -> None:
         if name in self._m:
-            self._child(name).observe(value)
+            self._child(name, **extra).observe(value)
+
+    def http_request(self, handler: str, method: str, status: int, size_in: int, size_out: int,
+                     seconds: float) -> None:
+        """The prometheus-fastapi-instrumentator series of one request (present from vLLM 0.32's table on)."""
+        if "http_requests" not in self._m:
+            return
+        self.inc("http_requests", handler=handler, method=method, status=f"{status // 100}xx")
+        self.observe("http_request_size_bytes", size_in, handler=handler)
+        self.observe("http_response_size_bytes", size_out, handler=handler)
+        self.observe("http_request_duration_highr_seconds", seconds)
+        self.observe("http_request_duration_seconds", seconds, handler=handler, method=method)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

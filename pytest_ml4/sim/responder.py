@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_ml4.sim import toolgen
-from pytest_ml4.sim.tokenizer import message_text
+from pytest_ml4.tokenizer import message_text
 from pytest_ml4.targets import FIXTURES_DIR
 
 RESPONDER_DATA = FIXTURES_DIR / "sim" / "responder.json"

@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import hashlib
 import hmac
+import json
 import os
 import random
 import signal
@@ -31,14 +32,8 @@ from pytest_ml4.sim.engine import Engine, Sequence, block_hashes
 from pytest_ml4.sim.faults import ActiveFaults
 from pytest_ml4.sim.logfmt import uvicorn_line, vllm_line
 from pytest_ml4.sim.perfmodel import PerfModel
-from pytest_ml4.sim.promstats import CONTENT_TYPE, SimMetrics
+from pytest_ml4.sim.promstats import SimMetrics
 from pytest_ml4.sim.responder import plan_response
-from pytest_ml4.sim.tokenizer import (
-    PromptError,
-    SimTokenizer,
-    get_tokenizer,
-    prompt_text_len,
-)
 from pytest_ml4.sim.validation import (
     ApiError,
     Context,
@@ -49,6 +44,13 @@ from pytest_ml4.sim.validation import (
     resolve_max_tokens,
 )
 from pytest_ml4.targets import Target
+from pytest_ml4.tokenizer import (
+    PromptError,
+    SimTokenizer,
+    get_tokenizer,
+    prompt_text_len,
+)
+from pytest_ml4.vllm_versions import for_version
 
 #: Path prefixes vLLM's API-key middleware guards (vllm/entrypoints/serve/middleware/authenticate.py).
 _GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
@@ -118,7 +120,9 @@ class SimApp:
         self.max_chars_per_token = tokenizer.max_chars_per_token
         self.faults = cfg.faults
         self.names = served_names(t)
-        self.ctx = Context(served_names=self.names, max_model_len=t.engine.max_model_len)
+        self.wire_version = for_version(t.engine.version)
+        self.ctx = Context(served_names=self.names, max_model_len=t.engine.max_model_len,
+                           reasoning_efforts=self.wire_version.reasoning_efforts)
         self.created = int(time.time())
         self.instance_id = f"{os.getpid()}@{self.created}"
         self.fingerprint = fingerprint(t)
@@ -138,8 +142,12 @@ class SimApp:
             bad_tool_ids=self.faults.has("bad_tool_ids"),
             reasoning_usage_missing=self.faults.has("reasoning_usage_missing"),
             empty_tool_calls=wire.version_tuple(t.engine.version) <= (0, 22, 99),
+            kv_transfer_params=self.wire_version.kv_transfer_params,
+            weight_versions=self.wire_version.weight_versions,
+            eos_finish_delta_empty=self.wire_version.eos_finish_delta_empty,
         )
-        self.metrics = SimMetrics(t, self.names[0], boot.num_gpu_blocks)
+        self.metrics = SimMetrics(t, self.names[0], boot.num_gpu_blocks,
+                                  extra_families=self.wire_version.metrics_families_extra)
         perf = PerfModel(t, itl_factor=self.faults.value("slow_decode", 1.0) or 1.0,
                          ttft_extra_s=self.faults.value("ttft_spike", 0.0))
         self.engine = Engine(perf=perf, metrics=self.metrics, max_num_seqs=t.engine.max_num_seqs,
@@ -169,6 +177,8 @@ class SimApp:
         app.router.add_get("/health", self.health)
         app.router.add_get("/ping", self.health)
         app.router.add_post("/ping", self.health)
+        if self.wire_version.tokenize_endpoint:
+            app.router.add_post("/tokenize", self.tokenize)
         app.router.add_get("/version", self.version)
         app.router.add_get("/load", self.load)
         app.router.add_get("/metrics", self.metrics_handler)
@@ -202,12 +212,17 @@ class SimApp:
         # Outermost, like uvicorn's access log: refused (401) requests are logged too.
         self.inflight += 1
         self.idle.clear()
+        t0 = time.monotonic()
         try:
             resp = await handler(request)
         finally:
             self.inflight -= 1
             if not self.inflight:
                 self.idle.set()
+        route = request.match_info.route.resource
+        if route is not None and resp.status != 401:
+            self.metrics.http_request(route.canonical, request.method, resp.status, request.content_length or 0,
+                                      resp.content_length or 0, time.monotonic() - t0)
         peer = request.transport.get_extra_info("peername") if request.transport else None
         host = f"{peer[0]}:{peer[1]}" if peer else "-"
         status = resp.status
@@ -228,6 +243,24 @@ class SimApp:
     async def version(self, request: web.Request) -> web.Response:
         return _json(f'{{"version":"{self.target.engine.version}"}}')
 
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /tokenize`` for a ``prompt`` (the form the re-counts use; chat ``messages`` too)."""
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            return _json('{"error":{"message":"invalid JSON","type":"Bad Request","param":null,"code":400}}', 400)
+        if isinstance(body.get("messages"), list):
+            try:
+                ids = self._prompt_ids(body)
+            except ApiError as err:
+                return _json(err.body(), status=err.status)
+        else:
+            raw = self.tok._tok
+            ids = list(raw.encode(str(body.get("prompt", "")), bos=bool(body.get("add_special_tokens", True)),
+                                  eos=False))
+        return _json(wire._dumps({"count": len(ids), "max_model_len": self.target.engine.max_model_len,
+                                  "tokens": ids, "token_strs": None}))
+
     async def load(self, request: web.Request) -> web.Response:
         return _json(f'{{"server_load":{self.engine.load}}}')
 
@@ -246,7 +279,8 @@ class SimApp:
         return _json(wire._dumps({"object": "list", "data": cards}))
 
     async def metrics_handler(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(body=self.metrics.render(),
+                            headers={"Content-Type": self.wire_version.metrics_content_type})
 
     # ------------------------------------------------------------------ chat
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -295,6 +329,9 @@ class SimApp:
             # vLLM passes reasoning_effort to Mistral tokenizers only from v15 on (vllm.md §3.1): older ones
             # never see it, so the model thinks at its default length.
             body = {k: v for k, v in body.items() if k != "reasoning_effort"}
+        elif self.wire_version.default_reasoning_effort and body.get("reasoning_effort") is None:
+            # The tokenizer's default effort reaches the model's prompt when the request names none.
+            body = {**body, "reasoning_effort": self.wire_version.default_reasoning_effort}
         plan = plan_response(body, tool_choice)
         limits = wire.Limits(max_tokens, req.min_tokens, req.ignore_eos, req.thinking_token_budget)
         return wire.build_output(plan, self.tok, limits, self.opts)
@@ -313,7 +350,7 @@ class SimApp:
         return wire.response_body(req_id=req_id, created=int(time.time()), model=self.names[0], message=message,
                                   finish=finish, prompt_tokens=prompt_tokens, completion_tokens=out.completion_tokens,
                                   reasoning_tokens=reasoning_tokens, fingerprint=self.fingerprint,
-                                  cached_tokens=cached_tokens)
+                                  cached_tokens=cached_tokens, weight_versions=self.opts.weight_versions)
 
     async def _stream(self, request: web.Request, req: Any, out: wire.Output, seq: Sequence, ids: list[str],
                       keep_parallel: bool, finish: str, prompt_tokens: int) -> web.StreamResponse:

@@ -16,10 +16,11 @@ import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import httpx
 
+from pytest_ml4.server_lifecycle import ServerLifecycle
 from pytest_ml4.sim.faults import FaultSpec, parse_fault
 from pytest_ml4.targets import Target
 
@@ -46,7 +47,7 @@ def _flatten(prefix: str, value: Any) -> list[str]:
     return [f"{prefix}={json.dumps(value)}"]
 
 
-class SimServer:
+class SimServer(ServerLifecycle):
     """A simulator subprocess for one target."""
 
     def __init__(self, target: Target | str, *, port: int = 0, faults: Iterable[str | FaultSpec] = (),
@@ -90,18 +91,6 @@ class SimServer:
         return [str(o) for o in overrides]
 
     # ------------------------------------------------------------------ properties
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return self.url + "/v1"
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
-
     def argv(self) -> list[str]:
         args = [sys.executable, "-m", "pytest_ml4.sim", "--target", str(self.target_ref), "--host", self.host,
                 "--port", str(self.port), "--log-file", str(self.log_file)]
@@ -110,12 +99,6 @@ class SimServer:
         for o in self.overrides:
             args += ["--set", o]
         return args + self.extra_args
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, timeout: float = 60.0) -> SimServer:
@@ -280,15 +263,6 @@ class SimServer:
                                      + (f"exited with code {proc.returncode}" if proc.returncode is not None
                                         else "timed out") + (f"\n--- stderr ---\n{err}" if err else ""))
             time.sleep(0.02)
-
-    def is_running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"SimServer(target={self.target_ref!r}, url={self.url!r}, pid={self.pid})"

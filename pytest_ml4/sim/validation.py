@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from pytest_ml4.sim.tokenizer import REASONING_EFFORTS
+from pytest_ml4.tokenizer import REASONING_EFFORTS
 
 ENGINE_DEAD_MESSAGE = "The server had an error while processing your request."
 
@@ -106,6 +106,8 @@ class Context:
     served_names: list[str]
     max_model_len: int
     mistral_tokenizer: bool = True
+    #: ``reasoning_effort`` values this vLLM version accepts (fixtures/vllm/versions.yaml).
+    reasoning_efforts: tuple[str, ...] = REASONING_EFFORTS
 
 
 def parse_chat(raw: bytes) -> tuple[dict[str, Any], ChatRequest]:
@@ -154,10 +156,9 @@ def check_request(req: ChatRequest, ctx: Context, raw: dict[str, Any] | None = N
                        "NotFoundError", "model")
     if ctx.mistral_tokenizer and (req.chat_template_kwargs is not None or req.chat_template is not None):
         raise vllm_validation("chat_template is not supported for Mistral tokenizers.", "chat_template")
-    if req.reasoning_effort is not None and req.reasoning_effort not in REASONING_EFFORTS:
+    if req.reasoning_effort is not None and req.reasoning_effort not in ctx.reasoning_efforts:
         raise vllm_validation(f"reasoning_effort={req.reasoning_effort} is not supported by Mistral models. "
-                              f"Supported values are: {list(REASONING_EFFORTS)}.", "reasoning_effort",
-                              req.reasoning_effort, with_value=True)
+                              f"Supported values are: {list(ctx.reasoning_efforts)}.", "reasoning_effort")
     if req.temperature is not None and not 0 <= req.temperature <= 2:
         raise vllm_validation(f"temperature must be in [0, 2], got {req.temperature}.", "temperature",
                               req.temperature, with_value=True)

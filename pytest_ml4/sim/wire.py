@@ -25,7 +25,7 @@ from itertools import cycle, islice
 from typing import Any
 
 from pytest_ml4.sim.responder import Plan, load_data
-from pytest_ml4.sim.tokenizer import SimTokenizer
+from pytest_ml4.tokenizer import SimTokenizer
 
 # Token kinds.
 MARK, REASON, CONTENT, TC_START, TC_NAME, ARGS_MARK, ARG, EOS = range(8)
@@ -52,6 +52,11 @@ class WireOptions:
     empty_tool_calls: bool = False
     #: Per request (``include_reasoning``): false drops the reasoning text; its tokens are still generated.
     include_reasoning: bool = True
+    #: Per version (fixtures/vllm/versions.yaml): null keys only some releases emit, and whether the finish
+    #: chunk of a stop on EOS carries ``delta: {}`` (the last text in the chunk before it).
+    kv_transfer_params: bool = True
+    weight_versions: bool = True
+    eos_finish_delta_empty: bool = False
 
 
 @dataclass
@@ -343,6 +348,11 @@ class StreamRenderer:
             if c is None and r is None and not calls:
                 return []
             return [self._choice_chunk(self._delta_json(c, r, calls), None)]
+        if (self.opts.eos_finish_delta_empty and not calls and (c is not None or r is not None)
+                and self.out.tokens and self.out.tokens[-1][0] == EOS):
+            # The EOS token is a step of its own: its chunk only finishes.
+            return [self._choice_chunk(self._delta_json(c, r, calls), None),
+                    self._choice_chunk("{}", self.finish_reason)]
         return [self._choice_chunk(self._delta_json(c, r, calls), self.finish_reason)]
 
     def _visible(self, idx: int) -> bool:
@@ -360,16 +370,16 @@ class StreamRenderer:
         usage = ""
         if self.continuous:
             usage = ',"usage":' + self._usage_json(self.pos, False)
+        kv = ',"kv_transfer_params":null' if self.opts.kv_transfer_params else ""
         if finish is None:
             return (self._head + '[{"index":0,"delta":' + delta
-                    + ',"logprobs":null,"finish_reason":null,"token_ids":null}]' + usage
-                    + ',"kv_transfer_params":null}\n\n')
+                    + ',"logprobs":null,"finish_reason":null,"token_ids":null}]' + usage + kv + '}\n\n')
         fp = ""
         if self.fingerprint and not self.include_usage:
             fp = ',"system_fingerprint":' + _dumps(self.fingerprint)
         return (self._head + '[{"index":0,"delta":' + delta + ',"logprobs":null,"finish_reason":' + _dumps(finish)
-                + ',"stop_reason":null,"token_ids":null,"weight_versions":null}]' + usage + fp
-                + ',"kv_transfer_params":null}\n\n')
+                + ',"stop_reason":null,"token_ids":null' + (',"weight_versions":null' if self.opts.weight_versions
+                                                              else "") + '}]' + usage + fp + kv + '}\n\n')
 
     def usage_chunk(self) -> str:
         fp = ',"system_fingerprint":' + _dumps(self.fingerprint) if self.fingerprint else ""
@@ -409,7 +419,7 @@ def version_tuple(version: str) -> tuple[int, ...]:
 
 def response_body(*, req_id: str, created: int, model: str, message: dict[str, Any], finish: str,
                   prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None,
-                  fingerprint: str | None, cached_tokens: int | None = None) -> str:
+                  fingerprint: str | None, cached_tokens: int | None = None, weight_versions: bool = True) -> str:
     prompt_details = None if cached_tokens is None else {"cached_tokens": cached_tokens,
                                                           "created_cache_tokens": None, "multimodal_tokens": None}
     usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
@@ -422,4 +432,6 @@ def response_body(*, req_id: str, created: int, model: str, message: dict[str, A
             "service_tier": None, "system_fingerprint": fingerprint, "usage": usage, "prompt_logprobs": None,
             "prompt_token_ids": None, "prompt_text": None, "kv_transfer_params": None, "ec_transfer_params": None,
             "metrics": None}
+    if not weight_versions:
+        del body["choices"][0]["weight_versions"]
     return _dumps(body)

