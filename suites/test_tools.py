@@ -22,7 +22,6 @@ from pytest_ml4.checks.tools import (
     assert_tool_choice_obeyed,
     load_tools,
     named,
-    tool_name,
 )
 from pytest_ml4.client import Endpoint
 from pytest_ml4.probe import StreamResult
@@ -157,15 +156,3 @@ def test_invalid_tool_requests_are_rejected(ml4_endpoint: Endpoint, http_client:
             assert not message.get("tool_calls"), f"{what}: tools were dropped yet the model called {message}"
         return
     assert_rejected(resp, spec["status"], spec["message_contains"], what)
-
-
-def test_fixture_tools_cover_the_schema_shapes() -> None:
-    """The tool fixtures exercise what issue 3 lists: flat, nested objects, enums, arrays, integers, optionals."""
-    text = yaml.safe_dump([t["function"]["parameters"] for t in TOOLSET])
-    for shape in ("type: object", "enum:", "type: array", "type: integer", "type: number", "type: boolean"):
-        assert shape in text, f"no tool fixture has {shape!r}"
-    nested = [tool_name(t) for t in TOOLSET
-              if any(p.get("type") == "object" for p in t["function"]["parameters"]["properties"].values())]
-    optional = [tool_name(t) for t in TOOLSET
-                if set(t["function"]["parameters"]["properties"]) - set(t["function"]["parameters"]["required"])]
-    assert nested and optional

@@ -137,7 +137,8 @@ class SimApp:
         self.metrics = SimMetrics(t, self.names[0], boot.num_gpu_blocks)
         perf = PerfModel(t, itl_factor=self.faults.value("slow_decode", 1.0) or 1.0,
                          ttft_extra_s=self.faults.value("ttft_spike", 0.0))
-        self.engine = Engine(perf=perf, metrics=self.metrics, max_num_seqs=t.engine.max_num_seqs,
+        cap = int(self.faults.value("seq_cap")) if self.faults.has("seq_cap") else t.engine.max_num_seqs
+        self.engine = Engine(perf=perf, metrics=self.metrics, max_num_seqs=cap,
                              kv_pool_tokens=boot.kv_pool_tokens or t.engine.max_model_len, log=log.api,
                              seed=int(t.sim.extra.get("seed", 0)),
                              stats_interval_s=float(t.sim.extra.get("stats_interval_s", 10.0)),
@@ -151,6 +152,9 @@ class SimApp:
         self.idle = asyncio.Event()
         self.idle.set()
         self.error_rng = random.Random(int(t.sim.extra.get("seed", 0)) + 2)
+        self.chat_requests = 0   # for the error_every schedule
+        self.health_probes = 0   # for health_503 (the first probe, the start-up wait, still passes)
+        self.stopping = asyncio.Event()   # set on SIGTERM (truncate_on_stop)
 
     # ------------------------------------------------------------------ app
     def app(self) -> web.Application:
@@ -178,7 +182,7 @@ class SimApp:
     @web.middleware
     async def _auth_middleware(self, request: web.Request,
                                handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-        key = self.cfg.api_key
+        key = None if self.faults.has("no_auth") else self.cfg.api_key
         if key and request.method != "OPTIONS" and request.path.startswith(_GUARDED_PREFIXES):
             scheme, _, token = request.headers.get("Authorization", "").partition(" ")
             # Constant-time comparison, like vLLM's middleware.
@@ -214,7 +218,9 @@ class SimApp:
     # ------------------------------------------------------------------ simple endpoints
     async def health(self, request: web.Request) -> web.Response:
         # EngineDeadError -> 503 (vllm/entrypoints/serve/instrumentator/health.py).
-        return web.Response(status=503 if self.engine.dead else 200, body=b"")
+        self.health_probes += 1
+        dead = self.engine.dead or (self.faults.has("health_503") and self.health_probes > 1)
+        return web.Response(status=503 if dead else 200, body=b"")
 
     async def version(self, request: web.Request) -> web.Response:
         return _json(f'{{"version":"{self.target.engine.version}"}}')
@@ -224,7 +230,7 @@ class SimApp:
 
     async def models(self, request: web.Request) -> web.Response:
         cards = []
-        for name in self.names:
+        for name in () if self.faults.has("model_unlisted") else self.names:
             cards.append({"id": name, "object": "model", "created": self.created, "owned_by": "vllm",
                           "root": self.target.engine.model_path, "parent": None,
                           "max_model_len": self.target.engine.max_model_len,
@@ -243,11 +249,11 @@ class SimApp:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         try:
             body, req = parse_chat(await request.read())
-            tool_choice = check_request(req, self.ctx, body)
+            tool_choice = self._checked_tool_choice(req, body)
             check_prompt_chars(prompt_text_len(body), self.ctx, self.max_chars_per_token)
             prompt_ids = self._prompt_ids(body)
             max_tokens, requested = resolve_max_tokens(req, len(prompt_ids), self.ctx)
-            if self.faults.has("error_rate") and self.error_rng.random() < self.faults.value("error_rate"):
+            if self._scheduled_error():
                 self.metrics.inc("vllm:request_success", finished_reason="error")
                 raise engine_dead()
         except ApiError as e:
@@ -264,6 +270,8 @@ class SimApp:
                        max_tokens=max_tokens, finish_reason=out.finish, params_max_tokens=requested,
                        block_hashes=block_hashes(prompt_ids, self.target.engine.block_size))
         self.engine.add(seq)
+        if self.faults.has("grammar_kill"):
+            self._log_grammar_kill(seq.req_id)
         if req.stream:
             return await self._stream(request, req, out, seq, ids, keep_parallel, finish, len(prompt_ids))
         while seq.emitted < seq.output_tokens:
@@ -273,6 +281,35 @@ class SimApp:
         forced = named or tool_choice == "required"
         return _json(self._body(out, ids, keep_parallel, forced, finish, req_id, len(prompt_ids),
                                 req.include_reasoning, seq.cached_tokens if self.prompt_details else None))
+
+    def _checked_tool_choice(self, req: Any, body: dict[str, Any]) -> Any:
+        """vLLM's request checks; the accepts_invalid / any_model faults serve what they would refuse."""
+        try:
+            tool_choice = check_request(req, self.ctx, body)
+        except ApiError as e:
+            lenient = ((e.status == 400 and self.faults.has("accepts_invalid"))
+                       or (e.status == 404 and self.faults.has("any_model")))
+            if not lenient:
+                raise
+            tool_choice = "auto" if req.tools else "none"
+        if tool_choice == "none" and req.tools and self.faults.has("tool_choice_none_ignored"):
+            tool_choice = "auto"
+        return tool_choice
+
+    def _scheduled_error(self) -> bool:
+        """error_rate: a random fraction; error_every=K: the 1st, K+1th, 2K+1th ... request (deterministic)."""
+        self.chat_requests += 1
+        if self.faults.has("error_every"):
+            every = max(1, int(self.faults.value("error_every")))
+            return (self.chat_requests - 1) % every == 0
+        return self.faults.has("error_rate") and self.error_rng.random() < self.faults.value("error_rate")
+
+    def _log_grammar_kill(self, req_id: str) -> None:
+        # The two EngineCore lines of seed 000's grammar kill, as in fixtures/logs/grammar-kill.log.
+        self.log.raw(vllm_line("EngineCore_DP0", self.log.pid, "ERROR", "backend_guidance.py", 117,
+                               f"Grammar rejected tokens [2, 34] for request {req_id}"))
+        self.log.raw(vllm_line("EngineCore_DP0", self.log.pid, "ERROR", "structured_output.py", 284,
+                               f"Request {req_id} killed: ParserTooComplex"))
 
     def _prompt_ids(self, body: dict[str, Any]) -> list[int]:
         try:
@@ -287,7 +324,8 @@ class SimApp:
             # never see it, so the model thinks at its default length.
             body = {k: v for k, v in body.items() if k != "reasoning_effort"}
         plan = plan_response(body, tool_choice)
-        limits = wire.Limits(max_tokens, req.min_tokens, req.ignore_eos, req.thinking_token_budget)
+        min_tokens = 0 if self.faults.has("min_tokens_ignored") else req.min_tokens
+        limits = wire.Limits(max_tokens, min_tokens, req.ignore_eos, req.thinking_token_budget)
         return wire.build_output(plan, self.tok, limits, self.opts)
 
     def _body(self, out: wire.Output, ids: list[str], keep_parallel: bool, forced: bool, finish: str, req_id: str,
@@ -334,6 +372,10 @@ class SimApp:
                     first = False
                 if chunks:
                     await resp.write("".join(chunks).encode())
+                if self.stopping.is_set() and self.faults.has("truncate_on_stop"):
+                    self.engine.abort(seq)
+                    await resp.write_eof()   # a clean close: no finish_reason, no [DONE], no error
+                    return resp
                 if 0 <= midstream_at <= renderer.pos and renderer.pos < len(out.tokens):
                     self.engine.abort(seq)
                     await resp.write((renderer.error_event("The server had an error while processing your "
@@ -452,6 +494,7 @@ async def serve(cfg: SimConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     await stop.wait()
+    sim.stopping.set()
     log.uvicorn("Shutting down")
     await site.stop()  # no new connections; the open ones finish their requests
     if sim.inflight:
