@@ -93,7 +93,7 @@ def _poll_usage(url: str, stop: threading.Event, result: LoadResult) -> None:
     while not stop.is_set():
         snap = _scrape(url)
         if snap is None:
-            result.metrics_error = result.metrics_error or f"cannot scrape {url}"
+            result.metrics_error = result.metrics_error or f"cannot read the engine's metrics at {url}"
         else:
             values = [s.value for s in snap.samples("vllm:kv_cache_usage_perc")]
             if values:
@@ -151,10 +151,21 @@ def _wait_for_stats_line(logs: LogReader, since: float) -> None:
         time.sleep(0.5)
 
 
+@dataclass
+class MetricsRead:
+    snapshot: MetricsSnapshot | None
+    error: str | None = None
+
+
 @pytest.fixture(scope="module")
-def kv_metrics(ml4_endpoint: Any) -> MetricsSnapshot | None:
-    """One /metrics scrape after boot (None where the target exposes none)."""
-    return _scrape(ml4_endpoint.effective_metrics_url)
+def kv_metrics(ml4_endpoint: Any) -> MetricsRead:
+    """One /metrics scrape after boot, with the error when it could not be read (never swallowed: a cross-check
+    that silently drops out is a check that passes for the wrong reason, issue 14 item 12)."""
+    url = ml4_endpoint.effective_metrics_url
+    try:
+        return MetricsRead(scrape(url, timeout=5.0))
+    except MetricsError as err:
+        return MetricsRead(None, f"cannot read the engine's metrics at {url}: {err}")
 
 
 @pytest.fixture(scope="module")
@@ -176,9 +187,12 @@ def _judge(verdict: Verdict, view: LogView, attach: Callable[..., str], record_p
 
 
 def test_kv_pool_holds_the_target_requirement(ml4_boot_log: LogView, ml4_target: Target,
-                                              kv_metrics: MetricsSnapshot | None, ml4_attach_log: Callable[..., str],
+                                              kv_metrics: MetricsRead, ml4_attach_log: Callable[..., str],
                                               record_property: Callable[[str, Any], None]) -> None:
-    verdict = judge_kv_pool(ml4_boot_log, ml4_target, _cache_info(kv_metrics))
+    verdict = judge_kv_pool(ml4_boot_log, ml4_target, _cache_info(kv_metrics.snapshot))
+    if verdict.ok and kv_metrics.error:
+        verdict = Verdict(verdict.name, False, f"{kv_metrics.error}\n(the KV pool cross-check with "
+                          f"vllm:cache_config_info needs it)\n{verdict.message}", judged=verdict.judged)
     _judge(verdict, ml4_boot_log, ml4_attach_log, record_property)
 
 
@@ -220,6 +234,9 @@ def test_peak_kv_usage_under_limit(kv_load: LoadResult, ml4_logs: LogReader, ml4
                                    record_property: Callable[[str, Any], None]) -> None:
     view = _session_view(ml4_logs, ml4_session_start)
     verdict = judge_peak_usage(view, ml4_target, kv_load.metric_peak_pct)
+    if verdict.ok and kv_load.metrics_error:
+        verdict = Verdict(verdict.name, False, f"{kv_load.metrics_error} while the load ran: the peak of "
+                          f"vllm:kv_cache_usage_perc is unknown\n{verdict.message}", judged=verdict.judged)
     if verdict.ok and load_failed(kv_load):
         # A usage figure from an engine that died under the load proves nothing about its peak.
         failures = root_causes_first(view.failures())

@@ -69,3 +69,17 @@ def test_grammar_kill_fault_writes_the_recorded_lines(tmp_path: Path, rtx_api_ke
                        "recorded").all(GrammarKill)
     assert len(kills) == len(recorded) == 2
     assert [k.kind for k in kills] == [k.kind for k in recorded]
+
+
+def test_streamed_reasoning_is_compared_by_presence_not_text() -> None:
+    """Caught: streamed and non-streamed reasoning had to be the same text, which batching and speculative
+    decoding do not guarantee at temperature 0; what must agree is that reasoning was separated at all."""
+    from pytest_ml4.checks.protocol import Assembled
+
+    a = Assembled(content="42", reasoning="Six times seven is 42.", finish_reason="stop")
+    b = Assembled(content="42", reasoning="6 * 7 = 42, so the answer is 42.", finish_reason="stop")
+    assert a.differences(b) == []
+    missing = Assembled(content="42", reasoning="", finish_reason="stop")
+    assert [d.split(":")[0] for d in a.differences(missing)] == ["reasoning"]
+    assert [d.split(":")[0] for d in a.differences(Assembled(content="41", reasoning="x", finish_reason="stop"))] \
+        == ["content"]

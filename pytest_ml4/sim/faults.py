@@ -84,6 +84,13 @@ _DEFINITIONS: tuple[Fault, ...] = (
           "suites/test_osl.py, suites/test_perf.py (fixed output length)"),
     Fault("tool_choice_none_ignored", "tool_choice 'none' is treated as 'auto': the model calls tools anyway",
           "suites/test_tools.py (tool_choice is obeyed)"),
+    Fault("served_max_model_len", "the engine serves a context of N tokens (default 131072) whatever max_model_len "
+          "the target states: its --max-model-len drifted from the declared one", "suites/test_smoke.py "
+          "(max_model_len on /v1/models)", default=131072.0, takes_value=True),
+    Fault("reasoning_effort_ignored", "reasoning_effort never reaches the tokenizer (as vLLM does for Mistral "
+          "tokenizers before v15, vllm.md 3.1): the model thinks at its default length", "suites/test_reasoning.py "
+          "(each reasoning effort: none)"),
+    Fault("metrics_unreadable", "/metrics answers 500", "suites/test_kv_cache.py (KV pool cross-check, peak usage)"),
     Fault("truncate_on_stop", "on SIGTERM, open streams are closed at once with neither finish_reason, [DONE] nor "
           "an error event (silent truncation)", "suites/test_restart.py (in-flight streams end detectably)"),
 )

@@ -114,7 +114,9 @@ class SimApp:
         self.max_chars_per_token = tokenizer.max_chars_per_token
         self.faults = cfg.faults
         self.names = served_names(t)
-        self.ctx = Context(served_names=self.names, max_model_len=t.engine.max_model_len)
+        self.max_model_len = (int(self.faults.value("served_max_model_len")) if self.faults.has("served_max_model_len")
+                              else t.engine.max_model_len)
+        self.ctx = Context(served_names=self.names, max_model_len=self.max_model_len)
         self.created = int(time.time())
         self.fingerprint = fingerprint(t)
         field_mode = str(t.sim.extra.get("reasoning_field", "reasoning"))
@@ -233,7 +235,7 @@ class SimApp:
         for name in () if self.faults.has("model_unlisted") else self.names:
             cards.append({"id": name, "object": "model", "created": self.created, "owned_by": "vllm",
                           "root": self.target.engine.model_path, "parent": None,
-                          "max_model_len": self.target.engine.max_model_len,
+                          "max_model_len": self.max_model_len,
                           "permission": [{"id": f"modelperm-{_hex16()}", "object": "model_permission",
                                           "created": self.created, "allow_create_engine": False,
                                           "allow_sampling": True, "allow_logprobs": True,
@@ -243,6 +245,8 @@ class SimApp:
         return _json(wire._dumps({"object": "list", "data": cards}))
 
     async def metrics_handler(self, request: web.Request) -> web.Response:
+        if self.faults.has("metrics_unreadable"):
+            return web.Response(status=500, text="Internal Server Error")
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     # ------------------------------------------------------------------ chat
@@ -319,7 +323,7 @@ class SimApp:
 
     def _generate(self, body: dict[str, Any], req: Any, tool_choice: Any, max_tokens: int) -> wire.Output:
         """The response's output tokens: the responder's plan, tokenised and fitted to the token limits."""
-        if self.tok.version < 15 and "reasoning_effort" in body:
+        if (self.tok.version < 15 or self.faults.has("reasoning_effort_ignored")) and "reasoning_effort" in body:
             # vLLM passes reasoning_effort to Mistral tokenizers only from v15 on (vllm.md §3.1): older ones
             # never see it, so the model thinks at its default length.
             body = {k: v for k, v in body.items() if k != "reasoning_effort"}
