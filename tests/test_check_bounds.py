@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import httpx
+import pytest
 
 from pytest_ml4.logs import FileLogReader, GrammarKill, LogView
 from pytest_ml4.perf import gates
@@ -83,3 +84,25 @@ def test_streamed_reasoning_is_compared_by_presence_not_text() -> None:
     assert [d.split(":")[0] for d in a.differences(missing)] == ["reasoning"]
     assert [d.split(":")[0] for d in a.differences(Assembled(content="41", reasoning="x", finish_reason="stop"))] \
         == ["content"]
+
+
+def test_osl_engine_counter_is_read_on_a_live_endpoint(pytester: pytest.Pytester, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Caught (item 4): the OSL engine-counter cross-check read ``metrics_url``, which only ``--sim`` sets; against
+    a live endpoint (here the simulator given as ``--endpoint``) the counter was never read."""
+    import secrets
+    import xml.etree.ElementTree as ET
+
+    target = load_target("rtxpro6000-tp8")
+    monkeypatch.setenv(target.endpoint.api_key_env, "sk-osl-" + secrets.token_hex(8))
+    monkeypatch.delenv(target.endpoint.metrics_url_env, raising=False)
+    suite = Path(__file__).parent.parent / "suites" / "test_osl.py"
+    junit = tmp_path / "junit.xml"
+    with SimServer(target, log_file=tmp_path / "sim.log", overrides={"sim": {"ttft_s": 0.005, "itl_ms": 0.2}}) as sim:
+        result = pytester.runpytest_subprocess(
+            str(suite), "--target", "rtxpro6000-tp8", "--endpoint", sim.base_url, "--ml4-no-proxy",
+            "--ml4-log-file", str(tmp_path / "sim.log"), "-k", "streamed_token_count", "--ml4-reports",
+            str(tmp_path / "reports"), f"--junitxml={junit}", "-p", "no:randomly", timeout=240)
+    result.assert_outcomes(passed=1)
+    props = {p.get("name"): p.get("value") for p in ET.parse(junit).getroot().iter("property")}
+    assert props.get("osl_engine_tokens") == str(4 * 192), props
