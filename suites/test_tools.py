@@ -14,7 +14,13 @@ import httpx
 import pytest
 import yaml
 
-from pytest_ml4.checks.chat import Answer, ChatSession, send_raw, served_by_litellm, user
+from pytest_ml4.checks.chat import (
+    Answer,
+    ChatSession,
+    send_raw,
+    served_by_litellm,
+    user,
+)
 from pytest_ml4.checks.protocol import assert_no_control_tokens, assert_rejected
 from pytest_ml4.checks.tools import (
     assert_arguments_valid,
@@ -139,8 +145,13 @@ def test_round_trip_answer_uses_the_tool_result(chat: ChatSession, stream: bool)
 
 @STREAM
 @pytest.mark.parametrize("case", sorted(DATA["errors"]))
-def test_invalid_tool_requests_are_rejected(ml4_endpoint: Endpoint, http_client: httpx.Client, case: str,
-                                            stream: bool) -> None:
+def test_invalid_tool_requests_are_rejected(ml4_endpoint: Endpoint, ml4_target: Any, http_client: httpx.Client,
+                                            case: str, stream: bool) -> None:
+    """vLLM refuses each invalid request with its 400.
+
+    Through LiteLLM (``drop_params``) a request without tools loses its ``tool_choice`` and is served: the proxy's
+    documented answer is accepted there, but a 200 proves nothing about the deployment's validation, so the
+    same request is then sent to the engine behind the proxy, which must refuse it (issue 14 item 12)."""
     spec = DATA["errors"][case]
     body: dict[str, Any] = {"model": ml4_endpoint.model, "messages": user("What is the weather in Paris?"),
                             "max_tokens": 64, **{k: v for k, v in spec["body"].items() if k != "tools_from"}}
@@ -154,5 +165,13 @@ def test_invalid_tool_requests_are_rejected(ml4_endpoint: Endpoint, http_client:
         if status == 200:
             message = resp.message() if isinstance(resp, StreamResult) else resp.json()["choices"][0]["message"]
             assert not message.get("tool_calls"), f"{what}: tools were dropped yet the model called {message}"
+        engine_root = ml4_endpoint.effective_metrics_url.rsplit("/metrics", 1)[0]
+        assert engine_root != ml4_endpoint.root_url, (
+            f"{what}: the proxy served it; to check the engine refuses it set {ml4_target.endpoint.metrics_url_env} "
+            f"to the engine's /metrics URL")
+        engine_body = {**body, "model": ml4_target.serving.engine_served_model_name or body["model"]}
+        with httpx.Client(base_url=engine_root + "/v1/", headers=ml4_endpoint.auth_headers(), timeout=60) as engine:
+            resp = send_raw(engine, engine_body, stream)
+        assert_rejected(resp, spec["status"], spec["message_contains"], f"{what} at the engine behind the proxy")
         return
     assert_rejected(resp, spec["status"], spec["message_contains"], what)
