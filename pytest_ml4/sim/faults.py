@@ -91,6 +91,8 @@ _DEFINITIONS: tuple[Fault, ...] = (
           "tokenizers before v15, vllm.md 3.1): the model thinks at its default length", "suites/test_reasoning.py "
           "(each reasoning effort: none)"),
     Fault("metrics_unreadable", "/metrics answers 500", "suites/test_kv_cache.py (KV pool cross-check, peak usage)"),
+    Fault("prompt_trimmed", "every message is cut to 4000 characters before the engine sees it (a front that trims "
+          "over-long prompts instead of refusing them)", "suites/test_smoke.py (over-long prompt is refused)"),
     Fault("truncate_on_stop", "on SIGTERM, open streams are closed at once with neither finish_reason, [DONE] nor "
           "an error event (silent truncation)", "suites/test_restart.py (in-flight streams end detectably)"),
 )

@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import hashlib
 import hmac
+import json
 import os
 import random
 import signal
@@ -58,6 +59,8 @@ _REASONING_FIELDS = ("reasoning", "reasoning_content", "both")
 DEFAULT_DRAIN_S = 8.0
 #: What aiohttp gives a handler still open once the drain is over before cancelling it.
 SHUTDOWN_GRACE_S = 1.0
+#: What the prompt_trimmed fault leaves of each message.
+PROMPT_TRIM_CHARS = 4000
 #: uvicorn sets no body limit; 1 GiB lets the character pre-check answer even for 1M-token contexts.
 MAX_BODY_BYTES = 1024 * 1024 * 1024
 
@@ -252,7 +255,7 @@ class SimApp:
     # ------------------------------------------------------------------ chat
     async def chat(self, request: web.Request) -> web.StreamResponse:
         try:
-            body, req = parse_chat(await request.read())
+            body, req = parse_chat(await self._request_bytes(request))
             tool_choice = self._checked_tool_choice(req, body)
             check_prompt_chars(prompt_text_len(body), self.ctx, self.max_chars_per_token)
             prompt_ids = self._prompt_ids(body)
@@ -285,6 +288,21 @@ class SimApp:
         forced = named or tool_choice == "required"
         return _json(self._body(out, ids, keep_parallel, forced, finish, req_id, len(prompt_ids),
                                 req.include_reasoning, seq.cached_tokens if self.prompt_details else None))
+
+    async def _request_bytes(self, request: web.Request) -> bytes:
+        """The request body; prompt_trimmed cuts every message to PROMPT_TRIM_CHARS first (a front that trims
+        over-long prompts, like LiteLLM's trim_messages, instead of letting the engine refuse them)."""
+        raw = await request.read()
+        if not self.faults.has("prompt_trimmed"):
+            return raw
+        try:
+            body = json.loads(raw)
+            for m in body.get("messages") or []:
+                if isinstance(m.get("content"), str):
+                    m["content"] = m["content"][:PROMPT_TRIM_CHARS]
+            return json.dumps(body).encode()
+        except (ValueError, AttributeError, TypeError):
+            return raw
 
     def _checked_tool_choice(self, req: Any, body: dict[str, Any]) -> Any:
         """vLLM's request checks; the accepts_invalid / any_model faults serve what they would refuse."""
