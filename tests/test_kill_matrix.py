@@ -34,9 +34,10 @@ REPO = Path(__file__).resolve().parent.parent
 MATRIX_DIR = REPO / "fixtures" / "killmatrix"
 TARGETS = sorted(p.stem for p in MATRIX_DIR.glob("*.yaml"))
 RUN_TIMEOUT_S = 600
-#: Which timing profiles run (``fast,real`` by default): ``ML4_KILL_MATRIX_PROFILES=fast`` leaves out the perf,
+#: Which timing profiles run (``offline,fast,real`` by default): ``ML4_KILL_MATRIX_PROFILES=fast`` leaves out the perf,
 #: KV and restart runs where CI time is short; the tally then counts only what ran.
-PROFILES = tuple(p.strip() for p in os.environ.get("ML4_KILL_MATRIX_PROFILES", "fast,real").split(",") if p.strip())
+PROFILES = tuple(p.strip() for p in os.environ.get("ML4_KILL_MATRIX_PROFILES", "offline,fast,real").split(",")
+                 if p.strip())
 #: The property each test here records for the session tally (tests/conftest.py reads it).
 PROPERTY = "ml4_killmatrix"
 VERDICT_KEYS = ("killed_by", "measurement", "skipped", "pending")
@@ -92,6 +93,8 @@ class Matrix:
     target: str
     common_args: tuple[str, ...]
     profiles: dict[str, tuple[str, ...]]
+    #: Profiles whose checks need no endpoint (preflight, config checks): run without ``--sim``, in seconds.
+    offline: frozenset[str]
     profile_of: dict[str, str]
     kills: dict[str, Kill]
     checks: dict[str, Check]
@@ -163,9 +166,14 @@ def load_matrix(target: str) -> Matrix:
         unknown = sorted(set(c.killed_by) - set(kills))
         if unknown:
             raise MatrixError(f"{path.name}: {c.key}: killed_by names undefined kills {unknown}")
-    profiles = {name: tuple(map(str, args)) for name, args in data["profiles"].items()}
-    return Matrix(target, tuple(map(str, data.get("common_args", []))), profiles, dict(data["profile_of"]), kills,
-                  checks)
+    profiles, offline = {}, set()
+    for name, spec in data["profiles"].items():
+        spec = spec if isinstance(spec, dict) else {"args": spec}
+        profiles[name] = tuple(map(str, spec.get("args") or []))
+        if spec.get("sim", True) is False:
+            offline.add(name)
+    return Matrix(target, tuple(map(str, data.get("common_args", []))), profiles, frozenset(offline),
+                  dict(data["profile_of"]), kills, checks)
 
 
 # ------------------------------------------------------------------------------------------------ subprocess runs
@@ -215,7 +223,8 @@ def read_junit(path: Path) -> dict[str, Outcome]:
 
 def run_suites(matrix: Matrix, nodes: list[str], profile: str, extra: tuple[str, ...], tmp: Path) -> dict[str, Outcome]:
     junit = tmp / "junit.xml"
-    cmd = [sys.executable, "-m", "pytest", *nodes, "--target", matrix.target, "--sim", *matrix.common_args,
+    sim = [] if profile in matrix.offline else ["--sim"]
+    cmd = [sys.executable, "-m", "pytest", *nodes, "--target", matrix.target, *sim, *matrix.common_args,
            *matrix.profiles[profile], *extra, "--ml4-reports", str(tmp / "reports"), f"--junitxml={junit}",
            "-p", "no:randomly", "-p", "no:cacheprovider", "-q"]
     # A failing run is the point of a kill: the exit status is read from the JUnit XML, not checked here.
