@@ -188,6 +188,8 @@ class Gates(_Strict):
     ttft_p50_s_max: float | None = None
     decode_tok_s_user_p50_min: float | None = None
     ttft_p99_knee_s: float = 5.0
+    #: The latency knee (first TTFT p99 over ttft_p99_knee_s) must not come before this concurrency.
+    knee_not_before: int | None = Field(default=None, gt=0)
     request_error_rate_max: float = 0.0
     kv_pool_tokens_min: int | None = None
     kv_max_concurrency_min: float = 1.0

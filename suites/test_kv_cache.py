@@ -129,7 +129,7 @@ def _poll_usage(urls: tuple[str, ...], stop: threading.Event, result: LoadResult
         for url in urls:
             snap = _scrape(url)
             if snap is None:
-                result.metrics_error = result.metrics_error or f"cannot scrape {url}"
+                result.metrics_error = result.metrics_error or f"cannot read the engine's metrics at {url}"
                 continue
             values = [s.value for s in snap.samples("vllm:kv_cache_usage_perc")]
             if values:
@@ -187,15 +187,36 @@ def _wait_for_stats_line(logs: LogReader, since: float) -> None:
         time.sleep(0.5)
 
 
+@dataclass
+class MetricsRead:
+    """Scrapes of several /metrics URLs: a snapshot per URL (None where unreadable) and why each failed."""
+
+    snapshots: list[MetricsSnapshot | None]
+    errors: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, urls: tuple[str, ...]) -> MetricsRead:
+        read = cls([])
+        for url in urls:
+            try:
+                read.snapshots.append(scrape(url, timeout=5.0))
+            except MetricsError as err:
+                read.snapshots.append(None)
+                read.errors.append(f"cannot read the engine's metrics at {url}: {err}")
+        return read
+
+
 @pytest.fixture(scope="module")
 def engine_metrics(ml4_endpoint: Any, ml4_target: Target) -> EngineMetrics:
     return EngineMetrics.of(ml4_endpoint, ml4_target)
 
 
 @pytest.fixture(scope="module")
-def kv_metrics(engine_metrics: EngineMetrics) -> list[MetricsSnapshot | None]:
-    """One scrape of each engine's /metrics after boot (an entry is None where one exposes none)."""
-    return engine_metrics.snapshots(engine_metrics.engine_urls)
+def kv_metrics(engine_metrics: EngineMetrics) -> MetricsRead:
+    """One scrape of each engine's /metrics after boot, with the errors of those that could not be read (never
+    swallowed: a cross-check that silently drops out is a check that passes for the wrong reason, issue 14 item
+    12)."""
+    return MetricsRead.of(engine_metrics.engine_urls)
 
 
 @pytest.fixture(scope="module")
@@ -221,10 +242,13 @@ def _judge(verdict: Verdict, view: LogView, attach: Callable[..., str], record_p
 
 
 def test_kv_pool_holds_the_target_requirement(ml4_boot_log: LogView, ml4_target: Target,
-                                              kv_metrics: list[MetricsSnapshot | None],
+                                              kv_metrics: MetricsRead,
                                               engine_metrics: EngineMetrics, ml4_attach_log: Callable[..., str],
                                               record_property: Callable[[str, Any], None]) -> None:
-    verdict = judge_kv_pool(ml4_boot_log, ml4_target, _cache_info(kv_metrics))
+    verdict = judge_kv_pool(ml4_boot_log, ml4_target, _cache_info(kv_metrics.snapshots))
+    if verdict.ok and kv_metrics.errors:
+        verdict = Verdict(verdict.name, False, f"{kv_metrics.errors[0]}\n(the KV pool cross-check with "
+                          f"vllm:cache_config_info needs it)\n{verdict.message}", judged=verdict.judged)
     _judge(verdict, ml4_boot_log, ml4_attach_log, record_property, unchecked=engine_metrics.missing)
 
 
@@ -267,6 +291,9 @@ def test_peak_kv_usage_under_limit(kv_load: LoadResult, ml4_logs: LogReader, ml4
                                    record_property: Callable[[str, Any], None]) -> None:
     view = _session_view(ml4_logs, ml4_session_start)
     verdict = judge_peak_usage(view, ml4_target, kv_load.metric_peak_pct)
+    if verdict.ok and kv_load.metrics_error:
+        verdict = Verdict(verdict.name, False, f"{kv_load.metrics_error} while the load ran: the peak of "
+                          f"vllm:kv_cache_usage_perc is unknown\n{verdict.message}", judged=verdict.judged)
     if verdict.ok and load_failed(kv_load):
         # A usage figure from an engine that died under the load proves nothing about its peak.
         failures = root_causes_first(view.failures())

@@ -8,8 +8,9 @@ concurrencies, ISL/OSL and duration from the target's ``perf:`` section, shorten
 * zero errors (seed 000: "0 errors, 0 cancels");
 * the Dynamo gate: decode tok/s/user P50 > 50 and TTFT P50 < 2 s (seed 002) at every point;
 * the stored baseline within tolerance (RTX PRO: seed 000's table, ``fixtures/baselines/``), ``--perf-compare-fail``;
-* decode concurrency saturating at ``max_num_seqs``; the latency knee (first TTFT p99 over the target's limit);
-* a roofline estimate, plots and ``perf-summary.json`` in the run folder.
+* decode concurrency saturating at ``max_num_seqs`` (and running together below it); the latency knee (first
+  TTFT p99 over the target's limit) not before ``gates.knee_not_before`` or the baseline's knee;
+* plots and ``perf-summary.json`` (with the roofline ESTIMATE, reported, not gated) in the run folder.
 """
 
 from __future__ import annotations
@@ -85,25 +86,21 @@ def test_baseline(ml4_perf_sweep: Any) -> None:
 
 
 def test_decode_concurrency_saturates_at_max_num_seqs(ml4_perf_sweep: Any) -> None:
+    """Past ``max_num_seqs`` the decode concurrency p50 is the cap; below it at least half the concurrency runs
+    together. The lower bound is what makes the gate bite where the sweep never passes the cap (Dynamo: 64 >
+    every sweep concurrency, issue 14 item 6): an engine capped lower than the target states fails it."""
     results = ml4_perf_sweep.verdict.by_gate("saturation")
     assert results
     assert not failures(results), _fail_lines(failures(results))
 
 
 def test_latency_knee(ml4_perf_sweep: Any, ml4_target: Any) -> None:
+    """The knee (first TTFT p99 over ``gates.ttft_p99_knee_s``) comes no earlier than the target's stated bound
+    (``gates.knee_not_before``) or the stored baseline's knee; with neither it fails: a knee judged against
+    nothing used to pass on every Dynamo target (issue 14 item 5)."""
     [knee] = ml4_perf_sweep.verdict.by_gate("knee")
     print(knee)
     assert knee.passed, str(knee)
-
-
-def test_roofline_estimate(ml4_perf_sweep: Any) -> None:
-    roof = ml4_perf_sweep.verdict.roofline
-    _attach("roofline (estimate)", roof.describe())
-    assert "ESTIMATE" in roof.label
-    if roof.pct_of_bound is None:
-        pytest.skip("the sweep has no c1 point to compare with the single-sequence bound")
-    # Measured decode faster than the memory-bandwidth bound means the estimate's inputs are wrong.
-    assert 0.0 < roof.pct_of_bound < 1.0, roof.describe()
 
 
 def test_plots_and_summary_written(ml4_perf_sweep: Any, ml4_run_dir: Path) -> None:

@@ -36,6 +36,11 @@ def _chat_body(target: Target, prompt: str, **extra: Any) -> dict[str, Any]:
 
 
 def test_health(ml4_target: Target, ml4_endpoint: Any) -> None:
+    """The endpoint's health and, behind a proxy, the engine's own ``/health``.
+
+    A LiteLLM proxy's liveness answers 200 while the engine behind it is dead (EngineDeadError makes vLLM's
+    /health answer 503), so a proxied target is judged by the engine's health, reached at the engine's server
+    (the target's metrics URL names it): that is what "the deployment is up" means (issue 14 item 12)."""
     path = DATA["health_path"][ml4_target.serving.stack]
     resp = httpx.get(ml4_endpoint.root_url + path, headers=ml4_endpoint.auth_headers(), timeout=10)
     assert resp.status_code == 200, f"GET {path} answered HTTP {resp.status_code}: {resp.text[:200]!r}"
@@ -50,6 +55,15 @@ def test_health(ml4_target: Target, ml4_endpoint: Any) -> None:
                          f"instance ({body})")
         assert len(workers) >= want, (f"/health lists {len(workers)} worker instance(s) {sorted(workers)}, the "
                                       f"target has {want} workers: not every worker registered")
+    if ml4_target.has_proxy:
+        engine_root = ml4_endpoint.effective_metrics_url.rsplit("/metrics", 1)[0]
+        assert engine_root != ml4_endpoint.root_url, (
+            f"cannot reach the engine behind the {ml4_target.serving.proxy.kind} proxy to check its health: set "
+            f"{ml4_target.endpoint.metrics_url_env} to the engine's /metrics URL")
+        engine_path = DATA["health_path"][ml4_target.serving.stack.split("+", 1)[0]]
+        resp = httpx.get(engine_root + engine_path, headers=ml4_endpoint.auth_headers(), timeout=10)
+        assert resp.status_code == 200, (f"engine GET {engine_path} behind the proxy answered HTTP "
+                                         f"{resp.status_code} (the proxy's liveness said 200): engine not healthy")
 
 
 def test_models_lists_served_name(ml4_target: Target, http_client: httpx.Client) -> None:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from pytest_ml4.checks.chat import Answer, ChatSession, send_raw, user
+from pytest_ml4.checks.chat import Answer, ChatSession, send_raw, served_by_litellm, user
 from pytest_ml4.checks.expected import check_answer, expected_for
 from pytest_ml4.checks.protocol import assert_no_control_tokens
 from pytest_ml4.checks.tools import (
@@ -25,7 +25,6 @@ from pytest_ml4.checks.tools import (
     assert_tool_choice_obeyed,
     load_tools,
     named,
-    tool_name,
 )
 from pytest_ml4.client import Endpoint, quote_body
 from pytest_ml4.dynamo_versions import tool_call_drop_cause
@@ -169,7 +168,12 @@ def test_round_trip_answer_uses_the_tool_result(chat: ToolChat, stream: bool) ->
 def test_invalid_tool_requests_are_rejected(ml4_target: Target, ml4_endpoint: Endpoint, http_client: httpx.Client,
                                             case: str, stream: bool) -> None:
     """Each stack refuses these requests in its own words (``fixtures/prompts/tools.yaml`` errors.expect); a stack
-    whose row says it accepts one must at least not call a tool it was never given."""
+    whose row says it accepts one must at least not call a tool it was never given.
+
+    Through LiteLLM (``drop_params``) a request without tools loses its ``tool_choice`` and is served: the proxy's
+    documented answer is accepted there, but a 200 proves nothing about the deployment's validation, so the
+    same request is then sent to the engine behind the proxy, which must refuse it in the engine's words
+    (issue 14 item 12)."""
     spec = DATA["errors"]["cases"][case]
     body: dict[str, Any] = {"model": ml4_endpoint.model, "messages": user("What is the weather in Paris?"),
                             "max_tokens": 64, **{k: v for k, v in spec.items() if k != "tools_from"}}
@@ -182,15 +186,14 @@ def test_invalid_tool_requests_are_rejected(ml4_target: Target, ml4_endpoint: En
     if expected.accepted and not body.get("tools"):
         message = resp.message() if isinstance(resp, StreamResult) else resp.json()["choices"][0]["message"]
         assert not message.get("tool_calls"), f"{what}: no tools were sent yet the model called {message}"
-
-
-def test_fixture_tools_cover_the_schema_shapes() -> None:
-    """The tool fixtures exercise what issue 3 lists: flat, nested objects, enums, arrays, integers, optionals."""
-    text = yaml.safe_dump([t["function"]["parameters"] for t in TOOLSET])
-    for shape in ("type: object", "enum:", "type: array", "type: integer", "type: number", "type: boolean"):
-        assert shape in text, f"no tool fixture has {shape!r}"
-    nested = [tool_name(t) for t in TOOLSET
-              if any(p.get("type") == "object" for p in t["function"]["parameters"]["properties"].values())]
-    optional = [tool_name(t) for t in TOOLSET
-                if set(t["function"]["parameters"]["properties"]) - set(t["function"]["parameters"]["required"])]
-    assert nested and optional
+    if expected.accepted and served_by_litellm(resp.headers):
+        engine_root = ml4_endpoint.effective_metrics_url.rsplit("/metrics", 1)[0]
+        assert engine_root != ml4_endpoint.root_url, (
+            f"{what}: the proxy served it; to check the engine refuses it set {ml4_target.endpoint.metrics_url_env} "
+            f"to the engine's /metrics URL")
+        engine_stack = ml4_target.serving.stack.split("+", 1)[0]
+        engine_expected = expected_for(DATA["errors"]["expect"], engine_stack, case, TOOLS_FILE)
+        engine_body = {**body, "model": ml4_target.serving.engine_served_model_name or body["model"]}
+        with httpx.Client(base_url=engine_root + "/v1/", headers=ml4_endpoint.auth_headers(), timeout=60) as engine:
+            resp = send_raw(engine, engine_body, stream)
+        check_answer(resp, engine_expected, f"{what} at the engine behind the proxy")

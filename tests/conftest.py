@@ -50,3 +50,47 @@ def rtx_api_key() -> Iterator[str]:
         os.environ.pop(var, None)
     else:
         os.environ[var] = old
+
+
+# ---------------------------------------------------------------------------------------- kill-matrix tally
+# tests/test_kill_matrix.py records its results as user properties; they reach the xdist controller with each
+# report, so the tally is printed once for the whole session (and shows in .ci/run's output).
+_KILL_RECORDS: list[dict] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when != "call":
+        return
+    import json
+
+    for name, value in report.user_properties:
+        if str(name).startswith("ml4_killmatrix"):
+            _KILL_RECORDS.append(json.loads(value))
+
+
+def kill_tally(records: list[dict]) -> str | None:
+    """``suite checks killed by a fault: N/M (measurements: K)`` over every target the matrix test looked at."""
+    kinds = {(r["target"], key): kind for r in records if "checks" in r for key, kind in r["checks"].items()}
+    if not kinds:
+        return None
+    kills: dict[tuple[str, str], list[bool]] = {}
+    healthy: dict[tuple[str, str], bool] = {}
+    for r in records:
+        if "kill" in r:
+            kills.setdefault((r["target"], r["check"]), []).append(r["ok"])
+        elif "healthy" in r:
+            healthy[(r["target"], r["check"])] = r["healthy"]
+    gating = [k for k, kind in kinds.items() if kind in ("killed_by", "pending")]
+    killed = [k for k in gating if kinds[k] == "killed_by" and kills.get(k) and all(kills[k]) and healthy.get(k)]
+    measurements = sum(1 for kind in kinds.values() if kind == "measurement")
+    per_target = ", ".join(
+        f"{t} {sum(1 for k in killed if k[0] == t)}/{sum(1 for k in gating if k[0] == t)}"
+        f" (pending {sum(1 for k in gating if k[0] == t and kinds[k] == 'pending')})"
+        for t in sorted({k[0] for k in kinds}))
+    return f"suite checks killed by a fault: {len(killed)}/{len(gating)} (measurements: {measurements}) [{per_target}]"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    line = kill_tally(_KILL_RECORDS)
+    if line:
+        terminalreporter.write_line(line)

@@ -22,7 +22,6 @@ from pytest_ml4.logs.kv import (
     judge_spec_decode,
     required_pool,
 )
-from pytest_ml4.memory import plan_memory
 from pytest_ml4.targets import FIXTURES_DIR, REPO_ROOT, Target, load_target
 
 LOGS = FIXTURES_DIR / "logs"
@@ -146,10 +145,11 @@ def run_suite(pytester: pytest.Pytester, tmp_path: Path, target: str) -> pytest.
 
 
 def test_stable_unit_passes_and_reports_its_pool(pytester: pytest.Pytester, tmp_path: Path, rtx: Target) -> None:
+    """The stable unit passes: seed 000 ran it "0 errors" with the pool above open item 1's 256,000 (issue 14
+    item 10: the expected figure used to come from the same memory model that wrote the simulator's boot log)."""
     result = run_suite(pytester, tmp_path, "rtxpro6000-tp8")
     result.assert_outcomes(passed=5)
-    plan = plan_memory(rtx.hardware, rtx.engine, rtx.topology.tensor_parallel)
-    result.stdout.fnmatch_lines([f"kv_pool: PASS - KV pool {plan.kv_pool_tokens:,} tokens >= required 256,000*"])
+    result.stdout.fnmatch_lines(["kv_pool: PASS - KV pool * tokens >= required 256,000*"])
 
 
 def test_crashing_variant_fails_with_the_seeds_oom_line(pytester: pytest.Pytester, tmp_path: Path) -> None:
@@ -164,12 +164,14 @@ def test_crashing_variant_fails_with_the_seeds_oom_line(pytester: pytest.Pyteste
 
 
 def test_seqs32_variant_reports_pool_and_verdict(pytester: pytest.Pytester, tmp_path: Path) -> None:
-    t = load_target(VARIANTS / "rtxpro6000-tp8-seqs32.yaml")
-    plan = plan_memory(t.hardware, t.engine, t.topology.tensor_parallel)
+    """The verdict follows seed 000's rule (>= 256,000 tokens) applied to the pool the suite reports from the
+    engine's boot line, not a figure the test derives from the memory model that wrote that line (issue 14
+    item 10)."""
     result = run_suite(pytester, tmp_path, str(VARIANTS / "rtxpro6000-tp8-seqs32.yaml"))
-    verdict = "PASS" if plan.kv_pool_tokens >= 256_000 else "FAIL"
-    sign = ">=" if verdict == "PASS" else "<"
-    result.stdout.fnmatch_lines([f"kv_pool: {verdict} - KV pool {plan.kv_pool_tokens:,} tokens {sign} required 256,000*"])
+    found = re.search(r"kv_pool: (PASS|FAIL) - KV pool ([\d,]+) tokens (>=|<) required 256,000", result.stdout.str())
+    assert found, result.stdout.str()[-3000:]
+    verdict, pool, sign = found.group(1), int(found.group(2).replace(",", "")), found.group(3)
+    assert (verdict, sign) == (("PASS", ">=") if pool >= 256_000 else ("FAIL", "<"))
 
 
 def test_with_several_engines_the_weakest_pool_is_judged(rtx: Target) -> None:

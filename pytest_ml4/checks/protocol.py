@@ -121,9 +121,17 @@ class Assembled:
 
         ``lenient_tool_finish``: with tool calls present, ``stop`` and ``tool_calls`` count as the same finish
         reason (a LiteLLM proxy rewrites a named choice's ``stop`` to ``tool_calls`` only when not streaming).
+
+        Reasoning is compared by presence, not text (issue 14 item 12): at temperature 0 an engine with batching
+        and speculative decoding does not guarantee the same thinking tokens run to run, and the reasoning text
+        is not what a client acts on; whether the parser separated reasoning at all must agree, and the answer
+        (content, tool calls, finish reason) must be the same.
         """
         out = []
-        for key in ("content", "reasoning", "finish_reason"):
+        if bool(self.reasoning) != bool(other.reasoning):
+            out.append(f"reasoning: streamed {'present' if self.reasoning else 'absent'}, non-streamed "
+                       f"{'present' if other.reasoning else 'absent'} ({quote_body(self.reasoning or other.reasoning)})")
+        for key in ("content", "finish_reason"):
             a, b = getattr(self, key), getattr(other, key)
             if key == "finish_reason" and lenient_tool_finish and self.tool_calls and {a, b} <= TOOL_FINISH:
                 continue

@@ -52,6 +52,13 @@ def baseline_knee(baseline: Baseline, limit_s: float) -> int | None:
     return None
 
 
+def knee_bound(target: Target, baseline: Baseline | None, limit_s: float) -> int | None:
+    """The concurrency the knee must not precede: the later of the target's stated bound and the baseline's knee."""
+    bounds = [b for b in (target.gates.knee_not_before,
+                          baseline_knee(baseline, limit_s) if baseline is not None else None) if b is not None]
+    return max(bounds) if bounds else None
+
+
 def evaluate_sweep(target: Target, settings: SweepSettings, points: Sequence[PointResult],
                    baseline: Baseline | None = None, compare_fail: Mapping[str, float] | None = None) -> SweepVerdict:
     figs = figures_of(points)
@@ -63,7 +70,7 @@ def evaluate_sweep(target: Target, settings: SweepSettings, points: Sequence[Poi
         results += g.point_gates(f, target)
         results.append(g.saturation_gate(f, target.engine.max_num_seqs))
     limit = target.gates.ttft_p99_knee_s
-    not_before = baseline_knee(baseline, limit) if baseline is not None else None
+    not_before = knee_bound(target, baseline, limit)
     results.append(g.knee_gate(figs, limit, not_before))
     deviations: list[Deviation] = []
     full = False

@@ -6,9 +6,9 @@
   ``output_token_throughput_per_user.p50`` and ``time_to_first_token.p50``);
 * ``saturation``: decode concurrency caps at ``max_num_seqs`` (seed 000: "at c16-c64 the measured effective
   decode concurrency has p50 = 16.0") - past the cap its p50 is the cap, and never above it;
-* ``knee``: the latency knee is the first concurrency whose TTFT p99 exceeds ``ttft_p99_knee_s``; it is reported,
-  and gated only when the target says where it must lie (the sweep's knee must not come earlier than the
-  baseline's);
+* ``knee``: the latency knee is the first concurrency whose TTFT p99 exceeds ``ttft_p99_knee_s``; it must not come
+  before ``gates.knee_not_before`` (the target's stated bound) nor before the stored baseline's knee; with
+  neither the gate fails (an unjudged knee is not a pass, issue 14 item 5);
 * ``baseline``: figures within tolerance of the stored baseline (:mod:`pytest_ml4.perf.baseline`).
 """
 
@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from pytest_ml4.perf.baseline import Deviation
 from pytest_ml4.perf.figures import PointFigures
 from pytest_ml4.targets import Target
+
+#: Below max_num_seqs, the smallest share of the concurrency the decode concurrency p50 may show (see saturation).
+SATURATION_MIN_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,16 @@ def saturation_gate(fig: PointFigures, max_num_seqs: int) -> GateResult:
     if fig.concurrency > max_num_seqs:
         return GateResult("saturation", fig.concurrency, abs(p50 - max_num_seqs) <= 1.0 + 1e-9,
                           why + f": past the cap the p50 must be {max_num_seqs}")
-    return GateResult("saturation", fig.concurrency, p50 <= cap + 1e-9, why + f": must not exceed {cap}")
+    # Below the cap the engine must run what it is sent together (issue 14 item 6: on Dynamo targets every sweep
+    # concurrency is below max_num_seqs 64, and "p50 <= c" alone can never fail). Seed 000 measured p50 = c
+    # up to the cap with the average lower from prefill contention (c16: avg 12.4); half the concurrency leaves
+    # that margin and still catches an engine capped lower than the target states (a hidden cap, a serialising
+    # proxy).
+    floor = fig.concurrency * SATURATION_MIN_SHARE
+    ok = floor - 1e-9 <= p50 <= cap + 1e-9
+    return GateResult("saturation", fig.concurrency, ok,
+                      why + f": below the cap it must lie in {floor:g}..{cap} (at least {SATURATION_MIN_SHARE:.0%} "
+                      f"of the concurrency running together)")
 
 
 def latency_knee(points: Sequence[PointFigures], limit_s: float) -> int | None:
@@ -87,10 +99,12 @@ def latency_knee(points: Sequence[PointFigures], limit_s: float) -> int | None:
 
 
 def knee_gate(points: Sequence[PointFigures], limit_s: float, not_before: int | None) -> GateResult:
+    """The knee must not come before ``not_before``; without a bound the gate fails rather than pass unjudged."""
     knee = latency_knee(points, limit_s)
     label = "none inside the sweep" if knee is None else f"c{knee}"
     if not_before is None:
-        return GateResult("knee", knee, True, f"latency knee (TTFT p99 > {limit_s:g} s): {label}")
+        return GateResult("knee", knee, False, f"latency knee (TTFT p99 > {limit_s:g} s): {label}; no bound to judge "
+                                                 f"it by: set gates.knee_not_before or a stored baseline")
     ok = knee is None or knee >= not_before
     return GateResult("knee", knee, ok, f"latency knee (TTFT p99 > {limit_s:g} s): {label}, "
                                           f"must not come before c{not_before}")

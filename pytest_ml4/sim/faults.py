@@ -57,6 +57,44 @@ _DEFINITIONS: tuple[Fault, ...] = (
     Fault("error_rate", "fraction P of requests answered 500 with vLLM's engine error body (default 0.2)",
           "suites/test_perf.py (request error rate gate), suites/test_smoke.py (parallel burst)",
           default=0.2, takes_value=True),
+    # --- issue 14 (kill matrix): deterministic or log-level faults, so each suite check has a killer that
+    # fails it on every run (no probabilistic miss) and the matrix test can name the defect.
+    Fault("error_every", "every K-th chat request (1st, K+1th, ...) answered 500 with vLLM's engine error body "
+          "(default 2): a deterministic error schedule", "suites/test_smoke.py (parallel burst), suites/test_perf.py "
+          "(zero errors)", default=2.0, takes_value=True),
+    Fault("grammar_kill", "every chat request also logs seed 000's grammar kill (backend_guidance 'Grammar "
+          "rejected tokens', structured_output 'killed: ParserTooComplex')",
+          "suites/test_osl.py (no request killed by the grammar)"),
+    Fault("seq_cap", "the engine runs at most N sequences (default 4) whatever max_num_seqs the target states: "
+          "a deployment whose real cap differs from its declared one", "suites/test_perf.py (saturation)",
+          default=4.0, takes_value=True),
+    Fault("health_503", "/health answers 503 (EngineDeadError) after the first probe, while chats are still "
+          "served: a dead engine behind a proxy whose own liveness still answers 200",
+          "suites/test_smoke.py (health)"),
+    Fault("model_unlisted", "/v1/models lists no model (the served name is missing)",
+          "suites/test_smoke.py (model list)"),
+    Fault("any_model", "requests naming an unknown model are served instead of refused with 404",
+          "suites/test_smoke.py (unknown model is refused)"),
+    Fault("accepts_invalid", "requests vLLM refuses with 400 (bad tool_choice, empty tools, unknown effort, "
+          "chat_template_kwargs) are served instead", "suites/test_tools.py, suites/test_reasoning.py (invalid "
+          "requests are rejected)"),
+    Fault("no_auth", "the engine accepts any API key (started without --api-key)",
+          "suites/test_smoke.py (wrong API key is refused)"),
+    Fault("min_tokens_ignored", "min_tokens is ignored: answers end at their natural EOS",
+          "suites/test_osl.py, suites/test_perf.py (fixed output length)"),
+    Fault("tool_choice_none_ignored", "tool_choice 'none' is treated as 'auto': the model calls tools anyway",
+          "suites/test_tools.py (tool_choice is obeyed)"),
+    Fault("served_max_model_len", "the engine serves a context of N tokens (default 131072) whatever max_model_len "
+          "the target states: its --max-model-len drifted from the declared one", "suites/test_smoke.py "
+          "(max_model_len on /v1/models)", default=131072.0, takes_value=True),
+    Fault("reasoning_effort_ignored", "reasoning_effort never reaches the tokenizer (as vLLM does for Mistral "
+          "tokenizers before v15, vllm.md 3.1): the model thinks at its default length", "suites/test_reasoning.py "
+          "(each reasoning effort: none)"),
+    Fault("metrics_unreadable", "/metrics answers 500", "suites/test_kv_cache.py (KV pool cross-check, peak usage)"),
+    Fault("prompt_trimmed", "every message is cut to 4000 characters before the engine sees it (a front that trims "
+          "over-long prompts instead of refusing them)", "suites/test_smoke.py (over-long prompt is refused)"),
+    Fault("truncate_on_stop", "on SIGTERM, open streams are closed at once with neither finish_reason, [DONE] nor "
+          "an error event (silent truncation)", "suites/test_restart.py (in-flight streams end detectably)"),
 )
 
 FAULTS: dict[str, Fault] = {f.name: f for f in _DEFINITIONS}

@@ -61,6 +61,8 @@ _REASONING_FIELDS = ("reasoning", "reasoning_content", "both")
 DEFAULT_DRAIN_S = 8.0
 #: What aiohttp gives a handler still open once the drain is over before cancelling it.
 SHUTDOWN_GRACE_S = 1.0
+#: What the prompt_trimmed fault leaves of each message.
+PROMPT_TRIM_CHARS = 4000
 #: uvicorn sets no body limit; 1 GiB lets the character pre-check answer even for 1M-token contexts.
 MAX_BODY_BYTES = 1024 * 1024 * 1024
 
@@ -121,7 +123,9 @@ class SimApp:
         self.faults = cfg.faults
         self.names = served_names(t)
         self.wire_version = for_version(t.engine.version)
-        self.ctx = Context(served_names=self.names, max_model_len=t.engine.max_model_len,
+        self.max_model_len = (int(self.faults.value("served_max_model_len")) if self.faults.has("served_max_model_len")
+                              else t.engine.max_model_len)
+        self.ctx = Context(served_names=self.names, max_model_len=self.max_model_len,
                            reasoning_efforts=self.wire_version.reasoning_efforts)
         self.created = int(time.time())
         self.instance_id = f"{os.getpid()}@{self.created}"
@@ -150,7 +154,8 @@ class SimApp:
                                   extra_families=self.wire_version.metrics_families_extra)
         perf = PerfModel(t, itl_factor=self.faults.value("slow_decode", 1.0) or 1.0,
                          ttft_extra_s=self.faults.value("ttft_spike", 0.0))
-        self.engine = Engine(perf=perf, metrics=self.metrics, max_num_seqs=t.engine.max_num_seqs,
+        cap = int(self.faults.value("seq_cap")) if self.faults.has("seq_cap") else t.engine.max_num_seqs
+        self.engine = Engine(perf=perf, metrics=self.metrics, max_num_seqs=cap,
                              kv_pool_tokens=boot.kv_pool_tokens or t.engine.max_model_len, log=log.api,
                              seed=int(t.sim.extra.get("seed", 0)),
                              stats_interval_s=float(t.sim.extra.get("stats_interval_s", 10.0)),
@@ -164,6 +169,9 @@ class SimApp:
         self.idle = asyncio.Event()
         self.idle.set()
         self.error_rng = random.Random(int(t.sim.extra.get("seed", 0)) + 2)
+        self.chat_requests = 0   # for the error_every schedule
+        self.health_probes = 0   # for health_503 (the first probe, the start-up wait, still passes)
+        self.stopping = asyncio.Event()   # set on SIGTERM (truncate_on_stop)
 
     async def _instance_header(self, request: web.Request, response: web.StreamResponse) -> None:
         response.headers[ENGINE_INSTANCE_HEADER] = self.instance_id
@@ -197,7 +205,7 @@ class SimApp:
     @web.middleware
     async def _auth_middleware(self, request: web.Request,
                                handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-        key = self.cfg.api_key
+        key = None if self.faults.has("no_auth") else self.cfg.api_key
         if key and request.method != "OPTIONS" and request.path.startswith(_GUARDED_PREFIXES):
             scheme, _, token = request.headers.get("Authorization", "").partition(" ")
             # Constant-time comparison, like vLLM's middleware.
@@ -238,7 +246,9 @@ class SimApp:
     # ------------------------------------------------------------------ simple endpoints
     async def health(self, request: web.Request) -> web.Response:
         # EngineDeadError -> 503 (vllm/entrypoints/serve/instrumentator/health.py).
-        return web.Response(status=503 if self.engine.dead else 200, body=b"")
+        self.health_probes += 1
+        dead = self.engine.dead or (self.faults.has("health_503") and self.health_probes > 1)
+        return web.Response(status=503 if dead else 200, body=b"")
 
     async def version(self, request: web.Request) -> web.Response:
         return _json(f'{{"version":"{self.target.engine.version}"}}')
@@ -266,10 +276,10 @@ class SimApp:
 
     async def models(self, request: web.Request) -> web.Response:
         cards = []
-        for name in self.names:
+        for name in () if self.faults.has("model_unlisted") else self.names:
             cards.append({"id": name, "object": "model", "created": self.created, "owned_by": "vllm",
                           "root": self.target.engine.model_path, "parent": None,
-                          "max_model_len": self.target.engine.max_model_len,
+                          "max_model_len": self.max_model_len,
                           "permission": [{"id": f"modelperm-{_hex16()}", "object": "model_permission",
                                           "created": self.created, "allow_create_engine": False,
                                           "allow_sampling": True, "allow_logprobs": True,
@@ -279,18 +289,20 @@ class SimApp:
         return _json(wire._dumps({"object": "list", "data": cards}))
 
     async def metrics_handler(self, request: web.Request) -> web.Response:
+        if self.faults.has("metrics_unreadable"):
+            return web.Response(status=500, text="Internal Server Error")
         return web.Response(body=self.metrics.render(),
                             headers={"Content-Type": self.wire_version.metrics_content_type})
 
     # ------------------------------------------------------------------ chat
     async def chat(self, request: web.Request) -> web.StreamResponse:
         try:
-            body, req = parse_chat(await request.read())
-            tool_choice = check_request(req, self.ctx, body)
+            body, req = parse_chat(await self._request_bytes(request))
+            tool_choice = self._checked_tool_choice(req, body)
             check_prompt_chars(prompt_text_len(body), self.ctx, self.max_chars_per_token)
             prompt_ids = self._prompt_ids(body)
             max_tokens, requested = resolve_max_tokens(req, len(prompt_ids), self.ctx)
-            if self.faults.has("error_rate") and self.error_rng.random() < self.faults.value("error_rate"):
+            if self._scheduled_error():
                 self.metrics.inc("vllm:request_success", finished_reason="error")
                 raise engine_dead()
         except ApiError as e:
@@ -307,6 +319,8 @@ class SimApp:
                        max_tokens=max_tokens, finish_reason=out.finish, params_max_tokens=requested,
                        block_hashes=block_hashes(prompt_ids, self.target.engine.block_size))
         self.engine.add(seq)
+        if self.faults.has("grammar_kill"):
+            self._log_grammar_kill(seq.req_id)
         if req.stream:
             return await self._stream(request, req, out, seq, ids, keep_parallel, finish, len(prompt_ids))
         while seq.emitted < seq.output_tokens:
@@ -317,6 +331,50 @@ class SimApp:
         return _json(self._body(out, ids, keep_parallel, forced, finish, req_id, len(prompt_ids),
                                 req.include_reasoning, seq.cached_tokens if self.prompt_details else None))
 
+    async def _request_bytes(self, request: web.Request) -> bytes:
+        """The request body; prompt_trimmed cuts every message to PROMPT_TRIM_CHARS first (a front that trims
+        over-long prompts, like LiteLLM's trim_messages, instead of letting the engine refuse them)."""
+        raw = await request.read()
+        if not self.faults.has("prompt_trimmed"):
+            return raw
+        try:
+            body = json.loads(raw)
+            for m in body.get("messages") or []:
+                if isinstance(m.get("content"), str):
+                    m["content"] = m["content"][:PROMPT_TRIM_CHARS]
+            return json.dumps(body).encode()
+        except (ValueError, AttributeError, TypeError):
+            return raw
+
+    def _checked_tool_choice(self, req: Any, body: dict[str, Any]) -> Any:
+        """vLLM's request checks; the accepts_invalid / any_model faults serve what they would refuse."""
+        try:
+            tool_choice = check_request(req, self.ctx, body)
+        except ApiError as e:
+            lenient = ((e.status == 400 and self.faults.has("accepts_invalid"))
+                       or (e.status == 404 and self.faults.has("any_model")))
+            if not lenient:
+                raise
+            tool_choice = "auto" if req.tools else "none"
+        if tool_choice == "none" and req.tools and self.faults.has("tool_choice_none_ignored"):
+            tool_choice = "auto"
+        return tool_choice
+
+    def _scheduled_error(self) -> bool:
+        """error_rate: a random fraction; error_every=K: the 1st, K+1th, 2K+1th ... request (deterministic)."""
+        self.chat_requests += 1
+        if self.faults.has("error_every"):
+            every = max(1, int(self.faults.value("error_every")))
+            return (self.chat_requests - 1) % every == 0
+        return self.faults.has("error_rate") and self.error_rng.random() < self.faults.value("error_rate")
+
+    def _log_grammar_kill(self, req_id: str) -> None:
+        # The two EngineCore lines of seed 000's grammar kill, as in fixtures/logs/grammar-kill.log.
+        self.log.raw(vllm_line("EngineCore_DP0", self.log.pid, "ERROR", "backend_guidance.py", 117,
+                               f"Grammar rejected tokens [2, 34] for request {req_id}"))
+        self.log.raw(vllm_line("EngineCore_DP0", self.log.pid, "ERROR", "structured_output.py", 284,
+                               f"Request {req_id} killed: ParserTooComplex"))
+
     def _prompt_ids(self, body: dict[str, Any]) -> list[int]:
         try:
             return self.tok.prompt_ids(body)
@@ -325,7 +383,7 @@ class SimApp:
 
     def _generate(self, body: dict[str, Any], req: Any, tool_choice: Any, max_tokens: int) -> wire.Output:
         """The response's output tokens: the responder's plan, tokenised and fitted to the token limits."""
-        if self.tok.version < 15 and "reasoning_effort" in body:
+        if (self.tok.version < 15 or self.faults.has("reasoning_effort_ignored")) and "reasoning_effort" in body:
             # vLLM passes reasoning_effort to Mistral tokenizers only from v15 on (vllm.md §3.1): older ones
             # never see it, so the model thinks at its default length.
             body = {k: v for k, v in body.items() if k != "reasoning_effort"}
@@ -333,7 +391,8 @@ class SimApp:
             # The tokenizer's default effort reaches the model's prompt when the request names none.
             body = {**body, "reasoning_effort": self.wire_version.default_reasoning_effort}
         plan = plan_response(body, tool_choice)
-        limits = wire.Limits(max_tokens, req.min_tokens, req.ignore_eos, req.thinking_token_budget)
+        min_tokens = 0 if self.faults.has("min_tokens_ignored") else req.min_tokens
+        limits = wire.Limits(max_tokens, min_tokens, req.ignore_eos, req.thinking_token_budget)
         return wire.build_output(plan, self.tok, limits, self.opts)
 
     def _body(self, out: wire.Output, ids: list[str], keep_parallel: bool, forced: bool, finish: str, req_id: str,
@@ -380,6 +439,10 @@ class SimApp:
                     first = False
                 if chunks:
                     await resp.write("".join(chunks).encode())
+                if self.stopping.is_set() and self.faults.has("truncate_on_stop"):
+                    self.engine.abort(seq)
+                    await resp.write_eof()   # a clean close: no finish_reason, no [DONE], no error
+                    return resp
                 if 0 <= midstream_at <= renderer.pos and renderer.pos < len(out.tokens):
                     self.engine.abort(seq)
                     await resp.write((renderer.error_event("The server had an error while processing your "
@@ -526,6 +589,7 @@ async def serve(cfg: SimConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     await stop.wait()
+    sim.stopping.set()
     log.uvicorn("Shutting down")
     await site.stop()  # no new connections; the open ones finish their requests
     if sim.inflight:
