@@ -21,6 +21,7 @@ import pytest
 from pytest_ml4.targets import Target, TargetError, known_targets, load_target, parse_override, deep_merge
 
 pytest_plugins = [
+    "pytest_ml4.plugin_accuracy",
     "pytest_ml4.plugin_logs",
     "pytest_ml4.plugin_perf",
     "pytest_ml4.plugin_preflight",
@@ -37,6 +38,7 @@ SUITE_MARKERS = {
     "restart": "restart resilience (disruptive: restarts the engine)",
     "perf": "performance gates with aiperf (long)",
     "preflight": "lint of deployment configs; needs no endpoint",
+    "accuracy": "BFCL tool-calling accuracy vs a stored baseline (after a model or image change)",
 }
 HARDWARE_MARKERS = {
     "rtxpro": "applies to RTX PRO 6000 targets only",

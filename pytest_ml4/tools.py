@@ -51,3 +51,15 @@ def tiktoken_cache_dir(required: bool = True) -> Path:
     if required and not (cache / O200K_CACHE_NAME).is_file():
         raise ToolMissing(f"tiktoken o200k_base cache not found in {cache}; run scripts/install.d/10-aiperf.sh")
     return cache
+
+
+BFCL_VERSION = "2026.3.23"
+
+
+def bfcl_site(required: bool = True) -> Path:
+    """The ``pip --target`` folder holding bfcl-eval (data + AST checker), installed by ``70-bfcl.sh``."""
+    site = tools_dir() / f"bfcl-eval-{BFCL_VERSION}" / "site"
+    if required and not (site / "bfcl_eval" / "data").is_dir():
+        raise ToolMissing(f"bfcl-eval {BFCL_VERSION} not found at {site}; run scripts/install.sh "
+                          "(or bash scripts/install.d/70-bfcl.sh)")
+    return site
