@@ -286,7 +286,7 @@ class SimApp:
             # vLLM passes reasoning_effort to Mistral tokenizers only from v15 on (vllm.md §3.1): older ones
             # never see it, so the model thinks at its default length.
             body = {k: v for k, v in body.items() if k != "reasoning_effort"}
-        plan = plan_response(body, tool_choice)
+        plan = plan_response(body, tool_choice, self.faults)
         limits = wire.Limits(max_tokens, req.min_tokens, req.ignore_eos, req.thinking_token_budget)
         return wire.build_output(plan, self.tok, limits, self.opts)
 
