@@ -128,6 +128,8 @@ class AccuracyRun:
                 "settings": {"size": o.size, "seed": o.seed, "tolerance": o.tolerance, "alpha": o.alpha,
                              "categories": o.categories},
                 "refused": self.refused,
+                "passed": not self.refused and not self.drops,
+                "drop_categories": [d.category for d in self.drops],
                 "categories": {c: {**s.as_dict(), "total": self.totals.get(c)} for c, s in self.scores.items()},
                 "baseline": None if self.baseline is None else {
                     "path": str(o.baseline), "categories": {c: s.as_dict() for c, s in self.baseline.items()}},
