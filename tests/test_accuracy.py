@@ -144,3 +144,18 @@ def test_unknown_category_option_is_a_usage_error(pytester: pytest.Pytester) -> 
     result = pytester.runpytest_subprocess(SUITE, "--target", "rtxpro6000-tp8", "--accuracy-categories", "simple")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--accuracy-categories: unknown BFCL category simple; known: simple_python*"])
+
+
+def test_report_compare_flags_a_significant_category_drop() -> None:
+    from pytest_ml4.report.compare import compare_accuracy
+
+    prev = {"categories": {"simple_python": {"n": 200, "passed": 160}, "irrelevance": {"n": 200, "passed": 120}}}
+    # simple_python 80% -> 70% (z = 0.1/sqrt(.75*.25*.01) = 2.31, p = 0.010): a regression; irrelevance 60% ->
+    # 58% is within the 5-point tolerance.
+    latest = {"settings": {"tolerance": 0.05, "alpha": 0.05},
+              "categories": {"simple_python": {"n": 200, "passed": 140}, "irrelevance": {"n": 200, "passed": 116}}}
+    rows = {r.subject: r for r in compare_accuracy("vs previous", prev, latest)}
+    assert rows["accuracy simple_python (n=200 vs 200)"].regressed
+    assert rows["accuracy simple_python (n=200 vs 200)"].change == "-10.0 pts"
+    assert not rows["accuracy irrelevance (n=200 vs 200)"].regressed
+    assert compare_accuracy("vs previous", None, latest) == []
