@@ -138,6 +138,12 @@ def test_suite_passes_vs_stored_baseline_and_fails_under_accuracy_drop(pytester:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["accuracy"]["categories"]["irrelevance"]["n"] == 40
     assert summary["accuracy"]["drops"] and not summary["accuracy"]["passed"]
+    assert {g["name"]: g["passed"] for g in summary["gates"]}["accuracy: irrelevance"] is False
+    # The Allure attachment lists every failed item with BFCL's error type.
+    attached = [json.loads(p.read_text()) for p in (run_dir / "allure-results").glob("*-attachment.json")]
+    items = next(a for a in attached if isinstance(a, list) and a and "error_type" in a[0])
+    assert {"question", "expected", "got", "error_type"} <= set(items[0])
+    assert any(i["error_type"] == "irrelevance:called_a_function" for i in items)
 
 
 def test_unknown_category_option_is_a_usage_error(pytester: pytest.Pytester) -> None:
