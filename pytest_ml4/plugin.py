@@ -31,6 +31,7 @@ from pytest_ml4.targets import (
 )
 
 pytest_plugins = [
+    "pytest_ml4.plugin_accuracy",
     "pytest_ml4.plugin_args",
     "pytest_ml4.plugin_logs",
     "pytest_ml4.plugin_perf",
@@ -48,6 +49,7 @@ SUITE_MARKERS = {
     "restart": "restart resilience (disruptive: restarts the engine)",
     "perf": "performance gates with aiperf (long)",
     "preflight": "lint of deployment configs; needs no endpoint",
+    "accuracy": "BFCL tool-calling accuracy vs a stored baseline (after a model or image change)",
 }
 HARDWARE_MARKERS = {
     "rtxpro": "applies to RTX PRO 6000 targets only",

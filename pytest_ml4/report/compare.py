@@ -156,6 +156,27 @@ def load_baseline(path: Path) -> Baseline:
     return Baseline(perf_points(data), tolerances, limits, str(path), short)
 
 
+def compare_accuracy(scope: str, reference: Mapping[str, Any] | None,
+                     latest: Mapping[str, Any] | None) -> list[Row]:
+    """Per-category BFCL accuracy of two runs (``summary.json`` "accuracy"): a regression is the accuracy gate's
+    own rule (a drop beyond the latest run's tolerance that is significant at its alpha), not a percentage."""
+    from pytest_ml4.accuracy.gate import CategoryScore, compare
+
+    if not reference or not latest:
+        return []
+
+    def scores(doc: Mapping[str, Any]) -> dict[str, CategoryScore]:
+        return {c: CategoryScore(c, int(f["n"]), int(f["passed"])) for c, f in (doc.get("categories") or {}).items()}
+
+    ref, new = scores(reference), scores(latest)
+    settings = latest.get("settings") or {}
+    dropped = {d.category for d in compare(new, ref, float(settings.get("tolerance", 0.05)),
+                                           float(settings.get("alpha", 0.05)))}
+    return [Row(scope, f"accuracy {c} (n={new[c].n} vs {ref[c].n})", ref[c].accuracy, new[c].accuracy,
+                f"{(new[c].accuracy - ref[c].accuracy) * 100:+.1f} pts", c in dropped)
+            for c in new if c in ref and new[c].n and ref[c].n]
+
+
 def compare_runs(runs: Sequence[Mapping[str, Any]], baseline: Baseline | None, tolerance: float) -> Comparison:
     """Compare the last run with the one before it and with the baseline."""
     if not runs:
@@ -173,6 +194,7 @@ def compare_runs(runs: Sequence[Mapping[str, Any]], baseline: Baseline | None, t
             rows.append(Row("vs previous", "perf settings", _settings_text(prev_settings),
                             _settings_text(settings), "differ: figures not compared", False))
         rows += compare_verdicts(previous, latest)
+        rows += compare_accuracy("vs previous", previous.get("accuracy"), latest.get("accuracy"))
     if baseline is not None:
         figures = KEY_FIGURES
         if settings.get("short") and baseline.short_run_metrics:

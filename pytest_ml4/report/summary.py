@@ -106,6 +106,23 @@ def read_perf_summary(run_dir: Path) -> dict[str, Any]:
     return out
 
 
+ACCURACY_SUMMARY_NAME = "accuracy-summary.json"  # written by pytest_ml4.plugin_accuracy
+
+
+def read_accuracy_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The accuracy suite's per-category figures, baseline and drops; None when it did not run."""
+    path = run_dir / ACCURACY_SUMMARY_NAME
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _accuracy_gates(acc: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    if not acc or not acc.get("baseline"):
+        return []
+    dropped = set(acc.get("drop_categories") or [])
+    return [{"name": f"accuracy: {cat}", "passed": cat not in dropped, "value": fig.get("accuracy"),
+             "source": "accuracy"} for cat, fig in (acc.get("categories") or {}).items()]
+
+
 def suite_gates(checks: Iterable[CheckRecord]) -> list[dict[str, Any]]:
     """One gate per suite: passed when none of its checks failed or broke (skips do not fail a suite)."""
     by_suite: dict[str, Counter[str]] = {}
@@ -120,6 +137,7 @@ def build_summary(*, run_dir: Path, target: str | None, simulated: bool, faults:
                   exit_status: int) -> dict[str, Any]:
     """The summary document (plain JSON types)."""
     perf = read_perf_summary(run_dir)
+    accuracy = read_accuracy_summary(run_dir)
     counts = Counter(c.outcome for c in checks)
     suites: dict[str, dict[str, int]] = {}
     for c in checks:
@@ -138,11 +156,12 @@ def build_summary(*, run_dir: Path, target: str | None, simulated: bool, faults:
         "interrupted": int(exit_status) == 2,  # pytest.ExitCode.INTERRUPTED: Ctrl-C, the figures are partial
         "tests": {"total": len(checks), **{o: counts.get(o, 0) for o in OUTCOMES}},
         "suites": suites,
-        "gates": suite_gates(checks) + perf["gates"],
+        "gates": suite_gates(checks) + perf["gates"] + _accuracy_gates(accuracy),
         "perf": {str(c): figs for c, figs in sorted(perf["points"].items())},
         "perf_trace": perf["trace"],
         "perf_settings": perf["settings"],
         "perf_baseline": perf["baseline"],
+        "accuracy": accuracy,
         "checks": [asdict(c) for c in checks],
     }
     return redact(doc)

@@ -99,6 +99,12 @@ _DEFINITIONS: tuple[Fault, ...] = (
 
 FAULTS: dict[str, Fault] = {f.name: f for f in _DEFINITIONS}
 
+# Issue 16 (accuracy gate): answer-level, applied in the responder so every serving stack shows it.
+FAULTS["accuracy_drop"] = Fault(
+    "accuracy_drop", "a deterministic fraction P of answers is wrong (a call's argument value altered, or a "
+    "spurious call where none belongs; default 0.2)", "suites/test_accuracy.py (BFCL accuracy vs baseline)",
+    default=0.2, takes_value=True)
+
 
 def register(fault: Fault) -> None:
     """Add a fault from another module (later issues); names must be unique."""

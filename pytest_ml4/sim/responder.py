@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_ml4.sim import toolgen
+from pytest_ml4.sim.faults import ActiveFaults
 from pytest_ml4.tokenizer import message_text
 from pytest_ml4.targets import FIXTURES_DIR
 
@@ -106,8 +107,17 @@ def _reasoning(kind: str, effort: str, fill: dict[str, str]) -> str:
     return " ".join(s.format(**fill) for s in sentences)
 
 
-def plan_response(body: dict[str, Any], tool_choice: Any) -> Plan:
-    """Decide what the model outputs for a validated request; ``tool_choice`` is already resolved."""
+def plan_response(body: dict[str, Any], tool_choice: Any, faults: ActiveFaults | None = None) -> Plan:
+    """Decide what the model outputs for a validated request; ``tool_choice`` is already resolved.
+
+    Every server that answers chat requests (the vLLM-style server, the Dynamo workers) passes its faults, so
+    answer-level faults (``accuracy_drop``) behave the same on every stack."""
+    plan = _plan(body, tool_choice)
+    drop = faults.value("accuracy_drop") if faults is not None and faults.has("accuracy_drop") else 0.0
+    return degrade(plan, body, tool_choice, drop) if drop > 0 else plan
+
+
+def _plan(body: dict[str, Any], tool_choice: Any) -> Plan:
     data = load_data()
     messages = body.get("messages") or []
     user = _last_user_text(messages)
@@ -152,3 +162,50 @@ def _choose_tool(tools: list[dict[str, Any]], tool_choice: Any, prompt: str,
     if best is None and tool_choice == "required":
         return tools[0]
     return best
+
+
+def _unit(*parts: str) -> float:
+    """A stable number in [0, 1) for the given strings (same request -> same decision, run after run)."""
+    return int(hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:12], 16) / float(1 << 48)
+
+
+def _perturb(value: Any) -> Any:
+    # The kind of damage changed numerics do: a number off by one, a string altered, a flag flipped.
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if isinstance(value, str):
+        return value + " (approx.)"
+    if isinstance(value, list):
+        return [_perturb(value[0]), *value[1:]] if value else ["?"]
+    if isinstance(value, dict):
+        return {k: _perturb(v) if i == 0 else v for i, (k, v) in enumerate(value.items())} or {"?": "?"}
+    return "?"
+
+
+def _corrupt_call(call: ToolCallPlan) -> ToolCallPlan:
+    args = json.loads(call.arguments)
+    if not isinstance(args, dict) or not args:
+        return ToolCallPlan(call.name + "_v2", call.arguments)
+    first = next(iter(args))
+    return ToolCallPlan(call.name, json.dumps({**args, first: _perturb(args[first])}, ensure_ascii=False))
+
+
+def degrade(plan: Plan, body: dict[str, Any], tool_choice: Any, fraction: float) -> Plan:
+    """Fault ``accuracy_drop=P``: a deterministic fraction P of the answers goes wrong. A call gets a wrong
+    argument value (or name); a reply that called nothing calls an offered tool anyway (a spurious call), so
+    relevance detection degrades as well. Which answers is fixed by a hash of the request's user text."""
+    user = _last_user_text(body.get("messages") or [])
+    if plan.tool_calls:
+        calls = [_corrupt_call(c) if _unit(user, str(i), c.name) < fraction else c
+                 for i, c in enumerate(plan.tool_calls)]
+        return Plan(plan.reasoning, plan.content, calls, plan.reasoning_share)
+    tools = body.get("tools") or []
+    if not tools or tool_choice == "none" or _unit(user, "spurious") >= fraction:
+        return plan
+    tool = tools[0]
+    args = toolgen.ArgGenerator(toolgen.PromptFacts.of(user, frozenset(), set()), None).object(
+        (tool.get("function") or {}).get("parameters") or {})
+    return Plan(plan.reasoning, "", [ToolCallPlan(toolgen.tool_name(tool), json.dumps(args, ensure_ascii=False))],
+                plan.reasoning_share)

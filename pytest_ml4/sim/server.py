@@ -390,7 +390,7 @@ class SimApp:
         elif self.wire_version.default_reasoning_effort and body.get("reasoning_effort") is None:
             # The tokenizer's default effort reaches the model's prompt when the request names none.
             body = {**body, "reasoning_effort": self.wire_version.default_reasoning_effort}
-        plan = plan_response(body, tool_choice)
+        plan = plan_response(body, tool_choice, self.faults)
         min_tokens = 0 if self.faults.has("min_tokens_ignored") else req.min_tokens
         limits = wire.Limits(max_tokens, min_tokens, req.ignore_eos, req.thinking_token_budget)
         return wire.build_output(plan, self.tok, limits, self.opts)

@@ -148,11 +148,18 @@ def check_synthetic(ctx: LintContext) -> Iterator[Finding]:
     for site in engine_sites(ctx):
         if site.doc.run_purpose == "performance":
             continue
-        hits = synthetic_keys(site.args.speculative() or {})
-        hits += [f"--{f}" for f in site.args.flags if "synthetic" in f]
-        hits += [k for k, v in site.env.items() if "SYNTHETIC" in k.upper() and truthy(v)]
+        hits = synthetic_hits(site)
         if hits:
             yield r.finding(site.doc, ", ".join(hits), line=site.line, where=site.where)
+
+
+def synthetic_hits(site: EngineSite) -> list[str]:
+    """What switches synthetic acceptance on at one engine launch (spec config, flags, environment); also the
+    accuracy gate's guard, which refuses it even in a performance-only deployment."""
+    hits = synthetic_keys(site.args.speculative() or {})
+    hits += [f"--{f}" for f in site.args.flags if "synthetic" in f]
+    hits += [k for k, v in site.env.items() if "SYNTHETIC" in k.upper() and truthy(v)]
+    return hits
 
 
 @rule("rtx-expandable-segments", Severity.ERROR,

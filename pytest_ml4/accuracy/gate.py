@@ -1,0 +1,123 @@
+"""Per-category accuracy, the stored baseline, and the regression decision.
+
+A category regresses when its accuracy fell by more than the tolerance AND the fall is statistically significant
+(one-sided two-proportion z-test at level ``alpha``): a small sample's noise alone never fails the gate.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_ml4.accuracy.score import ItemResult
+from pytest_ml4.accuracy.stats import drop_z, wilson
+
+BASELINE_SCHEMA = 1
+
+
+class BaselineError(ValueError):
+    """A baseline file that cannot be read; the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class CategoryScore:
+    category: str
+    n: int
+    passed: int
+
+    @property
+    def accuracy(self) -> float:
+        return self.passed / self.n if self.n else 0.0
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson(self.passed, self.n)
+
+    def as_dict(self) -> dict[str, Any]:
+        lo, hi = self.interval
+        return {"n": self.n, "passed": self.passed, "accuracy": round(self.accuracy, 4),
+                "ci95": [round(lo, 4), round(hi, 4)]}
+
+
+@dataclass(frozen=True)
+class Drop:
+    category: str
+    base: CategoryScore
+    now: CategoryScore
+    z: float
+    p_value: float
+
+    def describe(self) -> str:
+        return (f"{self.category}: {self.now.accuracy:.1%} ({self.now.passed}/{self.now.n}) vs baseline "
+                f"{self.base.accuracy:.1%} ({self.base.passed}/{self.base.n}), drop "
+                f"{(self.base.accuracy - self.now.accuracy) * 100:.1f} points, z={self.z:.2f}, p={self.p_value:.3g}")
+
+
+def summarize(results: Iterable[ItemResult], categories: list[str]) -> dict[str, CategoryScore]:
+    counts = {c: [0, 0] for c in categories}
+    for r in results:
+        counts[r.category][0] += 1
+        counts[r.category][1] += int(r.valid)
+    return {c: CategoryScore(c, n, k) for c, (n, k) in counts.items()}
+
+
+def save_baseline(path: Path, scores: dict[str, CategoryScore], meta: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"schema": BASELINE_SCHEMA, **meta, "categories": {c: s.as_dict() for c, s in scores.items()}}
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def load_baseline(path: Path) -> dict[str, CategoryScore]:
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BaselineError(f"accuracy baseline {path} does not exist (write one with --accuracy-save)") from None
+    except json.JSONDecodeError as e:
+        raise BaselineError(f"accuracy baseline {path} is not JSON: {e}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != BASELINE_SCHEMA or not isinstance(doc.get("categories"),
+                                                                                          dict):
+        raise BaselineError(f"accuracy baseline {path}: expected schema {BASELINE_SCHEMA} with a 'categories' map")
+    out: dict[str, CategoryScore] = {}
+    for cat, fig in doc["categories"].items():
+        try:
+            out[cat] = CategoryScore(cat, int(fig["n"]), int(fig["passed"]))
+        except (KeyError, TypeError, ValueError):
+            raise BaselineError(f"accuracy baseline {path}: categories.{cat} needs integer 'n' and 'passed'") from None
+    return out
+
+
+def compare(now: dict[str, CategoryScore], base: dict[str, CategoryScore], tolerance: float,
+            alpha: float) -> list[Drop]:
+    """Categories (of those in both) whose accuracy fell by more than ``tolerance`` with p < ``alpha``."""
+    drops: list[Drop] = []
+    for cat, cur in now.items():
+        ref = base.get(cat)
+        if ref is None or cur.n == 0 or ref.n == 0:
+            continue
+        z, p = drop_z(ref.passed, ref.n, cur.passed, cur.n)
+        if ref.accuracy - cur.accuracy > tolerance and p < alpha:
+            drops.append(Drop(cat, ref, cur, z, p))
+    return drops
+
+
+def table(now: dict[str, CategoryScore], base: dict[str, CategoryScore] | None = None) -> str:
+    """Plain-text per-category table (console and Allure)."""
+    head = f"{'category':<24} {'n':>5} {'passed':>6} {'accuracy':>8}  {'95% Wilson':<15}"
+    head += f" {'baseline':>8} {'n_base':>6}" if base else ""
+    lines = [head]
+    for cat, s in now.items():
+        lo, hi = s.interval
+        line = f"{cat:<24} {s.n:>5} {s.passed:>6} {s.accuracy:>8.1%}  [{lo:.3f}, {hi:.3f}]"
+        if base:
+            ref = base.get(cat)
+            line += f" {ref.accuracy:>8.1%} {ref.n:>6}" if ref else f" {'-':>8} {'-':>6}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def failed_items(results: Iterable[ItemResult]) -> list[dict[str, Any]]:
+    """Every failed item: question, expected, got and BFCL's error type (for the Allure attachment)."""
+    return [asdict(r) for r in results if not r.valid]

@@ -1,0 +1,180 @@
+"""pytest glue for the BFCL accuracy gate (``suites/test_accuracy.py``); the core is :mod:`pytest_ml4.accuracy`.
+
+One session fixture runs the sample once (the synthetic-acceptance guard first: a refused deployment is not
+measured), writes ``<run_dir>/accuracy-summary.json`` (read into ``summary.json``) and optionally a baseline.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_ml4.accuracy.bfcl import CategoryError, resolve_categories
+from pytest_ml4.accuracy.gate import (
+    BaselineError,
+    CategoryScore,
+    Drop,
+    compare,
+    failed_items,
+    load_baseline,
+    save_baseline,
+    summarize,
+)
+from pytest_ml4.accuracy.score import ItemResult
+from pytest_ml4.targets import FIXTURES_DIR, Target
+
+SUMMARY_FILE = "accuracy-summary.json"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ml4")
+    add = group.addoption
+    add("--accuracy-size", dest="ml4_accuracy_size", type=int, default=None, metavar="N",
+        help="BFCL items per category (seeded sample; default: every item, the nightly run) "
+             "(ini: ml4_accuracy_size)")
+    add("--accuracy-categories", dest="ml4_accuracy_categories", default=None, metavar="A,B,...",
+        help="BFCL categories to run (default: every single-turn one in fixtures/accuracy/categories.yaml) "
+             "(ini: ml4_accuracy_categories)")
+    add("--accuracy-baseline", dest="ml4_accuracy_baseline", default=None, metavar="PATH",
+        help="accuracy baseline to compare against (default: fixtures/baselines/accuracy-<target>.json when "
+             "it exists) (ini: ml4_accuracy_baseline)")
+    add("--accuracy-save", dest="ml4_accuracy_save", default=None, metavar="PATH",
+        help="write this run's per-category accuracy as a baseline file")
+    add("--accuracy-tolerance", dest="ml4_accuracy_tolerance", type=float, default=None, metavar="X",
+        help="accuracy points (0-1) a category may drop before a significant drop fails (default 0.05)")
+    add("--accuracy-alpha", dest="ml4_accuracy_alpha", type=float, default=None, metavar="A",
+        help="significance level of the one-sided two-proportion test (default 0.05)")
+    add("--accuracy-concurrency", dest="ml4_accuracy_concurrency", type=int, default=None, metavar="N",
+        help="requests in flight (default 16)")
+    add("--accuracy-seed", dest="ml4_accuracy_seed", type=int, default=None, metavar="N",
+        help="seed of the sample and of the requests (default 1234)")
+    for name, text in (("size", "BFCL items per category"), ("categories", "BFCL categories, comma-separated"),
+                       ("baseline", "accuracy baseline file"), ("tolerance", "accuracy drop tolerance"),
+                       ("alpha", "significance level"), ("concurrency", "requests in flight"),
+                       ("seed", "sample/request seed")):
+        parser.addini(f"ml4_accuracy_{name}", text, default=None)
+
+
+@dataclass(frozen=True)
+class AccuracyOptions:
+    categories: list[str]
+    size: int | None
+    baseline: Path | None
+    save: Path | None
+    tolerance: float = 0.05
+    alpha: float = 0.05
+    concurrency: int = 16
+    seed: int = 1234
+
+
+def _opt(config: pytest.Config, name: str) -> Any:
+    v = config.getoption(f"ml4_accuracy_{name}", None)
+    return v if v is not None else config.getini(f"ml4_accuracy_{name}")
+
+
+def _num(config: pytest.Config, name: str, kind: type, default: Any, lo: float, hi: float | None = None) -> Any:
+    raw = _opt(config, name)
+    if raw is None:
+        return default
+    try:
+        v = kind(raw)
+    except ValueError:
+        raise pytest.UsageError(f"--accuracy-{name}: expected a number, got {raw!r}") from None
+    if v < lo or (hi is not None and v >= hi):
+        raise pytest.UsageError(f"--accuracy-{name}: {v} is out of range [{lo}, {hi if hi is not None else 'inf'})")
+    return v
+
+
+def options(config: pytest.Config, target_name: str | None) -> AccuracyOptions:
+    """The accuracy options, checked (UsageError names the option)."""
+    cats = _opt(config, "categories")
+    try:
+        categories = resolve_categories([c.strip() for c in str(cats).split(",") if c.strip()] if cats else None)
+    except CategoryError as e:
+        raise pytest.UsageError(f"--accuracy-categories: {e}") from None
+    base = _opt(config, "baseline")
+    if base is None and target_name:
+        default = FIXTURES_DIR / "baselines" / f"accuracy-{target_name}.json"
+        base = default if default.is_file() else None
+    save = config.getoption("ml4_accuracy_save")
+    return AccuracyOptions(categories, _num(config, "size", int, None, 1), Path(base) if base else None,
+                           Path(save) if save else None, _num(config, "tolerance", float, 0.05, 0, 1),
+                           _num(config, "alpha", float, 0.05, 1e-9, 1), _num(config, "concurrency", int, 16, 1),
+                           _num(config, "seed", int, 1234, 0))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Bad values fail at start-up, before any endpoint is touched.
+    options(config, None)
+
+
+@dataclass
+class AccuracyRun:
+    options: AccuracyOptions
+    refused: list[str] = field(default_factory=list)
+    results: list[ItemResult] = field(default_factory=list)
+    scores: dict[str, CategoryScore] = field(default_factory=dict)
+    baseline: dict[str, CategoryScore] | None = None
+    drops: list[Drop] = field(default_factory=list)
+    totals: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        o = self.options
+        return {"schema": "ml4-accuracy-summary/1", "benchmark": "BFCL v4 (bfcl-eval)",
+                "settings": {"size": o.size, "seed": o.seed, "tolerance": o.tolerance, "alpha": o.alpha,
+                             "categories": o.categories},
+                "refused": self.refused,
+                "passed": not self.refused and not self.drops,
+                "drop_categories": [d.category for d in self.drops],
+                "categories": {c: {**s.as_dict(), "total": self.totals.get(c)} for c, s in self.scores.items()},
+                "baseline": None if self.baseline is None else {
+                    "path": str(o.baseline), "categories": {c: s.as_dict() for c, s in self.baseline.items()}},
+                "drops": [d.describe() for d in self.drops],
+                "failed_items": len(failed_items(self.results))}
+
+
+def run_accuracy(config: pytest.Config, target: Target, declared: Target, endpoint: Any, http: Any,
+                 run_dir: Path, progress: Any) -> AccuracyRun:
+    """Guard, sample, drive, score, compare; the summary file is written whatever the outcome."""
+    from pytest_ml4.accuracy import bfcl
+    from pytest_ml4.accuracy.data import load_dataset
+    from pytest_ml4.accuracy.guard import synthetic_acceptance
+    from pytest_ml4.accuracy.runner import RunSettings, run_items
+
+    opts = options(config, target.name)
+    run = AccuracyRun(opts)
+    run.refused = synthetic_acceptance(declared, [declared.resolve(m) for m in declared.manifests])
+    if not run.refused:
+        api = bfcl.load(run_dir / "bfcl")
+        ds = load_dataset(api, opts.categories, opts.size, opts.seed)
+        run.totals = ds.totals
+        settings = RunSettings(model=endpoint.model, concurrency=opts.concurrency, seed=opts.seed)
+        run.results = run_items(http, api, ds, settings, progress)
+        run.scores = summarize(run.results, opts.categories)
+        if opts.baseline is not None:
+            run.baseline = load_baseline(opts.baseline)
+            run.drops = compare(run.scores, run.baseline, opts.tolerance, opts.alpha)
+        if opts.save is not None:
+            save_baseline(opts.save, run.scores, {"target": target.name, "bfcl_eval": api.version,
+                                                   "size": opts.size, "seed": opts.seed})
+    (run_dir / SUMMARY_FILE).write_text(json.dumps(run.summary(), indent=2) + "\n")
+    return run
+
+
+@pytest.fixture(scope="session")
+def ml4_accuracy(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Any, http_client: Any,
+                 ml4_run_dir: Path) -> AccuracyRun:
+    from pytest_ml4.plugin import get_state
+    from pytest_ml4.plugin_perf import progress_writer
+    from pytest_ml4.tools import ToolMissing
+
+    declared = get_state(pytestconfig).declared_target or ml4_target
+    try:
+        return run_accuracy(pytestconfig, ml4_target, declared, ml4_endpoint, http_client, ml4_run_dir,
+                            progress_writer(pytestconfig))
+    except (ToolMissing, BaselineError) as e:
+        pytest.fail(str(e), pytrace=False)

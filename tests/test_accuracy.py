@@ -1,0 +1,167 @@
+"""The BFCL accuracy gate: statistics, BFCL's checker on known calls, bad input, the synthetic-acceptance guard,
+and the suite end to end against the simulator (passes vs the stored baseline, fails under ``accuracy_drop``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_ml4.accuracy.bfcl import CategoryError, load, resolve_categories
+from pytest_ml4.accuracy.data import Item
+from pytest_ml4.accuracy.guard import synthetic_acceptance
+from pytest_ml4.accuracy.score import score_reply
+from pytest_ml4.accuracy.stats import drop_z, items_needed, wilson
+from pytest_ml4.sim.faults import ActiveFaults
+from pytest_ml4.sim.responder import plan_response
+from pytest_ml4.targets import FIXTURES_DIR, REPO_ROOT, load_target
+from pytest_ml4.tools import ToolMissing, bfcl_site
+
+SUITE = str(REPO_ROOT / "suites" / "test_accuracy.py")
+
+
+def test_wilson_interval_hand_values() -> None:
+    # 50/100: centre 0.5, half-width 1.96*sqrt(0.0025 + 1.96^2/40000)/(1 + 1.96^2/100) = 0.0962.
+    lo, hi = wilson(50, 100)
+    assert lo == pytest.approx(0.4038, abs=1e-4) and hi == pytest.approx(0.5962, abs=1e-4)
+    # 0/10 keeps a non-zero upper bound (the reason for Wilson over the normal interval): 3.8416/13.8416.
+    assert wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+
+
+def test_drop_z_hand_values() -> None:
+    # 120/200 vs 100/200: pooled 0.55, se = sqrt(0.55*0.45*0.01) = 0.04975, z = 0.1/0.04975 = 2.010.
+    z, p = drop_z(120, 200, 100, 200)
+    assert z == pytest.approx(2.010, abs=1e-3) and p == pytest.approx(0.0222, abs=1e-3)
+    assert drop_z(10, 10, 10, 10) == (0.0, 1.0)
+
+
+def test_items_needed_for_a_5_point_drop() -> None:
+    # (1.6449*sqrt(2*.875*.125) + 0.8416*sqrt(.09 + .1275))^2 / .05^2 = 539.9 (docs/notes/h16-bfcl.md).
+    assert items_needed(0.90, 0.05) == 540
+    assert items_needed(0.50, 0.05) > items_needed(0.90, 0.05)
+
+
+@pytest.fixture(scope="module")
+def bfcl(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    return load(tmp_path_factory.mktemp("bfcl"))
+
+
+def _item(bfcl, category: str, idx: int) -> tuple[Item, object]:  # type: ignore[no-untyped-def]
+    entry = bfcl.load_dataset_entry(category)[idx]
+    tools = bfcl.convert_to_tool(entry["function"], bfcl.gorilla_to_openapi, bfcl.openai_style)
+    answers = {a["id"]: a["ground_truth"] for a in bfcl.load_ground_truth_entry(category)} \
+        if category != "irrelevance" else {}
+    return Item(entry["id"], category, entry["question"][0], entry["function"], tools), answers.get(entry["id"])
+
+
+def _msg(name: str, args: dict) -> dict:  # type: ignore[type-arg]
+    return {"content": None, "tool_calls": [{"id": "a1", "type": "function",
+                                             "function": {"name": name, "arguments": json.dumps(args)}}]}
+
+
+def test_bfcl_checker_on_known_calls(bfcl) -> None:  # type: ignore[no-untyped-def]
+    item, answer = _item(bfcl, "simple_python", 0)  # triangle area, base 10, height 5 (bfcl.md "Data")
+    assert item.tools[0]["function"]["name"] == "calculate_triangle_area"
+    assert score_reply(bfcl, item, _msg("calculate_triangle_area", {"base": 10, "height": 5}), answer).valid
+    wrong = score_reply(bfcl, item, _msg("calculate_triangle_area", {"base": 11, "height": 5}), answer)
+    assert not wrong.valid and wrong.error_type == "value_error:others"
+    typed = score_reply(bfcl, item, _msg("calculate_triangle_area", {"base": 10.0, "height": 5}), answer)
+    assert not typed.valid and typed.error_type.startswith("type_error")
+    none = score_reply(bfcl, item, {"content": "The area is 25."}, answer)
+    assert not none.valid and none.got == "The area is 25."
+    irr, _ = _item(bfcl, "irrelevance", 0)
+    assert score_reply(bfcl, irr, {"content": "I cannot help with that."}, None).valid
+    assert not score_reply(bfcl, irr, _msg(irr.tools[0]["function"]["name"], {}), None).valid
+
+
+def test_unknown_category_lists_the_known_ones() -> None:
+    with pytest.raises(CategoryError, match=r"unknown BFCL category simple; known: simple_python, multiple"):
+        resolve_categories(["simple"])
+
+
+def test_missing_bfcl_names_the_install_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ML4_TOOLS", str(tmp_path))
+    with pytest.raises(ToolMissing, match=r"bfcl-eval 2026\.3\.23 not found .*scripts/install\.d/70-bfcl\.sh"):
+        bfcl_site()
+
+
+def test_guard_refuses_synthetic_acceptance() -> None:
+    rtx = load_target("rtxpro6000-tp8")
+    assert synthetic_acceptance(rtx, [rtx.resolve(m) for m in rtx.manifests]) == []
+    flagged = load_target("rtxpro6000-tp8", overrides={"engine": {"speculative": {"synthetic_acceptance": True}}})
+    assert "engine.speculative.synthetic_acceptance" in synthetic_acceptance(flagged, [])[0]
+    case = FIXTURES_DIR / "preflight" / "spec-synthetic-acceptance"
+    vr = load_target("vr200-agg")
+    assert synthetic_acceptance(vr, [case / "clean" / "deploy.yaml"]) == []
+    # The preflight rule lets a performance-only deployment use it; the accuracy gate never does.
+    assert synthetic_acceptance(vr, [case / "broken" / "deploy.yaml"])
+    assert synthetic_acceptance(vr, [case / "clean" / "perf-only-deploy.yaml"])
+
+
+def test_accuracy_drop_fault_is_deterministic_and_breaks_calls(bfcl) -> None:  # type: ignore[no-untyped-def]
+    entries = bfcl.load_dataset_entry("simple_python")[:100]
+    bodies = [{"messages": e["question"][0], "tools": bfcl.convert_to_tool(e["function"], bfcl.gorilla_to_openapi,
+                                                                          bfcl.openai_style)} for e in entries]
+    faults = ActiveFaults(["accuracy_drop=0.3"])
+    clean = [plan_response(b, "auto").tool_calls for b in bodies]
+    broken = [plan_response(b, "auto", faults).tool_calls for b in bodies]
+    assert broken == [plan_response(b, "auto", faults).tool_calls for b in bodies]
+    changed = sum(c != d for c, d in zip(clean, broken, strict=True))
+    assert 15 <= changed <= 45, changed  # about 30 of 100 single-call answers
+
+
+def _run(pytester: pytest.Pytester, reports: Path, *extra: str) -> pytest.RunResult:
+    # Fast simulator timings: what is measured here is correctness, not latency.
+    return pytester.runpytest_subprocess(
+        SUITE, "--target", "rtxpro6000-tp8", "--sim", "--ml4-no-proxy", "-m", "accuracy", "-p", "no:randomly",
+        "--accuracy-categories", "irrelevance,live_irrelevance", "--accuracy-size", "40",
+        "--accuracy-concurrency", "16", "--ml4-set", "sim.itl_ms=1", "--ml4-set", "sim.ttft_s=0.01",
+        "--ml4-set", "sim.prefill_tok_s=1000000", "--ml4-reports", str(reports), "-rA", *extra, timeout=300)
+
+
+def test_suite_passes_vs_stored_baseline_and_fails_under_accuracy_drop(pytester: pytest.Pytester,
+                                                                       tmp_path: Path) -> None:
+    saved = tmp_path / "baseline.json"
+    ok = _run(pytester, tmp_path / "r1", "--accuracy-save", str(saved))
+    ok.assert_outcomes(passed=3)  # against fixtures/baselines/accuracy-rtxpro6000-tp8.json (size 200)
+    ok.stdout.fnmatch_lines(["*[[]ml4 accuracy[]] 80/80 items*"])
+    doc = json.loads(saved.read_text())
+    assert set(doc["categories"]) == {"irrelevance", "live_irrelevance"} and doc["size"] == 40
+    bad = _run(pytester, tmp_path / "r2", "--accuracy-baseline", str(saved), "--ml4-fault", "accuracy_drop=0.5")
+    bad.assert_outcomes(passed=2, failed=1)
+    out = bad.stdout.str()
+    assert "accuracy regression vs baseline" in out
+    # Both categories named, with both figures and both sample sizes.
+    assert "irrelevance: " in out and "live_irrelevance: " in out and "/40) vs baseline" in out
+    [run_dir] = list((tmp_path / "r2").iterdir())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["accuracy"]["categories"]["irrelevance"]["n"] == 40
+    assert summary["accuracy"]["drops"] and not summary["accuracy"]["passed"]
+    assert {g["name"]: g["passed"] for g in summary["gates"]}["accuracy: irrelevance"] is False
+    # The Allure attachment lists every failed item with BFCL's error type.
+    attached = [json.loads(p.read_text()) for p in (run_dir / "allure-results").glob("*-attachment.json")]
+    items = next(a for a in attached if isinstance(a, list) and a and "error_type" in a[0])
+    assert {"question", "expected", "got", "error_type"} <= set(items[0])
+    assert any(i["error_type"] == "irrelevance:called_a_function" for i in items)
+
+
+def test_unknown_category_option_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess(SUITE, "--target", "rtxpro6000-tp8", "--accuracy-categories", "simple")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--accuracy-categories: unknown BFCL category simple; known: simple_python*"])
+
+
+def test_report_compare_flags_a_significant_category_drop() -> None:
+    from pytest_ml4.report.compare import compare_accuracy
+
+    prev = {"categories": {"simple_python": {"n": 200, "passed": 160}, "irrelevance": {"n": 200, "passed": 120}}}
+    # simple_python 80% -> 70% (z = 0.1/sqrt(.75*.25*.01) = 2.31, p = 0.010): a regression; irrelevance 60% ->
+    # 58% is within the 5-point tolerance.
+    latest = {"settings": {"tolerance": 0.05, "alpha": 0.05},
+              "categories": {"simple_python": {"n": 200, "passed": 140}, "irrelevance": {"n": 200, "passed": 116}}}
+    rows = {r.subject: r for r in compare_accuracy("vs previous", prev, latest)}
+    assert rows["accuracy simple_python (n=200 vs 200)"].regressed
+    assert rows["accuracy simple_python (n=200 vs 200)"].change == "-10.0 pts"
+    assert not rows["accuracy irrelevance (n=200 vs 200)"].regressed
+    assert compare_accuracy("vs previous", None, latest) == []
