@@ -30,7 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = REPO / ".venv" / "bin" / "python"
 #: The pytest arguments of each job after ``--target T --sim`` (main = scripts/run-sim.sh without its install).
-JOBS: dict[str, list[str]] = {"main": ["suites", "--perf-short"], "restart": ["suites", "-m", "restart"]}
+JOBS: dict[str, list[str]] = {"main": ["suites", "--perf-short", "--accuracy-size", "50"],
+                              "restart": ["suites", "-m", "restart"]}
 BUSY_LOOP = "while True:\n    pass\n"
 
 
