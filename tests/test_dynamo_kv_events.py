@@ -17,7 +17,12 @@ import pytest
 import yaml
 
 from pytest_ml4.client import Endpoint
-from pytest_ml4.control.dynamo import check_affinity, check_prefix_reuse, run_affinity_probe, run_conversation
+from pytest_ml4.control.dynamo import (
+    check_affinity,
+    check_prefix_reuse,
+    run_affinity_probe,
+    run_conversation,
+)
 from pytest_ml4.sim.dynamo import DynamoSim
 from pytest_ml4.targets import Target, load_target
 from pytest_ml4.tools import ToolMissing, dynamo_python

@@ -32,8 +32,8 @@ from pytest_ml4.sim import wire
 from pytest_ml4.sim.dynamo_bridge import Behaviour, behaviour, tool_calls_text
 from pytest_ml4.sim.engine import Sequence, block_hashes
 from pytest_ml4.sim.faults import ActiveFaults
-from pytest_ml4.tokenizer import SPECIAL_TOKENS
 from pytest_ml4.targets import Target
+from pytest_ml4.tokenizer import SPECIAL_TOKENS
 
 #: Dynamo component per role (dynamo.md §3: the decode/agg component is ``backend``).
 COMPONENTS = {"worker": "backend", "prefill": "prefill", "decode": "backend"}
@@ -314,7 +314,13 @@ def _write_atomically(path: str, text: str) -> None:
 
 
 async def serve(runtime: Any, args: argparse.Namespace, worker: Worker) -> None:
-    from dynamo.llm import KvEventPublisher, ModelInput, ModelType, WorkerType, register_llm
+    from dynamo.llm import (
+        KvEventPublisher,
+        ModelInput,
+        ModelType,
+        WorkerType,
+        register_llm,
+    )
 
     t = worker.target
     role = args.role
