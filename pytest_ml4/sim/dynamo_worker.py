@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_ml4.sim import wire
-from pytest_ml4.sim.dynamo_bridge import Behaviour, behaviour, tool_calls_text
+from pytest_ml4.sim.dynamo_bridge import GUIDED, Behaviour, behaviour, tool_calls_text
 from pytest_ml4.sim.engine import Sequence, block_hashes
 from pytest_ml4.sim.faults import ActiveFaults
 from pytest_ml4.targets import Target
@@ -75,11 +75,16 @@ def conversation(prompt: str) -> dict[str, Any]:
     return {"messages": messages, "tools": tools}
 
 
+def guided_schema(request: dict[str, Any]) -> dict[str, Any] | None:
+    guided = ((request.get("sampling_options") or {}).get("guided_decoding") or {}).get("json")
+    return guided if isinstance(guided, dict) else None
+
+
 def tool_choice_of(request: dict[str, Any], tools: list[Any]) -> Any:
     """``tool_choice`` as the frontend passed it: ``required``/named arrive as ``guided_decoding.json`` (an array
     schema whose items enumerate the allowed names); no tools rendered means none or auto without tools."""
-    guided = ((request.get("sampling_options") or {}).get("guided_decoding") or {}).get("json")
-    if not isinstance(guided, dict):
+    guided = guided_schema(request)
+    if guided is None:
         return "auto"
     names: list[str] = []
     for alt in ((guided.get("items") or {}).get("anyOf") or []):
@@ -112,8 +117,8 @@ def _ids_of(tok: Any, segments: list[str]) -> list[int]:
     return out
 
 
-def reply_ids(out: wire.Output, tok: Any, mode: Behaviour, max_tokens: int) -> Reply:
-    """Token ids of the engine output, tool calls rewritten to ``mode.tool_form``, cut at ``max_tokens``."""
+def reply_ids(out: wire.Output, tok: Any, tool_form: str, max_tokens: int) -> Reply:
+    """Token ids of the engine output, tool calls rewritten to ``tool_form``, cut at ``max_tokens``."""
     segments: list[str] = []
     calls: dict[int, list[str]] = {}
     args: dict[int, list[str]] = {}
@@ -131,7 +136,7 @@ def reply_ids(out: wire.Output, tok: Any, mode: Behaviour, max_tokens: int) -> R
             segments.append(text)
     if calls:
         pairs = [("".join(calls[i]), "".join(args.get(i, [])) + out.held.get(i, "")) for i in sorted(calls)]
-        segments += tool_calls_text(pairs, mode.tool_form)
+        segments += tool_calls_text(pairs, tool_form)
     ids = _ids_of(tok, segments)
     finish = out.finish
     if len(ids) > max_tokens:
@@ -234,7 +239,8 @@ class Worker:
         limits = Limits(int(stop.get("min_tokens") or 0), bool(stop.get("ignore_eos")),
                         stop.get("max_thinking_tokens"))
         out = app._generate(body, limits, tool_choice, max_tokens)
-        reply = reply_ids(out, app.tok, self.mode, max_tokens)
+        form = GUIDED if guided_schema(request) is not None else self.mode.tool_form
+        reply = reply_ids(out, app.tok, form, max_tokens)
         if app.faults.has("error_rate") and app.error_rng.random() < app.faults.value("error_rate"):
             yield {"token_ids": [], "index": 0, "finish_reason": "error: simulated engine error (fault error_rate)"}
             return
