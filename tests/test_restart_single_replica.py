@@ -7,7 +7,12 @@ from __future__ import annotations
 import pytest
 
 from pytest_ml4.control.base import RestartResult
-from pytest_ml4.control.scenario import RequestOutcome, RestartRun, SingleReplicaOutage, check_client_errors
+from pytest_ml4.control.scenario import (
+    RequestOutcome,
+    RestartRun,
+    SingleReplicaOutage,
+    check_client_errors,
+)
 from pytest_ml4.targets import load_target
 
 UNLISTED = RequestOutcome(2, 0.6, 0.1, 404, None, "''")
