@@ -25,6 +25,7 @@ from pytest_ml4.client import make_httpx
 from pytest_ml4.control.base import RestartError
 from pytest_ml4.control.scenario import (
     RestartRun,
+    SingleReplicaOutage,
     StaleInstances,
     check_client_errors,
     check_recovery,
@@ -129,7 +130,8 @@ def test_new_requests_during_restart(requests_run: RestartRun, ml4_target: Targe
                     f"across the restart, and this run goes around the proxy")
     failed = check_client_errors(requests_run, allowed, retry_window=_retry_window(ml4_target, ml4_proxy),
                                  stale=StaleInstances.for_dynamo(getattr(ml4_target.serving, "dynamo_version", None))
-                                 if ml4_target.is_dynamo else None)
+                                 if ml4_target.is_dynamo else None,
+                                 outage=SingleReplicaOutage.for_target(ml4_target))
     retries = retries_seen(requests_run)
     record_property("restart_requests", len(requests_run.requests))
     record_property("restart_requests_failed", len(failed))

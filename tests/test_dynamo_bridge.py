@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pytest_ml4.sim.dynamo_bridge import BRIDGED, UNBRIDGED, tool_calls_text
+from pytest_ml4.sim.dynamo_bridge import BRIDGED, GUIDED, UNBRIDGED, tool_calls_text
 from pytest_ml4.tools import ToolMissing, dynamo_python
 
 
@@ -24,6 +24,25 @@ def test_legacy_form_is_one_json_array_and_v11_is_per_call() -> None:
     broken = tool_calls_text([("f", '{"a": 1,}')], BRIDGED.tool_form)[1]
     with pytest.raises(ValueError):
         json.loads(broken)
+
+
+def test_guided_form_is_what_the_frontends_required_schema_allows() -> None:
+    """``tool_choice: required`` reaches the worker as the guided-decoding schema recorded from the real 1.6.1
+    frontend; the worker's output must satisfy it (no ``[TOOL_CALLS]`` token, ``parameters``), else 1.6.1 streams
+    two finish chunks (the same capture, BEFORE/AFTER)."""
+    import jsonschema
+
+    from pytest_ml4.targets import FIXTURES_DIR
+
+    text = (FIXTURES_DIR / "transcripts/dynamo-1.6.1/ml4-90_required_stream_guided.txt").read_text()
+    schema = json.loads(text.split("=== guided_decoding\n", 1)[1].split("\n", 1)[0])["json"]
+    calls = [("get_weather", '{"city": "Paris"}'), ("get_time", '{"city": "Berlin"}')]
+    (array,) = tool_calls_text(calls, GUIDED)
+    jsonschema.validate(json.loads(array), schema)
+    with pytest.raises(jsonschema.ValidationError):  # the legacy form is outside the schema
+        jsonschema.validate(json.loads(tool_calls_text(calls, BRIDGED.tool_form)[1]), schema)
+    before, after = text.split("=== BEFORE", 1)[1].split("=== AFTER", 1)
+    assert (before.count('"finish_reason":"tool_calls"'), after.count('"finish_reason":"tool_calls"')) == (2, 1)
 
 
 @pytest.mark.parametrize("args, words", [

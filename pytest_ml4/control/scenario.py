@@ -36,6 +36,10 @@ from pytest_ml4.targets import FIXTURES_DIR
 
 REQUESTS_FILE = FIXTURES_DIR / "restart" / "requests.yaml"
 STALE_FILE = FIXTURES_DIR / "restart" / "stale-instances.yaml"
+OUTAGE_FILE = FIXTURES_DIR / "dynamo" / "single-replica-outage.yaml"
+#: Worker roles of a topology kind -> the Topology field holding its replica count.
+TOPOLOGY_ROLES: dict[str, dict[str, str]] = {"disagg": {"prefill": "prefill_workers", "decode": "decode_workers"}}
+DEFAULT_ROLES = {"worker": "workers"}
 BAD_VERDICTS = ("silently_truncated",)
 #: The simulator's engine-instance header, and the name LiteLLM gives a provider's response header.
 ENGINE_HEADERS = ("x-ml4-engine-instance", "llm_provider-x-ml4-engine-instance")
@@ -372,19 +376,66 @@ class StaleInstances:
                 f"listed; {self.avoided_by}")
 
 
+@dataclass(frozen=True)
+class SingleReplicaOutage:
+    """A Dynamo target with a worker role of ONE replica: a rolling restart of that role is an outage by
+    construction (no peer to route or migrate to; the model is unlisted), so "no client error" cannot hold. What
+    can: every failure is one of the frontend's documented answers (``fixtures/dynamo/single-replica-outage.yaml``,
+    per version) and the deployment answers again once the restart is done."""
+
+    version: str
+    roles: tuple[str, ...]
+    answers: tuple[tuple[int, str], ...]
+
+    @classmethod
+    def for_target(cls, target: Any, path: Path = OUTAGE_FILE) -> SingleReplicaOutage | None:
+        if not target.is_dynamo:
+            return None
+        topo = target.topology
+        roles = tuple(r for r, fld in TOPOLOGY_ROLES.get(topo.kind, DEFAULT_ROLES).items() if getattr(topo, fld) == 1)
+        if not roles:
+            return None
+        rows = (yaml.safe_load(path.read_text()) or {}).get("dynamo", {})
+        version = getattr(target.serving, "dynamo_version", None)
+        key = version if version in rows else min(rows)  # as StaleInstances: the one version measured for real
+        return cls(key, roles, tuple((int(a["status"]), str(a["body"])) for a in rows[key]["answers"]))
+
+    def documented(self, r: RequestOutcome) -> bool:
+        return any(r.status == status and body in (r.error or "") for status, body in self.answers)
+
+    def check(self, run: RestartRun, failed: list[RequestOutcome]) -> None:
+        roles = " and ".join(f"'{r}'" for r in self.roles)
+        head = (f"the target's {roles} {'roles each have' if len(self.roles) > 1 else 'role has'} a single replica, so a rolling restart is an outage by construction "
+                f"(Dynamo {self.version} unlists the model); the check requires Dynamo's documented answers and "
+                f"recovery instead of no client error")
+        listing = "\n".join(r.line() for r in run.requests)
+        odd = [r for r in failed if not self.documented(r)]
+        if odd:
+            raise AssertionError(f"{head}, but {len(odd)} failure(s) are not among them (documented: "
+                                 f"{[f'{s} {b!r}' for s, b in self.answers]}); first: HTTP {odd[0].status}: "
+                                 f"{odd[0].error}\n{listing}")
+        if run.restart is None or not max(run.requests, key=lambda r: r.sent_s).ok:
+            raise AssertionError(f"{head}, but the deployment did not answer again after the restart "
+                                 f"({run.restart_error or 'last request failed'})\n{listing}")
+
+
 def check_client_errors(run: RestartRun, allowed: bool, *, retry_window: RetryWindow | None = None,
-                        stale: StaleInstances | None = None) -> list[RequestOutcome]:
+                        stale: StaleInstances | None = None,
+                        outage: SingleReplicaOutage | None = None) -> list[RequestOutcome]:
     """New requests during the restart: with ``allowed`` False every one must succeed; returns the failures.
 
     A failure message quotes what the client got, e.g. the LiteLLM proxy's
     ``litellm.InternalServerError ... Cannot connect to host`` body when retries are off, and sets the measured
     outage beside what the proxy's retries bridge (``retry_window``) saying which exceeded which; with ``stale``
-    (Dynamo targets) it names the frontend's stale-instance window when the failures carry its answer.
+    (Dynamo targets) it names the frontend's stale-instance window when the failures carry its answer. With
+    ``outage`` (a role of one replica) the failures must be Dynamo's documented answers and the service recover.
     """
     if not run.requests:
         raise AssertionError("no request was sent during the restart: the scenario measured nothing")
     failed = [r for r in run.requests if not r.ok]
-    if failed and not allowed:
+    if outage is not None and not allowed:
+        outage.check(run, failed)
+    elif failed and not allowed:
         first = failed[0]
         took = f"{run.restart.ready_s:.1f} s" if run.restart else f"too long ({run.restart_error})"
         why = [line for line in (outage_verdict(run, retry_window), stale.explain(failed) if stale else None)

@@ -57,21 +57,34 @@ def behaviour(bridge: bool) -> Behaviour:
     return BRIDGED if bridge else UNBRIDGED
 
 
+#: ``tool_choice: required``/named reach the worker as ``guided_decoding.json``: an array of ``{"name": <enum>,
+#: "parameters": {...}}`` (1.6.1's schema). Any engine under that grammar emits exactly such an array, whatever
+#: the bridge says; emitting ``[TOOL_CALLS]`` there (outside the schema) makes 1.6.1 stream two finish chunks
+#: (docs/notes/w2-dynamo-worker.md).
+GUIDED = "guided"
+#: The arguments' key per JSON form.
+ARGUMENT_KEYS = {"legacy": "arguments", GUIDED: "parameters"}
+
+
 def tool_calls_text(calls: list[tuple[str, str]], form: str) -> list[str]:
-    """The raw output text of tool calls ``[(name, arguments_json_text), ...]``, one string per segment; special
-    tokens are separate segments so the caller can map them to their ids."""
+    """The raw output text of tool calls ``[(name, arguments_json_text), ...]`` in ``form`` (``v11``, ``legacy``
+    or :data:`GUIDED`), one string per segment; special tokens are separate segments so the caller can map them
+    to their ids."""
     if form == "v11":
         out: list[str] = []
         for name, args in calls:
             out += ["[TOOL_CALLS]", name, "[ARGS]", args]
         return out
+    key = ARGUMENT_KEYS[form]
     items = []
     for name, args in calls:
         try:
             parsed = json.loads(args)
         except ValueError:
             # Invalid arguments (a fault) stay invalid: spliced in as text, so the parser sees what was emitted.
-            items.append('{"name": ' + json.dumps(name) + ', "arguments": ' + args + "}")
+            items.append('{"name": ' + json.dumps(name) + f', "{key}": ' + args + "}")
             continue
-        items.append(json.dumps({"name": name, "arguments": parsed}, ensure_ascii=False))
-    return ["[TOOL_CALLS]", "[" + ", ".join(items) + "]"]
+        items.append(json.dumps({"name": name, key: parsed}, ensure_ascii=False))
+    array = "[" + ", ".join(items) + "]"
+    # Under guided decoding the engine can only emit what the schema allows: the bare array, no special token.
+    return [array] if form == GUIDED else ["[TOOL_CALLS]", array]

@@ -24,15 +24,16 @@ import os
 import re
 import signal
 import uuid
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from pytest_ml4.sim import wire
-from pytest_ml4.sim.dynamo_bridge import Behaviour, behaviour, tool_calls_text
+from pytest_ml4.sim.dynamo_bridge import GUIDED, Behaviour, behaviour, tool_calls_text
 from pytest_ml4.sim.engine import Sequence, block_hashes
 from pytest_ml4.sim.faults import ActiveFaults
-from pytest_ml4.tokenizer import SPECIAL_TOKENS
 from pytest_ml4.targets import Target
+from pytest_ml4.tokenizer import SPECIAL_TOKENS
 
 #: Dynamo component per role (dynamo.md §3: the decode/agg component is ``backend``).
 COMPONENTS = {"worker": "backend", "prefill": "prefill", "decode": "backend"}
@@ -74,11 +75,16 @@ def conversation(prompt: str) -> dict[str, Any]:
     return {"messages": messages, "tools": tools}
 
 
+def guided_schema(request: dict[str, Any]) -> dict[str, Any] | None:
+    guided = ((request.get("sampling_options") or {}).get("guided_decoding") or {}).get("json")
+    return guided if isinstance(guided, dict) else None
+
+
 def tool_choice_of(request: dict[str, Any], tools: list[Any]) -> Any:
     """``tool_choice`` as the frontend passed it: ``required``/named arrive as ``guided_decoding.json`` (an array
     schema whose items enumerate the allowed names); no tools rendered means none or auto without tools."""
-    guided = ((request.get("sampling_options") or {}).get("guided_decoding") or {}).get("json")
-    if not isinstance(guided, dict):
+    guided = guided_schema(request)
+    if guided is None:
         return "auto"
     names: list[str] = []
     for alt in ((guided.get("items") or {}).get("anyOf") or []):
@@ -111,8 +117,8 @@ def _ids_of(tok: Any, segments: list[str]) -> list[int]:
     return out
 
 
-def reply_ids(out: wire.Output, tok: Any, mode: Behaviour, max_tokens: int) -> Reply:
-    """Token ids of the engine output, tool calls rewritten to ``mode.tool_form``, cut at ``max_tokens``."""
+def reply_ids(out: wire.Output, tok: Any, tool_form: str, max_tokens: int) -> Reply:
+    """Token ids of the engine output, tool calls rewritten to ``tool_form``, cut at ``max_tokens``."""
     segments: list[str] = []
     calls: dict[int, list[str]] = {}
     args: dict[int, list[str]] = {}
@@ -130,7 +136,7 @@ def reply_ids(out: wire.Output, tok: Any, mode: Behaviour, max_tokens: int) -> R
             segments.append(text)
     if calls:
         pairs = [("".join(calls[i]), "".join(args.get(i, [])) + out.held.get(i, "")) for i in sorted(calls)]
-        segments += tool_calls_text(pairs, mode.tool_form)
+        segments += tool_calls_text(pairs, tool_form)
     ids = _ids_of(tok, segments)
     finish = out.finish
     if len(ids) > max_tokens:
@@ -138,6 +144,34 @@ def reply_ids(out: wire.Output, tok: Any, mode: Behaviour, max_tokens: int) -> R
     elif eos and len(ids) < max_tokens:
         ids.append(EOS_ID)
     return Reply(ids, finish)
+
+
+# ----------------------------------------------------------------------------------------- KV events
+class KvEvents:
+    """The engine's simulated prefix cache, published as Dynamo KV events (``KvEventPublisher``, push mode): the
+    real KV router only knows what is cached where from these, so without them it reports no overlap
+    (``kv_hit_rate`` 0) and routes nothing by prefix. Stored: the blocks a request added after its cached prefix
+    (chained under the last hit block); removed: the blocks the engine evicted when the pool was full."""
+
+    def __init__(self, publisher: Any, block_size: int) -> None:
+        self.publisher, self.block_size = publisher, block_size
+        # Prompt token ids per admitted sequence (the engine's Sequence carries only counts and hashes).
+        self.tokens: weakref.WeakKeyDictionary[Sequence, list[int]] = weakref.WeakKeyDictionary()
+
+    def track(self, seq: Sequence, prompt_ids: list[int]) -> None:
+        self.tokens[seq] = prompt_ids
+
+    def __call__(self, seq: Sequence, hit_blocks: int, evicted: list[int]) -> None:
+        new = list(seq.block_hashes[hit_blocks:])
+        ids = self.tokens.pop(seq, None)
+        bs = self.block_size
+        if new and ids is not None:
+            # Stored before removed: a prompt longer than the pool evicts some of its own blocks.
+            self.publisher.publish_stored(token_ids=ids[hit_blocks * bs:(hit_blocks + len(new)) * bs],
+                                          num_block_tokens=[bs] * len(new), block_hashes=new,
+                                          parent_hash=seq.block_hashes[hit_blocks - 1] if hit_blocks else None)
+        if evicted:
+            self.publisher.publish_removed(evicted)
 
 
 # ----------------------------------------------------------------------------------------- the worker
@@ -173,6 +207,11 @@ class Worker:
             self.app = SimApp(cfg, self.boot, self.log, get_tokenizer(target.engine.tokenizer_version))
             self.app.opts.tool_parser = True  # the frontend parses; the engine output always carries the calls
         self.draining = False
+        self.kv_events: KvEvents | None = None
+
+    def publish_kv_events(self, publisher: Any) -> None:
+        self.kv_events = KvEvents(publisher, self.target.engine.block_size)
+        self.app.engine.on_prefix_cache = self.kv_events
 
     def prompt_body(self, request: dict[str, Any]) -> dict[str, Any]:
         from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
@@ -200,7 +239,8 @@ class Worker:
         limits = Limits(int(stop.get("min_tokens") or 0), bool(stop.get("ignore_eos")),
                         stop.get("max_thinking_tokens"))
         out = app._generate(body, limits, tool_choice, max_tokens)
-        reply = reply_ids(out, app.tok, self.mode, max_tokens)
+        form = GUIDED if guided_schema(request) is not None else self.mode.tool_form
+        reply = reply_ids(out, app.tok, form, max_tokens)
         if app.faults.has("error_rate") and app.error_rng.random() < app.faults.value("error_rate"):
             yield {"token_ids": [], "index": 0, "finish_reason": "error: simulated engine error (fault error_rate)"}
             return
@@ -208,6 +248,8 @@ class Worker:
                        output_tokens=len(reply.ids), max_tokens=max_tokens, finish_reason=reply.finish,
                        params_max_tokens=stop.get("max_tokens"),
                        block_hashes=block_hashes(prompt_ids, self.target.engine.block_size))
+        if self.kv_events is not None:
+            self.kv_events.track(seq, prompt_ids)
         app.engine.add(seq)
         pos = 0
         # midstream_error: the engine fails half-way; Dynamo turns the worker's error finish into its in-band error.
@@ -278,7 +320,13 @@ def _write_atomically(path: str, text: str) -> None:
 
 
 async def serve(runtime: Any, args: argparse.Namespace, worker: Worker) -> None:
-    from dynamo.llm import ModelInput, ModelType, WorkerType, register_llm
+    from dynamo.llm import (
+        KvEventPublisher,
+        ModelInput,
+        ModelType,
+        WorkerType,
+        register_llm,
+    )
 
     t = worker.target
     role = args.role
@@ -295,6 +343,9 @@ async def serve(runtime: Any, args: argparse.Namespace, worker: Worker) -> None:
     await register_llm(ModelInput.Tokens, mtype, ep, args.model_dir,
                        t.serving.served_model_name, worker_type=wtype, kv_cache_block_size=t.engine.block_size,
                        runtime_config=runtime_config(t, worker.app.faults), needs=needs)
+    # Push mode (no zmq_endpoint): the engine's prefix-cache changes go out through publish_stored/removed.
+    publisher = KvEventPublisher(ep, kv_block_size=t.engine.block_size)
+    worker.publish_kv_events(publisher)
     loop = asyncio.get_running_loop()
 
     def on_sigterm() -> None:
@@ -313,6 +364,7 @@ async def serve(runtime: Any, args: argparse.Namespace, worker: Worker) -> None:
                    f"{COMPONENTS[role]}.generate (pid {os.getpid()}, bridge {'on' if worker.mode.bridged else 'off'})")
     await ep.serve_endpoint(worker.generate, graceful_shutdown=True)
     await worker.app.engine.stop()
+    publisher.shutdown()
     worker.log.raw(f"INFO dynamo worker {role}: drained, exiting")
 
 

@@ -98,6 +98,9 @@ class Engine:
         self._prefix_capacity = max(self.kv_pool_tokens // max(block_size, 1), 1)
         # vLLM's hit rate in the stats line covers the most recent requests (CachingMetrics, 1000 requests).
         self._recent_prefix: deque[tuple[int, int]] = deque(maxlen=1000)
+        #: Told of every prefix-cache change: (sequence, blocks it hit, hashes evicted). A Dynamo worker publishes
+        #: these as KV events for the router (pytest_ml4.sim.dynamo_worker.KvEvents).
+        self.on_prefix_cache: Callable[[Sequence, int, list[int]], None] | None = None
         self._win = _Window(per_pos=[0] * perf.num_spec)
         self._last_log = time.monotonic()
         self._had_traffic = False
@@ -240,8 +243,11 @@ class Engine:
         for h in s.block_hashes:
             cache[h] = None
             cache.move_to_end(h)
+        evicted: list[int] = []
         while len(cache) > self._prefix_capacity:
-            cache.popitem(last=False)
+            evicted.append(cache.popitem(last=False)[0])
+        if self.on_prefix_cache is not None:
+            self.on_prefix_cache(s, hit_blocks, evicted)
         # vLLM always recomputes at least the last prompt token.
         return min(hit_blocks * self.block_size, max(s.prompt_tokens - 1, 0))
 
