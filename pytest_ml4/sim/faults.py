@@ -167,3 +167,15 @@ register(Fault("delayed_stop", "a restart waits S seconds before stopping the en
                "(default 0.3, systemd's stop delay)",
                "suites/test_restart.py (recovery counts the new engine only; over gates.recovery_time_s_max it fails)",
                default=0.3, takes_value=True))
+
+
+# Restart (issue 14, w2): a defect only the engine booted by a restart has, as when the restart picks up a broken
+# image or config while the running engine was healthy. The standby start (``--hold-file``) is that engine.
+register(Fault("error_after_restart", "the engine booted by a restart answers every chat request 500 "
+               "(EngineDeadError body) while /health answers 200; the engine before the restart is healthy",
+               "suites/test_restart.py (smoke chat after the restart)"))
+
+# Spec decode (issue 14, w2): the draft model drifted from the target model (a stale MTP head, another checkpoint).
+register(Fault("spec_accept_scale", "every draft position's acceptance rate times F (default 0.6: position 0 "
+               "0.93 -> 0.56, under seed 000's 0.61 floor)", "suites/test_kv_cache.py (spec-decode acceptance)",
+               default=0.6, takes_value=True))

@@ -153,7 +153,8 @@ class SimApp:
         self.metrics = SimMetrics(t, self.names[0], boot.num_gpu_blocks,
                                   extra_families=self.wire_version.metrics_families_extra)
         perf = PerfModel(t, itl_factor=self.faults.value("slow_decode", 1.0) or 1.0,
-                         ttft_extra_s=self.faults.value("ttft_spike", 0.0))
+                         ttft_extra_s=self.faults.value("ttft_spike", 0.0),
+                         accept_scale=self.faults.value("spec_accept_scale", 1.0))
         cap = int(self.faults.value("seq_cap")) if self.faults.has("seq_cap") else t.engine.max_num_seqs
         self.engine = Engine(perf=perf, metrics=self.metrics, max_num_seqs=cap,
                              kv_pool_tokens=boot.kv_pool_tokens or t.engine.max_model_len, log=log.api,
@@ -363,6 +364,8 @@ class SimApp:
     def _scheduled_error(self) -> bool:
         """error_rate: a random fraction; error_every=K: the 1st, K+1th, 2K+1th ... request (deterministic)."""
         self.chat_requests += 1
+        if self.cfg.hold_file and self.faults.has("error_after_restart"):
+            return True  # only the engine a restart booted (the standby start) is broken
         if self.faults.has("error_every"):
             every = max(1, int(self.faults.value("error_every")))
             return (self.chat_requests - 1) % every == 0
