@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_ml4.accuracy.stats import wilson
 from pytest_ml4.logs.events import (
     EngineFailure,
     KvCacheSize,
@@ -26,7 +27,6 @@ from pytest_ml4.logs.events import (
     StatsLine,
     quote,
 )
-from pytest_ml4.accuracy.stats import wilson
 from pytest_ml4.targets import Target
 
 #: Standard errors a measured mean acceptance length may lie outside its range before it counts as outside.

@@ -179,3 +179,8 @@ register(Fault("error_after_restart", "the engine booted by a restart answers ev
 register(Fault("spec_accept_scale", "every draft position's acceptance rate times F (default 0.6: position 0 "
                "0.93 -> 0.56, under seed 000's 0.61 floor)", "suites/test_kv_cache.py (spec-decode acceptance)",
                default=0.6, takes_value=True))
+
+# Reasoning share (issue 14 item 12, w2): the same prompts think for a different part of a fixed-length answer.
+register(Fault("reasoning_share_shift", "the reasoning share of fixed-length answers moves by D (default 0.2: "
+               "58 % -> 78 %)", "suites/test_reasoning.py (reasoning share vs its stored baseline)",
+               default=0.2, takes_value=True))
