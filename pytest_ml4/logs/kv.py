@@ -235,6 +235,7 @@ def judge_spec_decode(view: LogView, target: Target, from_metrics: SpecCounts | 
     problems: list[str] = []
     judged: list[LogEvent] = []
     figures: dict[str, Any] = {}
+    rated: list[str] = []
     for label, counts in sources.items():
         if counts is None or not counts.drafts:
             continue
@@ -246,15 +247,18 @@ def judge_spec_decode(view: LogView, target: Target, from_metrics: SpecCounts | 
             if not _within(mal, lo, hi, (k / 2) / math.sqrt(counts.drafts)):
                 problems.append(f"{label}: mean acceptance length {mal:.2f} outside [{lo}, {hi}] "
                                 f"over {counts.drafts:.0f} drafts")
-        if g.spec_position_rate:
+        # A source with too few drafts (e.g. log windows that cover only part of the load) is reported, not judged.
+        if g.spec_position_rate and counts.drafts >= MIN_SPEC_DRAFTS:
             lo, hi = g.spec_position_rate
-            if counts.drafts < MIN_SPEC_DRAFTS:
-                problems.append(f"{label}: only {counts.drafts:.0f} drafts, too few to judge per-position "
-                                f"acceptance against [{lo}, {hi}] (at least {MIN_SPEC_DRAFTS})")
+            rated.append(label)
             for pos, rate in enumerate(counts.per_position):
                 if not _rate_within(rate, counts.drafts, lo, hi):
                     problems.append(f"{label}: position {pos} acceptance {rate:.3f} outside [{lo}, {hi}] "
                                     f"over {counts.drafts:.0f} drafts")
+    if g.spec_position_rate and figures and not rated:
+        problems.append(f"too few drafts to judge per-position acceptance against {list(g.spec_position_rate)}: "
+                        + ", ".join(f"{label} {f['drafts']:.0f}" for label, f in figures.items())
+                        + f" (at least {MIN_SPEC_DRAFTS} in one source)")
     if g.spec_acceptance_length and windows:
         lo, hi = g.spec_acceptance_length
         for w in windows:
