@@ -171,9 +171,9 @@ register(Fault("delayed_stop", "a restart waits S seconds before stopping the en
 
 # Restart (issue 14, w2): a defect only the engine booted by a restart has, as when the restart picks up a broken
 # image or config while the running engine was healthy. The standby start (``--hold-file``) is that engine.
-register(Fault("error_after_restart", "the engine booted by a restart answers every chat request 500 "
-               "(EngineDeadError body) while /health answers 200; the engine before the restart is healthy",
-               "suites/test_restart.py (smoke chat after the restart)"))
+register(Fault("error_after_restart", "the engine booted by the N-th restart (default 1) and later ones answer "
+               "every chat request 500 (EngineDeadError body) while /health answers 200; earlier engines are healthy",
+               "suites/test_restart.py (smoke chat after the restart)", default=1.0, takes_value=True))
 
 # Spec decode (issue 14, w2): the draft model drifted from the target model (a stale MTP head, another checkpoint).
 register(Fault("spec_accept_scale", "every draft position's acceptance rate times F (default 0.5: position 0 "

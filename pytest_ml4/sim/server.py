@@ -97,6 +97,8 @@ class SimConfig:
     #: Standby start (``SimServer.restart``): import and load the tokenizer, then wait for this file to name the
     #: wall-clock time at which to boot and bind (see :func:`hold_until_released`).
     hold_file: str | None = None
+    #: Boot generation: 0 for the first start, N for the engine the N-th restart booted (fault error_after_restart).
+    generation: int = 0
 
 
 def served_names(target: Target) -> list[str]:
@@ -364,8 +366,8 @@ class SimApp:
     def _scheduled_error(self) -> bool:
         """error_rate: a random fraction; error_every=K: the 1st, K+1th, 2K+1th ... request (deterministic)."""
         self.chat_requests += 1
-        if self.cfg.hold_file and self.faults.has("error_after_restart"):
-            return True  # only the engine a restart booted (the standby start) is broken
+        if self.faults.has("error_after_restart") and self.cfg.generation >= self.faults.value("error_after_restart"):
+            return True  # only the engine the N-th restart booted is broken
         if self.faults.has("error_every"):
             every = max(1, int(self.faults.value("error_every")))
             return (self.chat_requests - 1) % every == 0
