@@ -188,10 +188,15 @@ def ml4_restart_controller(pytestconfig: pytest.Config, ml4_target: Target, ml4_
 
 
 @pytest.fixture(scope="session")
-def ml4_restart_logs(ml4_target: Target, ml4_sim: Any, ml4_kube_api: Any, ml4_kube_namespace: str | None) -> Any:
-    """The engine log reader the post-restart checks judge (worker pods for Dynamo targets)."""
-    from pytest_ml4.logs import reader_for_target
+def ml4_restart_logs(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any, ml4_kube_api: Any,
+                     ml4_kube_namespace: str | None) -> Any:
+    """The engine log reader the post-restart checks judge (worker pods for Dynamo targets); ``--ml4-log-file``
+    wins, as for ``ml4_logs``: the user named the log of the deployment under test."""
+    from pytest_ml4.logs import FileLogReader, reader_for_target
 
+    path = pytestconfig.getoption("ml4_log_file") or pytestconfig.getini("ml4_log_file")
+    if path:
+        return FileLogReader(path)
     if ml4_kube_api is not None and ml4_kube_namespace and ml4_target.logs.dgd:
         from pytest_ml4.logs.kubernetes import KubernetesLogReader
 

@@ -140,7 +140,8 @@ def _poll_usage(urls: tuple[str, ...], stop: threading.Event, result: LoadResult
 
 def _one_request(http: httpx.Client, model: str, prompt: str) -> str | None:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": int(LOAD["max_tokens"]), "temperature": 0.0}
+            # min_tokens: the answer would end at its EOS after ~30 tokens, too few drafts to judge acceptance.
+            "max_tokens": int(LOAD["max_tokens"]), "min_tokens": int(LOAD["max_tokens"]), "temperature": 0.0}
     try:
         resp = http.post("chat/completions", json=body, timeout=float(LOAD["request_timeout_s"]))
     except httpx.HTTPError as err:

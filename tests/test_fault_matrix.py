@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from test_sim_support import kill_processes_mentioning
 
-from pytest_ml4.proxy import LiteLLMProxy, ProxySettings
 from pytest_ml4.sim import SimServer
 from pytest_ml4.targets import load_target
 
@@ -172,38 +171,16 @@ def verify(case: Case, junit: Path, stdout: str) -> None:
 
 #: Behind the proxy. LiteLLM 1.108.7 itself appends [DONE] and computes a usage chunk, so the simulator's
 #: no_done / no_usage_chunk never reach a client there (checked without the proxy above); a backend error
-#: mid-stream does reach it, re-wrapped as LiteLLM's own in-band error event (tooling.md §3.6).
+#: mid-stream does reach it, re-wrapped as LiteLLM's own in-band error event (tooling.md §3.6). The healthy suites
+#: whole behind the proxy are the kill matrix's healthy fast run (tests/test_kill_matrix.py, same proxy, same
+#: profile); the mid-stream error behind it is the plugin-path test below (one run proves both).
 MIDSTREAM_BEHIND_PROXY = Case("midstream_error", ["midstream_error"], "in-band error event",
                               must_fail=STREAMED_ANSWERS, must_pass=VALIDATION + NON_STREAMED, only_streamed=True)
-PROXY_CASES = [Case("healthy", [], must_pass=["*"], selection=None), MIDSTREAM_BEHIND_PROXY]
-
-
-@pytest.mark.parametrize("case", PROXY_CASES, ids=[c.name for c in PROXY_CASES])
-def test_behind_the_real_litellm_proxy(pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                       case: Case) -> None:
-    """The RTX PRO deployment's real topology: the simulator behind a real LiteLLM proxy.
-
-    LiteLLM re-frames the stream (``reasoning_content``, its own usage-chunk form, a named choice's finish
-    reason when not streaming, ``tool_choice`` dropped without tools); the healthy suites must pass through it
-    and a mid-stream engine error must still be caught.
-    """
-    target = load_target(TARGET)
-    monkeypatch.setenv(target.endpoint.api_key_env, "sk-matrix-" + secrets.token_urlsafe(12))
-    junit = tmp_path / "junit.xml"
-    with SimServer(target, faults=tuple(case.faults), overrides=FAST,
-                   log_file=tmp_path / "sim.log") as sim, \
-            LiteLLMProxy(ProxySettings.from_target(target, backend_base_url=sim.base_url, num_retries=0),
-                         workdir=tmp_path / "proxy") as proxy:
-        select = ["-k", case.selection] if case.selection else []
-        result = pytester.runpytest_subprocess(
-            *SUITES, "--target", TARGET, "--endpoint", proxy.base_url, *select, "--ml4-reports",
-            str(tmp_path / "reports"), f"--junitxml={junit}", "-p", "no:randomly", timeout=300)
-    verify(case, junit, result.stdout.str())
 
 
 def test_sim_option_path_injects_the_fault(pytester: pytest.Pytester, tmp_path: Path) -> None:
-    """End to end through the plugin: ``--sim --ml4-fault`` starts the simulator (and, for this target, the
-    LiteLLM proxy in front of it) with the fault, and the suites catch it."""
+    """End to end through the plugin: ``--sim --ml4-fault`` starts the simulator and, for this target, the real
+    LiteLLM proxy in front of it, with the fault; the suites catch LiteLLM's re-wrapped in-band error event."""
     case = MIDSTREAM_BEHIND_PROXY
     junit = tmp_path / "junit.xml"
     fast = [arg for key, value in FAST["sim"].items() for arg in ("--ml4-set", f"sim.{key}={value}")]

@@ -114,7 +114,8 @@ def test_spec_decode_within_the_seed_ranges(rtx: Target) -> None:
     verdict = judge_spec_decode(view, rtx, good)
     assert verdict.ok, verdict.message
     lines = verdict.figures["SpecDecoding lines"]
-    # Five windows of 100 drafts each, aggregated per position (0.568 is within three standard errors of 0.61).
+    # Five windows of 100 drafts each, aggregated per position (0.568 over 500 drafts: the 99 % one-sided Wilson
+    # bound, 0.62, reaches the 0.61 floor; the seed's own stable log must pass).
     assert lines == {"drafts": 500, "mean_acceptance_length": 3.138, "per_position": [0.86, 0.71, 0.568]}
     low = records_from_text(
         "(APIServer pid=1) INFO 11-01 20:06:00 [metrics.py:120] SpecDecoding metrics: Mean acceptance length: 1.90, "
@@ -129,6 +130,23 @@ def test_spec_decode_within_the_seed_ranges(rtx: Target) -> None:
     bad = SpecCounts(drafts=5000, accepted=3000, accepted_per_pos=(1500, 1000, 500))
     verdict = judge_spec_decode(lines_only, rtx, bad)
     assert not verdict.ok and "mean acceptance length 1.60 outside [2.24, 4.0]" in verdict.message
+
+
+def test_spec_decode_floor_is_a_one_sided_wilson_bound(rtx: Target) -> None:
+    """Issue 14 item 12: z = 3 on a normal stderr passed position-0 acceptance 0.42 over 60 drafts (floor 0.61)."""
+    view = LogView(records_from_text("x"))
+    low = judge_spec_decode(view, rtx, SpecCounts(drafts=60, accepted=60, accepted_per_pos=(25.2, 21, 13.8)))
+    assert not low.ok and "too few drafts to judge per-position acceptance" in low.message
+    # The same rate over the minimum number of drafts fails by the bound.
+    many = judge_spec_decode(view, rtx, SpecCounts(drafts=150, accepted=150, accepted_per_pos=(63, 52.5, 34.5)))
+    assert not many.ok and "position 0 acceptance 0.420 outside [0.61, 1.0] over 150 drafts" in many.message
+    assert "too few" not in many.message
+    # Healthy (the simulator's 0.93/0.81/0.69 profile) over the minimum number of drafts passes.
+    healthy = judge_spec_decode(view, rtx, SpecCounts(drafts=150, accepted=364.5, accepted_per_pos=(139.5, 121.5,
+                                                                                                     103.5)))
+    assert healthy.ok, healthy.message
+    few = judge_spec_decode(view, rtx, SpecCounts(drafts=40, accepted=97.2, accepted_per_pos=(37.2, 32.4, 27.6)))
+    assert not few.ok and "spec_decode counters 40 (at least 150 in one source)" in few.message
 
 
 def test_spec_decode_without_any_data_fails(rtx: Target) -> None:

@@ -99,3 +99,13 @@ def test_sim_extra_overrides_the_profile() -> None:
     perf = PerfModel(target)
     assert perf.sequence_scale(random.Random(0)) == 1.0
     assert perf.itl(2) == pytest.approx(3 * perf.itl(1))
+
+
+def test_spec_accept_scale_fault_scales_every_position() -> None:
+    """Fault ``spec_accept_scale=0.6``: position 0 accepts about 0.56 of its drafts, under seed 000's 0.61 floor."""
+    target = load_target("rtxpro6000-tp8")
+    rng = random.Random(3)
+    healthy, drifted = PerfModel(target), PerfModel(target, accept_scale=0.6)
+    first = [drifted.accepted_tokens(rng)[1] >= 1 for _ in range(5000)]
+    assert statistics.fmean(first) == pytest.approx(0.6 * healthy.position_rates[0], abs=0.01)
+    assert statistics.fmean(first) < 0.61

@@ -134,3 +134,22 @@ def test_dynamo_stale_instance_window_is_named() -> None:
     with pytest.raises(AssertionError) as err2:
         check_client_errors(other, allowed=False, stale=stale)
     assert "stale-instance" not in str(err2.value)
+
+
+def test_error_after_restart_breaks_only_the_engine_of_that_restart(rtx_api_key: str, tmp_path: Path) -> None:
+    """Fault ``error_after_restart=2``: the first engine and the first restart's engine answer, the second
+    restart's engine answers 500 (the kill matrix's killer of ``test_smoke_chat_after_restart``)."""
+    import httpx
+
+    fast = load_target("rtxpro6000-tp8", overrides={"sim": {"restart_outage_s": 0.1, "ttft_s": 0.005,
+                                                            "itl_ms": 0.2}})
+    body = {"model": "ml4", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+    statuses = []
+    with SimServer(fast, faults=["error_after_restart=2"], log_file=tmp_path / "engine.log") as sim:
+        for restart in range(3):
+            if restart:
+                sim.restart()
+            reply = httpx.post(f"{sim.base_url}/chat/completions", json=body, timeout=60,
+                               headers={"Authorization": f"Bearer {rtx_api_key}"})
+            statuses.append(reply.status_code)
+    assert statuses == [200, 200, 500]

@@ -86,3 +86,26 @@ def reasoning_share(usage: Mapping[str, Any] | None) -> float | None:
     if r is None or not isinstance(total, int) or total <= 0:
         return None
     return r / total
+
+
+# ------------------------------------------------------------------------ reasoning share vs a stored baseline
+def share_baseline_drift(rows: list[Mapping[str, Any]], baseline: Mapping[str, Any], output_tokens: int,
+                         source: str) -> list[str]:
+    """Each measured prompt's reasoning share against the baseline's (``fixtures/baselines/reasoning-share-*.json``).
+
+    Returns one problem line per prompt whose share moved more than the baseline's ``tolerance`` (absolute), whose
+    baseline is missing, or all prompts when the baseline was measured at another output length (a share is only
+    comparable at the same fixed length)."""
+    if int(baseline.get("output_tokens", -1)) != output_tokens:
+        return [f"{source}: measured at output_tokens {baseline.get('output_tokens')}, this run uses {output_tokens}"]
+    tol = float(baseline["tolerance"])
+    shares = baseline["shares"]
+    problems = []
+    for row in rows:
+        base = shares.get(row["prompt"])
+        if base is None:
+            problems.append(f"{source}: no baseline share for prompt {row['prompt']!r}")
+        elif abs(row["share"] - float(base)) > tol:
+            problems.append(f"prompt {row['prompt']!r}: reasoning share {row['share']:.1%}, baseline {float(base):.1%} "
+                            f"(tolerance {tol:.0%}, {source})")
+    return problems

@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="section.field=value", dest="overrides",
                    help="override a target field (YAML value)")
     p.add_argument("--hold-file", default=None, help=argparse.SUPPRESS)  # SimServer.restart's standby start
+    p.add_argument("--generation", type=int, default=0, help=argparse.SUPPRESS)  # restarts before this boot
     return p
 
 
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     cfg = SimConfig(target=target, host=args.host, port=args.port, faults=faults, api_key=key,
-                    log_file=args.log_file, hold_file=args.hold_file)
+                    log_file=args.log_file, hold_file=args.hold_file,
+                    generation=args.generation)
     try:
         return asyncio.run(serve(cfg))
     except OSError as err:

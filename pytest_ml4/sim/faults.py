@@ -167,3 +167,20 @@ register(Fault("delayed_stop", "a restart waits S seconds before stopping the en
                "(default 0.3, systemd's stop delay)",
                "suites/test_restart.py (recovery counts the new engine only; over gates.recovery_time_s_max it fails)",
                default=0.3, takes_value=True))
+
+
+# Restart (issue 14, w2): a defect only the engine booted by a restart has, as when the restart picks up a broken
+# image or config while the running engine was healthy. The standby start (``--hold-file``) is that engine.
+register(Fault("error_after_restart", "the engine booted by the N-th restart (default 1) and later ones answer "
+               "every chat request 500 (EngineDeadError body) while /health answers 200; earlier engines are healthy",
+               "suites/test_restart.py (smoke chat after the restart)", default=1.0, takes_value=True))
+
+# Spec decode (issue 14, w2): the draft model drifted from the target model (a stale MTP head, another checkpoint).
+register(Fault("spec_accept_scale", "every draft position's acceptance rate times F (default 0.5: position 0 "
+               "0.93 -> 0.47, under seed 000's 0.61 floor)", "suites/test_kv_cache.py (spec-decode acceptance)",
+               default=0.5, takes_value=True))
+
+# Reasoning share (issue 14 item 12, w2): the same prompts think for a different part of a fixed-length answer.
+register(Fault("reasoning_share_shift", "the reasoning share of fixed-length answers moves by D (default 0.2: "
+               "58 % -> 78 %)", "suites/test_reasoning.py (reasoning share vs its stored baseline)",
+               default=0.2, takes_value=True))

@@ -108,7 +108,8 @@ def time_scale(env: Mapping[str, str] | None = None) -> float:
 class PerfModel:
     """Per-target timing; ``slow_decode`` and ``ttft_spike`` faults scale/offset it."""
 
-    def __init__(self, target: Target, *, itl_factor: float = 1.0, ttft_extra_s: float = 0.0) -> None:
+    def __init__(self, target: Target, *, itl_factor: float = 1.0, ttft_extra_s: float = 0.0,
+                 accept_scale: float = 1.0) -> None:
         sim = target.sim
         prof = profile_for(target)
         self.ttft_s = sim.ttft_s
@@ -121,6 +122,8 @@ class PerfModel:
         self.ttft_overhead_s = float(prof.get("ttft_overhead_s", 0.0))
         self.itl_factor = itl_factor
         self.ttft_extra_s = ttft_extra_s
+        #: Fault ``spec_accept_scale``: every draft position's acceptance times F (a drifted draft model).
+        self.accept_scale = accept_scale
         self.time_scale = time_scale()
         spec = target.engine.speculative
         self.num_spec = spec.num_speculative_tokens if spec else 0
@@ -181,7 +184,7 @@ class PerfModel:
         self._u = (self._u + _PHI) % 1.0
         accepted = 0
         for rate in self.position_rates:
-            if self._u >= min(rate * scale, _MAX_RATE):
+            if self._u >= min(rate * scale * self.accept_scale, _MAX_RATE):
                 break
             accepted += 1
         return 1 + accepted, accepted

@@ -11,15 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from pytest_ml4.sim import toolgen
 from pytest_ml4.sim.faults import ActiveFaults
-from pytest_ml4.tokenizer import message_text
 from pytest_ml4.targets import FIXTURES_DIR
+from pytest_ml4.tokenizer import message_text
 
 RESPONDER_DATA = FIXTURES_DIR / "sim" / "responder.json"
 
@@ -114,6 +114,10 @@ def plan_response(body: dict[str, Any], tool_choice: Any, faults: ActiveFaults |
     answer-level faults (``accuracy_drop``) behave the same on every stack."""
     plan = _plan(body, tool_choice)
     drop = faults.value("accuracy_drop") if faults is not None and faults.has("accuracy_drop") else 0.0
+    if faults is not None and faults.has("reasoning_share_shift"):
+        # Thinking takes more (or less) of a fixed-length answer, as after a template or effort-default change.
+        shifted = plan.reasoning_share + faults.value("reasoning_share_shift")
+        plan = replace(plan, reasoning_share=min(max(shifted, 0.0), 0.98))
     return degrade(plan, body, tool_choice, drop) if drop > 0 else plan
 
 

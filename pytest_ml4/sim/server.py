@@ -97,6 +97,8 @@ class SimConfig:
     #: Standby start (``SimServer.restart``): import and load the tokenizer, then wait for this file to name the
     #: wall-clock time at which to boot and bind (see :func:`hold_until_released`).
     hold_file: str | None = None
+    #: Boot generation: 0 for the first start, N for the engine the N-th restart booted (fault error_after_restart).
+    generation: int = 0
 
 
 def served_names(target: Target) -> list[str]:
@@ -153,7 +155,8 @@ class SimApp:
         self.metrics = SimMetrics(t, self.names[0], boot.num_gpu_blocks,
                                   extra_families=self.wire_version.metrics_families_extra)
         perf = PerfModel(t, itl_factor=self.faults.value("slow_decode", 1.0) or 1.0,
-                         ttft_extra_s=self.faults.value("ttft_spike", 0.0))
+                         ttft_extra_s=self.faults.value("ttft_spike", 0.0),
+                         accept_scale=self.faults.value("spec_accept_scale", 1.0))
         cap = int(self.faults.value("seq_cap")) if self.faults.has("seq_cap") else t.engine.max_num_seqs
         self.engine = Engine(perf=perf, metrics=self.metrics, max_num_seqs=cap,
                              kv_pool_tokens=boot.kv_pool_tokens or t.engine.max_model_len, log=log.api,
@@ -363,6 +366,8 @@ class SimApp:
     def _scheduled_error(self) -> bool:
         """error_rate: a random fraction; error_every=K: the 1st, K+1th, 2K+1th ... request (deterministic)."""
         self.chat_requests += 1
+        if self.faults.has("error_after_restart") and self.cfg.generation >= self.faults.value("error_after_restart"):
+            return True  # only the engine the N-th restart booted is broken
         if self.faults.has("error_every"):
             every = max(1, int(self.faults.value("error_every")))
             return (self.chat_requests - 1) % every == 0

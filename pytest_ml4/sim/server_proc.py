@@ -58,6 +58,8 @@ class SimServer(ServerLifecycle):
         self.host = host
         self._requested_port = port
         self.port = port
+        #: Restarts completed: the standby started next is boot generation ``restarts + 1`` (``--generation``).
+        self.restarts = 0
         self.faults = tuple(parse_fault(f) for f in faults)
         self.overrides = self._override_args(overrides)
         self._own_log = log_file is None
@@ -204,7 +206,7 @@ class SimServer(ServerLifecycle):
             return
         hold = self.log_file.with_name(f"{self.log_file.name}.hold-{time.time_ns()}")
         self._requested_port = self.port or self._requested_port
-        standby = self._spawn(extra=["--hold-file", str(hold)])
+        standby = self._spawn(extra=["--hold-file", str(hold), "--generation", str(self.restarts + 1)])
         self._standby = (standby, hold)
         try:
             self._wait_file(Path(str(hold) + ".ready"), standby, time.monotonic() + timeout, "standby start")
@@ -233,6 +235,7 @@ class SimServer(ServerLifecycle):
             tmp.write_text(f"{stopped_at + outage_s:.6f}")
             tmp.replace(hold)  # atomic: the standby never reads half a number
             self._wait_healthy(time.monotonic() + timeout, timeout)
+            self.restarts += 1
         except BaseException:
             self.stop()
             raise
