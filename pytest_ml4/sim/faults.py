@@ -167,3 +167,8 @@ register(Fault("delayed_stop", "a restart waits S seconds before stopping the en
                "(default 0.3, systemd's stop delay)",
                "suites/test_restart.py (recovery counts the new engine only; over gates.recovery_time_s_max it fails)",
                default=0.3, takes_value=True))
+
+# Dynamo deployment shape (w2-killmatrix-dynamo): applied by DynamoSim when it spawns the workers, so the real
+# frontend sees fewer instances than the target declares (a worker pod that never registered).
+register(Fault("workers_down", "N of the target's aggregated Dynamo workers never start (default 1)",
+               "suites/test_smoke.py (health: every worker registered)", default=1.0, takes_value=True))
