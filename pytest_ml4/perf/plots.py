@@ -37,15 +37,19 @@ def _baseline_series(baseline: Mapping[int, Mapping[str, float]] | None, name: s
 
 
 def _panel(ax, points, baseline, names: Sequence[tuple[str, str]], ylabel: str, log_y: bool = False) -> None:
+    plotted: list[float] = []
     for name, label in names:
         xs, ys = _series(points, name)
+        plotted += [y for y in ys if y is not None]
         line, = ax.plot(xs, ys, marker="o", label=label)
         bx, by = _baseline_series(baseline, name)
         if bx:
             ax.plot(bx, by, linestyle="--", marker="x", color=line.get_color(), alpha=0.7,
                     label=f"{label} (baseline)")
     ax.set_xscale("log", base=2)
-    if log_y:
+    # A sweep whose every request failed has no positive figure: a log axis would abort the sweep's outputs
+    # (matplotlib "Data cannot be log-scaled"), and the checks that judge those failures would never run.
+    if log_y and any(y > 0 for y in plotted):
         ax.set_yscale("log")
     ax.set_xlabel("concurrency")
     ax.set_ylabel(ylabel)

@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from pytest_ml4.sim.dynamo_bridge import PUBLIC_VERSION, behaviour
+from pytest_ml4.sim.faults import ActiveFaults
 from pytest_ml4.sim.server_proc import SimServer, _flatten
 from pytest_ml4.targets import Target
 
@@ -273,6 +274,13 @@ class DynamoWorker(DynamoProcess):
             return False
 
 
+def started_workers(declared: int, faults: Sequence[str]) -> int:
+    """How many aggregated workers start: the declared count less the ``workers_down`` fault's (at least one,
+    so the deployment still serves and the check that counts /health's instances is what fails)."""
+    down = ActiveFaults(faults).value("workers_down", 0.0)
+    return max(1, declared - int(down))
+
+
 class DynamoSim:
     """An embedded Dynamo deployment with the :class:`~pytest_ml4.sim.SimServer` interface plus its workers."""
 
@@ -304,7 +312,7 @@ class DynamoSim:
             roles += [("prefill", prefill_over)] * (prefill_workers or target.topology.prefill_workers)
             roles += [("decode", over)] * (decode_workers or target.topology.decode_workers)
         else:
-            roles += [("worker", over)] * (agg_workers or target.topology.workers)
+            roles += [("worker", over)] * started_workers(agg_workers or target.topology.workers, faults)
         primary = "decode" if target.topology.kind == "disagg" else "worker"
         self.workers: list[DynamoWorker] = []
         counts: dict[str, int] = {}

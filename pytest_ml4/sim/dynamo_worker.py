@@ -298,7 +298,7 @@ def runtime_config(target: Target, faults: ActiveFaults) -> Any:
 
     e = target.engine
     rc = ModelRuntimeConfig()
-    rc.context_length = e.max_model_len
+    rc.context_length = served_context(e.max_model_len, faults)
     rc.max_num_seqs = e.max_num_seqs
     rc.max_num_batched_tokens = e.max_num_batched_tokens
     for field_name, fault in PARSERS.items():
@@ -309,6 +309,12 @@ def runtime_config(target: Target, faults: ActiveFaults) -> Any:
                                                       "reject_prompt_overflow": True,
                                                       "reject_total_overflow": True}))
     return rc
+
+
+def served_context(declared: int, faults: ActiveFaults) -> int:
+    """The context the worker registers (what the frontend's /v1/models shows): the ``served_max_model_len``
+    fault is a worker started with another --max-model-len than the target declares."""
+    return int(faults.value("served_max_model_len")) if faults.has("served_max_model_len") else declared
 
 
 def _write_atomically(path: str, text: str) -> None:

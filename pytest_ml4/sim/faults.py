@@ -184,3 +184,8 @@ register(Fault("spec_accept_scale", "every draft position's acceptance rate time
 register(Fault("reasoning_share_shift", "the reasoning share of fixed-length answers moves by D (default 0.2: "
                "58 % -> 78 %)", "suites/test_reasoning.py (reasoning share vs its stored baseline)",
                default=0.2, takes_value=True))
+
+# Dynamo deployment shape (w2-killmatrix-dynamo): applied by DynamoSim when it spawns the workers, so the real
+# frontend sees fewer instances than the target declares (a worker pod that never registered).
+register(Fault("workers_down", "N of the target's aggregated Dynamo workers never start (default 1)",
+               "suites/test_smoke.py (health: every worker registered)", default=1.0, takes_value=True))

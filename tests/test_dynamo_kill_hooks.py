@@ -1,0 +1,36 @@
+"""The small hooks the gb300-agg kill matrix needs on the Dynamo path (w2-killmatrix-dynamo): how many workers
+DynamoSim starts under ``workers_down``, the context a worker registers under ``served_max_model_len``, and a
+perf sweep whose every request failed still writing its plots (so the checks that judge the failure run)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from pytest_ml4.perf.figures import PointFigures
+from pytest_ml4.perf.plots import write_plots
+from pytest_ml4.sim.dynamo import started_workers
+from pytest_ml4.sim.dynamo_worker import served_context
+from pytest_ml4.sim.faults import ActiveFaults
+
+
+def test_workers_down_starts_fewer_workers_but_never_none() -> None:
+    assert started_workers(2, []) == 2
+    assert started_workers(2, ["workers_down=1"]) == 1
+    assert started_workers(2, ["workers_down"]) == 1          # default 1
+    assert started_workers(2, ["workers_down=5"]) == 1        # the deployment still starts
+
+
+def test_served_max_model_len_is_the_registered_context() -> None:
+    assert served_context(1_048_576, ActiveFaults()) == 1_048_576
+    assert served_context(1_048_576, ActiveFaults(["served_max_model_len=131072"])) == 131_072
+
+
+def test_plots_of_a_sweep_where_every_request_failed(tmp_path: Path) -> None:
+    names = [f.name for f in dataclasses.fields(PointFigures)]
+    # No export, so no figure at all (what a sweep of only failed requests leaves); before the fix the log
+    # y-axis made matplotlib raise "Data cannot be log-scaled" and the sweep fixture errored.
+    empty = PointFigures(**dict.fromkeys(names) | {"concurrency": 32, "errors": 40})
+    paths = write_plots([empty], tmp_path, "all failed")
+    assert [p.name for p in paths] == ["throughput.png", "ttft.png", "itl.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
