@@ -129,14 +129,16 @@ def test_fault_is_detected_by_the_intended_tests(pytester: pytest.Pytester, tmp_
     """The simulator itself, started with the fault, as the endpoint (``--endpoint``).
 
     Not ``--sim``: for this target the plugin puts the real LiteLLM proxy in front, which repairs a missing
-    ``[DONE]`` or usage chunk; the proxied topology has its own cases below."""
+    ``[DONE]`` or usage chunk. ``--ml4-no-proxy`` because the endpoint is the engine: the suites then expect the
+    engine's answers (a request the proxy would serve is the engine's 400 here)."""
     target = load_target(TARGET)
     monkeypatch.setenv(target.endpoint.api_key_env, "sk-matrix-" + secrets.token_urlsafe(12))
     junit = tmp_path / "junit.xml"
     overrides = {"sim": {**FAST["sim"], "extra": case.sim_extra}} if case.sim_extra else FAST
     with SimServer(target, faults=tuple(case.faults), overrides=overrides, log_file=tmp_path / "sim.log") as sim:
         result = pytester.runpytest_subprocess(
-            *SUITES, "--target", TARGET, "--endpoint", sim.base_url, "-k", case.selection or "", "--ml4-reports",
+            *SUITES, "--target", TARGET, "--endpoint", sim.base_url, "--ml4-no-proxy", "-k", case.selection or "",
+            "--ml4-reports",
             str(tmp_path / "reports"), f"--junitxml={junit}", "-p", "no:randomly", timeout=420)
     verify(case, junit, result.stdout.str())
 
