@@ -18,7 +18,8 @@ def _run(pytester: pytest.Pytester, repo_root: Path, *extra: str) -> pytest.RunR
 # The RTX PRO target's manifests are a vLLM unit and a LiteLLM config: no DGD, no aiperf run.
 NOT_APPLIED_ON_RTX = {"disagg-kv-connector", "disagg-role-mismatch", "dgd-name-prefix", "frontend-chat-processor",
                       "migration-limit", "vr200-stability", "session-affinity-ttl", "aiperf-ignore-eos",
-                      "aiperf-fixed-osl-min-tokens", "aiperf-artifact-dir-reuse", "perf-job-dgd"}
+                      "aiperf-fixed-osl-min-tokens", "aiperf-artifact-dir-reuse", "perf-job-dgd",
+                      "dynamo-parser-v2-unserved"}
 
 
 def test_suite_passes_on_the_shipped_manifests_and_skips_the_rules_it_cannot_apply(pytester: pytest.Pytester,
