@@ -224,11 +224,13 @@ class SimServer(ServerLifecycle):
         """
         outage_s, delay_s = self.restart_profile()
         self.prepare_restart(timeout)
-        assert self._standby is not None
+        if self._standby is None:
+            raise SimServerError(f"simulator for {self.target_ref}: no standby engine to restart into")
+        # Taken before the stop delay: the handle must not depend on what another thread does to it meanwhile.
+        (standby, hold), self._standby = self._standby, None
         time.sleep(delay_s)  # the old engine keeps serving, as under systemd's stop delay
         stopped_at = time.time()
         self._stop_current()
-        (standby, hold), self._standby = self._standby, None
         self.proc, self._stderr = standby, self._standby_stderr
         try:
             tmp = hold.with_name(hold.name + ".tmp")
