@@ -4,12 +4,13 @@ restart on the same port, context manager. Subclasses set ``host``, ``port``, ``
 
 from __future__ import annotations
 
+import abc
 import subprocess
 from pathlib import Path
 from typing import Self
 
 
-class ServerLifecycle:
+class ServerLifecycle(abc.ABC):
     host: str
     port: int
     _requested_port: int
@@ -36,11 +37,13 @@ class ServerLifecycle:
         except OSError:
             return "(no log)"
 
+    @abc.abstractmethod
     def start(self, timeout: float | None = None) -> Self:
-        raise NotImplementedError
+        """Start the server and wait until it answers."""
 
+    @abc.abstractmethod
     def stop(self, timeout: float = 10.0) -> None:
-        raise NotImplementedError
+        """Stop the server (drain, then kill after ``timeout``)."""
 
     def restart(self, timeout: float | None = None) -> Self:
         """Stop and start again on the same port (clients keep their base URL)."""

@@ -21,6 +21,7 @@ the frontend, ``log_file`` = the first decode/agg worker's engine log, ``fronten
 
 from __future__ import annotations
 
+import abc
 import os
 import random
 import signal
@@ -93,7 +94,7 @@ def _tail(path: Path, n: int = 30) -> str:
         return "(no log)"
 
 
-class DynamoProcess:
+class DynamoProcess(abc.ABC):
     """One subprocess with its log file; ``start`` waits for ``ready()`` and fails fast with the log tail."""
 
     name = "process"
@@ -110,14 +111,16 @@ class DynamoProcess:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @abc.abstractmethod
     def argv(self) -> list[str]:
-        raise NotImplementedError
+        """The command that starts this process."""
 
     def env(self) -> dict[str, str]:
         return dict(self._env)
 
+    @abc.abstractmethod
     def ready(self) -> bool:
-        raise NotImplementedError
+        """True once the process serves."""
 
     def before_start(self) -> None:
         """Hook: pick ports, clear state of a previous run."""
