@@ -137,30 +137,28 @@ class SimServer(ServerLifecycle):
         return self._wait_healthy(deadline, timeout)
 
     def _wait_healthy(self, deadline: float, timeout: float) -> bool:
-        assert self.proc is not None
+        """True once healthy; False if an auto-chosen port was taken meanwhile (retry); raises otherwise."""
         stderr_path = Path(self._stderr.name)
-        url = self.url + "/health"
-        while True:
-            code = self.proc.poll()
-            if code is not None:
-                err = stderr_path.read_text(errors="replace").strip()[-2000:]
-                self.stop()
-                if not self._requested_port and "address already in use" in err.lower():
-                    return False
-                raise SimServerError(f"simulator for {self.target_ref} exited with code {code} before becoming "
-                                     f"healthy\n--- log tail ({self.log_file}) ---\n{self.log_tail()}"
-                                     + (f"\n--- stderr ---\n{err}" if err else ""))
-            if self._own_process_listening():
-                try:
-                    if httpx.get(url, timeout=1.0).status_code == 200:
-                        return True
-                except httpx.HTTPError:
-                    pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise SimServerError(f"simulator for {self.target_ref} not healthy on {url} after {timeout:.0f} s"
-                                     f"\n--- log tail ({self.log_file}) ---\n{self.log_tail()}")
-            time.sleep(0.05)
+
+        def stderr_tail() -> str:
+            return stderr_path.read_text(errors="replace").strip()[-2000:]
+
+        def details() -> str:
+            err = stderr_tail()
+            return f"--- log tail ({self.log_file}) ---\n{self.log_tail()}" + (f"\n--- stderr ---\n{err}" if err else "")
+
+        return self._wait_until_healthy(
+            self._answers_health, timeout, what=f"simulator for {self.target_ref}", error=SimServerError,
+            details=details, poll_s=0.05, deadline=deadline,
+            retry_on_exit=lambda: not self._requested_port and "address already in use" in stderr_tail().lower())
+
+    def _answers_health(self) -> bool:
+        if not self._own_process_listening():
+            return False
+        try:
+            return httpx.get(self.url + "/health", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def _own_process_listening(self) -> bool:
         # /health alone could be answered by a stranger on a reused port: our child logs its own start first.
