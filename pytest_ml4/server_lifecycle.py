@@ -1,13 +1,50 @@
 """What every server process the project starts has in common (the simulator, real vLLM): addresses, log tail,
-restart on the same port, context manager. Subclasses set ``host``, ``port``, ``_requested_port``, ``proc``,
-``log_file`` and implement ``start(timeout)`` and ``stop()``."""
+restart on the same port, context manager, the wait until healthy. Subclasses set ``host``, ``port``,
+``_requested_port``, ``proc``, ``log_file`` and implement ``start(timeout)`` and ``stop()``.
+
+:func:`wait_until_healthy` is the one start-up wait of every server process the project starts (the simulator,
+real vLLM, the Dynamo frontend and workers, which are not :class:`ServerLifecycle` objects)."""
 
 from __future__ import annotations
 
 import abc
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Self
+
+
+def _never() -> bool:
+    return False
+
+
+def wait_until_healthy(proc: Callable[[], subprocess.Popen[bytes] | None], ready: Callable[[], bool], *,
+                       what: str, url: str, timeout: float, error: type[Exception], details: Callable[[], str],
+                       cleanup: Callable[[], None], poll_s: float, deadline: float | None = None,
+                       retry_on_exit: Callable[[], bool] = _never) -> bool:
+    """Poll ``ready()`` until it says yes (True). If the process is gone first (exited, or ``proc()`` is None
+    because someone stopped it) or ``deadline`` (default: now + ``timeout``) passes: ``cleanup()``, then raise
+    ``error`` whose first line names ``what`` and ``url``, ``details()`` (command, log tail) below it.
+
+    ``retry_on_exit`` (asked after ``cleanup``): return False instead of raising, for a process that died of a
+    cause the caller retries (an auto-chosen port taken meanwhile)."""
+    deadline = time.monotonic() + timeout if deadline is None else deadline
+    while True:
+        process = proc()
+        code = None if process is None else process.poll()
+        if process is None or code is not None:
+            # proc() is read once per round: another thread may stop the server while we wait.
+            cleanup()
+            if retry_on_exit():
+                return False
+            raise error(f"{what} exited with code {code} before becoming healthy on {url}\n{details()}")
+        if ready():
+            return True
+        if time.monotonic() > deadline:
+            cleanup()
+            raise error(f"{what} not healthy on {url} after {timeout:.0f} s\n{details()}")
+        time.sleep(poll_s)
 
 
 class ServerLifecycle(abc.ABC):
@@ -44,6 +81,15 @@ class ServerLifecycle(abc.ABC):
     @abc.abstractmethod
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server (drain, then kill after ``timeout``)."""
+
+    def _wait_until_healthy(self, ready: Callable[[], bool], timeout: float, *, what: str, error: type[Exception],
+                            details: Callable[[], str], poll_s: float, deadline: float | None = None,
+                            retry_on_exit: Callable[[], bool] = _never) -> bool:
+        """:func:`wait_until_healthy` for this server: its ``proc``, ``/health`` named in errors, ``stop()`` on
+        failure."""
+        return wait_until_healthy(lambda: self.proc, ready, what=what, url=self.url + "/health", timeout=timeout,
+                                  error=error, details=details, cleanup=self.stop, poll_s=poll_s, deadline=deadline,
+                                  retry_on_exit=retry_on_exit)
 
     def restart(self, timeout: float | None = None) -> Self:
         """Stop and start again on the same port (clients keep their base URL)."""

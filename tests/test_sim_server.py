@@ -7,6 +7,7 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -280,3 +281,32 @@ def test_prompt_tokens_details_with_flag(tmp_path: Path) -> None:
     assert list(usage) == ["prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details",
                            "completion_tokens_details"]
     assert usage["prompt_tokens_details"]["cached_tokens"] >= 256
+
+
+def test_stop_during_the_restart_stop_delay_ends_the_standby(tmp_path: Path) -> None:
+    """A stop() while restart() waits out the stop delay (the standby already prepared) ends the standby too:
+    no engine process outlives stop(), and the restart says it was stopped instead of bringing the port back."""
+
+    class StopInTheDelay(SimServer):
+        standby: Any = None
+
+        def prepare_restart(self, timeout: float = 60.0) -> None:
+            super().prepare_restart(timeout)
+            assert self._standby is not None
+            self.standby = self._standby[0]
+
+        def _stop_delay(self, seconds: float) -> None:
+            self.stop()  # what another thread's stop() does in this window, without depending on timing
+
+    s = StopInTheDelay("gb300-agg", overrides=FAST, log_file=tmp_path / "e.log")
+    s.start()
+    try:
+        with pytest.raises(SimServerError, match="stopped during the restart"):
+            s.restart()
+        assert s.standby is not None and s.standby.poll() is not None, "the standby engine outlived stop()"
+        assert not s.is_running()
+    finally:
+        s.stop()
+        if s.standby is not None and s.standby.poll() is None:  # the leak this test exists for: end it anyway
+            s.standby.kill()
+            s.standby.wait(10)

@@ -132,24 +132,17 @@ class RealVllm(ServerLifecycle):
         with open(self.log_file, "ab") as log:
             self.proc = subprocess.Popen(argv, env=self.child_env(), stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(REPO_ROOT))
-        deadline = t0 + timeout
-        while True:
-            code = self.proc.poll()
-            if code is not None:
-                self.stop()
-                raise RealVllmError(f"real vLLM exited with code {code} before becoming healthy\n"
-                                    f"command: {' '.join(argv)}\n--- log tail ({self.log_file}) ---\n{self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
-                    self.started_s = time.monotonic() - t0
-                    return self
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RealVllmError(f"real vLLM not healthy on {self.url}/health after {timeout:.0f} s\n"
-                                    f"command: {' '.join(argv)}\n--- log tail ({self.log_file}) ---\n{self.log_tail()}")
-            time.sleep(0.5)
+        self._wait_until_healthy(self._answers_health, timeout, what="real vLLM", error=RealVllmError,
+                                 details=lambda: f"command: {' '.join(argv)}\n--- log tail ({self.log_file}) ---\n"
+                                                 f"{self.log_tail()}", poll_s=0.5, deadline=t0 + timeout)
+        self.started_s = time.monotonic() - t0
+        return self
+
+    def _answers_health(self) -> bool:
+        try:
+            return httpx.get(self.url + "/health", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM to the server's own process group (it and the EngineCore it spawned), SIGKILL after

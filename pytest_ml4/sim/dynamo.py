@@ -35,6 +35,7 @@ from typing import Any
 
 import httpx
 
+from pytest_ml4.server_lifecycle import wait_until_healthy
 from pytest_ml4.sim.dynamo_bridge import PUBLIC_VERSION, behaviour
 from pytest_ml4.sim.faults import ActiveFaults
 from pytest_ml4.sim.server_proc import SimServer, _flatten
@@ -122,6 +123,11 @@ class DynamoProcess(abc.ABC):
     def ready(self) -> bool:
         """True once the process serves."""
 
+    @property
+    @abc.abstractmethod
+    def health_url(self) -> str:
+        """What ``ready()`` asks (named in start errors)."""
+
     def before_start(self) -> None:
         """Hook: pick ports, clear state of a previous run."""
 
@@ -135,18 +141,10 @@ class DynamoProcess(abc.ABC):
                                           start_new_session=True)
 
     def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc is None or self._proc.poll() is not None:
-                rc = self._proc.returncode if self._proc else None
-                raise DynamoStartError(f"{self.name} exited with code {rc} while starting\n  command: "
-                                       f"{' '.join(self.command)}\n  log {self.log_file}, tail:\n{_tail(self.log_file)}")
-            if self.ready():
-                return
-            time.sleep(POLL_S)
-        self.stop()
-        raise DynamoStartError(f"{self.name} not ready after {timeout:.0f} s\n  command: {' '.join(self.command)}\n"
-                               f"  log {self.log_file}, tail:\n{_tail(self.log_file)}")
+        wait_until_healthy(lambda: self._proc, self.ready, what=self.name, url=self.health_url, timeout=timeout,
+                           error=DynamoStartError, cleanup=self.stop, poll_s=POLL_S,
+                           details=lambda: f"  command: {' '.join(self.command)}\n  log {self.log_file}, tail:\n"
+                                           f"{_tail(self.log_file)}")
 
     def start(self, timeout: float = 60.0) -> None:
         self.spawn()
@@ -212,9 +210,13 @@ class FrontendProcess(DynamoProcess):
             cmd += ["--migration-limit", str(self.migration_limit)]
         return cmd
 
+    @property
+    def health_url(self) -> str:
+        return self.url + "/live"
+
     def ready(self) -> bool:
         try:
-            return httpx.get(self.url + "/live", timeout=1.0).status_code == 200
+            return httpx.get(self.health_url, timeout=1.0).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -265,6 +267,10 @@ class DynamoWorker(DynamoProcess):
     def env(self) -> dict[str, str]:
         return {**self._env, "DYN_SYSTEM_PORT": str(self.system_port)}
 
+    @property
+    def health_url(self) -> str:
+        return self.url + "/health"
+
     def ready(self) -> bool:
         if self.instance_id is None:
             try:
@@ -272,7 +278,7 @@ class DynamoWorker(DynamoProcess):
             except (OSError, ValueError):
                 return False
         try:
-            return httpx.get(self.url + "/health", timeout=1.0).json().get("status") == "ready"
+            return httpx.get(self.health_url, timeout=1.0).json().get("status") == "ready"
         except (httpx.HTTPError, ValueError):
             return False
 

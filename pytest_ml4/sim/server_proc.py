@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -72,8 +73,11 @@ class SimServer(ServerLifecycle):
         # Extra CLI arguments for other roles (e.g. a Dynamo frontend mode added later).
         self.extra_args = list(extra_args)
         self.proc: subprocess.Popen[bytes] | None = None
-        #: The next engine process waiting in standby, with its hold file (``prepare_restart``).
+        #: The next engine process waiting in standby, with its hold file (``prepare_restart``). It stays here,
+        #: where ``stop()`` finds it, until ``restart()`` makes it the serving process.
         self._standby: tuple[subprocess.Popen[bytes], Path] | None = None
+        #: Guards the hand-over of ``_standby`` between ``restart()`` and a ``stop()`` from another thread.
+        self._standby_lock = threading.Lock()
 
     @staticmethod
     def _materialise(target: Target, path: Path) -> str:
@@ -137,30 +141,28 @@ class SimServer(ServerLifecycle):
         return self._wait_healthy(deadline, timeout)
 
     def _wait_healthy(self, deadline: float, timeout: float) -> bool:
-        assert self.proc is not None
+        """True once healthy; False if an auto-chosen port was taken meanwhile (retry); raises otherwise."""
         stderr_path = Path(self._stderr.name)
-        url = self.url + "/health"
-        while True:
-            code = self.proc.poll()
-            if code is not None:
-                err = stderr_path.read_text(errors="replace").strip()[-2000:]
-                self.stop()
-                if not self._requested_port and "address already in use" in err.lower():
-                    return False
-                raise SimServerError(f"simulator for {self.target_ref} exited with code {code} before becoming "
-                                     f"healthy\n--- log tail ({self.log_file}) ---\n{self.log_tail()}"
-                                     + (f"\n--- stderr ---\n{err}" if err else ""))
-            if self._own_process_listening():
-                try:
-                    if httpx.get(url, timeout=1.0).status_code == 200:
-                        return True
-                except httpx.HTTPError:
-                    pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise SimServerError(f"simulator for {self.target_ref} not healthy on {url} after {timeout:.0f} s"
-                                     f"\n--- log tail ({self.log_file}) ---\n{self.log_tail()}")
-            time.sleep(0.05)
+
+        def stderr_tail() -> str:
+            return stderr_path.read_text(errors="replace").strip()[-2000:]
+
+        def details() -> str:
+            err = stderr_tail()
+            return f"--- log tail ({self.log_file}) ---\n{self.log_tail()}" + (f"\n--- stderr ---\n{err}" if err else "")
+
+        return self._wait_until_healthy(
+            self._answers_health, timeout, what=f"simulator for {self.target_ref}", error=SimServerError,
+            details=details, poll_s=0.05, deadline=deadline,
+            retry_on_exit=lambda: not self._requested_port and "address already in use" in stderr_tail().lower())
+
+    def _answers_health(self) -> bool:
+        if not self._own_process_listening():
+            return False
+        try:
+            return httpx.get(self.url + "/health", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def _own_process_listening(self) -> bool:
         # /health alone could be answered by a stranger on a reused port: our child logs its own start first.
@@ -174,7 +176,8 @@ class SimServer(ServerLifecycle):
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM the engine (it drains), SIGKILL after ``timeout``; a prepared standby is ended too."""
         self._stop_current(timeout)
-        standby, self._standby = self._standby, None
+        with self._standby_lock:
+            standby, self._standby = self._standby, None
         if standby is not None:
             self.proc, self._stderr = standby[0], self._standby_stderr
             self._stop_current(timeout)
@@ -226,12 +229,17 @@ class SimServer(ServerLifecycle):
         self.prepare_restart(timeout)
         if self._standby is None:
             raise SimServerError(f"simulator for {self.target_ref}: no standby engine to restart into")
-        # Taken before the stop delay: the handle must not depend on what another thread does to it meanwhile.
-        (standby, hold), self._standby = self._standby, None
-        time.sleep(delay_s)  # the old engine keeps serving, as under systemd's stop delay
+        # Read now, left in place: a stop() meanwhile (another thread) must find the standby and end it too.
+        prepared = self._standby
+        standby, hold = prepared
+        self._stop_delay(delay_s)
         stopped_at = time.time()
         self._stop_current()
-        self.proc, self._stderr = standby, self._standby_stderr
+        with self._standby_lock:
+            if self._standby is not prepared:  # stop() ended it during the delay or the drain
+                raise SimServerError(f"simulator for {self.target_ref}: stopped during the restart")
+            self._standby = None
+            self.proc, self._stderr = standby, self._standby_stderr
         try:
             tmp = hold.with_name(hold.name + ".tmp")
             tmp.write_text(f"{stopped_at + outage_s:.6f}")
@@ -244,6 +252,10 @@ class SimServer(ServerLifecycle):
         finally:
             self._remove_hold(hold)
         return self
+
+    def _stop_delay(self, seconds: float) -> None:
+        """The old engine keeps serving, as under systemd's stop delay (a hook: tests act inside the window)."""
+        time.sleep(seconds)
 
     @staticmethod
     def _remove_hold(hold: Path) -> None:

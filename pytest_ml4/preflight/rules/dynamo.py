@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 from pytest_ml4.preflight.model import (
     DgdComponent,
@@ -20,6 +20,25 @@ from pytest_ml4.preflight.rules.common import engine_sites, truthy
 
 DGD = ("dgd",)
 _PD_CAPABLE = {"NixlConnector"}  # the PD-capable child Dynamo requires exactly one of (dynamo.md §8)
+
+
+#: What a component must have parsed to be judged: a worker's engine arguments or a frontend's settings.
+Part = Literal["engine", "frontend"]
+
+
+def _components(doc: DgdDocument, *roles: str, part: Part = "engine") -> list[DgdComponent]:
+    """The components of ``doc`` in ``roles`` (every role when none is given) that have ``part`` parsed: the one
+    walk over a DGD that every rule here uses."""
+    return [c for c in doc.components if (not roles or c.role in roles) and getattr(c, part) is not None]
+
+
+def _frontends(doc: DgdDocument) -> list[DgdComponent]:
+    return _components(doc, "frontend", part="frontend")
+
+
+def _where(doc: DgdDocument, comp: DgdComponent, *, role: bool = False) -> str:
+    """``dgd/component`` (with ``(role)`` for a worker), the ``where`` of a finding on one component."""
+    return f"{doc.name}/{comp.name}" + (f" ({comp.role})" if role else "")
 
 
 def _connectors(cfg: dict[str, Any] | None) -> list[str]:
@@ -46,11 +65,10 @@ def check_disagg_connector(ctx: LintContext) -> Iterator[Finding]:
     for doc in ctx.of(DgdDocument):
         if not doc.is_disagg:
             continue
-        roles = [c for c in doc.components if c.role in ("prefill", "decode") and c.engine is not None]
         shapes = {}
-        for comp in roles:
+        for comp in _components(doc, "prefill", "decode"):
             assert comp.engine is not None
-            where = f"{doc.name}/{comp.name} ({comp.role})"
+            where = _where(doc, comp, role=True)
             names = _connectors(comp.engine.kv_transfer())
             shapes[comp.role] = sorted(names)
             if comp.engine.has("kv-offloading-size"):
@@ -77,7 +95,7 @@ def _canon(value: Any) -> str:
 def check_role_mismatch(ctx: LintContext) -> Iterator[Finding]:
     r = RULES["disagg-role-mismatch"]
     for doc in ctx.of(DgdDocument):
-        comps = [c for c in doc.components if c.role in ("prefill", "decode") and c.engine is not None]
+        comps = _components(doc, "prefill", "decode")
         decode = next((c for c in comps if c.role == "decode"), None)
         if decode is None or decode.engine is None:
             continue
@@ -116,10 +134,6 @@ def check_name_prefix(ctx: LintContext) -> Iterator[Finding]:
                                     where=doc.name)
 
 
-def _frontends(doc: DgdDocument) -> list[DgdComponent]:
-    return [c for c in doc.components if c.role == "frontend" and c.frontend is not None]
-
-
 @rule("frontend-chat-processor", Severity.ERROR,
       "frontend does not use the Dynamo chat processor: the vLLM processor drops x-dynamo-session-id and "
       "bypasses the Mistral tool/reasoning parsing the workers are set up for",
@@ -135,7 +149,7 @@ def check_chat_processor(ctx: LintContext) -> Iterator[Finding]:
             assert comp.frontend is not None
             value = comp.frontend.setting("dyn-chat-processor", "DYN_CHAT_PROCESSOR")
             if value is not None and value.lower() != "dynamo":
-                yield r.finding(doc, f"--dyn-chat-processor {value}", line=comp.line, where=f"{doc.name}/{comp.name}")
+                yield r.finding(doc, f"--dyn-chat-processor {value}", line=comp.line, where=_where(doc, comp))
 
 
 def _clients_send_session_ids(doc: DgdDocument, ctx: LintContext) -> str | None:
@@ -173,7 +187,7 @@ def check_session_ttl(ctx: LintContext) -> Iterator[Finding]:
             ok = raw is not None and raw.isdigit() and 1 <= int(raw) <= 31536000
             if not ok:
                 detail = "TTL unset" if raw is None else f"TTL {raw!r} outside 1..31536000"
-                yield r.finding(doc, f"{detail} ({why})", line=comp.line, where=f"{doc.name}/{comp.name}")
+                yield r.finding(doc, f"{detail} ({why})", line=comp.line, where=_where(doc, comp))
 
 
 @rule("migration-limit", Severity.ERROR,
@@ -188,7 +202,7 @@ def check_migration(ctx: LintContext) -> Iterator[Finding]:
         fronts = _frontends(doc)
         values = [c.frontend.setting("migration-limit", "DYN_MIGRATION_LIMIT") for c in fronts if c.frontend]
         # Older Dynamo releases took the flag on the workers; accept it there too.
-        values += [c.engine.get("migration-limit") for c in doc.components if c.engine is not None]
+        values += [c.engine.get("migration-limit") for c in _components(doc) if c.engine is not None]
         set_values = [v for v in values if v is not None]
         if not fronts:
             continue
@@ -245,13 +259,10 @@ def check_vr200(ctx: LintContext) -> Iterator[Finding]:
     for doc in ctx.of(DgdDocument):
         if doc.hardware.family != "vr200":
             continue
-        for comp in doc.components:
-            if comp.engine is None:
-                continue
+        for comp in _components(doc):
             missing = _vr_missing(comp, doc.is_disagg)
             if missing:
-                yield r.finding(doc, "missing " + ", ".join(missing), line=comp.line,
-                                where=f"{doc.name}/{comp.name} ({comp.role})")
+                yield r.finding(doc, "missing " + ", ".join(missing), line=comp.line, where=_where(doc, comp, role=True))
 
 
 @rule("dynamo-mistral-parsers", Severity.ERROR,
@@ -278,12 +289,12 @@ def check_parsers(ctx: LintContext) -> Iterator[Finding]:
         for comp in _frontends(doc):
             if comp.env.get("DYN_PARSER_VERSION") != "2":
                 yield r.finding(doc, f"frontend DYN_PARSER_VERSION={comp.env.get('DYN_PARSER_VERSION', 'unset')}",
-                                line=comp.line, where=f"{doc.name}/{comp.name}")
+                                line=comp.line, where=_where(doc, comp))
 
 
 def _mistral_parser_sites(doc: DgdDocument) -> list[str]:
     """The workers of ``doc`` that run a ``mistral`` tool-call or reasoning parser."""
-    return [c.name for c in doc.components if c.engine is not None and "mistral" in {
+    return [c.name for c in _components(doc) if c.engine is not None and "mistral" in {
         (c.engine.get("dyn-tool-call-parser") or "").lower(), (c.engine.get("dyn-reasoning-parser") or "").lower()}]
 
 
@@ -312,4 +323,4 @@ def check_parser_v2_served(ctx: LintContext) -> Iterator[Finding]:
             if row is not None and not row.mistral_parser_v2:
                 yield r.finding(doc, f"frontend image {comp.image} (Dynamo {version}, no Mistral v2 parser) with "
                                      f"DYN_PARSER_VERSION=2 and mistral parsers on {', '.join(workers)}",
-                                line=comp.line, where=f"{doc.name}/{comp.name}")
+                                line=comp.line, where=_where(doc, comp))
