@@ -88,7 +88,10 @@ def test_baseline(ml4_perf_sweep: Any) -> None:
 def test_decode_concurrency_saturates_at_max_num_seqs(ml4_perf_sweep: Any) -> None:
     """Past ``max_num_seqs`` the decode concurrency p50 is the cap; below it at least half the concurrency runs
     together. The lower bound is what makes the gate bite where the sweep never passes the cap (Dynamo: 64 >
-    every sweep concurrency, issue 14 item 6): an engine capped lower than the target states fails it."""
+    every sweep concurrency, issue 14 item 6): an engine capped lower than the target states fails it. The figure
+    is the engine's own ``vllm:num_requests_running`` when aiperf scraped one engine's /metrics (the client-side
+    decode concurrency also counts prefill and proxy lag, which grow with the client's load: issue 15), else the
+    client-side ``effective_decode_concurrency``; the message names which (``pytest_ml4.perf.gates``)."""
     results = ml4_perf_sweep.verdict.by_gate("saturation")
     assert results
     assert not failures(results), _fail_lines(failures(results))

@@ -268,3 +268,35 @@ def iter_records(path: str | Path, phase: str | None = "profiling") -> Iterator[
 
 def read_records(path: str | Path, phase: str | None = "profiling") -> list[RequestRecord]:
     return list(iter_records(path, phase))
+
+
+SERVER_METRICS_FILE = "server_metrics_export.json"
+
+
+@dataclass(frozen=True)
+class GaugeSeries:
+    """One scraped endpoint's statistics of a gauge over the profiling phase (``server_metrics_export.json``)."""
+
+    endpoint_url: str
+    stats: Mapping[str, float]
+
+
+def server_gauge(run_dir: Path, name: str) -> list[GaugeSeries]:
+    """The series of gauge ``name`` that aiperf scraped during the run in ``run_dir``; [] when it scraped none.
+
+    Shape (aiperf 0.13, ``--server-metrics URL``): ``metrics.<name> = {"type": "gauge", "series": [{"endpoint_url",
+    "stats": {"avg", "min", "max", "p50", ...}}]}``, one series per endpoint that answered. The file only exists when
+    a ``/metrics`` endpoint answered (aiperf.md §6), so a missing file is "not scraped", never an error.
+    """
+    path = Path(run_dir) / SERVER_METRICS_FILE
+    if not path.is_file():
+        return []
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ExportError(f"{path}: not valid JSON ({err})") from None
+    metric = ((data.get("metrics") or {}) if isinstance(data, Mapping) else {}).get(name) or {}
+    if metric.get("type") != "gauge":
+        return []
+    return [GaugeSeries(str(s.get("endpoint_url", "")), s.get("stats") or {}) for s in metric.get("series") or []
+            if isinstance(s, Mapping)]

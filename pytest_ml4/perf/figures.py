@@ -10,7 +10,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pytest_ml4.perf.export import ProfileExport
+from pytest_ml4.perf.export import ProfileExport, server_gauge
+
+#: The engine's own count of sequences in its running batch (vllm.md: "Number of requests in model execution
+#: batches"), as aiperf scraped it from the engine's /metrics during the profiling phase.
+ENGINE_RUNNING_GAUGE = "vllm:num_requests_running"
 
 #: Which direction is better for each figure: +1 higher is better, -1 lower is better.
 DIRECTION: dict[str, int] = {
@@ -41,6 +45,8 @@ class PointFigures:
     osl_max: float | None
     osl_std: float | None
     duration_s: float | None
+    engine_running_p50: float | None = None   # ENGINE_RUNNING_GAUGE p50 (None: not scraped from exactly one engine)
+    engine_running_max: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,10 +60,26 @@ def _s(ms: float | None) -> float | None:
     return None if ms is None else ms / 1000.0
 
 
+def engine_running(ex: ProfileExport) -> tuple[float | None, float | None]:
+    """(p50, max) of the engine's running-sequence gauge during the run, when aiperf scraped exactly one engine.
+
+    None when no engine was scraped (no ``--server-metrics``, a Dynamo frontend's /metrics, which has no such
+    gauge) or several were (one series per engine: their percentiles cannot be added).
+    """
+    if ex.path is None:
+        return None, None
+    series = server_gauge(ex.path.parent, ENGINE_RUNNING_GAUGE)
+    if len(series) != 1:
+        return None, None
+    stats = series[0].stats
+    return stats.get("p50"), stats.get("max")
+
+
 def figures_from_export(ex: ProfileExport, concurrency: int) -> PointFigures:
     reasoning = ex.stat("reasoning_token_count", "sum")
     osl_total = ex.stat("output_sequence_length", "sum")
     share = None if reasoning is None or not osl_total else reasoning / osl_total
+    running_p50, running_max = engine_running(ex)
     return PointFigures(
         concurrency=concurrency,
         requests=ex.request_count,
@@ -78,6 +100,8 @@ def figures_from_export(ex: ProfileExport, concurrency: int) -> PointFigures:
         osl_max=ex.stat("output_sequence_length", "max"),
         osl_std=ex.stat("output_sequence_length", "std"),
         duration_s=ex.scalar("benchmark_duration"),
+        engine_running_p50=running_p50,
+        engine_running_max=running_max,
     )
 
 
