@@ -109,6 +109,10 @@ def run_job(job: str, target: str, work: Path, timeout: float) -> tuple[int, lis
     return tests, bad, wall, f"exit {proc.returncode}"
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=10)
@@ -126,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     failures: Counter[str] = Counter()
     runs: Counter[str] = Counter()
     walls: dict[str, list[float]] = {}
+    # A SIGTERM (kill, a CI timeout) must still stop the busy loops, which live in their own sessions.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     load = start_load(args.load_procs)
     try:
         with tempfile.TemporaryDirectory(prefix="ml4-flake-") as scratch:
