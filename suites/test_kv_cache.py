@@ -132,7 +132,12 @@ def _poll_usage(urls: tuple[str, ...], stop: threading.Event, result: LoadResult
                 result.metrics_error = result.metrics_error or f"cannot read the engine's metrics at {url}"
                 continue
             values = [s.value for s in snap.samples("vllm:kv_cache_usage_perc")]
-            if values:
+            if not values:
+                # A /metrics that answers without the gauge (on Dynamo: the worker's engine-metrics callback
+                # failed and the runtime served its own families only) is as unreadable as a 500.
+                result.metrics_error = result.metrics_error or (
+                    f"the engine's metrics at {url} carry no vllm:kv_cache_usage_perc")
+            else:
                 peak = max(values) * 100
                 result.metric_peak_pct = max(peak, result.metric_peak_pct or 0.0)
         stop.wait(float(LOAD["metrics_poll_s"]))

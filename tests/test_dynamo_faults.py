@@ -74,7 +74,23 @@ def _error_rate(dsim: DynamoSim) -> None:
     assert 500 in codes, codes
 
 
-CASES = {"tool_parser_off": _tool_parser_off, "reasoning_parser_off": _reasoning_parser_off,
+def _guided_decoding_ignored(dsim: DynamoSim) -> None:
+    # 1.6.1 sends tool_choice required as guided_decoding.json; an engine that ignores it answers a prompt no
+    # tool matches with text, so no call comes back although one was required.
+    msg = _post(dsim, {"messages": [{"role": "user", "content": "Say hello to the team."}], "tools": [WEATHER],
+                       "tool_choice": "required"})["message"]
+    assert not msg.get("tool_calls") and msg["content"], msg
+
+
+def _metrics_unreadable(dsim: DynamoSim) -> None:
+    # The worker's engine-metrics callback fails: the runtime still answers its system port, without vllm:*.
+    (url,) = dsim.worker_metrics_urls["worker"]
+    r = httpx.get(url, timeout=10)
+    assert r.status_code == 200 and "vllm:" not in r.text, r.text[:500]
+
+
+CASES = {"tool_parser_off": _tool_parser_off, "guided_decoding_ignored": _guided_decoding_ignored,
+         "metrics_unreadable": _metrics_unreadable, "reasoning_parser_off": _reasoning_parser_off,
          "invalid_tool_json": _invalid_tool_json, "midstream_error": _midstream_error,
          "error_rate=1.0": _error_rate}
 

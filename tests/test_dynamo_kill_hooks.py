@@ -10,7 +10,7 @@ from pathlib import Path
 from pytest_ml4.perf.figures import PointFigures
 from pytest_ml4.perf.plots import write_plots
 from pytest_ml4.sim.dynamo import started_workers
-from pytest_ml4.sim.dynamo_worker import served_context
+from pytest_ml4.sim.dynamo_worker import guided_schema, served_context, tool_choice_of
 from pytest_ml4.sim.faults import ActiveFaults
 
 
@@ -24,6 +24,21 @@ def test_workers_down_starts_fewer_workers_but_never_none() -> None:
 def test_served_max_model_len_is_the_registered_context() -> None:
     assert served_context(1_048_576, ActiveFaults()) == 1_048_576
     assert served_context(1_048_576, ActiveFaults(["served_max_model_len=131072"])) == 131_072
+
+
+#: The shape of 1.6.1's guided_decoding.json for tool_choice required over two tools
+#: (fixtures/transcripts/dynamo-1.6.1/ml4-90_required_stream_guided.txt), reduced to what the worker reads.
+GUIDED_REQUIRED = {"sampling_options": {"guided_decoding": {"json": {"type": "array", "minItems": 1, "items": {
+    "anyOf": [{"properties": {"name": {"enum": ["get_weather"]}}}, {"properties": {"name": {"enum": ["search"]}}}]}}}}}
+
+
+def test_guided_decoding_ignored_samples_as_under_auto() -> None:
+    tools = [{"name": "get_weather"}, {"name": "search"}]
+    assert tool_choice_of(GUIDED_REQUIRED, tools, ActiveFaults()) == "required"
+    assert guided_schema(GUIDED_REQUIRED, ActiveFaults()) is not None
+    ignored = ActiveFaults(["guided_decoding_ignored"])
+    assert guided_schema(GUIDED_REQUIRED, ignored) is None
+    assert tool_choice_of(GUIDED_REQUIRED, tools, ignored) == "auto"
 
 
 def test_plots_of_a_sweep_where_every_request_failed(tmp_path: Path) -> None:

@@ -75,15 +75,19 @@ def conversation(prompt: str) -> dict[str, Any]:
     return {"messages": messages, "tools": tools}
 
 
-def guided_schema(request: dict[str, Any]) -> dict[str, Any] | None:
+def guided_schema(request: dict[str, Any], faults: ActiveFaults | None = None) -> dict[str, Any] | None:
+    """The ``guided_decoding.json`` grammar the engine enforces (None: none, or the ``guided_decoding_ignored``
+    fault, an engine that samples freely whatever grammar it is given)."""
+    if faults is not None and faults.has("guided_decoding_ignored"):
+        return None
     guided = ((request.get("sampling_options") or {}).get("guided_decoding") or {}).get("json")
     return guided if isinstance(guided, dict) else None
 
 
-def tool_choice_of(request: dict[str, Any], tools: list[Any]) -> Any:
+def tool_choice_of(request: dict[str, Any], tools: list[Any], faults: ActiveFaults | None = None) -> Any:
     """``tool_choice`` as the frontend passed it: ``required``/named arrive as ``guided_decoding.json`` (an array
     schema whose items enumerate the allowed names); no tools rendered means none or auto without tools."""
-    guided = guided_schema(request)
+    guided = guided_schema(request, faults)
     if guided is None:
         return "auto"
     names: list[str] = []
@@ -213,6 +217,13 @@ class Worker:
         self.kv_events = KvEvents(publisher, self.target.engine.block_size)
         self.app.engine.on_prefix_cache = self.kv_events
 
+    def metrics_text(self) -> str:
+        """The ``vllm:*`` families the runtime serves on the worker's system port (``metrics_unreadable``: the
+        engine's metrics collection fails, as /metrics answering 500 does on vLLM)."""
+        if self.app.faults.has("metrics_unreadable"):
+            raise RuntimeError("simulated engine metrics failure (fault metrics_unreadable)")
+        return self.app.metrics.render().decode()
+
     def prompt_body(self, request: dict[str, Any]) -> dict[str, Any]:
         from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
 
@@ -233,13 +244,13 @@ class Worker:
         if self.role == "prefill":
             max_tokens = 1
         body = self.prompt_body(request)
-        tool_choice = tool_choice_of(request, body["tools"])
+        tool_choice = tool_choice_of(request, body["tools"], app.faults)
         if not self.mode.think_before_tool_call and body["tools"] and tool_choice != "none":
             body["reasoning_effort"] = "none"
         limits = Limits(int(stop.get("min_tokens") or 0), bool(stop.get("ignore_eos")),
                         stop.get("max_thinking_tokens"))
         out = app._generate(body, limits, tool_choice, max_tokens)
-        form = GUIDED if guided_schema(request) is not None else self.mode.tool_form
+        form = GUIDED if guided_schema(request, app.faults) is not None else self.mode.tool_form
         reply = reply_ids(out, app.tok, form, max_tokens)
         if app.faults.has("error_rate") and app.error_rng.random() < app.faults.value("error_rate"):
             yield {"token_ids": [], "index": 0, "finish_reason": "error: simulated engine error (fault error_rate)"}
@@ -345,7 +356,7 @@ async def serve(runtime: Any, args: argparse.Namespace, worker: Worker) -> None:
              "decode": (WorkerType.Decode, chat, [[WorkerType.Prefill]])}
     wtype, mtype, needs = kinds[role]
     worker.app.engine.start()
-    ep.metrics.register_prometheus_expfmt_callback(lambda: worker.app.metrics.render().decode())
+    ep.metrics.register_prometheus_expfmt_callback(worker.metrics_text)
     await register_llm(ModelInput.Tokens, mtype, ep, args.model_dir,
                        t.serving.served_model_name, worker_type=wtype, kv_cache_block_size=t.engine.block_size,
                        runtime_config=runtime_config(t, worker.app.faults), needs=needs)

@@ -189,3 +189,10 @@ register(Fault("reasoning_share_shift", "the reasoning share of fixed-length ans
 # frontend sees fewer instances than the target declares (a worker pod that never registered).
 register(Fault("workers_down", "N of the target's aggregated Dynamo workers never start (default 1)",
                "suites/test_smoke.py (health: every worker registered)", default=1.0, takes_value=True))
+
+# Guided decoding (s2-engine-kills): tool_choice required/named reach the engine as a structured-output grammar
+# (Dynamo 1.6.1: sampling_options.guided_decoding.json; vLLM: its structured-outputs backend). An engine that does
+# not enforce it writes what the model would write under auto: text where no tool matches, its own tool-call form.
+register(Fault("guided_decoding_ignored", "the engine ignores the guided-decoding grammar of tool_choice "
+               "required/named (structured outputs off): the model answers as under tool_choice auto",
+               "suites/test_tools.py (tool_choice required/named obeyed)"))
