@@ -256,7 +256,8 @@ class DynamoWorker(DynamoProcess):
         return ActiveFaults([*target_faults(self.owner.target), *self.faults]).value("delayed_stop", 0.0)
 
     def restart(self) -> None:
-        time.sleep(self.pre_stop_s)
+        if self.alive():  # as the kubelet: a dead container has no preStop to run
+            time.sleep(self.pre_stop_s)
         super().restart()
 
     def before_start(self) -> None:
