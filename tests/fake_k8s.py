@@ -207,6 +207,9 @@ class Pod:
 
 def _restart_container(backend: Backend, old_log: ContainerLog | None, new_log: ContainerLog) -> None:
     """Stop the process, give its last lines to the old container, start it again into the new container's log."""
+    # The kubelet runs a running container's preStop hook before SIGTERM: the process serves meanwhile.
+    if backend.alive():
+        time.sleep(float(getattr(backend, "pre_stop_s", 0.0)))
     stop, start = getattr(backend, "stop", None), getattr(backend, "start", None)
     if stop is None or start is None:
         new_log.start_at_end()

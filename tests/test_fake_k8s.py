@@ -186,3 +186,38 @@ def test_log_since_seconds_and_tail_lines(cluster: tuple[FakeKubeAPI, dict], tmp
     assert "boot pid=" in core.read_namespaced_pod_log(pod.metadata.name, NS)
     stamped = core.read_namespaced_pod_log(pod.metadata.name, NS, tail_lines=1, timestamps=True)
     assert stamped.endswith("Z late two\n")
+
+
+class _StepBackend:
+    """Records what the kubelet did to it, in order (no process: only the order of preStop, stop and start)."""
+
+    log_file = Path(os.devnull)
+    pre_stop_s = 3.0
+
+    def __init__(self, running: bool, calls: list[str]) -> None:
+        self.running, self.calls = running, calls
+
+    def alive(self) -> bool:
+        return self.running
+
+    def stop(self) -> None:
+        self.calls.append("stop")
+
+    def start(self) -> None:
+        self.calls.append("start")
+
+    def restart(self) -> None:
+        raise AssertionError("stop and start are used when the backend has them")
+
+
+@pytest.mark.parametrize(("running", "expected"), [(True, ["preStop 3", "stop", "start"]), (False, ["stop", "start"])])
+def test_prestop_delay_only_for_a_running_container(monkeypatch: pytest.MonkeyPatch, running: bool,
+                                                    expected: list[str]) -> None:
+    """Fault ``delayed_stop`` on Dynamo: a deleted pod's worker serves ``pre_stop_s`` before SIGTERM; a container that
+    died on its own has no preStop to run."""
+    import fake_k8s
+
+    calls: list[str] = []
+    monkeypatch.setattr(fake_k8s.time, "sleep", lambda s: calls.append(f"preStop {s:g}") if s else None)
+    fake_k8s._restart_container(_StepBackend(running, calls), None, fake_k8s.ContainerLog(Path(os.devnull)))
+    assert calls == expected

@@ -104,6 +104,18 @@ def _run_with(outage: tuple[float, float], failed: list[RequestOutcome]) -> Rest
     return run
 
 
+def test_a_peer_not_yet_replaced_is_not_a_recovery() -> None:
+    """A rolling restart of two Dynamo workers: the warm-up met worker "a", "b" serves until its own turn; only the
+    replacement "c" (a new instance id) is a new engine. Counting "b" would report recovery at +0.3 s."""
+    answers = [RequestOutcome(0, 0.0, 0.3, 200, None, None, engine="b"),
+               RequestOutcome(1, 3.0, 0.2, 200, None, None, engine="b"),
+               RequestOutcome(2, 8.0, 0.2, 200, None, None, engine="c")]
+    tl = build_timeline("a", answers, frozenset({"a", "b"}))
+    assert (tl.new_engine, tl.first_new_s, tl.last_old_s, tl.old_peers) == ("c", 8.2, 3.2, ("b",))
+    assert "old engine a (and its peers b): last answer +3.20 s" in tl.lines()
+    assert build_timeline("a", answers).first_new_s == 0.3   # without the peers, "b" would look new
+
+
 def test_client_error_message_says_the_outage_exceeded_the_retry_window() -> None:
     run = _run_with((0.5, 6.5), [RequestOutcome(3, 1.0, 4.0, 500, None, "litellm.InternalServerError: ...")])
     assert run.timeline == Timeline("old", "new", 0.5, 6.5, "per request")

@@ -128,6 +128,15 @@ class Controller(ABC):
         """
         return None
 
+    def engines(self) -> frozenset[str]:
+        """Every engine incarnation serving now, where the controller can list them (replicas), else empty: the
+        restart scenario counts an answer of any of them, taken before the trigger, as the old engine's."""
+        return frozenset()
+
+    def probe_extras(self) -> dict[str, Any]:
+        """Request fields that make an answer name its engine (the scenario's per-request evidence), if any."""
+        return {}
+
     def wait_ready(self, timeout: float | None = None, progress: Progress | None = None) -> list[WaitStep]:
         deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
         return [wait_for(what, check, deadline, progress) for what, check in self.ready_checks()]

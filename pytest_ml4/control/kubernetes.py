@@ -117,6 +117,20 @@ class KubernetesController(Controller):
         except (httpx.HTTPError, ValueError, AttributeError):
             return 0
 
+    def engines(self) -> frozenset[str]:
+        """The worker instance ids the frontend's ``/health`` lists (the ids ``nvext.worker_id`` names)."""
+        try:
+            r = httpx.get(self.frontend_url.rstrip("/") + "/health", timeout=2.0)
+            instances = (r.json().get("instances") or []) if r.status_code == 200 else []
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return frozenset()
+        return frozenset(str(i["instance_id"]) for i in instances if isinstance(i, dict) and "instance_id" in i)
+
+    def probe_extras(self) -> dict[str, Any]:
+        # Dynamo's frontend names the worker that decoded each answer (nvext.worker_id, real-dynamo.md): a new
+        # pod's worker registers under a new instance id, so a rolling restart's recovery is seen per request.
+        return {"nvext": {"extra_fields": ["worker_id"]}}
+
     def _instances_at_least(self, n: int) -> Check:
         def check() -> str | None:
             seen = self.frontend_instances()

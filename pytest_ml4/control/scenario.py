@@ -3,10 +3,13 @@
 :func:`run_restart_scenario` starts long streams, restarts the engine through a :class:`Controller` while they
 run, keeps sending short requests during the restart, then measures the restart from what the engines did: per
 request, which engine incarnation answered it (the simulator's ``x-ml4-engine-instance`` header, passed on by LiteLLM
-as ``llm_provider-x-ml4-engine-instance``; else the controller's incarnation, e.g. systemd's InvocationID, when it
-was the same before and after the request). The outage is the last answer of the old engine to the first of a new
-one; recovery is the trigger to that first answer of a new engine, so a controller that keeps the old engine
-serving for a while (systemd's stop delay, fault ``delayed_stop``) cannot make recovery look instant.
+as ``llm_provider-x-ml4-engine-instance``; a Dynamo frontend's ``nvext.worker_id``, the instance id of the worker that
+decoded it, asked for through the controller's ``probe_extras``; else the controller's incarnation, e.g. systemd's
+InvocationID, when it was the same before and after the request). The outage is the last answer of the old engine to
+the first of a new one; recovery is the trigger to that first answer of a new engine, so a controller that keeps the
+old engine serving for a while (systemd's stop delay, fault ``delayed_stop``) cannot make recovery look instant. With
+several replicas (a rolling restart of Dynamo workers) every engine the controller lists before the trigger
+(``Controller.engines``) is an old one: an answer of the replica not yet replaced is not a recovery.
 
 The ``check_*`` functions judge the recorded :class:`RestartRun` and raise ``AssertionError`` with a message that quotes what the client got (the proxy's error body, the in-band error).
 
@@ -95,9 +98,10 @@ class Timeline:
 
     old_engine: str | None
     new_engine: str | None = None
-    last_old_s: float | None = None   # the last answer the old engine gave
+    last_old_s: float | None = None   # the last answer the old engine (or one of its peers) gave
     first_new_s: float | None = None  # the first answer of a new engine
     evidence: str = "none"            # where the engine of each request came from
+    old_peers: tuple[str, ...] = ()   # the other engines serving before the trigger (replicas of a rolling restart)
 
     @property
     def outage_s(self) -> float | None:
@@ -109,15 +113,22 @@ class Timeline:
         def at(t: float | None) -> str:
             return "never" if t is None else f"+{t:.2f} s"
         out = [f"engine evidence: {self.evidence}",
-               f"old engine {self.old_engine or '?'}: last answer {at(self.last_old_s)}",
+               f"old engine {self.old_engine or '?'}"
+               + (f" (and its peers {', '.join(self.old_peers)})" if self.old_peers else "")
+               + f": last answer {at(self.last_old_s)}",
                f"new engine {self.new_engine or '?'}: first answer {at(self.first_new_s)}"]
-        if self.outage_s is not None:
+        if self.outage_s is not None and self.outage_s < 0:
+            # A rolling restart: a peer not yet replaced still answered after the first new engine did.
+            out.append(f"no outage: old engines answered until {-self.outage_s:.2f} s after the new engine's first")
+        elif self.outage_s is not None:
             out.append(f"outage (old engine's last answer to new engine's first): {self.outage_s:.2f} s")
         return out
 
 
-def build_timeline(old_engine: str | None, outcomes: list[RequestOutcome]) -> Timeline:
-    """Last answer of ``old_engine``, first answer of any other engine, from the answered requests."""
+def build_timeline(old_engine: str | None, outcomes: list[RequestOutcome],
+                   old_peers: frozenset[str] = frozenset()) -> Timeline:
+    """Last answer of ``old_engine`` (or of ``old_peers``, the other engines serving before the trigger), first answer
+    of any other engine, from the answered requests."""
     ok = [o for o in outcomes if o.ok and o.sent_s >= 0]
     known = [o for o in ok if o.engine is not None]
     if old_engine is None or not known:
@@ -125,10 +136,12 @@ def build_timeline(old_engine: str | None, outcomes: list[RequestOutcome]) -> Ti
         first = min(ok, key=lambda o: o.done_s, default=None)
         return Timeline(old_engine, first_new_s=first.done_s if first else None,
                         evidence="none: the first success after the trigger, old engine or not")
-    old = [o.done_s for o in known if o.engine == old_engine]
-    new = sorted((o for o in known if o.engine != old_engine), key=lambda o: o.done_s)
+    olds = {old_engine, *old_peers}
+    old = [o.done_s for o in known if o.engine in olds]
+    new = sorted((o for o in known if o.engine not in olds), key=lambda o: o.done_s)
     return Timeline(old_engine, new[0].engine if new else None, max(old) if old else None,
-                    new[0].done_s if new else None, evidence="per request")
+                    new[0].done_s if new else None, evidence="per request",
+                    old_peers=tuple(sorted(old_peers - {old_engine})))
 
 
 @dataclass
@@ -181,9 +194,19 @@ def _stream_body(model: str, spec: dict[str, Any]) -> dict[str, Any]:
             "stream_options": {"include_usage": True}}
 
 
-def probe_body(model: str, spec: dict[str, Any]) -> dict[str, Any]:
+def probe_body(model: str, spec: dict[str, Any], extras: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The probe request; ``extras`` adds the fields a controller needs for its evidence (``probe_extras``)."""
     return {"model": model, "messages": [{"role": "user", "content": spec["prompt"]}],
-            "max_tokens": spec["max_tokens"]}
+            "max_tokens": spec["max_tokens"], **(extras or {})}
+
+
+def answering_engine(r: httpx.Response, data: dict[str, Any]) -> str | None:
+    """The engine incarnation an answer names: the simulator's header, or the Dynamo worker that decoded it."""
+    header = next((r.headers[h] for h in ENGINE_HEADERS if h in r.headers), None)
+    if header is not None:
+        return header
+    worker = ((data.get("nvext") or {}).get("worker_id") or {}).get("decode_worker_id")
+    return None if worker is None else str(worker)
 
 
 class ProbeReply(NamedTuple):
@@ -203,12 +226,12 @@ def send_probe(http: httpx.Client, body: dict[str, Any], expect: str | None = No
     if r.status_code != 200:
         return ProbeReply(r.status_code, None, quote_body(r.text, 400), False)
     try:
-        msg = r.json()["choices"][0]["message"]
+        data = r.json()
+        msg = data["choices"][0]["message"]
     except (ValueError, KeyError, IndexError, TypeError):
         return ProbeReply(r.status_code, None, f"malformed answer {quote_body(r.text)}", False)
     ok = expect is None or expect in (msg.get("content") or "")
-    engine = next((r.headers[h] for h in ENGINE_HEADERS if h in r.headers), None)
-    return ProbeReply(r.status_code, attempted_retries(r.headers), None, ok, engine)
+    return ProbeReply(r.status_code, attempted_retries(r.headers), None, ok, answering_engine(r, data))
 
 
 # ----------------------------------------------------------------------------------------------- the scenario
@@ -234,13 +257,14 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
 
     t_base = time.monotonic()
     controller.prepare()
-    body = probe_body(endpoint.model, probe)
+    body = probe_body(endpoint.model, probe, controller.probe_extras())
     with http_factory(endpoint) as http:
         # Warm-up: the deployment must serve before the restart, or the scenario would blame the restart for it.
         warm = send_probe(http, body)
     if warm.status != 200:
         raise AssertionError(f"the deployment does not serve before the restart: HTTP {warm.status}: {warm.error}")
     old_engine = warm.engine or controller.incarnation()
+    old_peers = controller.engines()
     streams: list[StreamResult | None] = [None] * (int(flight["streams"]) if with_streams else 0)
 
     sending = [threading.Event() for _ in streams]
@@ -295,19 +319,22 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
         th.start()
         senders.append(th)
         restarter.join(float(probe["interval_s"]))
-    restarter.join(recovery_limit_s)
+    # The restart is bounded by the controller's own limit, not the recovery gate: a rolling restart of several
+    # replicas outlasts the first new engine's answer, and the next scenario must not start while it still runs.
+    restart_limit_s = max(recovery_limit_s, float(getattr(controller, "timeout_s", recovery_limit_s)))
+    restarter.join(restart_limit_s)
     for th in senders:
-        th.join(recovery_limit_s)
-    timeline = build_timeline(old_engine, outcomes)
+        th.join(restart_limit_s)
+    timeline = build_timeline(old_engine, outcomes, old_peers)
     deadline = t_trigger + recovery_limit_s
     while timeline.first_new_s is None and "error" not in box and time.monotonic() < deadline:
         # No new engine has answered yet: keep asking until one does (bounded by the gate).
         request_worker(len(outcomes))
-        timeline = build_timeline(old_engine, outcomes)
+        timeline = build_timeline(old_engine, outcomes, old_peers)
         if timeline.first_new_s is None:
             time.sleep(float(probe["interval_s"]))
     for th in stream_threads:
-        th.join(recovery_limit_s)
+        th.join(restart_limit_s)
     run = RestartRun(controller.kind, box.get("result"), box.get("error"), triggered_wall,
                      requests=sorted(outcomes, key=lambda o: o.index), recovery_s=timeline.first_new_s,
                      progress=notes, timeline=timeline)

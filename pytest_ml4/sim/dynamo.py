@@ -233,6 +233,9 @@ class DynamoWorker(DynamoProcess):
         self.system_port = free_system_port()
         self.id_file = log_file.with_suffix(".instance")
         self.instance_id: int | None = None
+        #: Boots of this worker before the current one (0: the first start): a pod replacement or an in-place
+        #: restart boots the next generation; the faults that break only a restarted engine read it.
+        self.generation = -1
 
     def __repr__(self) -> str:
         return f"DynamoWorker({self.role}#{self.index}, id={self.instance_id}, pid={self.pid})"
@@ -246,7 +249,21 @@ class DynamoWorker(DynamoProcess):
     def metrics_url(self) -> str:
         return self.url + "/metrics"
 
+    @property
+    def pre_stop_s(self) -> float:
+        """Seconds a stop for a restart waits before SIGTERM while the worker keeps serving (fault ``delayed_stop``:
+        a pod's preStop hook or termination delay; the same fault as ``SimServer.restart``'s stop delay)."""
+        from pytest_ml4.sim.__main__ import target_faults
+
+        return ActiveFaults([*target_faults(self.owner.target), *self.faults]).value("delayed_stop", 0.0)
+
+    def restart(self) -> None:
+        if self.alive():  # as the kubelet: a dead container has no preStop to run
+            time.sleep(self.pre_stop_s)
+        super().restart()
+
     def before_start(self) -> None:
+        self.generation += 1
         self.id_file.unlink(missing_ok=True)
         self.instance_id = None
         if not port_free(self.system_port):
@@ -255,7 +272,7 @@ class DynamoWorker(DynamoProcess):
     def argv(self) -> list[str]:
         cmd = [str(self.owner.python), "-m", "pytest_ml4.sim.dynamo_worker", "--target", str(self.target_file),
                "--role", self.role, "--model-dir", str(self.owner.model_dir), "--log-file", str(self.log_file),
-               "--id-file", str(self.id_file)]
+               "--id-file", str(self.id_file), "--generation", str(self.generation)]
         for expr in self.overrides:
             cmd += ["--set", expr]
         for f in self.faults:

@@ -12,7 +12,10 @@ answers an over-long prompt 400 ``context_length``), serves the ``vllm:*`` metri
 (``DYN_SYSTEM_PORT``) and on SIGTERM deregisters (``runtime.shutdown``) and drains.
 
     python -m pytest_ml4.sim.dynamo_worker --target PATH --role worker|prefill|decode --model-dir DIR
-        [--log-file F] [--fault NAME[=VALUE]]... [--set section.field=value]... [--no-bridge]
+        [--log-file F] [--fault NAME[=VALUE]]... [--set section.field=value]... [--no-bridge] [--generation N]
+
+``--generation N``: this process is the worker the N-th restart of its pod booted (0: the first start); the
+faults that break only a restarted engine (``error_after_restart``, as on the HTTP simulator) read it.
 """
 
 from __future__ import annotations
@@ -191,12 +194,14 @@ class Limits:
 class Worker:
     """Engine + responder behind one Dynamo endpoint."""
 
-    def __init__(self, target: Target, role: str, faults: ActiveFaults, mode: Behaviour, log_file: str | None) -> None:
+    def __init__(self, target: Target, role: str, faults: ActiveFaults, mode: Behaviour, log_file: str | None,
+                 generation: int = 0) -> None:
         from pytest_ml4.sim.boot import boot_sequence
         from pytest_ml4.sim.server import LogWriter, SimApp, SimConfig, startup_lines
         from pytest_ml4.tokenizer import get_tokenizer
 
         self.target, self.role, self.mode = target, role, mode
+        self.generation = generation
         pid = os.getpid()
         self.log = LogWriter(log_file, pid)
         cfg = SimConfig(target=target, faults=faults, log_file=log_file)
@@ -212,6 +217,13 @@ class Worker:
             self.app.opts.tool_parser = True  # the frontend parses; the engine output always carries the calls
         self.draining = False
         self.kv_events: KvEvents | None = None
+
+    @property
+    def broken_by_restart(self) -> bool:
+        """``error_after_restart=N``: the engine booted by the N-th restart (and later ones) fails every request,
+        while its /health still says ready (a restart that picked up a broken image or config)."""
+        faults = self.app.faults
+        return faults.has("error_after_restart") and self.generation >= faults.value("error_after_restart")
 
     def publish_kv_events(self, publisher: Any) -> None:
         self.kv_events = KvEvents(publisher, self.target.engine.block_size)
@@ -252,6 +264,10 @@ class Worker:
         out = app._generate(body, limits, tool_choice, max_tokens)
         form = GUIDED if guided_schema(request, app.faults) is not None else self.mode.tool_form
         reply = reply_ids(out, app.tok, form, max_tokens)
+        if self.broken_by_restart:
+            # As vLLM's dead engine answers (EngineDeadError); Dynamo turns the error finish into its 500.
+            yield {"token_ids": [], "index": 0, "finish_reason": "error: EngineDeadError (fault error_after_restart)"}
+            return
         if app.faults.has("error_rate") and app.error_rng.random() < app.faults.value("error_rate"):
             yield {"token_ids": [], "index": 0, "finish_reason": "error: simulated engine error (fault error_rate)"}
             return
@@ -279,6 +295,10 @@ class Worker:
                 if context is not None and context.is_stopped():
                     app.engine.abort(seq)
                     yield {"token_ids": [], "index": 0, "finish_reason": "cancelled"}
+                    return
+                if self.draining and app.faults.has("truncate_on_stop"):
+                    # On SIGTERM the engine drops its open streams: no finish, no error (silent truncation).
+                    app.engine.abort(seq)
                     return
                 chunk = reply.ids[pos:pos + n]
                 pos += len(chunk)
@@ -362,7 +382,8 @@ async def serve(runtime: Any, args: argparse.Namespace, worker: Worker) -> None:
                        runtime_config=runtime_config(t, worker.app.faults), needs=needs)
     # Push mode (no zmq_endpoint): the engine's prefix-cache changes go out through publish_stored/removed.
     publisher = KvEventPublisher(ep, kv_block_size=t.engine.block_size)
-    worker.publish_kv_events(publisher)
+    if not worker.app.faults.has("kv_events_off"):
+        worker.publish_kv_events(publisher)
     loop = asyncio.get_running_loop()
 
     def on_sigterm() -> None:
@@ -395,6 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fault", action="append", default=[])
     p.add_argument("--set", action="append", default=[], dest="overrides")
     p.add_argument("--no-bridge", action="store_true")
+    p.add_argument("--generation", type=int, default=0, help="restarts of this worker's pod before this boot")
     return p
 
 
@@ -403,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     target, faults = target_and_faults(args)
-    worker = Worker(target, args.role, faults, behaviour(not args.no_bridge), args.log_file)
+    worker = Worker(target, args.role, faults, behaviour(not args.no_bridge), args.log_file, args.generation)
     if worker.app is None:
         return 1
     from dynamo.runtime import dynamo_worker

@@ -94,7 +94,7 @@ _DEFINITIONS: tuple[Fault, ...] = (
     Fault("prompt_trimmed", "every message is cut to 4000 characters before the engine sees it (a front that trims "
           "over-long prompts instead of refusing them)", "suites/test_smoke.py (over-long prompt is refused)"),
     Fault("truncate_on_stop", "on SIGTERM, open streams are closed at once with neither finish_reason, [DONE] nor "
-          "an error event (silent truncation)", "suites/test_restart.py (in-flight streams end detectably)"),
+          "an error event (silent truncation); a Dynamo worker stops yielding without a finish", "suites/test_restart.py (in-flight streams end detectably)"),
 )
 
 FAULTS: dict[str, Fault] = {f.name: f for f in _DEFINITIONS}
@@ -164,7 +164,7 @@ def describe() -> str:
 # as under systemd's stop delay or a rolling pod replacement. Applied by SimServer.restart (the controller
 # side), not by the engine; recovery measured from the trigger's first success would count the old engine.
 register(Fault("delayed_stop", "a restart waits S seconds before stopping the engine, which serves meanwhile "
-               "(default 0.3, systemd's stop delay)",
+               "(default 0.3, systemd's stop delay; on Dynamo each worker pod's preStop delay in the rolling restart)",
                "suites/test_restart.py (recovery counts the new engine only; over gates.recovery_time_s_max it fails)",
                default=0.3, takes_value=True))
 
@@ -196,3 +196,9 @@ register(Fault("workers_down", "N of the target's aggregated Dynamo workers neve
 register(Fault("guided_decoding_ignored", "the engine ignores the guided-decoding grammar of tool_choice "
                "required/named (structured outputs off): the model answers as under tool_choice auto",
                "suites/test_tools.py (tool_choice required/named obeyed)"))
+
+# Dynamo KV routing (s2-restart-kills): the workers publish no KV events (a worker started without its event
+# publisher / --kv-events-config): the router knows no cached prefix, so it routes nothing by prefix and reports
+# kv_hit_rate 0 while the engine itself still reuses its prefix cache.
+register(Fault("kv_events_off", "the Dynamo workers publish no KV events: the KV router sees no cached prefix",
+               "suites/test_restart.py (prefix reuse by the router's figures)"))
