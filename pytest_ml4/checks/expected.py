@@ -154,6 +154,10 @@ def check_answer(resp: httpx.Response | StreamResult, expected: Expected, what: 
                              f"{quote_body(text)}{source}")
     if expected.accepted:
         assert code == ACCEPTED, f"{what}: HTTP {code}, expected {expected.describe()}{source}: {quote_body(text)}"
+        # Accepted means served: a stream that opens with 200 and then carries an error event was not.
+        errors = resp.error_events if isinstance(resp, StreamResult) else []
+        assert not errors, (f"{what}: HTTP 200 but the stream carried an in-band error event, expected "
+                            f"{expected.describe()}{source}: {quote_body(json.dumps(errors[0]))}")
         return None
     if code == ACCEPTED:
         raise AssertionError(f"{what}: accepted (HTTP 200: {quote_body(text)}); expected {expected.describe()}"

@@ -189,3 +189,9 @@ register(Fault("reasoning_share_shift", "the reasoning share of fixed-length ans
 # frontend sees fewer instances than the target declares (a worker pod that never registered).
 register(Fault("workers_down", "N of the target's aggregated Dynamo workers never start (default 1)",
                "suites/test_smoke.py (health: every worker registered)", default=1.0, takes_value=True))
+
+# Dynamo context enforcement (s2-frontend-faults): the frontend refuses an over-long prompt only when the workers
+# publish a token budget (real-dynamo.md "Context length"; transcripts python-worker/44 vs 45).
+register(Fault("token_budget_missing", "the Dynamo workers register no token budget (reject_prompt_overflow): the "
+               "frontend hands an over-long prompt to a worker, which serves it", "suites/test_smoke.py (over-long "
+               "prompt is refused)"))
