@@ -35,6 +35,7 @@ from pytest_ml4.dynamo_versions import (
     load_table,
     tool_call_drop_cause,
 )
+from pytest_ml4.probe import parse_sse_lines
 from pytest_ml4.targets import FIXTURES_DIR, REPO_ROOT, TargetError, load_target
 
 DYNAMO_TARGETS = ("gb300-agg", "gb300-disagg", "vr200-agg", "vr200-disagg")
@@ -182,6 +183,20 @@ def test_chat_template_kwargs_is_served_on_dynamo_and_refused_on_vllm() -> None:
         check_answer(ok, row(REASONING, "vllm", "chat_template_kwargs"), "x")
     with pytest.raises(AssertionError, match="expected 200"):
         check_answer(flat(400, "nope"), row(REASONING, "dynamo+vllm", "chat_template_kwargs"), "x")
+
+
+def test_an_accepted_stream_that_ends_in_an_error_event_was_not_served() -> None:
+    """Accepted means served: HTTP 200 followed by an in-band error (a worker failing the request) must fail."""
+    chunk = {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "1"},
+                                                                         "finish_reason": None}]}
+    served = parse_sse_lines([f"data: {json.dumps(chunk)}", "", "data: [DONE]", ""])
+    failed = parse_sse_lines([f"data: {json.dumps(chunk)}", "",
+                              'data: {"error": {"message": "simulated engine error", "code": 500}}', "",
+                              "data: [DONE]", ""])
+    row_ = row(REASONING, "dynamo+vllm", "chat_template_kwargs")
+    check_answer(served, row_, "x")
+    with pytest.raises(AssertionError, match="HTTP 200 but the stream carried an in-band error event.*simulated"):
+        check_answer(failed, row_, "x")
 
 
 def test_litellm_inherits_vllm_rows_and_overrides_its_own() -> None:

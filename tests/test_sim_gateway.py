@@ -201,3 +201,23 @@ def test_gateway_without_model_faults_forwards_the_list_untouched(upstream: Upst
                 "tools": [WEATHER], "tool_choice": "none"}
         httpx.post(url + "/v1/chat/completions", json=body, timeout=10)
         assert upstream.bodies[-1] == body
+
+
+# ------------------------------------------------------------------------------------------------ DynamoSim wiring
+@pytest.mark.parametrize(("faults", "through_gateway"), [((), False), (("error_rate=1",), False),
+                                                         (("any_model", "tool_parser_off"), True)])
+def test_dynamo_sim_starts_a_gateway_only_for_its_faults(tmp_path: Any, faults: tuple[str, ...],
+                                                         through_gateway: bool) -> None:
+    from pytest_ml4.sim.dynamo import DynamoSim
+    from pytest_ml4.targets import load_target
+    from pytest_ml4.tools import ToolMissing
+
+    try:
+        dsim = DynamoSim(load_target("gb300-agg"), faults=faults, log_file=tmp_path / "engine.log")
+    except ToolMissing as err:
+        pytest.skip(str(err))
+    assert (dsim.gateway is not None) is through_gateway
+    assert dsim.url == (dsim.gateway.url if dsim.gateway else dsim.frontend.url)
+    if dsim.gateway is not None:
+        assert dsim.gateway.faults == ["any_model"]
+        assert dsim.gateway.argv()[dsim.gateway.argv().index("--upstream") + 1] == dsim.frontend.url
