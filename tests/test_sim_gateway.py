@@ -109,6 +109,11 @@ class Upstream:
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": SERVED, "max_model_len": 1048576}]})
 
+    async def gzipped(self, request: web.Request) -> web.Response:
+        resp = web.json_response({"object": "list", "data": [{"id": SERVED}]})
+        resp.enable_compression(web.ContentCoding.gzip)
+        return resp
+
     async def status(self, request: web.Request) -> web.Response:
         return web.json_response({"message": "model not found", "type": "Not Found", "code": 404}, status=404)
 
@@ -118,6 +123,7 @@ class Upstream:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/live", self.models)
         app.router.add_get("/missing", self.status)
+        app.router.add_get("/gz", self.gzipped)
         runner = web.AppRunner(app)
         self.loop.run_until_complete(runner.setup())
         self.loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
@@ -179,6 +185,11 @@ def test_gateway_filters_the_model_list_and_passes_errors_through(faulty: str) -
     assert httpx.get(faulty + "/v1/models", timeout=10).json()["data"] == []
     r = httpx.get(faulty + "/missing", timeout=10)
     assert r.status_code == 404 and r.json()["message"] == "model not found"
+
+
+def test_gateway_passes_a_compressed_answer_on_readable(faulty: str) -> None:
+    r = httpx.get(faulty + "/gz", headers={"accept-encoding": "gzip"}, timeout=10)
+    assert r.status_code == 200 and r.json()["data"] == [{"id": SERVED}]
 
 
 def test_gateway_streams_chunk_by_chunk(faulty: str) -> None:

@@ -116,7 +116,8 @@ class Gateway:
 
     async def _open(self, app: web.Application) -> None:
         # No total timeout: a long stream is the frontend's to end. No proxy from the environment: loopback only.
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
+        # Decompressed here (content-encoding and content-length are not passed on), so a rewrite sees JSON.
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
 
     async def _close(self, app: web.Application) -> None:
         if self.session is not None:
