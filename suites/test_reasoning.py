@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from pytest_ml4.checks.chat import ChatSession, attach, send_raw, user
-from pytest_ml4.checks.expected import check_answer, expected_for
+from pytest_ml4.checks.expected import assert_served, check_answer, expected_for
 from pytest_ml4.checks.protocol import assert_no_control_tokens, assert_rejected
 from pytest_ml4.checks.reasoning import (
     assert_reasoning_separated,
@@ -106,12 +106,16 @@ def test_each_reasoning_effort_is_accepted(chat: ChatSession, ml4_target: Target
 def test_invalid_reasoning_requests_are_rejected(ml4_target: Target, ml4_endpoint: Endpoint,
                                                  http_client: httpx.Client, case: str, stream: bool) -> None:
     """Each stack answers these in its own words (``fixtures/prompts/reasoning.yaml`` errors.expect): vLLM refuses
-    both; the Dynamo chat processor refuses the unknown effort and serves ``chat_template_kwargs``."""
+    both; the Dynamo chat processor refuses the unknown effort and serves ``chat_template_kwargs`` (served: a
+    stream that fails after its 200 is not)."""
     extra = DATA["errors"]["cases"][case]
     body = {"model": ml4_endpoint.model, "messages": user(DATA["question"]["prompt"]), "max_tokens": 64, **extra}
     expected = expected_for(DATA["errors"]["expect"], ml4_target.serving.stack, case, REASONING_FILE)
-    check_answer(send_raw(http_client, body, stream), expected,
-                 f"{extra} ({'streamed' if stream else 'non-streamed'})")
+    what = f"{extra} ({'streamed' if stream else 'non-streamed'})"
+    answer = send_raw(http_client, body, stream)
+    check_answer(answer, expected, what)
+    if expected.accepted:   # the stack serves it: a stream failing after its 200 is not that
+        assert_served(answer, what)
 
 
 @STREAM

@@ -17,7 +17,12 @@ import httpx
 import pytest
 import yaml
 
-from pytest_ml4.checks.expected import Expected, check_answer, expected_for
+from pytest_ml4.checks.expected import (
+    Expected,
+    assert_served,
+    check_answer,
+    expected_for,
+)
 from pytest_ml4.checks.tools import assert_tool_choice_obeyed
 from pytest_ml4.client import Endpoint, worker_metrics_urls_from_env
 from pytest_ml4.control.dynamo import (
@@ -35,6 +40,7 @@ from pytest_ml4.dynamo_versions import (
     load_table,
     tool_call_drop_cause,
 )
+from pytest_ml4.probe import parse_sse_lines
 from pytest_ml4.targets import FIXTURES_DIR, REPO_ROOT, TargetError, load_target
 
 DYNAMO_TARGETS = ("gb300-agg", "gb300-disagg", "vr200-agg", "vr200-disagg")
@@ -182,6 +188,22 @@ def test_chat_template_kwargs_is_served_on_dynamo_and_refused_on_vllm() -> None:
         check_answer(ok, row(REASONING, "vllm", "chat_template_kwargs"), "x")
     with pytest.raises(AssertionError, match="expected 200"):
         check_answer(flat(400, "nope"), row(REASONING, "dynamo+vllm", "chat_template_kwargs"), "x")
+
+
+def test_an_accepted_stream_that_ends_in_an_error_event_was_not_served() -> None:
+    """Accepted means served: HTTP 200 followed by an in-band error (a worker failing the request) must fail."""
+    chunk = {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "1"},
+                                                                         "finish_reason": None}]}
+    served = parse_sse_lines([f"data: {json.dumps(chunk)}", "", "data: [DONE]", ""])
+    failed = parse_sse_lines([f"data: {json.dumps(chunk)}", "",
+                              'data: {"error": {"message": "simulated engine error", "code": 500}}', "",
+                              "data: [DONE]", ""])
+    row_ = row(REASONING, "dynamo+vllm", "chat_template_kwargs")
+    for answer in (served, failed):
+        check_answer(answer, row_, "x")      # both are a 200: what the row says
+    assert_served(served, "x")
+    with pytest.raises(AssertionError, match="HTTP 200 but the stream carried an in-band error event.*simulated"):
+        assert_served(failed, "x")
 
 
 def test_litellm_inherits_vllm_rows_and_overrides_its_own() -> None:

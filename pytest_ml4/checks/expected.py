@@ -117,6 +117,15 @@ def _answer(resp: httpx.Response | StreamResult, what: str) -> tuple[int, str, A
     return code, text, (decode_json(resp, what) if code != ACCEPTED else None)
 
 
+def assert_served(resp: httpx.Response | StreamResult, what: str) -> None:
+    """Where a stack's row says it accepts a request, accepted must mean served: a stream that opened with 200 and
+    then carried an in-band error (a worker failing the request) was not. Not part of :func:`check_answer`: a
+    check that only tolerates a proxy's 200 and then asks the engine (tools' invalid requests) is not about it."""
+    errors = resp.error_events if isinstance(resp, StreamResult) else []
+    assert not errors, (f"{what}: HTTP 200 but the stream carried an in-band error event: accepted, not served: "
+                        f"{quote_body(json.dumps(errors[0]))}")
+
+
 def error_object(body: Any) -> Mapping[str, Any]:
     """The error fields of a body in either shape (vLLM nested ``{"error": {...}}``, Dynamo flat)."""
     if isinstance(body, Mapping):

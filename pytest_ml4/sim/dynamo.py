@@ -27,6 +27,7 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -38,6 +39,7 @@ import httpx
 from pytest_ml4.server_lifecycle import wait_until_healthy
 from pytest_ml4.sim.dynamo_bridge import PUBLIC_VERSION, behaviour
 from pytest_ml4.sim.faults import ActiveFaults
+from pytest_ml4.sim.gateway import gateway_faults
 from pytest_ml4.sim.server_proc import SimServer, _flatten
 from pytest_ml4.targets import Target
 
@@ -221,6 +223,40 @@ class FrontendProcess(DynamoProcess):
             return False
 
 
+class GatewayProcess(DynamoProcess):
+    """The faulty ingress in front of the frontend (:mod:`pytest_ml4.sim.gateway`), started only for its faults."""
+
+    name = "ml4 fault gateway"
+
+    def __init__(self, frontend: FrontendProcess, served_model: str, faults: Sequence[str], log_file: Path,
+                 env: Mapping[str, str], cwd: Path) -> None:
+        super().__init__(log_file, env, cwd)
+        self.frontend, self.served_model, self.faults = frontend, served_model, list(faults)
+        self.port = free_port()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def before_start(self) -> None:
+        if not port_free(self.port):
+            self.port = free_port()
+
+    def argv(self) -> list[str]:
+        # The checkout's own interpreter (aiohttp), not Dynamo's venv: the gateway is no part of Dynamo.
+        cmd = [sys.executable, "-m", "pytest_ml4.sim.gateway", "--upstream", self.frontend.url,
+               "--port", str(self.port), "--served-model", self.served_model]
+        for f in self.faults:
+            cmd += ["--fault", f]
+        return cmd
+
+    def ready(self) -> bool:
+        try:
+            return httpx.get(self.url + "/live", timeout=1.0).status_code == 200   # forwarded to the frontend
+        except httpx.HTTPError:
+            return False
+
+
 class DynamoWorker(DynamoProcess):
     """One Dynamo Python worker (agg ``worker``, ``prefill`` or ``decode``) on the simulated engine."""
 
@@ -348,6 +384,10 @@ class DynamoSim:
             self.workers.append(DynamoWorker(self, role, i, log, target_file, role_over, faults))
         self.frontend = FrontendProcess(target, self.python, self.frontend_log, self.env, self.folder, port=port,
                                         migration_limit=migration_limit)
+        # Faults of the HTTP layer in front of Dynamo: the endpoint then points at the gateway, never otherwise.
+        at_gateway = gateway_faults(faults)
+        self.gateway = GatewayProcess(self.frontend, target.serving.served_model_name, at_gateway,
+                                      self.folder / "gateway.log", self.env, self.folder) if at_gateway else None
         self.lock = threading.RLock()
 
     def _environment(self, extra: Mapping[str, str] | None) -> dict[str, str]:
@@ -369,7 +409,8 @@ class DynamoSim:
     # -- the SimServer interface
     @property
     def url(self) -> str:
-        return self.frontend.url
+        """What clients reach: the fault gateway when one runs, else the frontend."""
+        return self.gateway.url if self.gateway is not None else self.frontend.url
 
     @property
     def base_url(self) -> str:
@@ -384,6 +425,8 @@ class DynamoSim:
         return {"frontend": {"command": self.frontend.command, "dynamo_version": PUBLIC_VERSION,
                              "pid": self.frontend.pid, "log": str(self.frontend_log)},
                 "bridge": self.bridge,
+                "gateway": None if self.gateway is None else {"faults": self.gateway.faults, "url": self.gateway.url,
+                                                              "pid": self.gateway.pid, "log": str(self.gateway.log_file)},
                 "workers": [{"role": w.role, "instance_id": w.instance_id, "pid": w.pid, "metrics_url": w.metrics_url,
                              "log": str(w.log_file)} for w in self.workers]}
 
@@ -404,6 +447,8 @@ class DynamoSim:
             for w in self.workers:
                 w.wait_ready(max(5.0, deadline - time.monotonic()))
             self.wait_serving(max(5.0, deadline - time.monotonic()))
+            if self.gateway is not None:
+                self.gateway.start(timeout=max(5.0, deadline - time.monotonic()))
         except BaseException:
             self.stop()     # processes already up must not outlive a failed start
             raise
@@ -412,8 +457,9 @@ class DynamoSim:
     def serving_state(self) -> tuple[bool, str]:
         """(model listed and ``/health`` lists exactly the running workers' instances, what was seen)."""
         try:
-            h = httpx.get(self.url + "/health", timeout=2.0).json()
-            m = httpx.get(self.base_url + "/models", timeout=2.0).json()
+            # The frontend itself: a gateway fault (model_unlisted) must not make the deployment look unready.
+            h = httpx.get(self.frontend.url + "/health", timeout=2.0).json()
+            m = httpx.get(self.frontend.url + "/v1/models", timeout=2.0).json()
         except (httpx.HTTPError, ValueError) as err:
             return False, type(err).__name__
         listed = {int(i.get("instance_id", 0)) for i in h.get("instances", [])}
@@ -439,9 +485,10 @@ class DynamoSim:
     def stop(self) -> None:
         """Stop every worker, then the frontend; one that fails to stop does not keep the others running."""
         errors: list[BaseException] = []
-        for proc in [*self.workers, self.frontend]:
+        procs: list[DynamoProcess] = [*self.workers, self.frontend, *([self.gateway] if self.gateway else [])]
+        for proc in procs:
             proc.signal(signal.SIGTERM)  # all drain at once rather than one after another
-        for proc in [*self.workers, self.frontend]:
+        for proc in procs:
             try:
                 proc.stop()
             except Exception as err:  # noqa: BLE001 - collected and re-raised after the others are stopped

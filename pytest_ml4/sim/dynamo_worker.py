@@ -335,7 +335,10 @@ def runtime_config(target: Target, faults: ActiveFaults) -> Any:
     for field_name, fault in PARSERS.items():
         if not faults.has(fault):
             setattr(rc, field_name, getattr(e, field_name) or SEED_PARSER)
-    # Without a token budget the frontend does not refuse an over-long prompt (real-dynamo.md "context length").
+    # Without a token budget the frontend does not refuse an over-long prompt (real-dynamo.md "context length";
+    # transcripts python-worker/44 vs 45): the token_budget_missing fault is that worker.
+    if faults.has("token_budget_missing"):
+        return rc
     rc.set_engine_specific("token_budget", json.dumps({"combined_limit": e.max_model_len,
                                                       "reject_prompt_overflow": True,
                                                       "reject_total_overflow": True}))

@@ -71,6 +71,8 @@ _DEFINITIONS: tuple[Fault, ...] = (
     Fault("health_503", "/health answers 503 (EngineDeadError) after the first probe, while chats are still "
           "served: a dead engine behind a proxy whose own liveness still answers 200",
           "suites/test_smoke.py (health)"),
+    # model_unlisted, any_model, accepts_invalid, tool_choice_none_ignored: in sim/server.py on the vLLM stack, at
+    # the fault gateway in front of the real frontend on Dynamo targets (sim/gateway.py): one name, one defect.
     Fault("model_unlisted", "/v1/models lists no model (the served name is missing)",
           "suites/test_smoke.py (model list)"),
     Fault("any_model", "requests naming an unknown model are served instead of refused with 404",
@@ -202,3 +204,9 @@ register(Fault("guided_decoding_ignored", "the engine ignores the guided-decodin
 # kv_hit_rate 0 while the engine itself still reuses its prefix cache.
 register(Fault("kv_events_off", "the Dynamo workers publish no KV events: the KV router sees no cached prefix",
                "suites/test_restart.py (prefix reuse by the router's figures)"))
+
+# Dynamo context enforcement (s2-frontend-faults): the frontend refuses an over-long prompt only when the workers
+# publish a token budget (real-dynamo.md "Context length"; transcripts python-worker/44 vs 45).
+register(Fault("token_budget_missing", "the Dynamo workers register no token budget (reject_prompt_overflow): the "
+               "frontend hands an over-long prompt to a worker, which serves it", "suites/test_smoke.py (over-long "
+               "prompt is refused)"))
