@@ -104,3 +104,29 @@ def test_the_needs_table_matches_what_each_rule_does_without_hardware(rule_id: s
         assert errors, (f"{rule_id} finds nothing on its broken case without hardware: list what it needs in "
                         "fixtures/preflight/rule_needs.yaml")
         assert report.skipped(rule_id) is None
+
+
+def _target_report(name: str):  # type: ignore[no-untyped-def]
+    from pytest_ml4.targets import load_target
+
+    target = load_target(name)
+    return lint_documents(load_paths([REPO / m for m in target.manifests], target))
+
+
+@pytest.mark.parametrize(("target", "rule_id", "family"), [
+    ("gb300-agg", "vr200-stability", "VR200"),
+    ("gb300-agg", "rtx-moe-workspace-oom", "RTX PRO 6000"),
+    ("gb300-agg", "rtx-util-startup-refused", "RTX PRO 6000"),
+    ("vr200-agg", "rtx-moe-workspace-oom", "RTX PRO 6000"),
+])
+def test_another_familys_rule_is_not_applied_on_a_known_family(target: str, rule_id: str, family: str) -> None:
+    """Caught: on gb300-agg's own DGD the VR200 and RTX PRO rules judged it and passed (nothing of theirs to
+    flag), so the suite counted a pass that judged nothing (issue 14 item 12). Now not applied, without a flag."""
+    skipped = _target_report(target).skipped(rule_id)
+    assert skipped is not None and skipped.judged == 0 and skipped.paths
+    assert skipped.reason.startswith(f"{family} hardware only") and skipped.flag is None
+
+
+def test_a_familys_rule_is_applied_on_its_own_family() -> None:
+    assert _target_report("vr200-agg").skipped("vr200-stability") is None
+    assert _target_report("rtxpro6000-tp8").skipped("rtx-util-startup-refused") is None

@@ -30,11 +30,30 @@ NEEDS_FILE = REPO_ROOT / "fixtures" / "preflight" / "rule_needs.yaml"
 KIND_CLASSES: dict[str, type[Document]] = {"vllm": VllmLaunch, "dgd": DgdDocument, "litellm": LiteLLMConfig,
                                            "perf": PerfRun}
 
-#: need -> (does the document have it, why the rule is not applied without it)
-_NEED_CHECKS: dict[str, tuple[Callable[[Document], bool], str]] = {
-    "hardware": (lambda d: d.hardware.family is not None, "depends on the hardware, which is unknown"),
-    "target": (lambda d: d.target is not None,
-               ("needs the target's hardware spec and engine defaults, and no target is known")),
+@dataclass(frozen=True)
+class Need:
+    """What a rule needs of a document: whether the document has it, why not, and what would give it."""
+
+    has: Callable[[Document], bool]
+    reason: str
+    flag: Callable[[], str | None] = lambda: None
+
+
+def _family_only(family: str, name: str) -> Need:
+    """The rule was measured on one GPU family: on another known family it cannot judge (unknown: the "hardware"
+    need says so), and no flag would change the document's hardware."""
+    return Need(lambda d: d.hardware.family in (None, family),
+                f"{name} hardware only; the document runs on other hardware")
+
+
+#: need -> Need; the names are what fixtures/preflight/rule_needs.yaml lists.
+NEEDS: dict[str, Need] = {
+    "hardware": Need(lambda d: d.hardware.family is not None, "depends on the hardware, which is unknown",
+                     lambda: _flag()),
+    "target": Need(lambda d: d.target is not None,
+                   "needs the target's hardware spec and engine defaults, and no target is known", lambda: _flag()),
+    "rtxpro-hardware": _family_only("rtxpro", "RTX PRO 6000"),
+    "vr200-hardware": _family_only("vr200", "VR200"),
 }
 
 
@@ -77,9 +96,9 @@ def rule_needs(path: Path = NEEDS_FILE) -> dict[str, tuple[str, ...]]:
     doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     out: dict[str, tuple[str, ...]] = {}
     for rule_id, needs in doc.items():
-        bad = [n for n in needs or () if n not in _NEED_CHECKS]
+        bad = [n for n in needs or () if n not in NEEDS]
         if bad:
-            raise ValueError(f"{path}: {rule_id}: unknown need(s) {bad}; known: {sorted(_NEED_CHECKS)}")
+            raise ValueError(f"{path}: {rule_id}: unknown need(s) {bad}; known: {sorted(NEEDS)}")
         out[str(rule_id)] = tuple(needs or ())
     return out
 
@@ -103,15 +122,13 @@ def not_applied(rule: Rule, documents: list[Document], found_any: bool) -> NotAp
             return None
         kinds = ", ".join(rule.kinds)
         return NotApplied(rule.id, f"no document of their kinds among the files: {kinds}")
-    lacking: dict[str, list[str]] = {}  # reason -> paths of the documents it could not judge
-    for need in rule_needs().get(rule.id, ()):
-        has, reason = _NEED_CHECKS[need]
+    lacking: dict[str, list[str]] = {}  # need -> paths of the documents it could not judge for want of it
+    for name in rule_needs().get(rule.id, ()):
         for d in mine:
-            if not has(d) and d.path not in lacking.setdefault(reason, []):
-                lacking[reason].append(d.path)
-    lacking = {k: v for k, v in lacking.items() if v}
+            if not NEEDS[name].has(d) and not any(d.path in paths for paths in lacking.values()):
+                lacking.setdefault(name, []).append(d.path)
     if not lacking:
         return None
-    reason, paths = next(iter(lacking.items()))
+    name, paths = next(iter(lacking.items()))
     judged = sum(1 for d in mine if d.path not in {p for ps in lacking.values() for p in ps})
-    return NotApplied(rule.id, reason, tuple(paths), _flag(), judged)
+    return NotApplied(rule.id, NEEDS[name].reason, tuple(paths), NEEDS[name].flag(), judged)
