@@ -405,7 +405,7 @@ def test_affinity_needs_two_decode_workers() -> None:
 def _recorded_answer(label: str) -> tuple[int, str]:
     """Status and body of one case of the real-1.6.1 disagg pin capture."""
     text = (REF / "ml4-91_disagg_pin_headers.txt").read_text()
-    m = re.search(rf"^=== {re.escape(label)}\n.*\nHTTP (\d+) (.*)$", text, re.M)
+    m = re.search(rf"^=== {re.escape(label)}\n.*\nHTTP (\d+) (.*)$", text, re.MULTILINE)
     assert m, f"no case {label!r} in ml4-91_disagg_pin_headers.txt"
     return int(m.group(1)), m.group(2)
 

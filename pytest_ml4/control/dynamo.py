@@ -95,11 +95,11 @@ class Turn:
 
     @property
     def decode_worker(self) -> Any:
-        return (self.worker_id or {}).get("decode_worker_id")
+        return self.worker("decode_worker_id")
 
     @property
     def prefill_worker(self) -> Any:
-        return (self.worker_id or {}).get("prefill_worker_id")
+        return self.worker("prefill_worker_id")
 
     def line(self) -> str:
         head = f"{self.label}: " if self.label else ""
