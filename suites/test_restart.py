@@ -206,7 +206,7 @@ def test_session_affinity_and_prefix_reuse(requests_run: RestartRun, ml4_restart
 
     cached = check_prefix_reuse(run_conversation(ml4_restart_endpoint, restart_spec["conversation"]),
                                 ml4_target.engine.block_size)
-    probe = run_affinity_probe(ml4_restart_endpoint, restart_spec["affinity"])
+    probe = run_affinity_probe(ml4_restart_endpoint, restart_spec["affinity"], topology=ml4_target.topology.kind)
     if probe.not_applicable:
         pytest.skip(f"continuation reused {cached} cached tokens; affinity not observable: {probe.not_applicable}")
     worker = check_affinity(probe)

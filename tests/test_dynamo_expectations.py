@@ -293,16 +293,27 @@ def test_kv_cross_checks_read_the_workers_and_name_the_missing_field() -> None:
 class FakeFrontend:
     """A Dynamo frontend in front of two workers, as far as the affinity and prefix checks can see it: KV routing
     by cached-prefix overlap (4-word blocks, hashes chained like a KV cache), optional session affinity, the
-    worker-pin header, and the router's cached_tokens / kv_hit_rate (or a fabricated clamped figure)."""
+    worker-pin header, and the router's cached_tokens / kv_hit_rate (or a fabricated clamped figure).
+
+    ``disagg``: two prefill and two decode workers as real 1.6.1 serves them (ml4-91_disagg_pin_headers.txt): the
+    prefix cache the router scores is the prefill workers', decode is placed by load (round robin here), each
+    phase has its own session binding, ``x-dynamo-prefill-instance-id`` pins the prefill phase and
+    ``x-dynamo-worker-instance-id`` alone is refused with the recorded 400."""
 
     BLOCK = 4
+    REFUSED = (400, '{"message":"Invalid request","type":"Bad Request","code":400}')
 
     def __init__(self, affinity: bool = True, kv_routing: bool = True, honour_pin: bool = True,
-                 fabricated: bool = False) -> None:
+                 fabricated: bool = False, disagg: bool = False, decode_affinity: bool = True) -> None:
         self.affinity, self.kv_routing, self.honour_pin, self.fabricated = affinity, kv_routing, honour_pin, fabricated
+        self.disagg, self.decode_affinity = disagg, decode_affinity
         self.workers = [101, 202]
-        self.cache: dict[int, set[int]] = {w: set() for w in self.workers}
+        self.prefill_workers = [11, 22] if disagg else []
+        routed = self.prefill_workers or self.workers
+        self.cache: dict[int, set[int]] = {w: set() for w in routed}
         self.sessions: dict[str, int] = {}
+        self.decode_sessions: dict[str, int] = {}
+        self.decode_turn = 0
 
     def blocks(self, words: list[str]) -> list[int]:
         out, parent = [], 0
@@ -314,24 +325,54 @@ class FakeFrontend:
     def overlap(self, worker: int, blocks: list[int]) -> int:
         return next((i for i, b in enumerate(blocks) if b not in self.cache[worker]), len(blocks))
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/health":
-            return httpx.Response(200, json={"status": "healthy", "instances": [
-                {"component": "backend", "endpoint": "generate", "instance_id": w} for w in self.workers]})
-        body = json.loads(request.content)
-        words = " ".join(m["content"] for m in body["messages"]).split()
-        blocks = self.blocks(words)
-        session, pin = request.headers.get("x-dynamo-session-id"), request.headers.get("x-dynamo-worker-instance-id")
+    def health(self) -> httpx.Response:
+        instances = [{"component": "backend", "endpoint": "generate", "instance_id": w} for w in self.workers]
+        instances += [{"component": "prefill", "endpoint": "generate", "instance_id": w} for w in self.prefill_workers]
+        return httpx.Response(200, json={"status": "healthy", "instances": instances})
+
+    def routed(self, blocks: list[int], session: str | None, pin: str | None) -> int:
+        """The worker of the KV-routed phase (the worker itself, or the prefill worker when disaggregated)."""
+        candidates = self.prefill_workers or self.workers
         if pin and self.honour_pin:
             worker = int(pin)
         elif self.affinity and session in self.sessions:
             worker = self.sessions[session]
         elif self.kv_routing:
-            worker = max(self.workers, key=lambda w: self.overlap(w, blocks))  # ties: the first worker
+            worker = max(candidates, key=lambda w: self.overlap(w, blocks))  # ties: the first worker
         else:
-            worker = self.workers[0]
+            worker = candidates[0]
         if self.affinity and session:
             self.sessions.setdefault(session, worker)
+        return worker
+
+    def decode(self, session: str | None, pin: str | None) -> int:
+        if pin:
+            return int(pin)
+        if self.affinity and self.decode_affinity and session in self.decode_sessions:
+            return self.decode_sessions[session]
+        worker = self.workers[self.decode_turn % len(self.workers)]
+        self.decode_turn += 1
+        if self.affinity and self.decode_affinity and session:
+            self.decode_sessions[session] = worker
+        return worker
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return self.health()
+        body = json.loads(request.content)
+        words = " ".join(m["content"] for m in body["messages"]).split()
+        blocks = self.blocks(words)
+        session = request.headers.get("x-dynamo-session-id")
+        pin, prefill_pin = request.headers.get("x-dynamo-worker-instance-id"), \
+            request.headers.get("x-dynamo-prefill-instance-id")
+        if self.disagg and pin and not prefill_pin:
+            return httpx.Response(self.REFUSED[0], text=self.REFUSED[1])
+        if self.disagg:
+            worker = self.routed(blocks, session, prefill_pin)
+            ids = {"prefill_worker_id": worker, "decode_worker_id": self.decode(session, pin)}
+        else:
+            worker = self.routed(blocks, session, pin)
+            ids = {"prefill_worker_id": worker, "decode_worker_id": worker}
         hit = self.overlap(worker, blocks)
         self.cache[worker].update(blocks)
         cached = min(len(words) - 1, 16) if self.fabricated else hit * self.BLOCK
@@ -340,8 +381,7 @@ class FakeFrontend:
             "choices": [{"message": {"content": "42"}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": len(words), "completion_tokens": 1,
                       "prompt_tokens_details": {"cached_tokens": cached}},
-            "nvext": {"worker_id": {"prefill_worker_id": worker, "decode_worker_id": worker},
-                      "timing": {"kv_hit_rate": rate}}})
+            "nvext": {"worker_id": ids, "timing": {"kv_hit_rate": rate}}})
 
 
 RESTART = yaml.safe_load((FIXTURES_DIR / "restart" / "requests.yaml").read_text())
@@ -382,6 +422,56 @@ def test_affinity_needs_two_decode_workers() -> None:
     http, frontend = fake()
     frontend.workers = [101]
     assert "1 decode worker" in (run_affinity_probe(FRONT, RESTART["affinity"], http=http).not_applicable or "")
+
+
+def _recorded_answer(label: str) -> tuple[int, str]:
+    """Status and body of one case of the real-1.6.1 disagg pin capture."""
+    text = (REF / "ml4-91_disagg_pin_headers.txt").read_text()
+    m = re.search(rf"^=== {re.escape(label)}\n.*\nHTTP (\d+) (.*)$", text, re.MULTILINE)
+    assert m, f"no case {label!r} in ml4-91_disagg_pin_headers.txt"
+    return int(m.group(1)), m.group(2)
+
+
+def test_disagg_fake_answers_the_pins_as_recorded_on_1_6_1() -> None:
+    """The disagg fake refuses and accepts the pins the real frontend did (the tests below rely on it)."""
+    frontend = FakeFrontend(disagg=True)
+    http = httpx.Client(transport=httpx.MockTransport(frontend), base_url=FRONT.base_url + "/")
+    body = {"model": "m", "messages": [{"role": "user", "content": "What is 17 + 25?"}]}
+    refused = http.post("chat/completions", json=body, headers={"x-dynamo-worker-instance-id": "202"})
+    assert (refused.status_code, refused.text) == _recorded_answer("x-dynamo-worker-instance-id = decode 1")
+    assert _recorded_answer("x-dynamo-worker-instance-id = prefill 1")[0] == 400
+    ok = http.post("chat/completions", json=body, headers={"x-dynamo-prefill-instance-id": "22"})
+    status, recorded = _recorded_answer("x-dynamo-prefill-instance-id = prefill 1")
+    assert ok.status_code == status == 200
+    assert set(ok.json()["nvext"]["worker_id"]) <= set(json.loads(recorded))
+    assert ok.json()["nvext"]["worker_id"]["prefill_worker_id"] == 22
+
+
+def test_disagg_affinity_is_judged_on_the_prefill_phase() -> None:
+    http, _ = fake(disagg=True)
+    run = run_affinity_probe(FRONT, RESTART["affinity"], http=http, topology="disagg")
+    assert run.phase.id_field == "prefill_worker_id"
+    assert check_affinity(run) == run.turns[0].prefill_worker in (11, 22)
+    http, _ = fake(disagg=True, affinity=False)
+    with pytest.raises(AssertionError, match="served by prefill workers .* session affinity is off") as info:
+        check_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http, topology="disagg"))
+    assert not isinstance(info.value, AffinityInconclusive)
+
+
+def test_disagg_session_must_keep_its_decode_worker_too() -> None:
+    http, _ = fake(disagg=True, decode_affinity=False)
+    with pytest.raises(AssertionError, match="not its binding of the other phase.*decode_worker_id"):
+        check_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http, topology="disagg"))
+
+
+def test_the_aggregated_pin_on_a_disagg_deployment_is_a_failed_request_not_missing_ids() -> None:
+    """The defect found at merge: the probe pinned with x-dynamo-worker-instance-id on gb300-disagg, 1.6.1 said
+    400, and the check reported 'did not get worker ids back'. Now it names the failed request."""
+    http, _ = fake(disagg=True)
+    with pytest.raises(AssertionError, match=r"1 request\(s\) failed \(priming part 2 on decode worker .*HTTP 400") \
+            as info:
+        check_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http))
+    assert "did not get worker ids back" not in str(info.value)
 
 
 def test_prefix_reuse_passes_on_router_figures_and_fails_on_fabricated_ones() -> None:

@@ -41,9 +41,6 @@ def test_proxy_without_retries_fails_the_no_client_error_check(pytester: pytest.
     assert "exceeded the proxy's retry window of 0.0 s" in out and "num_retries=0" in out
 
 
-@pytest.mark.xfail(strict=True, reason="known open defect found at merge: on the real Dynamo 1.6.1 frontend in front of "
-                   "disaggregated workers, test_session_affinity_and_prefix_reuse gets no nvext worker ids back "
-                   "(docs/notes/w2-dynamo-worker.md follow-up); strict, so the fix turns this red until removed")
 def test_gb300_disagg_suite_passes_against_the_fake_api_server(pytester: pytest.Pytester, tmp_path: Path) -> None:
     result = run_suite(pytester, tmp_path, target="gb300-disagg", timeout=600)
     out = result.stdout.str()

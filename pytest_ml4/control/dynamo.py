@@ -3,8 +3,11 @@
 * session affinity: turns of one ``x-dynamo-session-id`` stay on one worker even when KV routing alone would send
   a turn elsewhere. KV routing co-locates continuation turns that share a prefix by itself, so the check sends
   turns with distinct long prefixes and first caches the second turn's prefix on *another* worker (pinned with
-  ``x-dynamo-worker-instance-id``); a session-less control request proves the router would follow that cache;
-  only affinity then keeps the session's turn on its worker (reference/real-dynamo.md "KV routing");
+  the phase's pin header); a session-less control request proves the router would follow that cache; only
+  affinity then keeps the session's turn on its worker (reference/real-dynamo.md "KV routing"). Which phase the
+  KV router places by prefix depends on the topology (:data:`ROUTED_PHASES`): the worker itself when aggregated,
+  the prefill worker when disaggregated (the decode phase is placed by load; each phase has its own session
+  binding, dynamo.md §5, so the decode worker must stay too);
 * prefix reuse: the router's own figures (``usage.prompt_tokens_details.cached_tokens`` and
   ``nvext.timing.kv_hit_rate``, real-dynamo-1.6.1-transcripts/mocker/70_kv_routing.txt): a fresh prefix has
   nothing cached, its continuation has the previous turn's full KV blocks cached, and the hit rate agrees with
@@ -35,10 +38,40 @@ from pytest_ml4.control.kubernetes import KubernetesController
 SESSION_HEADER = "x-dynamo-session-id"
 #: Pins a request to one decode/aggregated worker (dynamo.md §5 header overrides; a bogus id answers 400).
 PIN_HEADER = "x-dynamo-worker-instance-id"
+#: Pins the prefill phase of a disaggregated request to one prefill worker (dynamo.md §5 header overrides).
+PREFILL_PIN_HEADER = "x-dynamo-prefill-instance-id"
 #: How often model visibility is polled while pods are replaced (the simulator restarts a worker in ~1-2 s).
 VISIBILITY_POLL_S = 0.05
 #: kv_hit_rate is reported rounded (0.92 for 12/13 blocks in 70_kv_routing.txt).
 HIT_RATE_TOLERANCE = 0.02
+
+
+@dataclass(frozen=True)
+class RoutedPhase:
+    """The phase of a request the KV router places by cached prefix: whose worker id the affinity probe follows
+    (``nvext.worker_id`` field), the ``/health`` instances it picks from and the header that pins it."""
+
+    name: str
+    id_field: str
+    pin_header: str
+    prefill_instances: bool
+    #: Other ``nvext.worker_id`` fields a session must keep (each phase has its own binding, dynamo.md §5).
+    also_bound: tuple[str, ...] = ()
+
+
+#: Topology kind -> the phase the KV router places by prefix. Disaggregated: the prefill workers hold the prefix
+#: cache the router scores. PIN_HEADER alone is refused there: real 1.6.1 turns it into nvext.backend_instance_id,
+#: which the prefill phase resolves among prefill workers ("Remote prefill failed ... does not identify a known
+#: worker" for a decode id) and the decode phase among decode workers, so every id answers HTTP 400 "Invalid
+#: request" (fixtures/transcripts/dynamo-1.6.1/ml4-91_disagg_pin_headers.txt).
+ROUTED_PHASES: dict[str, RoutedPhase] = {
+    "disagg": RoutedPhase("prefill", "prefill_worker_id", PREFILL_PIN_HEADER, True, also_bound=("decode_worker_id",)),
+}
+AGGREGATED_PHASE = RoutedPhase("decode", "decode_worker_id", PIN_HEADER, False)
+
+
+def routed_phase(topology: str) -> RoutedPhase:
+    return ROUTED_PHASES.get(topology, AGGREGATED_PHASE)
 
 
 class AffinityInconclusive(AssertionError):
@@ -56,13 +89,17 @@ class Turn:
     kv_hit_rate: float | None = None
     label: str = ""
 
+    def worker(self, field: str) -> Any:
+        """One field of ``nvext.worker_id`` (``decode_worker_id``, ``prefill_worker_id``)."""
+        return (self.worker_id or {}).get(field)
+
     @property
     def decode_worker(self) -> Any:
-        return (self.worker_id or {}).get("decode_worker_id")
+        return self.worker("decode_worker_id")
 
     @property
     def prefill_worker(self) -> Any:
-        return (self.worker_id or {}).get("prefill_worker_id")
+        return self.worker("prefill_worker_id")
 
     def line(self) -> str:
         head = f"{self.label}: " if self.label else ""
@@ -74,12 +111,12 @@ class Turn:
 
 
 def chat_turn(http: httpx.Client, model: str, messages: list[dict[str, Any]], session: str | None,
-              max_tokens: int, pin: Any = None, label: str = "") -> Turn:
+              max_tokens: int, pin: Any = None, label: str = "", pin_header: str = PIN_HEADER) -> Turn:
     body = {"model": model, "messages": messages, "max_tokens": max_tokens,
             "nvext": {"extra_fields": ["worker_id", "timing"]}}
     headers = {SESSION_HEADER: session} if session else {}
     if pin is not None:
-        headers[PIN_HEADER] = str(pin)
+        headers[pin_header] = str(pin)
     r = http.post("chat/completions", json=body, headers=headers)
     if r.status_code != 200:
         return Turn(r.status_code, "", None, 0, None, quote_body(r.text), label=label)
@@ -136,11 +173,14 @@ def _client(endpoint: Endpoint, http: httpx.Client | None) -> Any:
 
 
 def _failed(turns: list[Turn]) -> str | None:
-    bad = [t for t in turns if t.error or not t.worker_id]
-    if not bad:
-        return None
-    return ("requests did not get worker ids back (nvext.extra_fields worker_id):\n"
-            + "\n".join(t.line() for t in turns))
+    errors = [t for t in turns if t.error]
+    if errors:
+        return (f"{len(errors)} request(s) failed ({errors[0].label or 'first'}: HTTP {errors[0].status}):\n"
+                + "\n".join(t.line() for t in turns))
+    if any(not t.worker_id for t in turns):
+        return ("requests did not get worker ids back (nvext.extra_fields worker_id):\n"
+                + "\n".join(t.line() for t in turns))
+    return None
 
 
 def _generate_instances(health: Any) -> list[dict[str, Any]]:
@@ -155,10 +195,10 @@ def worker_instance_ids(health: Any) -> set[Any]:
     return {i.get("instance_id") for i in _generate_instances(health)}
 
 
-def decode_instance_ids(health: Any) -> list[Any]:
-    """The workers of a ``/health`` body that decode (aggregated or decode role), in a stable order."""
+def phase_instance_ids(health: Any, phase: RoutedPhase) -> list[Any]:
+    """The workers of a ``/health`` body that serve ``phase`` (prefill component or not), in a stable order."""
     return sorted({i.get("instance_id") for i in _generate_instances(health)
-                   if "prefill" not in str(i.get("component", ""))}, key=str)
+                   if ("prefill" in str(i.get("component", ""))) == phase.prefill_instances}, key=str)
 
 
 @dataclass
@@ -167,10 +207,13 @@ class AffinityRun:
     session_worker: Any = None
     other_worker: Any = None
     not_applicable: str | None = None
+    phase: RoutedPhase = AGGREGATED_PHASE
 
 
-def run_affinity_probe(endpoint: Endpoint, spec: dict[str, Any], http: httpx.Client | None = None) -> AffinityRun:
-    """Turns of one session whose second prefix is cached on another worker (see the module docstring).
+def run_affinity_probe(endpoint: Endpoint, spec: dict[str, Any], http: httpx.Client | None = None,
+                       topology: str = "agg") -> AffinityRun:
+    """Turns of one session whose second prefix is cached on another worker of the KV-routed phase of
+    ``topology`` (see the module docstring).
 
     ``spec``: ``prefix`` (a long text) and ``repeat`` (so the prefix spans many KV blocks), ``question``,
     ``control_question``, ``max_tokens``. Returns the turns in order:
@@ -185,48 +228,58 @@ def run_affinity_probe(endpoint: Endpoint, spec: dict[str, Any], http: httpx.Cli
 
     n = int(spec["max_tokens"])
     session = fresh_session()
+    phase = routed_phase(topology)
     with _client(endpoint, http) as client:
         health = client.get(endpoint.root_url + "/health")
-        workers = decode_instance_ids(health.json()) if health.status_code == 200 else []
+        workers = phase_instance_ids(health.json(), phase) if health.status_code == 200 else []
         if len(workers) < 2:
-            return AffinityRun([], not_applicable=f"/health lists {len(workers)} decode worker(s) {workers}: "
-                                                  f"session affinity needs two to be observable")
+            return AffinityRun([], not_applicable=f"/health lists {len(workers)} {phase.name} worker(s) {workers}: "
+                                                  f"session affinity needs two to be observable", phase=phase)
         first = chat_turn(client, endpoint.model, messages(1, spec["question"]), session, n, label="session turn 1")
-        if first.error or first.decode_worker is None:
-            return AffinityRun([first])
-        other = next(w for w in workers if w != first.decode_worker)
+        if first.error or first.worker(phase.id_field) is None:
+            return AffinityRun([first], phase=phase)
+        other = next(w for w in workers if w != first.worker(phase.id_field))
         prime = chat_turn(client, endpoint.model, messages(2, spec["question"]), None, n, pin=other,
-                          label=f"priming part 2 on worker {other} ({PIN_HEADER})")
+                          label=f"priming part 2 on {phase.name} worker {other} ({phase.pin_header})",
+                          pin_header=phase.pin_header)
         control = chat_turn(client, endpoint.model, messages(2, spec["control_question"]), None, n,
                             label="control: part 2 without a session")
         second = chat_turn(client, endpoint.model, messages(2, spec["question"]), session, n,
                            label="session turn 2 (part 2)")
-    return AffinityRun([first, prime, control, second], first.decode_worker, other)
+    return AffinityRun([first, prime, control, second], first.worker(phase.id_field), other, phase=phase)
 
 
 def check_affinity(run: AffinityRun) -> Any:
     """Session turn 2 stayed on turn 1's worker although KV routing (proven by the control) would have sent its
-    prefix to the other worker; returns the session's worker."""
+    prefix to the other worker of the routed phase, and on turn 1's worker of every other bound phase; returns
+    the session's worker of the routed phase."""
     listing = "\n".join(t.line() for t in run.turns)
     problem = _failed(run.turns)
     if problem or len(run.turns) < 4:
         raise AssertionError(problem or f"the session's first turn failed:\n{listing}")
     first, prime, control, second = run.turns
-    if prime.decode_worker != run.other_worker:
-        raise AffinityInconclusive(f"the priming request pinned to worker {run.other_worker} ran on "
-                                   f"{prime.decode_worker}: {PIN_HEADER} not honoured, affinity cannot be told from "
-                                   f"routing\n{listing}")
-    if control.decode_worker != run.other_worker:
-        raise AffinityInconclusive(f"the KV router sent a session-less request whose prefix only worker "
-                                   f"{run.other_worker} holds to {control.decode_worker}: routing does not follow "
+    field, name = run.phase.id_field, run.phase.name
+    if prime.worker(field) != run.other_worker:
+        raise AffinityInconclusive(f"the priming request pinned to {name} worker {run.other_worker} ran on "
+                                   f"{prime.worker(field)}: {run.phase.pin_header} not honoured, affinity cannot be "
+                                   f"told from routing\n{listing}")
+    if control.worker(field) != run.other_worker:
+        raise AffinityInconclusive(f"the KV router sent a session-less request whose prefix only {name} worker "
+                                   f"{run.other_worker} holds to {control.worker(field)}: routing does not follow "
                                    f"cached prefixes (router mode not kv, or the workers publish no KV events), so "
                                    f"affinity cannot be told from load balancing\n{listing}")
-    if second.decode_worker != first.decode_worker:
-        raise AssertionError(f"one {SESSION_HEADER} was served by workers {first.decode_worker} and "
-                             f"{second.decode_worker}: the second turn followed its cached prefix to the other "
+    if second.worker(field) != first.worker(field):
+        raise AssertionError(f"one {SESSION_HEADER} was served by {name} workers {first.worker(field)} and "
+                             f"{second.worker(field)}: the second turn followed its cached prefix to the other "
                              f"worker, session affinity is off (router session-affinity TTL unset, or the vLLM "
                              f"chat processor dropped the header)\n{listing}")
-    return first.decode_worker
+    moved = [f"{f} {first.worker(f)} -> {second.worker(f)}" for f in run.phase.also_bound
+             if second.worker(f) != first.worker(f)]
+    if moved:
+        raise AssertionError(f"one {SESSION_HEADER} kept its {name} worker but not its binding of the other "
+                             f"phase(s): {'; '.join(moved)} (Dynamo binds each phase of a disaggregated session, "
+                             f"dynamo.md §5)\n{listing}")
+    return first.worker(field)
 
 
 def check_prefix_reuse(turns: list[Turn], block_size: int) -> int:
