@@ -161,6 +161,12 @@ def test_html_answer_fails_tests_quoting_it(pytester: pytest.Pytester, smoke_cop
         "\n".join(result.outlines[-40:])
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """A shell starts background jobs with SIGINT ignored, and the ignore is inherited: a CI launched that way
+    (``nohup ... &``) gave pytest no KeyboardInterrupt at all. A user at a terminal has the default disposition."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_the_perf_sweep_keeps_a_valid_partial_report(tmp_path: Path) -> None:
     """SIGINT once the first point has finished: pytest stops (exit 2), the run folder keeps summary.json and
     perf-summary.json with that point, marked interrupted, and every aiperf export so far; nothing is left running."""
@@ -168,7 +174,8 @@ def test_ctrl_c_during_the_perf_sweep_keeps_a_valid_partial_report(tmp_path: Pat
     proc = subprocess.Popen([*PYTEST, "--target", "rtxpro6000-tp8", "--sim", "--ml4-no-proxy", "-m", "perf",
                              "--perf-short", "--perf-concurrencies=1,2", "--perf-duration=2", f"--ml4-run-dir={run}",
                              "suites/test_perf.py"], cwd=REPO, env=dict(os.environ, PYTEST_ADDOPTS=""),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=_sigint_as_in_a_terminal)  # noqa: PLW1509 (one signal call, no lock)
     try:
         # The second point's folder appears once the first point is done (a state, not a time, is awaited).
         deadline = time.monotonic() + 240

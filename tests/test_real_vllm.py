@@ -13,6 +13,7 @@ the one line naming that step.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
@@ -127,7 +128,32 @@ def _body(case: str) -> dict[str, Any]:
 
 
 def _stream_shape(lines: list[str]) -> list[Any]:
-    return collapse([shape(pairs(line)) for line in lines[:-1]]) + [lines[-1]]
+    return collapse([shape(pairs(chunk)) for line in lines[:-1] for chunk in _uncoalesced(line)]) + [lines[-1]]
+
+
+def _uncoalesced(line: str) -> list[str]:
+    """One chunk per delta key, and an EOS finish in a chunk of its own, as an unhurried consumer receives them.
+
+    Real vLLM merges the deltas a slow consumer has not read yet into one chunk (``RequestOutputCollector.put``:
+    "RequestOutputs are merged if the producer gets ahead of the consumer", vllm/v1/engine/output_processor.py), so
+    on a loaded box the last text and the EOS finish (recorded apart: real-vllm.md "the finish chunk carries
+    ``delta: {}``") arrive together. That is timing, not shape: comparing the merged form would make this test
+    depend on machine load. A ``length`` finish stays with its text: that token and the finish come from one step.
+    """
+    chunk = json.loads(line)
+    choices = chunk.get("choices") or []
+    if len(choices) != 1:
+        return [line]
+    choice = choices[0]
+    delta = choice.get("delta") or {}
+    parts = [dict(delta)] if len(delta) <= 1 else [{k: v} for k, v in delta.items()]
+    finish = choice.get("finish_reason")
+    ends_apart = finish == "stop" and bool(delta)
+    # A chunk before the finish has finish_reason null and no stop_reason (vLLM writes that key with the finish).
+    body = [{k: v for k, v in dict(choice, delta=d, finish_reason=None).items() if k != "stop_reason"}
+            for d in (parts if ends_apart else parts[:-1])]
+    pieces = [*body, dict(choice, delta={} if ends_apart else parts[-1])]
+    return [json.dumps(dict(chunk, choices=[p])) for p in pieces] if len(pieces) > 1 else [line]
 
 
 # --------------------------------------------------------------------------- shapes
@@ -226,3 +252,17 @@ def test_suites_pass_on_real_vllm(real: RealVllm, api_key: str, tmp_path: Path) 
     tail = "\n".join(proc.stdout.splitlines()[-40:])
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{tail}\n{proc.stderr[-2000:]}"
     assert " passed" in tail and "failed" not in tail, tail
+
+
+def test_uncoalescing_splits_a_merged_eos_finish_and_keeps_a_length_finish() -> None:
+    """The merged form seen from real vLLM 0.32 on a loaded box (CI, 2026-12-01) equals the recorded unhurried one;
+    a ``length`` finish with its text is left as it is."""
+    head = '{"id":"c","object":"chat.completion.chunk","created":1,"model":"ml4","choices":[{"index":0,'
+    merged = head + '"delta":{"content":"."},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":null}]}'
+    text = head + '"delta":{"content":"."},"logprobs":null,"finish_reason":null,"token_ids":null}]}'
+    eos = head + '"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":null}]}'
+    assert _stream_shape([text, merged, "[DONE]"]) == _stream_shape([text, eos, "[DONE]"])
+    assert [shape(pairs(x)) for x in _uncoalesced(merged)] == [shape(pairs(text)), shape(pairs(eos))]
+    length = merged.replace('"stop"', '"length"')
+    assert _uncoalesced(length) == [length]
+    assert _stream_shape([text, length, "[DONE]"]) != _stream_shape([text, eos, "[DONE]"])

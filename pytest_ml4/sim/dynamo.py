@@ -250,9 +250,13 @@ class GatewayProcess(DynamoProcess):
             cmd += ["--fault", f]
         return cmd
 
+    @property
+    def health_url(self) -> str:
+        return self.url + "/live"   # forwarded to the frontend: the gateway serves once both answer
+
     def ready(self) -> bool:
         try:
-            return httpx.get(self.url + "/live", timeout=1.0).status_code == 200   # forwarded to the frontend
+            return httpx.get(self.health_url, timeout=1.0).status_code == 200
         except httpx.HTTPError:
             return False
 
