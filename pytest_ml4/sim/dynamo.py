@@ -121,9 +121,13 @@ class DynamoProcess(abc.ABC):
     def env(self) -> dict[str, str]:
         return dict(self._env)
 
-    @abc.abstractmethod
     def ready(self) -> bool:
-        """True once the process serves."""
+        """True once the process serves: by default its ``health_url`` answers 200 (the frontend's and the
+        gateway's ``/live``); a worker overrides it with what its own /health says."""
+        try:
+            return httpx.get(self.health_url, timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     @property
     @abc.abstractmethod
@@ -216,12 +220,6 @@ class FrontendProcess(DynamoProcess):
     def health_url(self) -> str:
         return self.url + "/live"
 
-    def ready(self) -> bool:
-        try:
-            return httpx.get(self.health_url, timeout=1.0).status_code == 200
-        except httpx.HTTPError:
-            return False
-
 
 class GatewayProcess(DynamoProcess):
     """The faulty ingress in front of the frontend (:mod:`pytest_ml4.sim.gateway`), started only for its faults."""
@@ -253,12 +251,6 @@ class GatewayProcess(DynamoProcess):
     @property
     def health_url(self) -> str:
         return self.url + "/live"   # forwarded to the frontend: the gateway serves once both answer
-
-    def ready(self) -> bool:
-        try:
-            return httpx.get(self.health_url, timeout=1.0).status_code == 200
-        except httpx.HTTPError:
-            return False
 
 
 class DynamoWorker(DynamoProcess):
