@@ -321,7 +321,7 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
         restarter.join(float(probe["interval_s"]))
     # The restart is bounded by the controller's own limit, not the recovery gate: a rolling restart of several
     # replicas outlasts the first new engine's answer, and the next scenario must not start while it still runs.
-    restart_limit_s = max(recovery_limit_s, float(getattr(controller, "timeout_s", recovery_limit_s)))
+    restart_limit_s = max(recovery_limit_s, controller.timeout_s)
     restarter.join(restart_limit_s)
     for th in senders:
         th.join(restart_limit_s)
