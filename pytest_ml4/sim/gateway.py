@@ -94,9 +94,14 @@ GATEWAY_FAULTS: Mapping[str, GatewayFault] = {
 }
 
 
+def _gateway_specs(specs: Any) -> list[Any]:
+    """The requested fault specs the gateway acts on."""
+    return [s for s in ActiveFaults(specs).specs if s.name in GATEWAY_FAULTS]
+
+
 def gateway_faults(specs: Any) -> list[str]:
     """The requested faults the gateway acts on, as ``NAME[=VALUE]`` strings (empty: no gateway needed)."""
-    return [str(s) for s in ActiveFaults(specs).specs if s.name in GATEWAY_FAULTS]
+    return [str(s) for s in _gateway_specs(specs)]
 
 
 class Gateway:
@@ -104,7 +109,7 @@ class Gateway:
 
     def __init__(self, upstream: str, served: str, faults: Any) -> None:
         self.upstream, self.served = upstream.rstrip("/"), served
-        self.faults = [GATEWAY_FAULTS[s.name] for s in ActiveFaults(faults).specs if s.name in GATEWAY_FAULTS]
+        self.faults = [GATEWAY_FAULTS[s.name] for s in _gateway_specs(faults)]
         self.session: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
