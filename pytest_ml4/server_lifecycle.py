@@ -14,9 +14,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Self
 
+import httpx
+
 
 def _never() -> bool:
     return False
+
+
+def answers_200(url: str, timeout: float) -> bool:
+    """True when ``url`` answers HTTP 200 within ``timeout`` (a refused or hung connection is a no)."""
+    try:
+        return httpx.get(url, timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def wait_until_healthy(proc: Callable[[], subprocess.Popen[bytes] | None], ready: Callable[[], bool], *,

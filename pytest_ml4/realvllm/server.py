@@ -17,10 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
-import httpx
-
 from pytest_ml4 import tools
-from pytest_ml4.server_lifecycle import ServerLifecycle
+from pytest_ml4.server_lifecycle import ServerLifecycle, answers_200
 from pytest_ml4.targets import REPO_ROOT, Target
 
 SCRIPTED_PROCESSOR = "pytest_ml4.realvllm.scripted:ScriptedModel"
@@ -139,10 +137,7 @@ class RealVllm(ServerLifecycle):
         return self
 
     def _answers_health(self) -> bool:
-        try:
-            return httpx.get(self.url + "/health", timeout=2.0).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return answers_200(self.url + "/health", timeout=2.0)
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM to the server's own process group (it and the EngineCore it spawned), SIGKILL after

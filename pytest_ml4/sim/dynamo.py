@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from pytest_ml4.server_lifecycle import wait_until_healthy
+from pytest_ml4.server_lifecycle import answers_200, wait_until_healthy
 from pytest_ml4.sim.dynamo_bridge import PUBLIC_VERSION, behaviour
 from pytest_ml4.sim.faults import ActiveFaults
 from pytest_ml4.sim.gateway import gateway_faults
@@ -124,10 +124,7 @@ class DynamoProcess(abc.ABC):
     def ready(self) -> bool:
         """True once the process serves: by default its ``health_url`` answers 200 (the frontend's and the
         gateway's ``/live``); a worker overrides it with what its own /health says."""
-        try:
-            return httpx.get(self.health_url, timeout=1.0).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return answers_200(self.health_url, timeout=1.0)
 
     @property
     @abc.abstractmethod

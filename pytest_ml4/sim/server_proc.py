@@ -19,9 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from pytest_ml4.server_lifecycle import ServerLifecycle
+from pytest_ml4.server_lifecycle import ServerLifecycle, answers_200
 from pytest_ml4.sim.faults import FaultSpec, parse_fault
 from pytest_ml4.targets import Target
 
@@ -159,10 +157,7 @@ class SimServer(ServerLifecycle):
     def _answers_health(self) -> bool:
         if not self._own_process_listening():
             return False
-        try:
-            return httpx.get(self.url + "/health", timeout=1.0).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return answers_200(self.url + "/health", timeout=1.0)
 
     def _own_process_listening(self) -> bool:
         # /health alone could be answered by a stranger on a reused port: our child logs its own start first.
