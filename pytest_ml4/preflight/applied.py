@@ -36,7 +36,8 @@ class Need:
 
     has: Callable[[Document], bool]
     reason: str
-    flag: Callable[[], str | None] = lambda: None
+    #: Whether naming a target (``--target``, ``# ml4-target:``) would meet the need.
+    a_target_meets_it: bool = False
 
 
 def _family_only(family: str, name: str) -> Need:
@@ -48,10 +49,9 @@ def _family_only(family: str, name: str) -> Need:
 
 #: need -> Need; the names are what fixtures/preflight/rule_needs.yaml lists.
 NEEDS: dict[str, Need] = {
-    "hardware": Need(lambda d: d.hardware.family is not None, "depends on the hardware, which is unknown",
-                     lambda: _flag()),
+    "hardware": Need(lambda d: d.hardware.family is not None, "depends on the hardware, which is unknown", True),
     "target": Need(lambda d: d.target is not None,
-                   "needs the target's hardware spec and engine defaults, and no target is known", lambda: _flag()),
+                   "needs the target's hardware spec and engine defaults, and no target is known", True),
     "rtxpro-hardware": _family_only("rtxpro", "RTX PRO 6000"),
     "vr200-hardware": _family_only("vr200", "VR200"),
 }
@@ -131,4 +131,5 @@ def not_applied(rule: Rule, documents: list[Document], found_any: bool) -> NotAp
         return None
     name, paths = next(iter(lacking.items()))
     judged = sum(1 for d in mine if d.path not in {p for ps in lacking.values() for p in ps})
-    return NotApplied(rule.id, NEEDS[name].reason, tuple(paths), NEEDS[name].flag(), judged)
+    need = NEEDS[name]
+    return NotApplied(rule.id, need.reason, tuple(paths), _flag() if need.a_target_meets_it else None, judged)
