@@ -26,6 +26,7 @@ from typing import Any
 import allure_commons
 import pytest
 
+from pytest_ml4.checks.verdict import NOT_JUDGED_PREFIX, NotJudged
 from pytest_ml4.report import labels as _labels
 from pytest_ml4.report.attach import ExchangeRecorder
 from pytest_ml4.report.categories import categorize, write_categories
@@ -47,7 +48,7 @@ from pytest_ml4.report.history import (
 from pytest_ml4.report.redact import DEFAULT as REDACTOR
 from pytest_ml4.report.redact import register_secret_env
 from pytest_ml4.report.results import RedactingFileLogger, write_crash_result
-from pytest_ml4.report.summary import CheckRecord, build_summary, write_summary
+from pytest_ml4.report.summary import NOT_JUDGED, CheckRecord, build_summary, write_summary
 
 _CLIENT_FIXTURES = ("http_client", "openai_client", "async_openai_client")
 #: One per process: the session clients are hooked once, recording is switched on per check.
@@ -265,6 +266,27 @@ def _ml4_http_exchanges(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Iterator[None]:
+    """A check that raised :class:`NotJudged` becomes a skip before any reporter (Allure, JUnit) sees it.
+
+    pytest has no fourth outcome; the reason's prefix marks it, and the summary records it as ``not_judged``.
+    """
+    try:
+        return (yield)
+    except NotJudged as exc:
+        # The item's location (as pytest's own skip marks use), not this hook's line, is what the summary shows.
+        raise pytest.skip.Exception(str(exc), _use_item_location=True) from exc
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    """A skip's reason without the ``Skipped: `` pytest puts before skips reported at the item's location."""
+    longrepr = report.longrepr
+    if not (isinstance(longrepr, tuple) and len(longrepr) == 3):
+        return ""
+    return str(longrepr[2]).removeprefix("Skipped: ")
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
     report = yield
     if report.when == "call" and report.failed and RECORDER.active:
@@ -273,7 +295,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     # Attributes on the report travel to the xdist controller with it (pytest serialises report.__dict__).
     report.ml4_suite = rs.suites.get(item.nodeid, "default")
     report.ml4_title = rs.titles.get(item.nodeid, item.name)
-    if report.failed:
+    if report.skipped and _skip_reason(report).startswith(NOT_JUDGED_PREFIX):
+        report.ml4_status = NOT_JUDGED
+    elif report.failed:
         exc = call.excinfo.value if call.excinfo is not None else None
         # allure-pytest's rule: assertion failures are "failed" (a verdict), anything else is "broken".
         verdict = isinstance(exc, (AssertionError, pytest.fail.Exception))
@@ -391,7 +415,9 @@ def _record_check(rs: _ReportState, report: pytest.TestReport) -> None:
         rs.checks[report.nodeid] = check
     check.duration_s = round(check.duration_s + report.duration, 3)
     if report.skipped and check.outcome == "passed":
-        check.outcome = "skipped"
+        check.outcome = getattr(report, "ml4_status", None) or "skipped"
+        if check.outcome == NOT_JUDGED:
+            check.message = REDACTOR.redact_text(_skip_reason(report))[:500]
     elif report.failed and check.outcome in ("passed", "skipped"):
         check.outcome = getattr(report, "ml4_status", "broken")
         crash = getattr(report.longrepr, "reprcrash", None)

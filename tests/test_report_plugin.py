@@ -116,7 +116,7 @@ def test_single_process_run_writes_a_complete_redacted_report(pytester: pytest.P
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["target"] == "rtxpro6000-tp8" and summary["exit_status"] == 1
-    assert summary["tests"] == {"total": 8, "passed": 3, "failed": 3, "broken": 1, "skipped": 1}
+    assert summary["tests"] == {"total": 8, "passed": 3, "failed": 3, "broken": 1, "skipped": 1, "not_judged": 0}
     checks = {c["nodeid"].split("::")[1]: c for c in summary["checks"]}
     assert checks["test_ttft_gate"]["categories"] == [GATE]
     assert checks["test_needs_healthy"]["categories"] == [GATE]
@@ -200,3 +200,35 @@ def test_allure_can_be_switched_off_and_the_summary_stays(pytester: pytest.Pytes
         assert not (run_dir / "allure-results").exists(), flags
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["checks"][0]["suite"] == "smoke" and summary["tests"]["passed"] == 1
+
+
+NOT_JUDGED_CHECKS = textwrap.dedent('''
+    import pytest
+    from pytest_ml4.checks.verdict import not_judged
+
+    @pytest.mark.kv
+    def test_peak_kv_usage():
+        not_judged("no worker /metrics URL (endpoint.worker_metrics_url_env ML4_X unset)")
+
+    @pytest.mark.kv
+    def test_plain_skip():
+        pytest.skip("needs a disaggregated target")
+''')
+
+
+def test_a_check_that_could_not_judge_is_recorded_as_not_judged_never_passed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_checks=NOT_JUDGED_CHECKS)
+    reports = pytester.path / "reports"
+    result = pytester.runpytest_subprocess("--target", "rtxpro6000-tp8", "--ml4-reports", str(reports), "-rs",
+                                           "-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_checks.py:*: not judged: no worker /metrics URL*"])
+    (run_dir,) = [p for p in reports.iterdir() if p.is_dir()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["tests"] == {"total": 2, "passed": 0, "failed": 0, "broken": 0, "skipped": 1, "not_judged": 1}
+    checks = {c["nodeid"].split("::")[1]: c for c in summary["checks"]}
+    assert checks["test_peak_kv_usage"]["outcome"] == "not_judged"
+    assert checks["test_peak_kv_usage"]["message"].startswith("not judged: no worker /metrics URL")
+    assert checks["test_plain_skip"]["outcome"] == "skipped"
+    statuses = {r["name"]: r["status"] for r in _results(run_dir / "allure-results")}
+    assert statuses == {"Peak kv usage": "skipped", "Plain skip": "skipped"}

@@ -26,7 +26,9 @@ from pytest_ml4.report.redact import redact
 SCHEMA_VERSION = 1
 PERF_SUMMARY_NAME = "perf-summary.json"
 SUMMARY_NAME = "summary.json"
-OUTCOMES = ("passed", "failed", "broken", "skipped")
+#: A gating check that ran but could not judge (:class:`pytest_ml4.checks.verdict.NotJudged`): never a pass.
+NOT_JUDGED = "not_judged"
+OUTCOMES = ("passed", "failed", "broken", "skipped", NOT_JUDGED)
 
 
 @dataclass
@@ -36,7 +38,7 @@ class CheckRecord:
     nodeid: str
     title: str
     suite: str
-    outcome: str = "passed"      # passed | failed | broken | skipped
+    outcome: str = "passed"      # passed | failed | broken | skipped | not_judged
     duration_s: float = 0.0
     message: str = ""
     categories: list[str] = field(default_factory=list)
