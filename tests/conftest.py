@@ -25,6 +25,12 @@ os.environ.setdefault("ML4_TOOLS", str(tools_dir()))
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # `.ci/run` deselects these (`-m "not nightly"`): proofs too heavy for CI's 2 cores and 30 minutes, run by
+    # `scripts/nightly.sh`. Each such test says in its docstring why it is nightly.
+    config.addinivalue_line("markers", "nightly: a heavy proof run nightly (scripts/nightly.sh), not in .ci/run")
+
+
 @pytest.fixture
 def repo_root() -> Path:
     return REPO
