@@ -14,21 +14,23 @@ The API key is held only on :class:`Endpoint` and in the clients' auth headers; 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import openai
+import yaml
+
+from pytest_ml4.guard import AsyncGuardedTransport, Deadlines, EndpointMisbehaved, GuardedTransport, json_problem
 
 #: Connect timeout: an unreachable endpoint must be reported within seconds, not minutes.
 CONNECT_TIMEOUT_S = 5.0
-#: Read timeout: long enough for a 4096-token generation queued behind a saturated batch (the seed saw TTFT p99
-#: of 155 s at c32 plus ~130 s of decode at 32 tok/s), short enough that a hung stream still ends the test.
-READ_TIMEOUT_S = 600.0
 #: How much of an unexpected body is quoted in an error message.
 QUOTE_CHARS = 200
 
@@ -58,6 +60,8 @@ class Endpoint:
     #: Dynamo: role (``worker|prefill|decode``) -> the workers' own /metrics URLs, where the ``vllm:*`` families
     #: live; empty when unknown (the frontend's /metrics has only ``dynamo_*``).
     worker_metrics_urls: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
+    #: Per-request limits of every client made from this endpoint (derived from the target, set by options).
+    deadlines: Deadlines = field(default_factory=Deadlines, hash=False)
 
     def __post_init__(self) -> None:
         if not self.base_url.rstrip("/").endswith("/v1"):
@@ -130,45 +134,79 @@ def display_url(url: str) -> str:
     return _strip_userinfo(url).split("?", 1)[0]
 
 
-def _timeouts(read: float | None) -> tuple[float, float]:
-    return CONNECT_TIMEOUT_S, READ_TIMEOUT_S if read is None else read
+def _deadlines(ep: Endpoint, timeout: float | None) -> Deadlines:
+    """The endpoint's deadlines; ``timeout`` (a caller's own) replaces the first-byte one."""
+    return ep.deadlines.overriding(first_byte_s=timeout)
+
+
+def _httpx_timeout(d: Deadlines) -> httpx.Timeout:
+    return httpx.Timeout(d.first_byte_s, connect=d.connect_s)
+
+
+class _GuardedOpenAI(openai.OpenAI):
+    """The openai SDK over a guarded httpx client; what the guard refused reaches the check as its assertion
+    (the SDK would wrap it in ``APIConnectionError: Connection error.``, which names neither URL nor cause)."""
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().request(*args, **kwargs)
+        except openai.APIConnectionError as err:
+            raise _unwrapped(err) from None
+
+
+class _GuardedAsyncOpenAI(openai.AsyncOpenAI):
+    async def request(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().request(*args, **kwargs)
+        except openai.APIConnectionError as err:
+            raise _unwrapped(err) from None
+
+
+def _unwrapped(err: openai.APIConnectionError) -> BaseException:
+    return err.__cause__ if isinstance(err.__cause__, EndpointMisbehaved) else err
 
 
 def make_openai(ep: Endpoint, timeout: float | None = None) -> openai.OpenAI:
-    """A synchronous openai SDK client; ``max_retries=0`` so retries never hide a flaky endpoint."""
-    connect, read = _timeouts(timeout)
-    return openai.OpenAI(base_url=ep.base_url, api_key=ep.api_key or "EMPTY", max_retries=0,
-                         timeout=openai.Timeout(read, connect=connect), default_headers=dict(ep.headers) or None)
+    """A synchronous openai SDK client; ``max_retries=0`` so retries never hide a flaky endpoint.
+
+    Its httpx client is guarded (:mod:`pytest_ml4.guard`): deadlines, no cross-origin redirect, bounded bodies,
+    and any answer that is not UTF-8 JSON (or is an error inside a 200) fails as one assertion naming the URL.
+    """
+    d = _deadlines(ep, timeout)
+    http = httpx.Client(transport=GuardedTransport(d, validate_json=True), timeout=_httpx_timeout(d),
+                        follow_redirects=True)
+    return _GuardedOpenAI(base_url=ep.base_url, api_key=ep.api_key or "EMPTY", max_retries=0,
+                          timeout=_httpx_timeout(d), default_headers=dict(ep.headers) or None, http_client=http)
 
 
 def make_async_openai(ep: Endpoint, timeout: float | None = None) -> openai.AsyncOpenAI:
     """The asyncio twin of :func:`make_openai` (bursts of parallel requests)."""
-    connect, read = _timeouts(timeout)
-    return openai.AsyncOpenAI(base_url=ep.base_url, api_key=ep.api_key or "EMPTY", max_retries=0,
-                              timeout=openai.Timeout(read, connect=connect),
-                              default_headers=dict(ep.headers) or None)
-
-
-def _httpx_timeout(timeout: float | None) -> httpx.Timeout:
-    connect, read = _timeouts(timeout)
-    return httpx.Timeout(read, connect=connect)
+    d = _deadlines(ep, timeout)
+    http = httpx.AsyncClient(transport=AsyncGuardedTransport(d, validate_json=True), timeout=_httpx_timeout(d),
+                             follow_redirects=True)
+    return _GuardedAsyncOpenAI(base_url=ep.base_url, api_key=ep.api_key or "EMPTY", max_retries=0,
+                               timeout=_httpx_timeout(d), default_headers=dict(ep.headers) or None,
+                               http_client=http)
 
 
 def make_httpx(ep: Endpoint, timeout: float | None = None) -> httpx.Client:
-    """An httpx client rooted at the base URL (``http.post("/chat/completions", ...)``) with bearer auth."""
-    return httpx.Client(base_url=ep.base_url + "/", headers=ep.auth_headers(), timeout=_httpx_timeout(timeout))
+    """An httpx client rooted at the base URL (``http.post("/chat/completions", ...)``) with bearer auth, guarded."""
+    d = _deadlines(ep, timeout)
+    return httpx.Client(base_url=ep.base_url + "/", headers=ep.auth_headers(), timeout=_httpx_timeout(d),
+                        transport=GuardedTransport(d))
 
 
 def make_async_httpx(ep: Endpoint, timeout: float | None = None) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=ep.base_url + "/", headers=ep.auth_headers(),
-                             timeout=_httpx_timeout(timeout))
+    d = _deadlines(ep, timeout)
+    return httpx.AsyncClient(base_url=ep.base_url + "/", headers=ep.auth_headers(), timeout=_httpx_timeout(d),
+                             transport=AsyncGuardedTransport(d))
 
 
 def check_reachable(ep: Endpoint, timeout: float = CONNECT_TIMEOUT_S, key_source: str | None = None) -> str | None:
     """None when the endpoint answers HTTP and takes the session's key, else one line naming the URL and the error.
 
-    Transport failures (refused, DNS, TLS, timeout) and a 401/403 to the session's own key are reported, so the
-    plugin can stop the session instead of failing every test; any other status (a 404, an HTML error page) is
+    Transport failures (refused, DNS, TLS, timeout) and a refusal of the session's own key (any stack's way of
+    saying so: :func:`key_refusal`) are reported, so the plugin can stop the session instead of failing every test; any other status (a 404, an HTML error page) is
     the tests' business. ``key_source`` names where the key came from (the variable), never the key.
     """
     url = f"{ep.base_url}/models"
@@ -177,10 +215,27 @@ def check_reachable(ep: Endpoint, timeout: float = CONNECT_TIMEOUT_S, key_source
             resp = http.get(url)
     except httpx.HTTPError as err:
         return f"endpoint {display_url(url)} is unreachable: {type(err).__name__}: {_one_line(str(err)) or 'no detail'}"
-    if ep.api_key and resp.status_code in (401, 403):
+    if ep.api_key and key_refusal(resp.status_code, resp.text) is not None:
         source = f" from {key_source}" if key_source else ""
         return (f"endpoint {display_url(url)} refused the API key{source}: HTTP {resp.status_code}: "
                 f"{quote_body(resp.text)}")
+    return None
+
+
+REFUSALS_FILE = Path(__file__).resolve().parent.parent / "fixtures" / "bad_input" / "refused_keys.yaml"
+
+
+@functools.cache
+def _refusals() -> tuple[dict[str, Any], ...]:
+    return tuple(yaml.safe_load(REFUSALS_FILE.read_text())["refusals"])
+
+
+def key_refusal(status: int, body: str) -> str | None:
+    """The stack whose recorded way of refusing a key this answer is (``fixtures/bad_input/refused_keys.yaml``)."""
+    for row in _refusals():
+        codes = row["status"] if isinstance(row["status"], list) else [row["status"]]
+        if status in codes and row.get("body_contains", "") in body:
+            return row["stack"]
     return None
 
 
@@ -189,22 +244,24 @@ def _one_line(text: str) -> str:
 
 
 def quote_body(text: str | bytes, limit: int = QUOTE_CHARS) -> str:
-    """The first ``limit`` characters of a body, on one line, marked when cut."""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", errors="replace")
-    flat = _one_line(text)
-    return repr(flat[:limit] + ("..." if len(flat) > limit else ""))
+    """The first ``limit`` characters of a body, on one line; when cut, marked and the total size stated."""
+    total, unit = len(text), "bytes" if isinstance(text, bytes) else "characters"
+    head = text[: limit * 8]  # never flatten a 50 MB body to quote 200 characters of it
+    flat = _one_line(head.decode("utf-8", errors="replace") if isinstance(head, bytes) else head)
+    if len(flat) <= limit and total <= limit * 8:
+        return repr(flat)
+    return repr(flat[:limit] + "...") + f" ({total:,} {unit} in all)"
 
 
 def decode_json(resp: httpx.Response, what: str = "response") -> Any:
-    """``resp.json()``, or a :class:`BadResponseError` quoting what came back (HTML error page, truncated JSON)."""
+    """``resp.json()``, or a :class:`BadResponseError` quoting what came back: an HTML page, broken JSON, bytes
+    that are not UTF-8, or an error object inside a 2xx."""
+    data, problem = json_problem(resp.content, resp.is_success)
+    if problem is None:
+        return data
     ctype = resp.headers.get("content-type", "")
-    try:
-        return json.loads(resp.text)
-    except ValueError:
-        raise BadResponseError(
-            f"{what} from {display_url(str(resp.request.url))} is not JSON (HTTP {resp.status_code}, "
-            f"content-type {ctype or 'none'}): {quote_body(resp.text)}") from None
+    raise BadResponseError(f"{what} from {display_url(str(resp.request.url))} {problem} (HTTP {resp.status_code}, "
+                           f"content-type {ctype or 'none'}): {quote_body(resp.content)}")
 
 
 def explain_openai_error(err: BaseException) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from pytest_ml4.plugin_common import STATE_KEY, get_state, int_opt
+from pytest_ml4.plugin_guard import session_deadlines
 from pytest_ml4.plugin_common import opt as _opt
 from pytest_ml4.targets import (
     Target,
@@ -33,6 +34,7 @@ from pytest_ml4.targets import (
 pytest_plugins = [
     "pytest_ml4.plugin_accuracy",
     "pytest_ml4.plugin_args",
+    "pytest_ml4.plugin_guard",
     "pytest_ml4.plugin_logs",
     "pytest_ml4.plugin_perf",
     "pytest_ml4.plugin_preflight",
@@ -617,7 +619,7 @@ def build_endpoint(state: Ml4State, sim: Any) -> Any:
                       else dict(getattr(sim, "worker_metrics_urls", None) or {}))
     ep = Endpoint(base_url=base_url, api_key=api_key or "", model=t.serving.served_model_name,
                   metrics_url=metrics_url, simulated=state.use_sim, proxy=via_proxy or (sim is None and t.has_proxy),
-                  worker_metrics_urls=worker_metrics)
+                  worker_metrics_urls=worker_metrics, deadlines=session_deadlines(config, t))
     problem = check_reachable(ep, key_source=key_var)
     if problem:
         pytest.exit(f"ml4: {problem}", returncode=3)

@@ -30,6 +30,8 @@ from pytest_ml4.client import display_url
 
 #: How much of an odd payload a violation quotes.
 _QUOTE = 200
+#: How much of an HTTP error body the result keeps.
+_ERROR_BODY_KEPT = 64 * 1024
 
 
 @dataclass
@@ -466,6 +468,8 @@ class _ProbeRun:
         self.framer = _SSEFramer()
         self.asm = _Assembler(self.result)
         self.result.t_start = time.monotonic()
+        self.pending = bytearray()
+        self.received = 0
 
     def opened(self, resp: httpx.Response) -> bool:
         """Record status and headers; True when the body is a stream to read line by line."""
@@ -484,8 +488,37 @@ class _ProbeRun:
         for item in self.framer.feed(line, time.monotonic()):
             self.asm.add(*item)
 
+    def data(self, chunk: bytes) -> None:
+        """Bytes off the wire, split into lines and decoded strictly: httpx's own line reader replaces invalid
+        UTF-8 silently, and a stream that is not UTF-8 is a violation (issue 23 item 7)."""
+        self.received += len(chunk)
+        if b"\n" not in chunk:  # a body without line breaks (a huge non-SSE answer) must not be re-split each time
+            self.pending.extend(chunk)
+            return
+        *lines, rest = (bytes(self.pending) + chunk).split(b"\n")
+        self.pending = bytearray(rest)
+        for raw in lines:
+            self._decoded(raw.rstrip(b"\r"))
+
+    def _decoded(self, raw: bytes) -> None:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            text = raw.decode("utf-8", errors="replace")
+            self.result.violations.append(f"invalid UTF-8 in the stream (byte {err.start} of the line): "
+                                          f"{_quote(text)}")
+        self.line(text)
+
+    def data_end(self) -> None:
+        if self.pending:
+            self._decoded(bytes(self.pending).rstrip(b"\r"))
+            self.pending.clear()
+
     def http_error(self, raw: bytes) -> None:
-        text = raw.decode("utf-8", errors="replace")
+        # Kept for the transcript and the message: bounded, with the size stated when cut (issue 23 item 6).
+        text = raw[:_ERROR_BODY_KEPT].decode("utf-8", errors="replace")
+        if len(raw) > _ERROR_BODY_KEPT:
+            text += f"\n... ({len(raw):,} bytes in all)"
         self.result.http_error_text = text
         try:
             self.result.http_error = json.loads(text)
@@ -494,7 +527,8 @@ class _ProbeRun:
 
     def transport(self, err: Exception) -> None:
         self.result.transport_error = f"{type(err).__name__}: {err}"
-        self.result.violations.append(f"transport error mid-stream: {self.result.transport_error}")
+        when = "mid-stream" if self.result.status_code is not None else "before any answer"
+        self.result.violations.append(f"transport error {when}: {self.result.transport_error}")
 
     def close(self) -> StreamResult:
         for item in self.framer.flush():
@@ -513,8 +547,9 @@ def probe_chat_stream(http: httpx.Client, body: dict[str, Any], *,
     try:
         with http.stream("POST", run.path, json=run.request) as resp:
             if run.opened(resp):
-                for line in resp.iter_lines():
-                    run.line(line)
+                for chunk in resp.iter_bytes():
+                    run.data(chunk)
+                run.data_end()
             else:
                 run.http_error(resp.read())
     except httpx.HTTPError as err:
@@ -529,8 +564,9 @@ async def probe_chat_stream_async(http: httpx.AsyncClient, body: dict[str, Any],
     try:
         async with http.stream("POST", run.path, json=run.request) as resp:
             if run.opened(resp):
-                async for line in resp.aiter_lines():
-                    run.line(line)
+                async for chunk in resp.aiter_bytes():
+                    run.data(chunk)
+                run.data_end()
             else:
                 run.http_error(await resp.aread())
     except httpx.HTTPError as err:

@@ -10,6 +10,7 @@ import openai
 import pytest
 from ml4_http_stub import Scripted, StubServer
 
+from pytest_ml4.guard import AsyncGuardedTransport, GuardedTransport
 from pytest_ml4.client import (
     BadResponseError,
     Endpoint,
@@ -52,11 +53,13 @@ def test_factories_use_no_retries_and_a_short_connect_timeout() -> None:
     ep = Endpoint("http://127.0.0.1:9/v1", api_key=SECRET)
     for client in (make_openai(ep), make_async_openai(ep)):
         assert client.max_retries == 0
-        assert client.timeout.connect == 5.0 and client.timeout.read >= 300
+        assert client.timeout.connect == 5.0 and client.timeout.read == ep.deadlines.first_byte_s
         assert SECRET not in repr(client)
+        assert isinstance(client._client._transport, (GuardedTransport, AsyncGuardedTransport))
     http = make_httpx(ep, timeout=30)
     assert http.headers["authorization"] == f"Bearer {SECRET}" and http.timeout.connect == 5.0
     assert http.timeout.read == 30 and str(http.base_url) == "http://127.0.0.1:9/v1/"
+    assert isinstance(http._transport, GuardedTransport) and http._transport.deadlines.first_byte_s == 30
 
 
 def test_unreachable_endpoint_is_one_line_within_seconds() -> None:
@@ -96,7 +99,7 @@ def test_truncated_json_is_quoted_and_long_bodies_cut() -> None:
     with StubServer({"/v1/models": Scripted(200, "application/json", [body])}) as srv, \
             make_httpx(Endpoint(srv.base_url)) as http:
         resp = http.get("models")
-    with pytest.raises(BadResponseError, match=r"\.\.\.'$"):
+    with pytest.raises(BadResponseError, match=r"\.\.\.' \(1,125 bytes in all\)$"):
         decode_json(resp)
 
 

@@ -74,6 +74,7 @@ def assert_stream_clean(result: StreamResult, where: str | None = None) -> None:
     """HTTP 200, no grammar violation, no in-band error; the message (one line, naming the URL unless ``where``
     says otherwise) lists every problem found."""
     where = where or f"stream from {result.url or 'the endpoint'}"
+    assert result.status_code is not None, f"{where}: no answer: {result.transport_error or 'nothing arrived'}"
     assert result.status_code == 200, f"{where}: HTTP {result.status_code}: {quote_body(result.http_error_text or '')}"
     problems = list(result.violations)
     assert not problems, f"{where}: stream grammar violated: " + "; ".join(problems)

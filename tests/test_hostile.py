@@ -1,0 +1,160 @@
+"""Hostile endpoints end a check in bounded time with one assertion naming the URL (issue 23 items 3-7).
+
+The answers are data (``fixtures/bad_input/hostile.yaml``), served over real sockets by ``tests/ml4_http_stub.py``
+and met by each client the checks use: the openai SDK, the guarded httpx client, the stream probe. Deadlines are
+set small (as ``--ml4-deadlines`` does) and each case is asserted to end under a generous bound: the message is
+what is checked, the clock only catches a case that would hang.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+from collections.abc import Callable
+from typing import Any
+
+import openai
+import pytest
+import yaml
+from ml4_http_stub import HOSTILE_FILE, Scripted, StubServer, hostile, hostile_answers
+
+from pytest_ml4.checks.protocol import assert_stream_clean
+from pytest_ml4.client import Endpoint, check_reachable, decode_json, make_async_openai, make_httpx, make_openai
+from pytest_ml4.guard import Deadlines, EndpointMisbehaved, parse_deadlines
+from pytest_ml4.probe import probe_chat_stream
+
+SPEC = yaml.safe_load(HOSTILE_FILE.read_text())
+ANSWERS = hostile_answers()
+DEADLINES = Deadlines().overriding(**parse_deadlines(SPEC["deadlines"]))
+BODY = {"model": "ml4", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 16}
+CHAT_OK = (b'{"id":"chatcmpl-9","object":"chat.completion","created":1,"model":"ml4","choices":[{"index":0,"message":'
+           b'{"role":"assistant","content":"Paris"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,'
+           b'"completion_tokens":1,"total_tokens":6}}')
+
+
+def _sdk(ep: Endpoint) -> None:
+    with make_openai(ep) as client:
+        client.chat.completions.create(**BODY)
+
+
+def _httpx(ep: Endpoint) -> None:
+    with make_httpx(ep) as http:
+        decode_json(http.post("chat/completions", json=BODY), "chat completion")
+
+
+def _probe(ep: Endpoint) -> None:
+    with make_httpx(ep) as http:
+        assert_stream_clean(probe_chat_stream(http, {**BODY, "stream_options": {"include_usage": True}}))
+
+
+CLIENTS: dict[str, Callable[[Endpoint], None]] = {"sdk": _sdk, "httpx": _httpx, "probe": _probe}
+CASES = [(name, client) for name, spec in ANSWERS.items() for client in spec["expect"]]
+
+
+@pytest.mark.parametrize(("name", "client"), CASES, ids=[f"{n}-{c}" for n, c in CASES])
+def test_hostile_answer_is_one_assertion_naming_the_url(name: str, client: str) -> None:
+    with StubServer({}) as other, StubServer({}) as srv:
+        other.routes["/v1/chat/completions"] = Scripted(200, "application/json", [CHAT_OK])
+        srv.routes["/v1/chat/completions"] = hostile(name, {"$OTHER": other.url})
+        ep = Endpoint(srv.base_url, api_key="sk-hostile-test-key-0123456789", deadlines=DEADLINES)
+        started = time.monotonic()
+        with pytest.raises(AssertionError) as info:
+            CLIENTS[client](ep)
+        took = time.monotonic() - started
+        asked_other = list(other.seen)
+    message = str(info.value).split("\n")[0]  # what follows is pytest's explanation of a rewritten assert
+    pattern = ANSWERS[name]["expect"][client].replace("$URL", f"{srv.base_url}/chat/completions")
+    pattern = pattern.replace("$OTHER", other.url)
+    assert fnmatch.fnmatchcase(message, pattern), f"{ANSWERS[name]['what']}:\n{message[:3000]}\n!= {pattern}"
+    assert len(message) < 6000, "a bounded line"
+    assert "sk-hostile-test-key" not in message
+    assert took < SPEC["within_s"], f"{name} took {took:.1f} s, over the bound of {SPEC['within_s']} s"
+    assert not asked_other, "the other origin was asked: the redirect was followed"
+
+
+def test_every_hostile_answer_is_met_by_some_client_or_the_key_check() -> None:
+    unexercised = [n for n, spec in ANSWERS.items() if not spec["expect"] and n != "litellm_no_db"]
+    assert not unexercised and all(spec.get("what") for spec in ANSWERS.values())
+
+
+def test_control_a_well_behaved_endpoint_passes_every_client() -> None:
+    """The same clients and deadlines against a correct answer: no guard fires without a fault."""
+    stream = [b'data: {"id":"c","object":"chat.completion.chunk","model":"ml4","choices":[{"index":0,"delta":'
+              b'{"role":"assistant","content":""},"finish_reason":null}]}\n\n',
+              b': ping\n\n',
+              b'data: {"id":"c","object":"chat.completion.chunk","model":"ml4","choices":[{"index":0,"delta":'
+              b'{"content":"Paris"},"finish_reason":"stop"}]}\n\n',
+              b'data: {"id":"c","object":"chat.completion.chunk","model":"ml4","choices":[],"usage":'
+              b'{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}\n\n', b"data: [DONE]\n\n"]
+    with StubServer({"/v1/chat/completions": Scripted(200, "application/json", [CHAT_OK])}) as srv:
+        ep = Endpoint(srv.base_url, api_key="sk-x", deadlines=DEADLINES)
+        _sdk(ep)
+        _httpx(ep)
+        srv.routes["/v1/chat/completions"] = Scripted(200, "text/event-stream", stream, delay_s=0.05)
+        _probe(ep)
+
+
+def test_same_origin_redirect_is_followed_by_the_sdk() -> None:
+    """Only another origin is refused: a redirect within the endpoint's server is the SDK's usual business."""
+    with StubServer({"/v1/chat/completions": Scripted(307, "text/plain", [], headers={"Location": "/v1/moved"}),
+                     "/v1/moved": Scripted(200, "application/json", [CHAT_OK])}) as srv:
+        with make_openai(Endpoint(srv.base_url, api_key="sk-x", deadlines=DEADLINES)) as client:
+            assert client.chat.completions.create(**BODY).choices[0].message.content == "Paris"
+
+
+def test_async_sdk_reports_an_html_page_as_one_assertion() -> None:
+    import asyncio
+
+    with StubServer({"/v1/chat/completions": hostile("html_502")}) as srv:
+        ep = Endpoint(srv.base_url, api_key="sk-x", deadlines=DEADLINES)
+
+        async def ask() -> Any:
+            return await make_async_openai(ep).chat.completions.create(**BODY)
+
+        with pytest.raises(EndpointMisbehaved, match=r"answer from .*/v1/chat/completions is not JSON \(an HTML"):
+            asyncio.run(ask())
+
+
+def test_the_sdk_still_raises_its_own_errors_for_json_refusals() -> None:
+    """A JSON 4xx is an answer the checks judge (refusal shapes), not a hostile one."""
+    with StubServer({"/v1/chat/completions": hostile("litellm_no_db")}) as srv:
+        with make_openai(Endpoint(srv.base_url, api_key="sk-x", deadlines=DEADLINES)) as client:
+            with pytest.raises(openai.BadRequestError, match="No connected db."):
+                client.chat.completions.create(**BODY)
+
+
+@pytest.mark.parametrize(("answer", "status"), [("litellm_no_db", 400), (None, 401)])
+def test_a_refused_key_stops_with_one_line_naming_the_variable(answer: str | None, status: int) -> None:
+    """LiteLLM's 400 ``No connected db.`` is a refused key as much as vLLM's 401 (fixtures/bad_input/refused_keys)."""
+    script = hostile(answer) if answer else Scripted(401, "application/json", [b'{"error":"Unauthorized"}'])
+    with StubServer({"/v1/models": script}) as srv:
+        problem = check_reachable(Endpoint(srv.base_url, api_key="sk-wrong-0123456789"), key_source="LLM_API_KEY")
+    assert problem is not None and problem.startswith(
+        f"endpoint {srv.base_url}/models refused the API key from LLM_API_KEY: HTTP {status}: ")
+    assert "sk-wrong" not in problem
+
+
+def test_a_400_that_is_not_a_key_refusal_is_the_tests_business() -> None:
+    with StubServer({"/v1/models": Scripted(400, "application/json", [b'{"error":{"message":"bad request"}}'])}) as srv:
+        assert check_reachable(Endpoint(srv.base_url, api_key="sk-x"), key_source="LLM_API_KEY") is None
+
+
+def test_deadlines_derive_from_the_target() -> None:
+    from pytest_ml4.targets import load_target
+
+    d = Deadlines.for_target(load_target("rtxpro6000-tp8"))
+    # rtxpro6000-tp8: TTFT knee 5 s (12 x = 60 s, the floor), ITL p50 11.7 ms (10 x = 0.117 s/token), osl 4096.
+    assert (d.connect_s, d.first_byte_s, d.idle_s) == (5.0, 60.0, 30.0)
+    assert d.slow_itl_s == pytest.approx(0.117) and d.default_max_tokens == 4096
+    assert d.overall_for(64, 60.0) == pytest.approx(60 + 64 * 0.117)
+    assert d.overall_for(None, 60.0) == pytest.approx(60 + 4096 * 0.117)
+    assert d.overriding(overall_s=90.0).overall_for(64, 60.0) == 90.0
+
+
+@pytest.mark.parametrize(("spec", "error"), [("idle=x", "'idle=x': 'x' is not a number of seconds"),
+                                             ("stall=3", "'stall=3' is not NAME=SECONDS"),
+                                             ("idle=0", "seconds must be more than 0")])
+def test_bad_deadline_values_name_the_item(spec: str, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        parse_deadlines(spec)
