@@ -27,7 +27,7 @@ import httpx
 import openai
 import yaml
 
-from pytest_ml4.guard import AsyncGuardedTransport, Deadlines, EndpointMisbehaved, GuardedTransport, json_problem
+from pytest_ml4.guard import AsyncGuardedTransport, Deadlines, EndpointMisbehaved, GuardedTransport, is_html, json_problem
 
 #: Connect timeout: an unreachable endpoint must be reported within seconds, not minutes.
 CONNECT_TIMEOUT_S = 5.0
@@ -262,6 +262,15 @@ def decode_json(resp: httpx.Response, what: str = "response") -> Any:
     ctype = resp.headers.get("content-type", "")
     raise BadResponseError(f"{what} from {display_url(str(resp.request.url))} {problem} (HTTP {resp.status_code}, "
                            f"content-type {ctype or 'none'}): {quote_body(resp.content)}")
+
+
+def refuse_html(resp: httpx.Response, what: str) -> None:
+    """A :class:`BadResponseError` when a page that should be an API's answer is an HTML page (a login portal
+    answering 200 to ``/health`` is not a healthy deployment)."""
+    ctype = resp.headers.get("content-type", "")
+    if is_html(resp.content, ctype):
+        raise BadResponseError(f"{what} from {display_url(str(resp.request.url))} is an HTML page (HTTP "
+                               f"{resp.status_code}, content-type {ctype or 'none'}): {quote_body(resp.content)}")
 
 
 def explain_openai_error(err: BaseException) -> str:

@@ -289,6 +289,11 @@ def _judged_as_json(response: httpx.Response) -> bool:
     return not (response.is_redirect or response.headers.get("content-type", "").startswith("text/event-stream"))
 
 
+def is_html(body: bytes, content_type: str = "") -> bool:
+    """A web page (a login portal, a gateway's error page) rather than what an API answers."""
+    return content_type.startswith("text/html") or body.lstrip()[:15].lower().startswith((b"<!doctype html", b"<html"))
+
+
 def json_problem(body: bytes, success: bool) -> tuple[Any, str | None]:
     """The decoded JSON and None, or None and what is wrong: not UTF-8, an HTML page, not JSON, an error in a 2xx."""
     try:
@@ -296,8 +301,7 @@ def json_problem(body: bytes, success: bool) -> tuple[Any, str | None]:
     except UnicodeDecodeError as err:
         return None, f"is not valid UTF-8 (byte {err.start})"
     except ValueError:
-        html = body.lstrip()[:15].lower().startswith((b"<!doctype html", b"<html"))
-        return None, "is not JSON (an HTML page)" if html else "is not JSON"
+        return None, "is not JSON (an HTML page)" if is_html(body) else "is not JSON"
     if success and isinstance(data, dict) and "error" in data and not {"choices", "data", "object"} & set(data):
         return None, "is an error inside a success"
     return data, None

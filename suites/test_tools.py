@@ -26,7 +26,7 @@ from pytest_ml4.checks.tools import (
     load_tools,
     named,
 )
-from pytest_ml4.client import Endpoint, quote_body
+from pytest_ml4.client import Endpoint, decode_json, quote_body
 from pytest_ml4.dynamo_versions import tool_call_drop_cause
 from pytest_ml4.probe import StreamResult
 from pytest_ml4.targets import FIXTURES_DIR, Target
@@ -184,7 +184,7 @@ def test_invalid_tool_requests_are_rejected(ml4_target: Target, ml4_endpoint: En
     what = f"{case} ({'streamed' if stream else 'non-streamed'})"
     check_answer(resp, expected, what)
     if expected.accepted and not body.get("tools"):
-        message = resp.message() if isinstance(resp, StreamResult) else resp.json()["choices"][0]["message"]
+        message = resp.message() if isinstance(resp, StreamResult) else decode_json(resp, what)["choices"][0]["message"]
         assert not message.get("tool_calls"), f"{what}: no tools were sent yet the model called {message}"
     if expected.accepted and served_by_litellm(resp.headers):
         engine_root = ml4_endpoint.effective_metrics_url.rsplit("/metrics", 1)[0]

@@ -158,3 +158,70 @@ def test_deadlines_derive_from_the_target() -> None:
 def test_bad_deadline_values_name_the_item(spec: str, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         parse_deadlines(spec)
+
+
+# -- the suites' own checks against hostile answers (pytester runs a copy of suites/test_smoke.py) -----------
+
+MODELS = (b'{"object":"list","data":[{"id":"ml4","object":"model","owned_by":"vllm","max_model_len":256000}]}')
+SMOKE = "suites/test_smoke.py"
+
+
+def _smoke(pytester: pytest.Pytester, srv: StubServer, *args: str) -> tuple[pytest.RunResult, float]:
+    started = time.monotonic()
+    result = pytester.runpytest("--target", "rtxpro6000-tp8", "--endpoint", srv.base_url, "-p", "no:randomly",
+                                f"--ml4-run-dir={pytester.path / 'run'}", SMOKE, *args)
+    return result, time.monotonic() - started
+
+
+def test_a_stalled_deployment_fails_the_smoke_checks_within_the_deadline(
+        pytester: pytest.Pytester, smoke_copy: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23 Done-when: a stalled endpoint fails its first check within the documented deadline (here set
+    small by --ml4-deadlines), naming the URL and how long it waited; a login page on /health fails test_health."""
+    monkeypatch.setenv("LLM_API_KEY", "sk-not-used-0123456789")
+    with StubServer({"/v1/models": Scripted(200, "application/json", [MODELS]),
+                     "/health/liveliness": hostile("html_200"),
+                     "/v1/chat/completions": hostile("stalled")}) as srv:
+        result, took = _smoke(pytester, srv, "--ml4-deadlines", "first_byte=1,idle=1,overall=2",
+                              "-k", "health or chat_answers_known_question or stream_answers_known_question")
+    result.assert_outcomes(failed=3)
+    url = f"{srv.base_url}/chat/completions"
+    out = result.stdout.str()
+    assert (f"DeadlineExceeded: {url}: nothing arrived, not even response headers, within the first-byte deadline "
+            f"of 2 s") in out, out[-3000:]
+    assert (f"stream from {url}: no answer: DeadlineExceeded: {url}: nothing arrived, not even response headers, "
+            f"within the first-byte deadline of 1 s") in out, out[-3000:]
+    assert f"GET /health/liveliness from {srv.url}/health/liveliness is an HTML page (HTTP 200" in out, out[-3000:]
+    assert took < 90, f"three stalled checks with 2 s deadlines took {took:.0f} s"
+
+
+def test_a_huge_wrong_answer_stays_a_bounded_failure(pytester: pytest.Pytester, smoke_copy: None,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 3 MB answer (under the size cap, so the check itself quotes it) becomes a message of a few KB on the
+    console and in the Allure results, the total size stated (issue 23 item 6)."""
+    monkeypatch.setenv("LLM_API_KEY", "sk-not-used-0123456789")
+    content = "y" * 3_000_000
+    answer = (b'{"id":"c","object":"chat.completion","created":1,"model":"ml4","choices":[{"index":0,"message":'
+              b'{"role":"assistant","content":"' + content.encode() + b'"},"finish_reason":"length"}],'
+              b'"usage":{"prompt_tokens":5,"completion_tokens":16,"total_tokens":21}}')
+    with StubServer({"/v1/models": Scripted(200, "application/json", [MODELS]),
+                     "/v1/chat/completions": Scripted(200, "application/json", [answer])}) as srv:
+        result, _ = _smoke(pytester, srv, "-k", "chat_answers_known_question")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "finish_reason 'length', content 'yyyy" in out and "characters in all" in out, out[-3000:]
+    assert len(out) < 100_000, f"{len(out):,} characters of console for one failure"
+    allure = sum(p.stat().st_size for p in (pytester.path / "run" / "allure-results").rglob("*") if p.is_file())
+    assert allure < 500_000, f"{allure:,} bytes of Allure results for one failure"
+
+
+def test_wrong_key_through_litellm_without_a_db_stops_the_session_in_one_line(
+        pytester: pytest.Pytester, smoke_copy: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LiteLLM's recorded 400 ``No connected db.`` stops the session like a 401 (was: 8 failed, 2 passed)."""
+    monkeypatch.setenv("LLM_API_KEY", "sk-wrong-key-0123456789")
+    with StubServer({"/v1/models": hostile("litellm_no_db")}) as srv:
+        result, _ = _smoke(pytester, srv)
+    assert result.ret == 3
+    lines = [ln for ln in result.outlines + result.errlines
+             if f"ml4: endpoint {srv.base_url}/models refused the API key from LLM_API_KEY: HTTP 400: " in ln]
+    assert lines and "No connected db." in lines[0], "\n".join(result.outlines[-20:] + result.errlines[-20:])
+    assert "sk-wrong-key" not in result.stdout.str() + result.stderr.str()

@@ -105,7 +105,8 @@ def expected_for(table: Mapping[str, Any], stack: str, case: str, where: str | o
 def _answer(resp: httpx.Response | StreamResult, what: str) -> tuple[int, str, Any]:
     """Status, raw text and decoded JSON body (None for a 200) of a plain or streamed answer."""
     if isinstance(resp, StreamResult):
-        code, text = resp.status_code or 0, resp.http_error_text or ""
+        assert resp.status_code is not None, f"{what}: stream from {resp.url}: no answer: {resp.transport_error}"
+        code, text = resp.status_code, resp.http_error_text or ""
         if code == ACCEPTED:
             return code, resp.describe(), None
         if resp.http_error is not None:
