@@ -194,21 +194,29 @@ def test_a_stalled_deployment_fails_the_smoke_checks_within_the_deadline(
     assert took < 90, f"three stalled checks with 2 s deadlines took {took:.0f} s"
 
 
+def _completion(content: str) -> Scripted:
+    body = (b'{"id":"c","object":"chat.completion","created":1,"model":"ml4","choices":[{"index":0,"message":'
+            b'{"role":"assistant","content":"' + content.encode() + b'"},"finish_reason":"length"}],'
+            b'"usage":{"prompt_tokens":5,"completion_tokens":16,"total_tokens":21}}')
+    return Scripted(200, "application/json", [body])
+
+
+@pytest.mark.parametrize(("answer", "says"), [
+    ("3 MB", "finish_reason 'length', content 'yyyy"),  # under the size cap: the check quotes it, the hook cuts it
+    ("50 MB", "answer from *exceeded 8,388,608 bytes"),  # over the cap: cut off before any check sees it
+])
 def test_a_huge_wrong_answer_stays_a_bounded_failure(pytester: pytest.Pytester, smoke_copy: None,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """A 3 MB answer (under the size cap, so the check itself quotes it) becomes a message of a few KB on the
-    console and in the Allure results, the total size stated (issue 23 item 6)."""
+                                                     monkeypatch: pytest.MonkeyPatch, answer: str, says: str) -> None:
+    """A huge answer becomes a message of a few KB on the console and in the Allure results, the total size
+    stated (issue 23 item 6; was: 100 MB of console and two 100 MB Allure results for a 50 MB answer)."""
     monkeypatch.setenv("LLM_API_KEY", "sk-not-used-0123456789")
-    content = "y" * 3_000_000
-    answer = (b'{"id":"c","object":"chat.completion","created":1,"model":"ml4","choices":[{"index":0,"message":'
-              b'{"role":"assistant","content":"' + content.encode() + b'"},"finish_reason":"length"}],'
-              b'"usage":{"prompt_tokens":5,"completion_tokens":16,"total_tokens":21}}')
+    script = _completion("y" * 3_000_000) if answer == "3 MB" else hostile("huge")
     with StubServer({"/v1/models": Scripted(200, "application/json", [MODELS]),
-                     "/v1/chat/completions": Scripted(200, "application/json", [answer])}) as srv:
+                     "/v1/chat/completions": script}) as srv:
         result, _ = _smoke(pytester, srv, "-k", "chat_answers_known_question")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
-    assert "finish_reason 'length', content 'yyyy" in out and "characters in all" in out, out[-3000:]
+    assert fnmatch.fnmatch(out, f"*{says}*") and " in all" in out, out[-3000:]
     assert len(out) < 100_000, f"{len(out):,} characters of console for one failure"
     allure = sum(p.stat().st_size for p in (pytester.path / "run" / "allure-results").rglob("*") if p.is_file())
     assert allure < 500_000, f"{allure:,} bytes of Allure results for one failure"
@@ -225,3 +233,32 @@ def test_wrong_key_through_litellm_without_a_db_stops_the_session_in_one_line(
              if f"ml4: endpoint {srv.base_url}/models refused the API key from LLM_API_KEY: HTTP 400: " in ln]
     assert lines and "No connected db." in lines[0], "\n".join(result.outlines[-20:] + result.errlines[-20:])
     assert "sk-wrong-key" not in result.stdout.str() + result.stderr.str()
+
+
+def test_attachments_are_capped_with_the_total_size_stated(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An 8 MB transcript or stream is cut in the report, saying how big it was (issue 23 item 6)."""
+    import allure
+
+    from pytest_ml4.report import attach as attach_mod
+
+    attached: list[tuple[str, Any]] = []
+    monkeypatch.setattr(allure, "attach", lambda body, name, attachment_type: attached.append((name, body)))
+    transcript = tmp_path / "t.sse.txt"
+    transcript.write_bytes(b"data: x\n\n" * 500_000)
+    attach_mod.attach_file(transcript)
+    attach_mod.attach_text("y" * 3_000_000, "text")
+    (_, file_body), (_, text_body) = attached
+    assert len(file_body) < attach_mod.MAX_TEXT_ATTACHMENT + 500
+    assert file_body.endswith(f"[attachment cut: 4,500,000 bytes in all; the whole file is {transcript}]\n".encode())
+    assert len(text_body) < attach_mod.MAX_TEXT_ATTACHMENT + 500
+    assert text_body.endswith("[attachment cut: 3,000,000 characters in all]\n")
+
+    rec = attach_mod.ExchangeRecorder()
+    chunk = b'data: {"choices":[{"index":0,"delta":{"content":"zzzzzzzz"}}]}\n\n'
+    with StubServer({"/v1/chat/completions": Scripted(200, "text/event-stream", [chunk], repeat=20_000)}) as srv, \
+            make_httpx(Endpoint(srv.base_url, deadlines=DEADLINES)) as http:
+        rec.install(http)
+        rec.start()
+        probe_chat_stream(http, BODY)
+    (exchange,) = rec.exchanges
+    assert exchange.render().endswith(f"[stream cut: {len(chunk) * 20_000:,} bytes in all]")

@@ -24,10 +24,15 @@ from pytest_ml4.report.redact import redact
 
 #: Bodies larger than this are cut in attachments (a 256k-token prompt would make the report unusable).
 MAX_BODY = 64 * 1024
+#: A plain-text attachment (an SSE transcript, a log) is cut here, the total size stated: a hostile 8 MB stream
+#: must not become 8 MB per failing check in the Allure results. JSON and CSV exports stay whole (tools read them).
+MAX_TEXT_ATTACHMENT = 1024 * 1024
 
 
 def attach_text(text: str, name: str, kind: Any = allure.attachment_type.TEXT) -> None:
-    """Attach text after redaction."""
+    """Attach text after redaction (plain text cut at :data:`MAX_TEXT_ATTACHMENT`, the total size stated)."""
+    if kind == allure.attachment_type.TEXT and len(text) > MAX_TEXT_ATTACHMENT:
+        text = text[:MAX_TEXT_ATTACHMENT] + f"\n... [attachment cut: {len(text):,} characters in all]\n"
     allure.attach(redact(text), name=name, attachment_type=kind)
 
 
@@ -44,6 +49,9 @@ def attach_file(path: Path, name: str | None = None) -> None:
              ".csv": allure.attachment_type.CSV, ".html": allure.attachment_type.HTML}
     kind = kinds.get(suffix, allure.attachment_type.TEXT)
     body: bytes = path.read_bytes()
+    if kind == allure.attachment_type.TEXT and len(body) > MAX_TEXT_ATTACHMENT:
+        body = body[:MAX_TEXT_ATTACHMENT] + (f"\n... [attachment cut: {len(body):,} bytes in all; the whole file is "
+                                             f"{path}]\n").encode()
     if suffix != ".png":
         body = redact(body)
     allure.attach(body, name=name or path.name, attachment_type=kind)
@@ -60,21 +68,30 @@ class Exchange:
     status: int | None = None
     response_headers: dict[str, str] = field(default_factory=dict)
     response: Any = None   # httpx.Response (or the openai SDK's httpx2 one)
-    streamed: bytearray | None = None  # what the check read of a streamed body
+    streamed: bytearray | None = None  # what the check read of a streamed body (the first MAX_BODY bytes)
+    streamed_bytes: int = 0  # how many bytes of it the check read in all
 
     def render(self) -> str:
         lines = [f"{self.method} {self.url}", *(f"{k}: {v}" for k, v in self.request_headers.items()), "",
                  _cut(self.request_body), "", f"HTTP {self.status if self.status is not None else '(no response)'}",
-                 *(f"{k}: {v}" for k, v in self.response_headers.items()), "", _cut(self._response_body())]
+                 *(f"{k}: {v}" for k, v in self.response_headers.items()), "", self._response_body()]
         return redact("\n".join(lines))
+
+    def tee(self, chunk: bytes) -> None:
+        """A piece of the streamed body as the check reads it: the first :data:`MAX_BODY` bytes kept, all counted."""
+        if self.streamed is not None:
+            self.streamed.extend(chunk[: max(0, MAX_BODY - len(self.streamed))])
+        self.streamed_bytes += len(chunk)
 
     def _response_body(self) -> str:
         if self.streamed is not None:
-            return self.streamed.decode("utf-8", errors="replace") or "(stream not read)"
+            total = self.streamed_bytes
+            cut = f"\n... [stream cut: {total:,} bytes in all]" if total > len(self.streamed) else ""
+            return (self.streamed.decode("utf-8", errors="replace") + cut) or "(stream not read)"
         if self.response is None:
             return ""
         try:
-            return self.response.content.decode("utf-8", errors="replace")
+            return _cut(self.response.content.decode("utf-8", errors="replace"))
         except Exception:  # noqa: BLE001 - ResponseNotRead of httpx or of the openai SDK's own httpx2 copy
             return "(streamed body: see the stream transcript attachment when the check made one)"
 
@@ -91,24 +108,24 @@ def _tee_classes(response: Any) -> tuple[type, type]:
         return cached
 
     class SyncTee(package.SyncByteStream):  # type: ignore[name-defined,misc]
-        def __init__(self, inner: Any, sink: bytearray) -> None:
-            self.inner, self.sink = inner, sink
+        def __init__(self, inner: Any, exchange: Exchange) -> None:
+            self.inner, self.exchange = inner, exchange
 
         def __iter__(self) -> Any:
             for chunk in self.inner:
-                self.sink.extend(chunk[: max(0, MAX_BODY - len(self.sink))])
+                self.exchange.tee(chunk)
                 yield chunk
 
         def close(self) -> None:
             self.inner.close()
 
     class AsyncTee(package.AsyncByteStream):  # type: ignore[name-defined,misc]
-        def __init__(self, inner: Any, sink: bytearray) -> None:
-            self.inner, self.sink = inner, sink
+        def __init__(self, inner: Any, exchange: Exchange) -> None:
+            self.inner, self.exchange = inner, exchange
 
         async def __aiter__(self) -> Any:
             async for chunk in self.inner:
-                self.sink.extend(chunk[: max(0, MAX_BODY - len(self.sink))])
+                self.exchange.tee(chunk)
                 yield chunk
 
         async def aclose(self) -> None:
@@ -183,7 +200,7 @@ class ExchangeRecorder:
                     ex.streamed = bytearray()
                     sync_tee, async_tee = _tee_classes(resp)
                     tee = async_tee if hasattr(resp.stream, "__aiter__") else sync_tee
-                    resp.stream = tee(resp.stream, ex.streamed)
+                    resp.stream = tee(resp.stream, ex)
                 return
 
     def attach(self) -> int:
