@@ -15,7 +15,6 @@ The API key is held only on :class:`Endpoint` and in the clients' auth headers; 
 from __future__ import annotations
 
 import functools
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,7 +26,14 @@ import httpx
 import openai
 import yaml
 
-from pytest_ml4.guard import AsyncGuardedTransport, Deadlines, EndpointMisbehaved, GuardedTransport, is_html, json_problem
+from pytest_ml4.guard import (
+    AsyncGuardedTransport,
+    Deadlines,
+    EndpointMisbehaved,
+    GuardedTransport,
+    is_html,
+    json_problem,
+)
 
 #: Connect timeout: an unreachable endpoint must be reported within seconds, not minutes.
 CONNECT_TIMEOUT_S = 5.0

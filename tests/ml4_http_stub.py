@@ -9,7 +9,6 @@ huge, ...) are data in ``fixtures/bad_input/hostile.yaml``; :func:`hostile` turn
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path

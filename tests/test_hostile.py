@@ -19,7 +19,14 @@ import yaml
 from ml4_http_stub import HOSTILE_FILE, Scripted, StubServer, hostile, hostile_answers
 
 from pytest_ml4.checks.protocol import assert_stream_clean
-from pytest_ml4.client import Endpoint, check_reachable, decode_json, make_async_openai, make_httpx, make_openai
+from pytest_ml4.client import (
+    Endpoint,
+    check_reachable,
+    decode_json,
+    make_async_openai,
+    make_httpx,
+    make_openai,
+)
 from pytest_ml4.guard import Deadlines, EndpointMisbehaved, parse_deadlines
 from pytest_ml4.probe import probe_chat_stream
 
@@ -78,29 +85,34 @@ def test_every_hostile_answer_is_met_by_some_client_or_the_key_check() -> None:
     assert not unexercised and all(spec.get("what") for spec in ANSWERS.values())
 
 
+def _chunk(delta: str, finish: str = "null") -> bytes:
+    return (b'data: {"id":"c","object":"chat.completion.chunk","model":"ml4","choices":[{"index":0,"delta":'
+            + delta.encode() + b',"finish_reason":' + finish.encode() + b"}]}\n\n")
+
+
 def test_control_a_well_behaved_endpoint_passes_every_client() -> None:
-    """The same clients and deadlines against a correct answer: no guard fires without a fault."""
-    stream = [b'data: {"id":"c","object":"chat.completion.chunk","model":"ml4","choices":[{"index":0,"delta":'
-              b'{"role":"assistant","content":""},"finish_reason":null}]}\n\n',
-              b': ping\n\n',
-              b'data: {"id":"c","object":"chat.completion.chunk","model":"ml4","choices":[{"index":0,"delta":'
-              b'{"content":"Paris"},"finish_reason":"stop"}]}\n\n',
-              b'data: {"id":"c","object":"chat.completion.chunk","model":"ml4","choices":[],"usage":'
-              b'{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}\n\n', b"data: [DONE]\n\n"]
+    """The same clients against correct answers: no guard fires without a fault. The stream lasts twice the idle
+    deadline, tokens 0.5 s apart with a ``: ping`` between them: only a gap without progress counts as idle."""
+    tokens = [b": ping\n\n", _chunk('{"content":"Par"}')] * 8
+    stream = [_chunk('{"role":"assistant","content":""}'), *tokens, _chunk('{"content":"is"}', '"stop"'),
+              (b'data: {"id":"c","object":"chat.completion.chunk","model":"ml4","choices":[],"usage":'
+              b'{"prompt_tokens":5,"completion_tokens":9,"total_tokens":14}}\n\n'), b"data: [DONE]\n\n"]
     with StubServer({"/v1/chat/completions": Scripted(200, "application/json", [CHAT_OK])}) as srv:
-        ep = Endpoint(srv.base_url, api_key="sk-x", deadlines=DEADLINES)
-        _sdk(ep)
-        _httpx(ep)
-        srv.routes["/v1/chat/completions"] = Scripted(200, "text/event-stream", stream, delay_s=0.05)
-        _probe(ep)
+        _sdk(Endpoint(srv.base_url, api_key="sk-x", deadlines=DEADLINES))
+        _httpx(Endpoint(srv.base_url, api_key="sk-x", deadlines=DEADLINES))
+        srv.routes["/v1/chat/completions"] = Scripted(200, "text/event-stream", stream, delay_s=0.25)
+        patient = DEADLINES.overriding(idle_s=2.0, overall_s=120.0)
+        started = time.monotonic()
+        _probe(Endpoint(srv.base_url, api_key="sk-x", deadlines=patient))
+    assert time.monotonic() - started > patient.idle_s, "the stream must outlast the idle deadline to prove this"
 
 
 def test_same_origin_redirect_is_followed_by_the_sdk() -> None:
     """Only another origin is refused: a redirect within the endpoint's server is the SDK's usual business."""
     with StubServer({"/v1/chat/completions": Scripted(307, "text/plain", [], headers={"Location": "/v1/moved"}),
-                     "/v1/moved": Scripted(200, "application/json", [CHAT_OK])}) as srv:
-        with make_openai(Endpoint(srv.base_url, api_key="sk-x", deadlines=DEADLINES)) as client:
-            assert client.chat.completions.create(**BODY).choices[0].message.content == "Paris"
+                     "/v1/moved": Scripted(200, "application/json", [CHAT_OK])}) as srv, \
+            make_openai(Endpoint(srv.base_url, api_key="sk-x", deadlines=DEADLINES)) as client:
+        assert client.chat.completions.create(**BODY).choices[0].message.content == "Paris"
 
 
 def test_async_sdk_reports_an_html_page_as_one_assertion() -> None:
@@ -118,10 +130,10 @@ def test_async_sdk_reports_an_html_page_as_one_assertion() -> None:
 
 def test_the_sdk_still_raises_its_own_errors_for_json_refusals() -> None:
     """A JSON 4xx is an answer the checks judge (refusal shapes), not a hostile one."""
-    with StubServer({"/v1/chat/completions": hostile("litellm_no_db")}) as srv:
-        with make_openai(Endpoint(srv.base_url, api_key="sk-x", deadlines=DEADLINES)) as client:
-            with pytest.raises(openai.BadRequestError, match="No connected db."):
-                client.chat.completions.create(**BODY)
+    with StubServer({"/v1/chat/completions": hostile("litellm_no_db")}) as srv, \
+            make_openai(Endpoint(srv.base_url, api_key="sk-x", deadlines=DEADLINES)) as client, \
+            pytest.raises(openai.BadRequestError, match="No connected db."):
+        client.chat.completions.create(**BODY)
 
 
 @pytest.mark.parametrize(("answer", "status"), [("litellm_no_db", 400), (None, 401)])
