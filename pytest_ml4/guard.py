@@ -35,6 +35,8 @@ IDLE_FLOOR_S = 30.0
 #: How many times the target's TTFT knee a first byte may take, and its typical ITL a token (the slow-ITL bound).
 TTFT_FACTOR = 12.0
 ITL_FACTOR = 10.0
+#: Idle: as long as this many tokens at the slow-ITL bound take, at least IDLE_FLOOR_S.
+IDLE_TOKENS = 100
 SLOW_ITL_FLOOR_S = 0.1
 #: A body bigger than this per requested token (SSE chunk with usage and ids is ~0.5 KB) cannot be an answer.
 BYTES_PER_TOKEN = 2048
@@ -75,7 +77,7 @@ class Deadlines:
         """From the target: its TTFT knee (first byte), typical ITL (slow-ITL bound), output length (max_tokens)."""
         itl = max(SLOW_ITL_FLOOR_S, ITL_FACTOR * target.sim.itl_ms / 1000.0)
         return cls(first_byte_s=max(FIRST_BYTE_FLOOR_S, TTFT_FACTOR * target.gates.ttft_p99_knee_s),
-                   idle_s=max(IDLE_FLOOR_S, 100 * itl), slow_itl_s=itl, default_max_tokens=target.perf.osl)
+                   idle_s=max(IDLE_FLOOR_S, IDLE_TOKENS * itl), slow_itl_s=itl, default_max_tokens=target.perf.osl)
 
     def overriding(self, **values: float | None) -> Deadlines:
         """A copy with the values that are set (options left unset keep the derived ones)."""

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pytest_ml4.guard import DEADLINE_NAMES, Deadlines, parse_deadlines
-from pytest_ml4.plugin_common import opt
+from pytest_ml4.plugin_common import STATE_KEY, opt
 
 #: A failure message longer than this is cut in the middle (a 50 MB wrong answer quoted by a check must not
 #: become 100 MB of console and Allure results); both ends stay, so the check's own words and the URL remain.
@@ -37,6 +37,14 @@ def pytest_configure(config: pytest.Config) -> None:
         parse_deadlines(opt(config, "ml4_deadlines", "ml4_deadlines"))
     except ValueError as err:
         raise pytest.UsageError(f"--ml4-deadlines: {err}") from None
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The deadlines every request gets, so a user knows how long a stalled deployment can hold the gate."""
+    state = config.stash.get(STATE_KEY, None)
+    if state is None or state.target is None:
+        return []
+    return [f"ml4 deadlines per request: {session_deadlines(config, state.target).describe()} (--ml4-deadlines)"]
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -198,6 +198,8 @@ def test_a_stalled_deployment_fails_the_smoke_checks_within_the_deadline(
     result.assert_outcomes(failed=3)
     url = f"{srv.base_url}/chat/completions"
     out = result.stdout.str()
+    assert ("ml4 deadlines per request: connect 5 s, first byte 1 s, idle 1 s, overall 2 s (--ml4-deadlines)"
+            in out), "the header states the deadlines in force"
     assert (f"DeadlineExceeded: {url}: nothing arrived, not even response headers, within the first-byte deadline "
             f"of 2 s") in out, out[-3000:]
     assert (f"stream from {url}: no answer: DeadlineExceeded: {url}: nothing arrived, not even response headers, "
