@@ -64,7 +64,8 @@ def test_hostile_answer_is_one_assertion_naming_the_url(name: str, client: str) 
     with StubServer({}) as other, StubServer({}) as srv:
         other.routes["/v1/chat/completions"] = Scripted(200, "application/json", [CHAT_OK])
         srv.routes["/v1/chat/completions"] = hostile(name, {"$OTHER": other.url})
-        ep = Endpoint(srv.base_url, api_key="sk-hostile-test-key-0123456789", deadlines=DEADLINES)
+        deadlines = DEADLINES.overriding(**parse_deadlines(ANSWERS[name].get("deadlines")))
+        ep = Endpoint(srv.base_url, api_key="sk-hostile-test-key-0123456789", deadlines=deadlines)
         started = time.monotonic()
         with pytest.raises(AssertionError) as info:
             CLIENTS[client](ep)
@@ -270,7 +271,7 @@ def test_attachments_are_capped_with_the_total_size_stated(tmp_path: Any, monkey
     rec = attach_mod.ExchangeRecorder()
     chunk = b'data: {"choices":[{"index":0,"delta":{"content":"zzzzzzzz"}}]}\n\n'
     with StubServer({"/v1/chat/completions": Scripted(200, "text/event-stream", [chunk], repeat=20_000)}) as srv, \
-            make_httpx(Endpoint(srv.base_url, deadlines=DEADLINES)) as http:
+            make_httpx(Endpoint(srv.base_url, deadlines=Deadlines())) as http:  # read it all, however loaded
         rec.install(http)
         rec.start()
         probe_chat_stream(http, BODY)
