@@ -14,13 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from pytest_ml4.checks.chat import (
-    Answer,
-    ChatSession,
-    send_raw,
-    served_by_litellm,
-    user,
-)
+from pytest_ml4.checks.chat import Answer, ChatSession, send_raw, served_by_litellm, user
 from pytest_ml4.checks.expected import check_answer, expected_for
 from pytest_ml4.checks.protocol import assert_no_control_tokens
 from pytest_ml4.checks.tools import (
@@ -190,7 +184,8 @@ def test_invalid_tool_requests_are_rejected(ml4_target: Target, ml4_endpoint: En
     what = f"{case} ({'streamed' if stream else 'non-streamed'})"
     check_answer(resp, expected, what)
     if expected.accepted and not body.get("tools"):
-        message = resp.message() if isinstance(resp, StreamResult) else decode_json(resp, what)["choices"][0]["message"]
+        message = (resp.message() if isinstance(resp, StreamResult)
+                   else decode_json(resp, what)["choices"][0]["message"])
         assert not message.get("tool_calls"), f"{what}: no tools were sent yet the model called {message}"
     if expected.accepted and served_by_litellm(resp.headers):
         engine_root = ml4_endpoint.effective_metrics_url.rsplit("/metrics", 1)[0]
