@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from pytest_ml4 import process_groups
 from pytest_ml4.plugin_common import STATE_KEY, get_state, int_opt
 from pytest_ml4.plugin_common import opt as _opt
 from pytest_ml4.targets import (
@@ -68,6 +69,8 @@ OTHER_MARKERS = {
     "exclusive": "needs the endpoint to itself: under pytest-xdist no other worker's test runs while one of these "
                  "(with the fixtures it sets up or tears down) does (pytest_ml4/endpoint_lock.py)",
 }
+
+_GROUPS_MARK = pytest.StashKey[int]()
 
 # Keys carried from the xdist controller to its workers.
 _WI_TARGET = "ml4_target_path"
@@ -126,6 +129,9 @@ def pytest_configure(config: pytest.Config) -> None:
         for name, text in table.items():
             config.addinivalue_line("markers", f"{name}: {text}")
     config.stash[STATE_KEY] = Ml4State.from_config(config)
+    # SIGTERM is an interrupt like Ctrl-C; a second one ends every process the session started at once.
+    config.stash[_GROUPS_MARK] = process_groups.mark()
+    process_groups.install_signal_handlers()
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(), "ml4-xdist-hooks")
 
@@ -426,6 +432,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if state.sim is not None:
         state.sim.stop()
         state.sim = None
+    # Whatever the objects above no longer knew about (a proxy interrupted while it started, an aiperf group
+    # interrupted while it was being stopped) is ended by the registry.
+    process_groups.end_all(since=config.stash.get(_GROUPS_MARK, 0))
+    process_groups.uninstall_signal_handlers()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from pytest_ml4 import process_groups
 from pytest_ml4.server_lifecycle import answers_200, wait_until_healthy
 from pytest_ml4.sim.dynamo_bridge import PUBLIC_VERSION, behaviour
 from pytest_ml4.sim.faults import ActiveFaults
@@ -139,9 +140,8 @@ class DynamoProcess(abc.ABC):
         self.command = self.argv()
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as out:
-            self._proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env=self.env(), cwd=self._cwd,
-                                          start_new_session=True)
+            self._proc = process_groups.popen(self.command, stdout=out, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL, env=self.env(), cwd=self._cwd)
 
     def wait_ready(self, timeout: float) -> None:
         wait_until_healthy(lambda: self._proc, self.ready, what=self.name, url=self.health_url, timeout=timeout,
@@ -161,21 +161,12 @@ class DynamoProcess(abc.ABC):
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM (Dynamo deregisters and drains), SIGKILL after ``timeout``."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        process_groups.stop(proc, timeout, leader_only=True)
 
     def kill(self) -> None:
         """SIGKILL, no deregistration (a crashed pod): the frontend keeps the instance listed for a while."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
+        process_groups.stop(proc, 5, first_signal=signal.SIGKILL, leader_only=True)
 
     def restart(self) -> None:
         self.stop()

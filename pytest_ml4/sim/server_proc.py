@@ -8,7 +8,6 @@ by PID (SIGTERM, then SIGKILL).  The API key travels in the child's environment,
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_ml4 import process_groups
 from pytest_ml4.server_lifecycle import ServerLifecycle, answers_200
 from pytest_ml4.sim.faults import FaultSpec, parse_fault
 from pytest_ml4.targets import Target
@@ -125,8 +125,7 @@ class SimServer(ServerLifecycle):
             else ".stderr"
         path = self.log_file.with_suffix(self.log_file.suffix + suffix)
         stderr = open(path, "wb")  # noqa: SIM115 - the child writes to it until stop()
-        proc = subprocess.Popen(self.argv() + (extra or []), env=env, stdout=subprocess.DEVNULL, stderr=stderr,
-                                start_new_session=True)
+        proc = process_groups.popen(self.argv() + (extra or []), env=env, stdout=subprocess.DEVNULL, stderr=stderr)
         if extra:
             self._standby_stderr = stderr
         else:
@@ -182,15 +181,7 @@ class SimServer(ServerLifecycle):
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        if proc.poll() is None:
-            try:
-                os.kill(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=timeout)
-            except ProcessLookupError:
-                pass
+        process_groups.stop(proc, timeout, leader_only=True)  # the engine drains; its group goes after it
         if getattr(self, "_stderr", None):
             self._stderr.close()
 
