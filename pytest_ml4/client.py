@@ -29,6 +29,9 @@ CONNECT_TIMEOUT_S = 5.0
 #: Read timeout: long enough for a 4096-token generation queued behind a saturated batch (the seed saw TTFT p99
 #: of 155 s at c32 plus ~130 s of decode at 32 tok/s), short enough that a hung stream still ends the test.
 READ_TIMEOUT_S = 600.0
+#: How long the start-of-session ``/models`` probe waits for an answer once connected: a loaded deployment
+#: answering in 10 s is slow, not unreachable (only the connection is held to CONNECT_TIMEOUT_S).
+PROBE_ANSWER_TIMEOUT_S = 60.0
 #: How much of an unexpected body is quoted in an error message.
 QUOTE_CHARS = 200
 
@@ -172,9 +175,13 @@ def check_reachable(ep: Endpoint, timeout: float = CONNECT_TIMEOUT_S, key_source
     the tests' business. ``key_source`` names where the key came from (the variable), never the key.
     """
     url = f"{ep.base_url}/models"
+    answer_s = max(timeout, PROBE_ANSWER_TIMEOUT_S)
     try:
-        with httpx.Client(timeout=httpx.Timeout(timeout), headers=ep.auth_headers()) as http:
+        with httpx.Client(timeout=httpx.Timeout(answer_s, connect=timeout), headers=ep.auth_headers()) as http:
             resp = http.get(url)
+    except httpx.ReadTimeout:
+        return (f"endpoint {display_url(url)} accepted the connection but sent no answer within {answer_s:.0f} s "
+                f"(reachable, but stalled or overloaded)")
     except httpx.HTTPError as err:
         return f"endpoint {display_url(url)} is unreachable: {type(err).__name__}: {_one_line(str(err)) or 'no detail'}"
     if ep.api_key and resp.status_code in (401, 403):

@@ -15,11 +15,12 @@ import os
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
 from pytest_ml4 import process_groups
+from pytest_ml4.report.redact import redact, register_secret_env
 from pytest_ml4.plugin_common import STATE_KEY, get_state, int_opt
 from pytest_ml4.plugin_common import opt as _opt
 from pytest_ml4.targets import (
@@ -394,8 +395,23 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if state.use_sim and state.sim is None:
         _start_sim(state)
     if _xdist_workers(session.config) and not state.use_sim and _needs_endpoint(session.config):
-        # Workers cannot stop the whole session cleanly, so the controller checks a live endpoint up front.
-        build_endpoint(state, None)
+        # Workers cannot stop the whole session cleanly, so the controller checks a live endpoint up front. It
+        # stops the session at collection: pytest prints an exit raised here twice ("Exit: ..." and "! ... !").
+        try:
+            build_endpoint(state, None)
+        except pytest.exit.Exception as stop:
+            session.stash[_STOP] = stop
+
+
+_STOP = pytest.StashKey[BaseException]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection(session: pytest.Session) -> None:
+    """The controller's stop decided at start (see ``pytest_sessionstart``), raised where pytest prints it once."""
+    stop = session.stash.get(_STOP, None)
+    if stop is not None:
+        raise stop
 
 
 def _xdist_workers(config: pytest.Config) -> bool:
@@ -611,12 +627,13 @@ def build_endpoint(state: Ml4State, sim: Any) -> Any:
     else:
         base_url = config.getoption("ml4_endpoint") or os.environ.get(t.endpoint.url_env) or t.endpoint.default_url
         if not base_url:
-            pytest.exit(f"ml4: target {t.name} has no endpoint: export {t.endpoint.url_env}=https://HOST/v1, "
-                        f"pass --endpoint URL, or use --sim", returncode=4)
+            _exit(f"ml4: target {t.name} has no endpoint: export {t.endpoint.url_env}=https://HOST/v1, "
+                        f"pass --endpoint URL, or use --sim", 4)
     api_key = os.environ.get(key_var) if key_var else None
+    register_secret_env(key_var)  # before any line below could quote it (an endpoint echoing a refused key)
     if t.endpoint.requires_api_key and not api_key:
-        pytest.exit(f"ml4: target {t.name} needs an API key: environment variable {key_var} is not set "
-                    f"(or name another with --api-key-env)", returncode=4)
+        _exit(f"ml4: target {t.name} needs an API key: environment variable {key_var} is not set "
+              f"(or name another with --api-key-env)", 4)
     metrics_url = None
     if t.endpoint.metrics_url_env and os.environ.get(t.endpoint.metrics_url_env):
         metrics_url = os.environ[t.endpoint.metrics_url_env]
@@ -630,8 +647,13 @@ def build_endpoint(state: Ml4State, sim: Any) -> Any:
                   worker_metrics_urls=worker_metrics)
     problem = check_reachable(ep, key_source=key_var)
     if problem:
-        pytest.exit(f"ml4: {problem}", returncode=3)
+        _exit(f"ml4: {problem}", 3)
     return ep
+
+
+def _exit(message: str, returncode: int) -> NoReturn:
+    """Stop the session with one line, secrets masked (the line quotes what the endpoint answered)."""
+    pytest.exit(redact(message), returncode=returncode)
 
 
 @pytest.fixture(scope="session")

@@ -46,6 +46,27 @@ _SENSITIVE_KEY_RE = re.compile(r"(?i)^(?:authorization|proxy-authorization|cooki
 
 T = TypeVar("T")
 
+#: Command-line flags whose value is a secret (vLLM's and LiteLLM's): in ``engine.extra_args`` a key is a
+#: list item after the flag, where no text pattern sees it.
+SECRET_FLAGS = ("--api-key", "--hf-token", "--ssl-keyfile-password", "--master-key", "--token")
+
+
+def mask_secret_args(args: Iterable[Any]) -> list[Any]:
+    """``args`` with the value of every :data:`SECRET_FLAGS` flag masked (``--flag VALUE`` and ``--flag=VALUE``)."""
+    out: list[Any] = []
+    masked_next = False
+    for arg in args:
+        text = str(arg)
+        flag, eq, _value = text.partition("=")
+        if masked_next:
+            out.append(MASK)
+        elif eq and flag in SECRET_FLAGS:
+            out.append(f"{flag}={MASK}")
+        else:
+            out.append(arg)
+        masked_next = not masked_next and not eq and text in SECRET_FLAGS
+    return out
+
 
 @dataclass(frozen=True)
 class Leak:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_ml4 import process_groups
+from pytest_ml4.report.redact import mask_secret_args
 from pytest_ml4.server_lifecycle import ServerLifecycle, answers_200
 from pytest_ml4.sim.faults import FaultSpec, parse_fault
 from pytest_ml4.targets import Target
@@ -82,8 +83,11 @@ class SimServer(ServerLifecycle):
         import yaml
 
         path.parent.mkdir(parents=True, exist_ok=True)
+        data = target.model_dump(mode="json", exclude={"path"})
+        # A run artifact: a key in the engine's flags is masked (the simulator takes its key from the environment).
+        data["engine"]["extra_args"] = mask_secret_args(data["engine"].get("extra_args") or [])
         with open(path, "w") as fh:
-            yaml.safe_dump(target.model_dump(mode="json", exclude={"path"}), fh, sort_keys=False)
+            yaml.safe_dump(data, fh, sort_keys=False)
         return str(path)
 
     @staticmethod
@@ -91,6 +95,10 @@ class SimServer(ServerLifecycle):
         if overrides is None:
             return []
         if isinstance(overrides, Mapping):
+            # The child's command line is visible to every user of the machine: no key in engine.extra_args.
+            engine = overrides.get("engine")
+            if isinstance(engine, Mapping) and isinstance(engine.get("extra_args"), list):
+                overrides = {**overrides, "engine": {**engine, "extra_args": mask_secret_args(engine["extra_args"])}}
             return _flatten("", overrides)
         return [str(o) for o in overrides]
 
