@@ -221,6 +221,11 @@ class Ml4State:
         """The target has a proxy and this run talks to the engine behind it."""
         return self.target is not None and self.target.serving.bypassed_proxy is not None
 
+    @property
+    def collect_only(self) -> bool:
+        """``--collect-only``: nothing runs, so no run folder is made (``ml4-report latest`` would name it)."""
+        return bool(self.config.option.collectonly)
+
     # The run folder: one per run, never reused, so nothing is lost between runs.
     def ensure_run_dir(self) -> Path:
         if self.run_dir is not None:
@@ -237,7 +242,8 @@ class Ml4State:
             stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
             label = self.target.name if self.target else "no-target"
             path = base / f"{stamp}-{label}-{secrets.token_hex(3)}"
-        path.mkdir(parents=True, exist_ok=True)
+        if not self.collect_only:
+            path.mkdir(parents=True, exist_ok=True)
         self.run_dir = path.resolve()
         return self.run_dir
 
@@ -389,7 +395,7 @@ def _start_proxy(state: Ml4State, sim: Any, run_dir: Path) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     state = get_state(session.config)
-    if state.is_worker or state.target is None:
+    if state.is_worker or state.target is None or state.collect_only:
         return
     state.ensure_run_dir()
     if state.use_sim and state.sim is None:
@@ -478,7 +484,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         lines.append(f"ml4: real dynamo.frontend {fe['dynamo_version']} (pid {fe['pid']}, bridge "
                      f"{'on' if dyn['bridge'] else 'off'}) + {len(dyn['workers'])} Dynamo workers: "
                      f"{' '.join(fe['command'][1:])}")
-    if state.run_dir:
+    if state.run_dir and not state.collect_only:
         lines.append(f"ml4: artifacts {state.run_dir}")
     return lines
 

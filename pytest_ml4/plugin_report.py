@@ -226,7 +226,7 @@ def _share_labels(config: pytest.Config, rs: _ReportState) -> None:
     """xdist workers leave their label map in the run folder for the controller's crash results."""
     wi = getattr(config, "workerinput", None)
     state = _ml4_state(config)
-    if wi is None or state is None or state.run_dir is None:
+    if wi is None or state is None or state.run_dir is None or state.collect_only:
         return
     folder = state.run_dir / _LABELS_DIR
     folder.mkdir(parents=True, exist_ok=True)
@@ -368,6 +368,8 @@ class _ControllerHooks:
         state = _ml4_state(self.config)
         alluredir = _alluredir(self.config)
         run_dir = state.run_dir if state is not None and state.target is not None else None
+        if run_dir is not None and state.collect_only:
+            return  # nothing ran: no run folder, no summary (ml4-report latest would name an empty run)
         versions = _versions(state)
         if run_dir is not None:
             self._write_summary(exitstatus, versions)

@@ -182,6 +182,11 @@ def write_summary(run_dir: Path, doc: Mapping[str, Any]) -> Path:
     return path
 
 
+def has_results(doc: Mapping[str, Any]) -> bool:
+    """True when the run judged at least one check (a start that failed or was interrupted judged none)."""
+    return int((doc.get("tests") or {}).get("total") or 0) > 0
+
+
 def load_summary(run_dir_or_file: Path) -> dict[str, Any]:
     """Read a run's ``summary.json`` (given the run folder or the file)."""
     path = run_dir_or_file / SUMMARY_NAME if run_dir_or_file.is_dir() else run_dir_or_file
