@@ -131,7 +131,7 @@ class RealVllm(ServerLifecycle):
                                              stdin=subprocess.DEVNULL, cwd=str(REPO_ROOT))
         self._wait_until_healthy(self._answers_health, timeout, what="real vLLM", error=RealVllmError,
                                  details=lambda: f"command: {' '.join(argv)}\n--- log tail ({self.log_file}) ---\n"
-                                                 f"{self.log_tail()}", poll_s=0.5, deadline=t0 + timeout)
+                                                 f"{self.log_tail()}", poll_s=0.5)
         self.started_s = time.monotonic() - t0
         return self
 

@@ -20,7 +20,11 @@ from typing import Any
 
 from pytest_ml4 import process_groups
 from pytest_ml4.report.redact import mask_secret_args
-from pytest_ml4.server_lifecycle import ServerLifecycle, answers_200
+from pytest_ml4.server_lifecycle import (
+    PROGRESS_CAP_FACTOR,
+    ServerLifecycle,
+    answers_200,
+)
 from pytest_ml4.sim.faults import FaultSpec, parse_fault
 from pytest_ml4.targets import Target
 
@@ -116,7 +120,8 @@ class SimServer(ServerLifecycle):
     def start(self, timeout: float = 60.0) -> SimServer:
         if self.proc and self.proc.poll() is None:
             return self
-        deadline = time.monotonic() + timeout
+        # `timeout` is the time allowed without progress (the log growing); the cap bounds every attempt together.
+        deadline = time.monotonic() + timeout * PROGRESS_CAP_FACTOR
         for _attempt in range(3):
             if self._spawn_and_wait(deadline, timeout):
                 return self
@@ -158,7 +163,7 @@ class SimServer(ServerLifecycle):
 
         return self._wait_until_healthy(
             self._answers_health, timeout, what=f"simulator for {self.target_ref}", error=SimServerError,
-            details=details, poll_s=0.05, deadline=deadline,
+            details=details, poll_s=0.05, deadline=deadline, logs=(self.log_file, stderr_path),
             retry_on_exit=lambda: not self._requested_port and "address already in use" in stderr_tail().lower())
 
     def _answers_health(self) -> bool:
