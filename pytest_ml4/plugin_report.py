@@ -317,7 +317,15 @@ def _scrub_report(report: pytest.TestReport) -> None:
         if REDACTOR.find_leaks(text):
             report.longrepr = REDACTOR.redact_text(text)
     report.sections = [(title, REDACTOR.redact_text(body)) for title, body in report.sections]
-    report.user_properties = [(k, REDACTOR(v)) for k, v in report.user_properties]
+    if hasattr(report, "user_properties"):
+        report.user_properties = [(k, REDACTOR(v)) for k, v in report.user_properties]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """A collection error is scrubbed before the terminal or an xdist worker's channel sees it."""
+    if report.failed:
+        _scrub_report(report)  # type: ignore[arg-type]
 
 
 class _ControllerHooks:
