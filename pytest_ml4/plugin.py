@@ -399,7 +399,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return
     state.ensure_run_dir()
     if state.use_sim and state.sim is None:
-        _start_sim(state)
+        try:
+            _start_sim(state)
+        except pytest.UsageError as err:  # it quotes log tails: a key a process logged must not reach the console
+            raise pytest.UsageError(redact(str(err))) from None
     if _xdist_workers(session.config) and not state.use_sim and _needs_endpoint(session.config):
         # Workers cannot stop the whole session cleanly, so the controller checks a live endpoint up front. It
         # stops the session at collection: pytest prints an exit raised here twice ("Exit: ..." and "! ... !").

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from test_process_groups import wait_dead
+from test_sim_support import kill_processes_mentioning, processes_mentioning
 
 REPO = Path(__file__).resolve().parent.parent
 PYTEST = [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider"]
@@ -157,3 +158,30 @@ def test_ctrl_c_while_the_proxy_starts(run_pytest, tmp_path: Path) -> None:
     os.killpg(proc.pid, signal.SIGINT)
     out = _finish(proc, run, below)
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-3000:]
+
+
+@pytest.mark.nightly
+def test_a_failed_start_ends_what_started_and_leaves_a_summary(run_pytest, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulator starts, LiteLLM cannot (not installed): one line, exit 4, the simulator ended, and the run
+    folder's summary says interrupted (pytest calls no sessionfinish after a failed start).
+
+    Nightly: a simulator start (about 30 s on two loaded cores) for a path that differs from the Ctrl-C-while-
+    the-proxy-starts test above only by the exception (the same summary hook and the same teardown)."""
+    run = tmp_path / "run"
+    empty_tools = tmp_path / "tools"
+    empty_tools.mkdir()
+    monkeypatch.setenv("ML4_TOOLS", str(empty_tools))
+    proc = run_pytest(["--target", "rtxpro6000-tp8", "--sim", "suites/test_smoke.py", "-k", "health"])
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, out[-3000:]
+    assert "ERROR: ml4: the LiteLLM proxy for rtxpro6000-tp8 did not start: LiteLLM" in out
+    assert (run / "sim" / "engine.log").is_file(), "the simulator had started"
+    # The simulator's command line names the run folder: by then nothing may still run that names it.
+    deadline = time.monotonic() + 10
+    while processes_mentioning(str(run)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = kill_processes_mentioning(str(run))
+    assert not left, "still running after the failed start:\n" + "\n".join(left)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["exit_status"] == 4
