@@ -130,6 +130,8 @@ def install_signal_handlers() -> None:
     if _installs > 1:
         return
     for sig in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            continue  # ignored on purpose (a background job of a shell, nohup): stays ignored
         _previous_handlers[sig] = signal.signal(sig, _on_signal)
 
 
