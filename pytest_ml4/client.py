@@ -37,6 +37,9 @@ from pytest_ml4.guard import (
 
 #: Connect timeout: an unreachable endpoint must be reported within seconds, not minutes.
 CONNECT_TIMEOUT_S = 5.0
+#: How long the start-of-session ``/models`` probe waits for an answer once connected: a loaded deployment
+#: answering in 10 s is slow, not unreachable (only the connection is held to CONNECT_TIMEOUT_S).
+PROBE_ANSWER_TIMEOUT_S = 60.0
 #: How much of an unexpected body is quoted in an error message.
 QUOTE_CHARS = 200
 
@@ -216,9 +219,13 @@ def check_reachable(ep: Endpoint, timeout: float = CONNECT_TIMEOUT_S, key_source
     the tests' business. ``key_source`` names where the key came from (the variable), never the key.
     """
     url = f"{ep.base_url}/models"
+    answer_s = max(timeout, PROBE_ANSWER_TIMEOUT_S)
     try:
-        with httpx.Client(timeout=httpx.Timeout(timeout), headers=ep.auth_headers()) as http:
+        with httpx.Client(timeout=httpx.Timeout(answer_s, connect=timeout), headers=ep.auth_headers()) as http:
             resp = http.get(url)
+    except httpx.ReadTimeout:
+        return (f"endpoint {display_url(url)} accepted the connection but sent no answer within {answer_s:.0f} s "
+                f"(reachable, but stalled or overloaded)")
     except httpx.HTTPError as err:
         return f"endpoint {display_url(url)} is unreachable: {type(err).__name__}: {_one_line(str(err)) or 'no detail'}"
     if ep.api_key and key_refusal(resp.status_code, resp.text) is not None:

@@ -15,10 +15,12 @@ import os
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
+from pytest_ml4 import process_groups
+from pytest_ml4.report.redact import redact, register_secret_env
 from pytest_ml4.plugin_common import STATE_KEY, get_state, int_opt
 from pytest_ml4.plugin_guard import session_deadlines
 from pytest_ml4.plugin_common import opt as _opt
@@ -70,6 +72,8 @@ OTHER_MARKERS = {
     "exclusive": "needs the endpoint to itself: under pytest-xdist no other worker's test runs while one of these "
                  "(with the fixtures it sets up or tears down) does (pytest_ml4/endpoint_lock.py)",
 }
+
+_GROUPS_MARK = pytest.StashKey[int]()
 
 # Keys carried from the xdist controller to its workers.
 _WI_TARGET = "ml4_target_path"
@@ -128,6 +132,9 @@ def pytest_configure(config: pytest.Config) -> None:
         for name, text in table.items():
             config.addinivalue_line("markers", f"{name}: {text}")
     config.stash[STATE_KEY] = Ml4State.from_config(config)
+    # SIGTERM is an interrupt like Ctrl-C; a second one ends every process the session started at once.
+    config.stash[_GROUPS_MARK] = process_groups.mark()
+    process_groups.install_signal_handlers()
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(), "ml4-xdist-hooks")
 
@@ -216,6 +223,11 @@ class Ml4State:
         """The target has a proxy and this run talks to the engine behind it."""
         return self.target is not None and self.target.serving.bypassed_proxy is not None
 
+    @property
+    def collect_only(self) -> bool:
+        """``--collect-only``: nothing runs, so no run folder is made (``ml4-report latest`` would name it)."""
+        return bool(self.config.option.collectonly)
+
     # The run folder: one per run, never reused, so nothing is lost between runs.
     def ensure_run_dir(self) -> Path:
         if self.run_dir is not None:
@@ -232,7 +244,8 @@ class Ml4State:
             stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
             label = self.target.name if self.target else "no-target"
             path = base / f"{stamp}-{label}-{secrets.token_hex(3)}"
-        path.mkdir(parents=True, exist_ok=True)
+        if not self.collect_only:
+            path.mkdir(parents=True, exist_ok=True)
         self.run_dir = path.resolve()
         return self.run_dir
 
@@ -384,14 +397,32 @@ def _start_proxy(state: Ml4State, sim: Any, run_dir: Path) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     state = get_state(session.config)
-    if state.is_worker or state.target is None:
+    if state.is_worker or state.target is None or state.collect_only:
         return
     state.ensure_run_dir()
     if state.use_sim and state.sim is None:
-        _start_sim(state)
+        try:
+            _start_sim(state)
+        except pytest.UsageError as err:  # it quotes log tails: a key a process logged must not reach the console
+            raise pytest.UsageError(redact(str(err))) from None
     if _xdist_workers(session.config) and not state.use_sim and _needs_endpoint(session.config):
-        # Workers cannot stop the whole session cleanly, so the controller checks a live endpoint up front.
-        build_endpoint(state, None)
+        # Workers cannot stop the whole session cleanly, so the controller checks a live endpoint up front. It
+        # stops the session at collection: pytest prints an exit raised here twice ("Exit: ..." and "! ... !").
+        try:
+            build_endpoint(state, None)
+        except pytest.exit.Exception as stop:
+            session.stash[_STOP] = stop
+
+
+_STOP = pytest.StashKey[BaseException]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection(session: pytest.Session) -> None:
+    """The controller's stop decided at start (see ``pytest_sessionstart``), raised where pytest prints it once."""
+    stop = session.stash.get(_STOP, None)
+    if stop is not None:
+        raise stop
 
 
 def _xdist_workers(config: pytest.Config) -> bool:
@@ -428,6 +459,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if state.sim is not None:
         state.sim.stop()
         state.sim = None
+    # Whatever the objects above no longer knew about (a proxy interrupted while it started, an aiperf group
+    # interrupted while it was being stopped) is ended by the registry.
+    process_groups.end_all(since=config.stash.get(_GROUPS_MARK, 0))
+    process_groups.uninstall_signal_handlers()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -454,7 +489,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         lines.append(f"ml4: real dynamo.frontend {fe['dynamo_version']} (pid {fe['pid']}, bridge "
                      f"{'on' if dyn['bridge'] else 'off'}) + {len(dyn['workers'])} Dynamo workers: "
                      f"{' '.join(fe['command'][1:])}")
-    if state.run_dir:
+    if state.run_dir and not state.collect_only:
         lines.append(f"ml4: artifacts {state.run_dir}")
     return lines
 
@@ -603,12 +638,13 @@ def build_endpoint(state: Ml4State, sim: Any) -> Any:
     else:
         base_url = config.getoption("ml4_endpoint") or os.environ.get(t.endpoint.url_env) or t.endpoint.default_url
         if not base_url:
-            pytest.exit(f"ml4: target {t.name} has no endpoint: export {t.endpoint.url_env}=https://HOST/v1, "
-                        f"pass --endpoint URL, or use --sim", returncode=4)
+            _exit(f"ml4: target {t.name} has no endpoint: export {t.endpoint.url_env}=https://HOST/v1, "
+                        f"pass --endpoint URL, or use --sim", 4)
     api_key = os.environ.get(key_var) if key_var else None
+    register_secret_env(key_var)  # before any line below could quote it (an endpoint echoing a refused key)
     if t.endpoint.requires_api_key and not api_key:
-        pytest.exit(f"ml4: target {t.name} needs an API key: environment variable {key_var} is not set "
-                    f"(or name another with --api-key-env)", returncode=4)
+        _exit(f"ml4: target {t.name} needs an API key: environment variable {key_var} is not set "
+              f"(or name another with --api-key-env)", 4)
     metrics_url = None
     if t.endpoint.metrics_url_env and os.environ.get(t.endpoint.metrics_url_env):
         metrics_url = os.environ[t.endpoint.metrics_url_env]
@@ -622,8 +658,13 @@ def build_endpoint(state: Ml4State, sim: Any) -> Any:
                   worker_metrics_urls=worker_metrics, deadlines=session_deadlines(config, t))
     problem = check_reachable(ep, key_source=key_var)
     if problem:
-        pytest.exit(f"ml4: {problem}", returncode=3)
+        _exit(f"ml4: {problem}", 3)
     return ep
+
+
+def _exit(message: str, returncode: int) -> NoReturn:
+    """Stop the session with one line, secrets masked (the line quotes what the endpoint answered)."""
+    pytest.exit(redact(message), returncode=returncode)
 
 
 @pytest.fixture(scope="session")

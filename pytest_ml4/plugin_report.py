@@ -226,7 +226,7 @@ def _share_labels(config: pytest.Config, rs: _ReportState) -> None:
     """xdist workers leave their label map in the run folder for the controller's crash results."""
     wi = getattr(config, "workerinput", None)
     state = _ml4_state(config)
-    if wi is None or state is None or state.run_dir is None:
+    if wi is None or state is None or state.run_dir is None or state.collect_only:
         return
     folder = state.run_dir / _LABELS_DIR
     folder.mkdir(parents=True, exist_ok=True)
@@ -317,7 +317,15 @@ def _scrub_report(report: pytest.TestReport) -> None:
         if REDACTOR.find_leaks(text):
             report.longrepr = REDACTOR.redact_text(text)
     report.sections = [(title, REDACTOR.redact_text(body)) for title, body in report.sections]
-    report.user_properties = [(k, REDACTOR(v)) for k, v in report.user_properties]
+    if hasattr(report, "user_properties"):
+        report.user_properties = [(k, REDACTOR(v)) for k, v in report.user_properties]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """A collection error is scrubbed before the terminal or an xdist worker's channel sees it."""
+    if report.failed:
+        _scrub_report(report)  # type: ignore[arg-type]
 
 
 class _ControllerHooks:
@@ -343,17 +351,36 @@ class _ControllerHooks:
             write_crash_result(Path(alluredir), report.nodeid, message, labels, title, report.duration)
         report.ml4_status = "broken"
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> Iterator[None]:
+        """pytest calls no ``pytest_sessionfinish`` when the start failed (the deployment did not start, Ctrl-C or
+        SIGTERM while it started): the run folder gets its summary here, marked interrupted."""
+        try:
+            return (yield)
+        except BaseException as exc:
+            state = _ml4_state(self.config)
+            if state is not None and state.target is not None and state.run_dir is not None:
+                self._write_summary(_start_failure_status(exc), {}, interrupted=True)
+            raise
+
+    def _write_summary(self, exitstatus: int, versions: dict[str, str], interrupted: bool | None = None) -> None:
+        state = _ml4_state(self.config)
+        doc = build_summary(run_dir=state.run_dir, target=state.target.name, simulated=state.use_sim,
+                            faults=state.faults, versions=versions, checks=list(self.rs.checks.values()),
+                            started=self.rs.started, finished=time.time(), exit_status=int(exitstatus),
+                            interrupted=interrupted)
+        write_summary(state.run_dir, doc)
+
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         state = _ml4_state(self.config)
         alluredir = _alluredir(self.config)
         run_dir = state.run_dir if state is not None and state.target is not None else None
+        if run_dir is not None and state.collect_only:
+            return  # nothing ran: no run folder, no summary (ml4-report latest would name an empty run)
         versions = _versions(state)
         if run_dir is not None:
-            doc = build_summary(run_dir=run_dir, target=state.target.name, simulated=state.use_sim,
-                                faults=state.faults, versions=versions, checks=list(self.rs.checks.values()),
-                                started=self.rs.started, finished=time.time(), exit_status=int(exitstatus))
-            write_summary(run_dir, doc)
+            self._write_summary(exitstatus, versions)
         if alluredir is None:
             return
         target = state.target if state is not None else None
@@ -378,6 +405,17 @@ class _ControllerHooks:
         if Path(alluredir).resolve().parent == state.run_dir.resolve():
             terminalreporter.write_line(f"ml4 report: Allure results in {alluredir}; "
                                         f"HTML: ml4-report generate {state.run_dir}")
+
+
+def _start_failure_status(exc: BaseException) -> int:
+    """The exit status pytest gives a session whose start raised ``exc``."""
+    if isinstance(exc, pytest.UsageError):
+        return int(pytest.ExitCode.USAGE_ERROR)
+    if isinstance(exc, pytest.exit.Exception) and exc.returncode is not None:
+        return int(exc.returncode)
+    if isinstance(exc, (KeyboardInterrupt, pytest.exit.Exception)):
+        return int(pytest.ExitCode.INTERRUPTED)
+    return int(pytest.ExitCode.INTERNAL_ERROR)
 
 
 def _versions(state: Any) -> dict[str, str]:

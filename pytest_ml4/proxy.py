@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -36,6 +35,7 @@ from typing import Any
 import httpx
 import yaml
 
+from pytest_ml4 import process_groups
 from pytest_ml4.targets import Target
 from pytest_ml4.tools import tools_dir, venv_executable
 
@@ -191,11 +191,10 @@ class LiteLLMProxy:
         self.port = free_port()
         log = open(self.log_file, "ab")
         try:
-            # Own session: stop() can end the proxy and anything it forked by the group id of this child.
-            self._proc = subprocess.Popen(
+            # An owned group: stop() (or the session's end, whatever ended it) ends the proxy and what it forked.
+            self._proc = process_groups.popen(
                 [str(exe), "--config", str(self.config_file), "--host", "127.0.0.1", "--port", str(self.port)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=self.workdir,
-                start_new_session=True)
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=self.workdir)
         finally:
             log.close()
         self._wait_live(timeout)
@@ -224,20 +223,7 @@ class LiteLLMProxy:
 
     def stop(self, grace_s: float = 10.0) -> None:
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=5)
+        process_groups.stop(proc, grace_s)
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None

@@ -327,13 +327,52 @@ def load_target(name_or_path: str | os.PathLike[str], directory: Path | None = N
         if not path.is_file():
             raise TargetError(f"unknown target '{text}'; known targets: {', '.join(known_targets(d)) or '(none)'}"
                               f" (in {d})")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise TargetError(f"invalid target file {path}: YAML error: {err}") from None
+    data = read_yaml_strict(path)
     if overrides:
         data = deep_merge(data if isinstance(data, dict) else {}, overrides)
     return parse_target(data, path)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses a key given twice in one mapping (plain YAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {seen[key]})", key_node.start_mark)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping)
+
+
+def yaml_error_line(err: yaml.YAMLError) -> str:
+    """A YAML error on one line: ``line L, column C: problem`` (PyYAML's own text spans several lines)."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    problem = getattr(err, "problem", None) or str(err)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + " ".join(str(problem).split())
+
+
+def read_yaml_strict(path: Path) -> Any:
+    """A target file's YAML, or a :class:`TargetError` of one line naming the file and line: not UTF-8, a
+    YAML error, a tag the safe loader refuses, or a key given twice."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise TargetError(f"invalid target file {path}: line {line}: not UTF-8 text (byte "
+                          f"0x{raw[err.start]:02x})") from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        raise TargetError(f"invalid target file {path}: {yaml_error_line(err)}") from None
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -351,7 +390,10 @@ def parse_override(expr: str) -> dict[str, Any]:
     if "=" not in expr:
         raise TargetError(f"override '{expr}' must look like section.field=value")
     key, _, raw = expr.partition("=")
-    value = yaml.safe_load(raw)
+    try:
+        value = yaml.load(raw, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        raise TargetError(f"override '{key}=...': the value is not valid YAML: {yaml_error_line(err)}") from None
     out: dict[str, Any] = {}
     cur = out
     parts = key.strip().split(".")

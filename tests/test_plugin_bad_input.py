@@ -115,6 +115,8 @@ def test_bad_input_ends_in_one_line(case: dict[str, Any], tmp_path: Path, reques
     if case.get("count", 1) != "any":
         messages = {_message(ln) for ln in hits}
         assert len(messages) == case.get("count", 1), f"one line, not {len(messages)}:\n" + "\n".join(hits)
+    if "lines" in case:
+        assert len(hits) == case["lines"], f"{case['lines']} line(s), not {len(hits)}:\n" + "\n".join(hits)
     assert proc.returncode == case["rc"], f"exit {proc.returncode}, expected {case['rc']}:\n{out[-3000:]}"
     assert "Traceback" not in out and "INTERNALERROR" not in out, out[-3000:]
 

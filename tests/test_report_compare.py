@@ -60,7 +60,7 @@ def test_summary_holds_gates_versions_and_perf_per_concurrency(tmp_path: Path) -
     run = _run(tmp_path, "r1", points=_points(), outcome="failed")
     doc = json.loads((run / "summary.json").read_text())
     assert doc["schema"] == 1 and doc["target"] == "rtxpro6000-tp8" and doc["versions"]["engine"] == "0.33.0"
-    assert doc["tests"] == {"total": 2, "passed": 1, "failed": 1, "broken": 0, "skipped": 0}
+    assert doc["tests"] == {"total": 2, "passed": 1, "failed": 1, "broken": 0, "skipped": 0, "not_judged": 0}
     assert doc["suites"]["tools"]["failed"] == 1
     gates = {g["name"]: g["passed"] for g in doc["gates"]}
     assert gates == {"suite: smoke": True, "suite: tools": False, "perf sweep: zero errors": False,
@@ -170,3 +170,43 @@ def test_short_runs_meet_the_baseline_only_on_short_run_figures_and_unlike_runs_
     assert {r.subject for r in comp.regressions} == {f"c{c} tok_s_user" for c in (1, 2, 4, 8, 16, 32, 64)}
     (note,) = [r for r in comp.rows if r.scope == "vs previous"]
     assert note.subject == "perf settings" and "osl=4096" in str(note.reference) and not note.regressed
+
+
+def _empty_run(root: Path, name: str, started: float) -> Path:
+    """A run whose start failed or was interrupted: a summary with no check judged (issue 23 item 9)."""
+    run = root / name
+    run.mkdir(parents=True)
+    write_summary(run, build_summary(run_dir=run, target="rtxpro6000-tp8", simulated=True, faults=(), versions={},
+                                     checks=[], started=started, finished=started + 1, exit_status=2,
+                                     interrupted=True))
+    return run
+
+
+def test_latest_names_the_newest_run_with_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _run(tmp_path, "20261102-a", points=None, started=1.1e9)
+    _empty_run(tmp_path, "20261103-interrupted", started=1.2e9)
+    assert main(["latest", "--runs", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "20261102-a")
+
+
+def test_latest_with_only_empty_runs_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _empty_run(tmp_path, "20261103-interrupted", started=1.2e9)
+    assert main(["latest", "--runs", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"ml4-report latest: no run folder with results under {tmp_path}"
+
+
+def test_compare_with_nothing_to_compare_says_so_and_fails(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    _run(tmp_path, "20261102-a", points=None, started=1.1e9)
+    _empty_run(tmp_path, "20261103-interrupted", started=1.2e9)  # not an earlier run to compare with either
+    assert main(["compare", "--runs", str(tmp_path), "--baseline", "none"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"ml4-report compare: nothing to compare: run 20261102-a of target rtxpro6000-tp8 has no earlier run with "
+        f"results under {tmp_path} and no baseline")
+
+
+def test_control_compare_with_an_earlier_run_compares(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _run(tmp_path, "20261101-a", points=None, started=1.0e9)
+    _run(tmp_path, "20261102-a", points=None, started=1.1e9)
+    assert main(["compare", "--runs", str(tmp_path), "--baseline", "none", "--png", str(tmp_path / "t.png")]) == 0
+    assert "previous run: 20261101-a" in capsys.readouterr().out

@@ -3,9 +3,12 @@ Dynamo processes share: ready, died first, deadline passed, and the retry hook."
 
 from __future__ import annotations
 
+import itertools
+import re
 import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -62,3 +65,47 @@ def test_deadline_stops_the_process_and_names_the_url() -> None:
         _wait(proc, False, cleaned, timeout=0, deadline=0.0)  # a deadline already passed: no waiting on load
     assert str(err.value).splitlines()[0] == "test server not healthy on http://127.0.0.1:9/health after 0 s"
     assert cleaned and proc.poll() is not None
+
+
+# ---------------------------------------------------------------------- progress (issue 23 item 10)
+# The wait is driven by what the probes return, counted in polls, not by the clock of a loaded machine: a start
+# that shows progress on every poll must outlive `timeout`; one that shows none fails naming what is missing.
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield proc
+    proc.kill()
+    proc.wait(10)
+
+
+def _progress_wait(proc: subprocess.Popen[bytes], ready: Callable[[], bool], progress: Callable[[], object], *,
+                   timeout: float, cap_s: float) -> bool:
+    return wait_until_healthy(lambda: proc, ready, what="test server", url="http://127.0.0.1:9/health",
+                              error=StartFailed, details=lambda: "log tail: boom", cleanup=lambda: None,
+                              poll_s=0.02, timeout=timeout, progress=progress, cap_s=cap_s,
+                              missing=lambda: "workers registered in /health: decode#0")
+
+
+def test_a_start_that_keeps_making_progress_outlives_the_window(sleeper: subprocess.Popen[bytes]) -> None:
+    polls = itertools.count()
+    started = time.monotonic()
+    # Ready at the 3rd window's end at the earliest; every poll is progress (a log that keeps growing).
+    assert _progress_wait(sleeper, lambda: time.monotonic() - started > 0.6, lambda: next(polls),
+                          timeout=0.2, cap_s=120) is True
+
+
+def test_a_start_without_progress_fails_naming_what_is_missing(sleeper: subprocess.Popen[bytes]) -> None:
+    with pytest.raises(StartFailed) as err:
+        _progress_wait(sleeper, lambda: False, lambda: "same log size", timeout=0.2, cap_s=120)
+    first = str(err.value).splitlines()[0]
+    assert re.fullmatch(r"test server not healthy on http://127\.0\.0\.1:9/health after \d+ s \(0 s without "
+                        r"progress\); still missing: workers registered in /health: decode#0", first), first
+
+
+def test_the_cap_ends_a_start_that_never_finishes(sleeper: subprocess.Popen[bytes]) -> None:
+    polls = itertools.count()
+    with pytest.raises(StartFailed) as err:
+        _progress_wait(sleeper, lambda: False, lambda: next(polls), timeout=60, cap_s=0.3)
+    first = str(err.value).splitlines()[0]
+    assert re.fullmatch(r"test server not healthy on http://127\.0\.0\.1:9/health after \d+ s; still missing: "
+                        r"workers registered in /health: decode#0", first), first

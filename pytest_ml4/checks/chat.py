@@ -19,6 +19,7 @@ import openai
 from pytest_ml4.checks.protocol import Assembled, assert_stream_clean, assert_stream_equals_non_stream
 from pytest_ml4.client import explain_openai_error, quote_body
 from pytest_ml4.probe import StreamResult, probe_chat_stream
+from pytest_ml4.report.redact import redact
 
 #: Request fields the openai SDK's ``chat.completions.create`` takes as keyword arguments.
 SDK_FIELDS = frozenset({"model", "messages", "tools", "tool_choice", "parallel_tool_calls", "max_tokens",
@@ -111,7 +112,7 @@ def save_transcript(directory: Path, name: str, result: StreamResult) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:150]
     path = directory / f"{safe}.sse.txt"
-    path.write_text(result.to_transcript())
+    path.write_text(redact(result.to_transcript()))  # a run artifact: a key split across chunks is masked too
     attach(path, f"SSE transcript {name}")
     return path
 

@@ -9,7 +9,6 @@ choice, ``max_num_seqs``, ``max_num_batched_tokens``); scale, memory and specula
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -17,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
-from pytest_ml4 import tools
+from pytest_ml4 import process_groups, tools
 from pytest_ml4.server_lifecycle import ServerLifecycle, answers_200
 from pytest_ml4.targets import REPO_ROOT, Target
 
@@ -128,11 +127,11 @@ class RealVllm(ServerLifecycle):
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         with open(self.log_file, "ab") as log:
-            self.proc = subprocess.Popen(argv, env=self.child_env(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(REPO_ROOT))
+            self.proc = process_groups.popen(argv, env=self.child_env(), stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, cwd=str(REPO_ROOT))
         self._wait_until_healthy(self._answers_health, timeout, what="real vLLM", error=RealVllmError,
                                  details=lambda: f"command: {' '.join(argv)}\n--- log tail ({self.log_file}) ---\n"
-                                                 f"{self.log_tail()}", poll_s=0.5, deadline=t0 + timeout)
+                                                 f"{self.log_tail()}", poll_s=0.5)
         self.started_s = time.monotonic() - t0
         return self
 
@@ -143,18 +142,7 @@ class RealVllm(ServerLifecycle):
         """SIGTERM to the server's own process group (it and the EngineCore it spawned), SIGKILL after
         ``timeout``."""
         proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)  # the group is the session this object started (start_new_session)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=timeout)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        process_groups.stop(proc, timeout)
 
     def __repr__(self) -> str:
         return f"RealVllm(url={self.url!r}, pid={self.pid})"

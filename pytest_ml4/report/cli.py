@@ -123,6 +123,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 return EXIT_USAGE
             baseline = load_baseline(path)
     comp = compare_runs(runs, baseline, tolerance)
+    if comp.previous is None and comp.baseline is None:
+        print(f"ml4-report compare: nothing to compare: run {comp.latest} of target {target_name} has no earlier "
+              f"run with results under {args.runs} and no baseline", file=sys.stderr)
+        return EXIT_USAGE
     print(format_table(comp))
     png = args.png or args.runs / runs[-1]["run_id"] / "trend.png"
     drawn = trend_png(runs, png, baseline)
@@ -143,9 +147,9 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
 
 def cmd_latest(args: argparse.Namespace) -> int:
-    runs = runs_in(args.runs, args.target)
+    runs = runs_in(args.runs, args.target, with_results=True)
     if not runs:
-        print(f"ml4-report latest: no run folders under {args.runs}", file=sys.stderr)
+        print(f"ml4-report latest: no run folder with results under {args.runs}", file=sys.stderr)
         return EXIT_USAGE
     print(runs[-1])
     return EXIT_OK

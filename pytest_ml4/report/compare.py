@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_ml4.report.summary import SUMMARY_NAME, load_summary, perf_points
+from pytest_ml4.report.summary import SUMMARY_NAME, has_results, load_summary, perf_points
 
 #: The figures compared and drawn: the seed results table's columns plus the error rate (pytest_ml4.perf.figures).
 #: Other numbers in a perf summary (request counts, run durations, decode-concurrency maxima) describe the run,
@@ -141,8 +141,8 @@ def stored_runs(root: Path, target: str | None = None) -> list[dict[str, Any]]:
             doc = load_summary(path)
         except (OSError, ValueError):
             continue  # a run still in progress or from an older schema is not part of the trend
-        if target is None or doc.get("target") == target:
-            docs.append(doc)
+        if has_results(doc) and (target is None or doc.get("target") == target):
+            docs.append(doc)  # a run that judged nothing (its start failed or was interrupted) has no figures
     return sorted(docs, key=lambda d: (d.get("started") or "", d.get("run_id") or ""))
 
 

@@ -15,7 +15,7 @@ import json
 import re
 from pathlib import Path
 
-from pytest_ml4.report.summary import SUMMARY_NAME
+from pytest_ml4.report.summary import SUMMARY_NAME, has_results
 
 REPORT_DIRNAME = "allure-report"
 RESULTS_DIRNAME = "allure-results"
@@ -67,11 +67,14 @@ def _run_order(run_dir: Path) -> tuple[str, str]:
     return (_summary(run_dir).get("started") or "", run_dir.name)
 
 
-def runs_in(root: Path, target: str | None = None) -> list[Path]:
-    """Run folders (those with a ``summary.json``) under ``root``, optionally of one target, oldest first."""
+def runs_in(root: Path, target: str | None = None, *, with_results: bool = False) -> list[Path]:
+    """Run folders (those with a ``summary.json``) under ``root``, optionally of one target and only those that
+    judged a check (``with_results``), oldest first."""
     if not root.is_dir():
         return []
     runs = [p for p in root.iterdir() if p.is_dir() and (p / SUMMARY_NAME).is_file()]
+    if with_results:
+        runs = [p for p in runs if has_results(_summary(p))]
     if target is not None:
         runs = [p for p in runs if run_target(p) == target]
     return sorted(runs, key=_run_order)

@@ -10,12 +10,17 @@ Others call the module-level :func:`redact` before attaching anything::
     from pytest_ml4.report.redact import redact
     allure.attach(redact(response.text), "response", allure.attachment_type.JSON)
 
+Text holding an SSE stream (``data: {...}`` lines) is also redacted *after it is assembled*: the deltas of each
+choice (content, reasoning, tool-call arguments) are joined, and a secret found in the joined text masks every
+chunk that carries part of it, so a key the server split across chunks does not survive in a transcript.
+
 It keeps the type: ``str`` in, ``str`` out; ``bytes`` in, ``bytes`` out; dicts/lists are walked (values under
 sensitive keys are masked whole). :func:`find_leaks` is the inverse check the secret-scan tests use.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -45,6 +50,27 @@ _USERINFO_RE = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@:]+:[^/\s@]+@")
 _SENSITIVE_KEY_RE = re.compile(r"(?i)^(?:authorization|proxy-authorization|cookie|set-cookie|" + _KEY_NAMES + r")$")
 
 T = TypeVar("T")
+
+#: Command-line flags whose value is a secret (vLLM's and LiteLLM's): in ``engine.extra_args`` a key is a
+#: list item after the flag, where no text pattern sees it.
+SECRET_FLAGS = ("--api-key", "--hf-token", "--ssl-keyfile-password", "--master-key", "--token")
+
+
+def mask_secret_args(args: Iterable[Any]) -> list[Any]:
+    """``args`` with the value of every :data:`SECRET_FLAGS` flag masked (``--flag VALUE`` and ``--flag=VALUE``)."""
+    out: list[Any] = []
+    masked_next = False
+    for arg in args:
+        text = str(arg)
+        flag, eq, _value = text.partition("=")
+        if masked_next:
+            out.append(MASK)
+        elif eq and flag in SECRET_FLAGS:
+            out.append(f"{flag}={MASK}")
+        else:
+            out.append(arg)
+        masked_next = not masked_next and not eq and text in SECRET_FLAGS
+    return out
 
 
 @dataclass(frozen=True)
@@ -92,7 +118,12 @@ class Redactor:
 
     # ------------------------------------------------------------------------------------------ scrubbing
     def redact_text(self, text: str) -> str:
-        """Redact a string."""
+        """Redact a string (an SSE stream in it also after assembling its deltas)."""
+        if _SSE_DATA_RE.search(text):
+            text = self._redact_sse_pieces(text)
+        return self._redact_plain(text)
+
+    def _redact_plain(self, text: str) -> str:
         for secret in self.secrets():
             text = text.replace(secret, MASK)
         for secret in self.secrets():
@@ -131,9 +162,54 @@ class Redactor:
             return type(obj)(self.redact_bytes(bytes(obj)))  # type: ignore[return-value]
         return self.redact_json(obj)
 
+    def _redact_sse_pieces(self, text: str) -> str:
+        """Mask every SSE chunk's piece of text that holds part of a secret found in its assembled stream."""
+        lines = text.split("\n")
+        masked: set[tuple[int, tuple[Any, ...]]] = set()
+        for pieces in _sse_streams(lines).values():
+            joined = "".join(piece.value for piece in pieces)
+            spans = self._leak_spans(joined)
+            offset = 0
+            for piece in pieces:
+                end = offset + len(piece.value)
+                if any(a < end and offset < b for a, b in spans):
+                    masked.add((piece.line, piece.path))
+                offset = end
+        for line_no in sorted({line for line, _ in masked}):
+            m = _SSE_LINE_RE.match(lines[line_no])
+            assert m is not None  # a piece came from this line
+            obj = json.loads(m.group("payload"))
+            for line, path in masked:
+                if line == line_no:
+                    _set_path(obj, path, MASK)
+            lines[line_no] = f"{m.group('prefix')}data: {json.dumps(obj, ensure_ascii=False)}"
+        return "\n".join(lines)
+
+    def _leak_spans(self, text: str) -> list[tuple[int, int]]:
+        spans: list[tuple[int, int]] = []
+        for secret in self.secrets():
+            spans += [(m.start(), m.end()) for m in re.finditer(re.escape(secret), text)]
+            spans += _fragment_spans(text, secret)
+        for regex in (_SCHEME_RE, _SK_RE, _PAIR_RE, _USERINFO_RE):
+            spans += [(m.start(), m.end()) for m in regex.finditer(text)]
+        return spans
+
     # ------------------------------------------------------------------------------------------ checking
     def find_leaks(self, text: str) -> list[Leak]:
-        """Secrets (known values or secret-shaped strings) still present in ``text``."""
+        """Secrets (known values or secret-shaped strings) still present in ``text``, also in the assembled text
+        of an SSE stream in it (a key split across chunks)."""
+        leaks = self._find_plain_leaks(text)
+        if _SSE_DATA_RE.search(text):
+            for key, pieces in _sse_streams(text.split("\n")).items():
+                joined = "".join(piece.value for piece in pieces)
+                if not self._find_plain_leaks(joined):
+                    continue
+                masked = self._redact_plain(joined)
+                leaks.append(Leak(f"split across SSE chunks ({'.'.join(map(str, key))})", 0,
+                                  masked[:60].replace("\n", "\\n")))
+        return leaks
+
+    def _find_plain_leaks(self, text: str) -> list[Leak]:
         leaks: list[Leak] = []
         for secret in self.secrets():
             start = text.find(secret)
@@ -147,6 +223,68 @@ class Redactor:
             for m in regex.finditer(text):
                 leaks.append(Leak(kind, m.start(), _context(text, m.start(), m.end() - m.start())))
         return leaks
+
+
+# A data line as sent, or as the probe's transcript writes it ("[+   0.012s] event: x data: {...}").
+_SSE_DATA_RE = re.compile(r"(?m)^[^{\"\n]*data: ?\{")
+_SSE_LINE_RE = re.compile(r"^(?P<prefix>[^{\"]*?)data: ?(?P<payload>\{.*\})\s*$")
+#: Where a chunk carries generated text (OpenAI chat and completions streams): joined per choice and field.
+_DELTA_FIELDS = ("content", "reasoning_content", "reasoning")
+
+
+@dataclass(frozen=True)
+class _Piece:
+    line: int
+    path: tuple[Any, ...]
+    value: str
+
+
+def _sse_streams(lines: list[str]) -> dict[tuple[Any, ...], list[_Piece]]:
+    """The text pieces of an SSE stream by (choice, field[, tool call]), in order."""
+    streams: dict[tuple[Any, ...], list[_Piece]] = {}
+    for no, line in enumerate(lines):
+        obj = _sse_payload(line)
+        for key, path, value in _chunk_pieces(obj):
+            streams.setdefault(key, []).append(_Piece(no, path, value))
+    return streams
+
+
+def _sse_payload(line: str) -> Any:
+    """The JSON object of an SSE data line, None for any other line."""
+    m = _SSE_LINE_RE.match(line)
+    if m is None:
+        return None
+    try:
+        return json.loads(m.group("payload"))
+    except ValueError:
+        return None
+
+
+def _chunk_pieces(obj: Any) -> list[tuple[tuple[Any, ...], tuple[Any, ...], str]]:
+    """(stream key, path in the chunk, text) of each piece of generated text in one chunk."""
+    out: list[tuple[tuple[Any, ...], tuple[Any, ...], str]] = []
+    choices = obj.get("choices") if isinstance(obj, dict) else None
+    for i, choice in enumerate(choices if isinstance(choices, list) else []):
+        if not isinstance(choice, dict):
+            continue
+        index = choice.get("index", i)
+        if isinstance(choice.get("text"), str):
+            out.append(((index, "text"), ("choices", i, "text"), choice["text"]))
+        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+        out += [((index, f), ("choices", i, "delta", f), delta[f]) for f in _DELTA_FIELDS
+                if isinstance(delta.get(f), str)]
+        for j, call in enumerate(delta.get("tool_calls") or []):
+            args = (call.get("function") or {}).get("arguments") if isinstance(call, dict) else None
+            if isinstance(args, str):
+                out.append(((index, "tool_call", call.get("index", j)),
+                            ("choices", i, "delta", "tool_calls", j, "function", "arguments"), args))
+    return out
+
+
+def _set_path(obj: Any, path: tuple[Any, ...], value: Any) -> None:
+    for step in path[:-1]:
+        obj = obj[step]
+    obj[path[-1]] = value
 
 
 def _fragment_spans(text: str, secret: str) -> list[tuple[int, int]]:

@@ -136,8 +136,9 @@ def suite_gates(checks: Iterable[CheckRecord]) -> list[dict[str, Any]]:
 
 def build_summary(*, run_dir: Path, target: str | None, simulated: bool, faults: Iterable[str],
                   versions: Mapping[str, str], checks: list[CheckRecord], started: float, finished: float,
-                  exit_status: int) -> dict[str, Any]:
-    """The summary document (plain JSON types)."""
+                  exit_status: int, interrupted: bool | None = None) -> dict[str, Any]:
+    """The summary document (plain JSON types). ``interrupted`` defaults to "pytest's exit status says so"; a
+    session that never finished starting (a failure, a signal) says True itself."""
     perf = read_perf_summary(run_dir)
     accuracy = read_accuracy_summary(run_dir)
     counts = Counter(c.outcome for c in checks)
@@ -155,7 +156,8 @@ def build_summary(*, run_dir: Path, target: str | None, simulated: bool, faults:
         "faults": list(faults),
         "versions": dict(versions),
         "exit_status": int(exit_status),
-        "interrupted": int(exit_status) == 2,  # pytest.ExitCode.INTERRUPTED: Ctrl-C, the figures are partial
+        # pytest.ExitCode.INTERRUPTED (Ctrl-C, SIGTERM) or a failed start: the figures are partial or absent.
+        "interrupted": int(exit_status) == 2 if interrupted is None else interrupted,
         "tests": {"total": len(checks), **{o: counts.get(o, 0) for o in OUTCOMES}},
         "suites": suites,
         "gates": suite_gates(checks) + perf["gates"] + _accuracy_gates(accuracy),
@@ -178,6 +180,11 @@ def write_summary(run_dir: Path, doc: Mapping[str, Any]) -> Path:
     path = run_dir / SUMMARY_NAME
     path.write_text(json.dumps(doc, indent=2, sort_keys=False), encoding="utf-8")
     return path
+
+
+def has_results(doc: Mapping[str, Any]) -> bool:
+    """True when the run judged at least one check (a start that failed or was interrupted judged none)."""
+    return int((doc.get("tests") or {}).get("total") or 0) > 0
 
 
 def load_summary(run_dir_or_file: Path) -> dict[str, Any]:

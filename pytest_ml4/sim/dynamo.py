@@ -36,7 +36,13 @@ from typing import Any
 
 import httpx
 
-from pytest_ml4.server_lifecycle import answers_200, wait_until_healthy
+from pytest_ml4 import process_groups
+from pytest_ml4.server_lifecycle import (
+    PROGRESS_CAP_FACTOR,
+    answers_200,
+    file_sizes,
+    wait_until_healthy,
+)
 from pytest_ml4.sim.dynamo_bridge import PUBLIC_VERSION, behaviour
 from pytest_ml4.sim.faults import ActiveFaults
 from pytest_ml4.sim.gateway import gateway_faults
@@ -139,15 +145,21 @@ class DynamoProcess(abc.ABC):
         self.command = self.argv()
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as out:
-            self._proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env=self.env(), cwd=self._cwd,
-                                          start_new_session=True)
+            self._proc = process_groups.popen(self.command, stdout=out, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL, env=self.env(), cwd=self._cwd)
 
-    def wait_ready(self, timeout: float) -> None:
+    def wait_ready(self, timeout: float, cap: float | None = None) -> None:
+        """Until ``ready()``; ``timeout`` is the time allowed while the log does not grow, ``cap`` (a monotonic
+        time) bounds the whole wait."""
         wait_until_healthy(lambda: self._proc, self.ready, what=self.name, url=self.health_url, timeout=timeout,
-                           error=DynamoStartError, cleanup=self.stop, poll_s=POLL_S,
+                           error=DynamoStartError, cleanup=self.stop, poll_s=POLL_S, deadline=cap,
+                           progress=lambda: file_sizes(self.log_file), missing=self.missing,
                            details=lambda: f"  command: {' '.join(self.command)}\n  log {self.log_file}, tail:\n"
                                            f"{_tail(self.log_file)}")
+
+    def missing(self) -> str:
+        """What ``ready()`` still lacks, for the start error."""
+        return f"{self.health_url} answering 200"
 
     def start(self, timeout: float = 60.0) -> None:
         self.spawn()
@@ -161,21 +173,12 @@ class DynamoProcess(abc.ABC):
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM (Dynamo deregisters and drains), SIGKILL after ``timeout``."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        process_groups.stop(proc, timeout, leader_only=True)
 
     def kill(self) -> None:
         """SIGKILL, no deregistration (a crashed pod): the frontend keeps the instance listed for a while."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
+        process_groups.stop(proc, 5, first_signal=signal.SIGKILL, leader_only=True)
 
     def restart(self) -> None:
         self.stop()
@@ -290,6 +293,11 @@ class DynamoWorker(DynamoProcess):
         if self.alive():  # as the kubelet: a dead container has no preStop to run
             time.sleep(self.pre_stop_s)
         super().restart()
+
+    def missing(self) -> str:
+        if self.instance_id is None:
+            return f"its instance id (file {self.id_file}: not written yet)"
+        return f"status 'ready' on {self.health_url}"
 
     def before_start(self) -> None:
         self.generation += 1
@@ -432,48 +440,66 @@ class DynamoSim:
         return {role: tuple(urls) for role, urls in out.items()}
 
     def start(self, timeout: float = 120.0) -> DynamoSim:
-        deadline = time.monotonic() + timeout
+        """Start every process; each step waits while its logs grow (``timeout`` without progress fails it), all
+        of them together at most ``PROGRESS_CAP_FACTOR`` x ``timeout``: a fixed overall deadline mostly spent by
+        slow workers on a loaded machine left the frontend too little."""
+        cap = time.monotonic() + timeout * PROGRESS_CAP_FACTOR
         try:
-            self.frontend.start(timeout=max(5.0, deadline - time.monotonic()))
+            self.frontend.spawn()
+            self.frontend.wait_ready(timeout, cap)
             for w in self.workers:       # boots overlap: spawn all, then wait for each
                 w.spawn()
             for w in self.workers:
-                w.wait_ready(max(5.0, deadline - time.monotonic()))
-            self.wait_serving(max(5.0, deadline - time.monotonic()))
+                w.wait_ready(timeout, cap)
+            self.wait_serving(timeout, cap)
             if self.gateway is not None:
-                self.gateway.start(timeout=max(5.0, deadline - time.monotonic()))
+                self.gateway.spawn()
+                self.gateway.wait_ready(timeout, cap)
         except BaseException:
             self.stop()     # processes already up must not outlive a failed start
             raise
         return self
 
     def serving_state(self) -> tuple[bool, str]:
-        """(model listed and ``/health`` lists exactly the running workers' instances, what was seen)."""
+        """(model listed and ``/health`` lists exactly the running workers' instances, what is still missing)."""
+        gaps = self.serving_gaps()
+        return not gaps, gaps
+
+    def serving_gaps(self) -> str:
+        """What keeps the deployment from serving ("" when nothing): the model unlisted, workers not registered,
+        instances of stopped workers still listed."""
         try:
             # The frontend itself: a gateway fault (model_unlisted) must not make the deployment look unready.
             h = httpx.get(self.frontend.url + "/health", timeout=2.0).json()
             m = httpx.get(self.frontend.url + "/v1/models", timeout=2.0).json()
         except (httpx.HTTPError, ValueError) as err:
-            return False, type(err).__name__
+            return f"the frontend's /health and /v1/models ({type(err).__name__})"
         listed = {int(i.get("instance_id", 0)) for i in h.get("instances", [])}
-        wanted = {w.instance_id for w in self.workers if w.alive()}
-        model = any(d.get("id") == self.target.serving.served_model_name for d in m.get("data", []))
+        running = {w.instance_id: f"{w.role}#{w.index}" for w in self.workers if w.alive()}
+        gaps = []
+        if not any(d.get("id") == self.target.serving.served_model_name for d in m.get("data", [])):
+            gaps.append(f"model {self.target.serving.served_model_name} in /v1/models")
+        if not running:
+            gaps.append("a running worker")
+        unregistered = [name for iid, name in running.items() if iid not in listed]
+        if unregistered:
+            gaps.append(f"workers registered in /health: {', '.join(unregistered)}")
         # Equal, not a subset: a killed worker's instance stays listed for a while (Dynamo's stale-instance
         # window); the deployment has settled once only the running workers are listed.
-        return model and bool(wanted) and wanted == listed, f"models {m}, /health instances {sorted(listed)}"
+        stale = sorted(listed - set(running))
+        if stale:
+            gaps.append(f"stale instances {stale} gone from /health")
+        return "; ".join(gaps)
 
-    def wait_serving(self, timeout: float) -> None:
+    def wait_serving(self, timeout: float, cap: float | None = None) -> None:
         """Until the model is listed and ``/health`` lists every running worker (real-dynamo.md: ``/health`` alone
-        says healthy with zero workers)."""
-        deadline = time.monotonic() + timeout
-        last = ""
-        while time.monotonic() < deadline:
-            ok, last = self.serving_state()
-            if ok:
-                return
-            time.sleep(POLL_S)
-        raise DynamoStartError(f"Dynamo deployment not serving after {timeout:.0f} s ({last}); frontend log "
-                               f"{self.frontend_log}, tail:\n{_tail(self.frontend_log)}")
+        says healthy with zero workers), while that state or the logs change (``timeout`` without change fails)."""
+        logs = [self.frontend_log, *(w.log_file for w in self.workers)]
+        wait_until_healthy(lambda: self.frontend._proc, lambda: not self.serving_gaps(), what="Dynamo deployment",
+                           url=self.frontend.url + "/health", timeout=timeout, error=DynamoStartError,
+                           cleanup=lambda: None, poll_s=POLL_S, deadline=cap, missing=self.serving_gaps,
+                           progress=lambda: (self.serving_gaps(), file_sizes(*logs)),
+                           details=lambda: f"  frontend log {self.frontend_log}, tail:\n{_tail(self.frontend_log)}")
 
     def stop(self) -> None:
         """Stop every worker, then the frontend; one that fails to stop does not keep the others running."""

@@ -8,7 +8,6 @@ by PID (SIGTERM, then SIGKILL).  The API key travels in the child's environment,
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +18,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_ml4.server_lifecycle import ServerLifecycle, answers_200
+from pytest_ml4 import process_groups
+from pytest_ml4.report.redact import mask_secret_args
+from pytest_ml4.server_lifecycle import (
+    PROGRESS_CAP_FACTOR,
+    ServerLifecycle,
+    answers_200,
+)
 from pytest_ml4.sim.faults import FaultSpec, parse_fault
 from pytest_ml4.targets import Target
 
@@ -82,8 +87,11 @@ class SimServer(ServerLifecycle):
         import yaml
 
         path.parent.mkdir(parents=True, exist_ok=True)
+        data = target.model_dump(mode="json", exclude={"path"})
+        # A run artifact: a key in the engine's flags is masked (the simulator takes its key from the environment).
+        data["engine"]["extra_args"] = mask_secret_args(data["engine"].get("extra_args") or [])
         with open(path, "w") as fh:
-            yaml.safe_dump(target.model_dump(mode="json", exclude={"path"}), fh, sort_keys=False)
+            yaml.safe_dump(data, fh, sort_keys=False)
         return str(path)
 
     @staticmethod
@@ -91,6 +99,10 @@ class SimServer(ServerLifecycle):
         if overrides is None:
             return []
         if isinstance(overrides, Mapping):
+            # The child's command line is visible to every user of the machine: no key in engine.extra_args.
+            engine = overrides.get("engine")
+            if isinstance(engine, Mapping) and isinstance(engine.get("extra_args"), list):
+                overrides = {**overrides, "engine": {**engine, "extra_args": mask_secret_args(engine["extra_args"])}}
             return _flatten("", overrides)
         return [str(o) for o in overrides]
 
@@ -108,7 +120,8 @@ class SimServer(ServerLifecycle):
     def start(self, timeout: float = 60.0) -> SimServer:
         if self.proc and self.proc.poll() is None:
             return self
-        deadline = time.monotonic() + timeout
+        # `timeout` is the time allowed without progress (the log growing); the cap bounds every attempt together.
+        deadline = time.monotonic() + timeout * PROGRESS_CAP_FACTOR
         for _attempt in range(3):
             if self._spawn_and_wait(deadline, timeout):
                 return self
@@ -125,8 +138,7 @@ class SimServer(ServerLifecycle):
             else ".stderr"
         path = self.log_file.with_suffix(self.log_file.suffix + suffix)
         stderr = open(path, "wb")  # noqa: SIM115 - the child writes to it until stop()
-        proc = subprocess.Popen(self.argv() + (extra or []), env=env, stdout=subprocess.DEVNULL, stderr=stderr,
-                                start_new_session=True)
+        proc = process_groups.popen(self.argv() + (extra or []), env=env, stdout=subprocess.DEVNULL, stderr=stderr)
         if extra:
             self._standby_stderr = stderr
         else:
@@ -151,7 +163,7 @@ class SimServer(ServerLifecycle):
 
         return self._wait_until_healthy(
             self._answers_health, timeout, what=f"simulator for {self.target_ref}", error=SimServerError,
-            details=details, poll_s=0.05, deadline=deadline,
+            details=details, poll_s=0.05, deadline=deadline, logs=(self.log_file, stderr_path),
             retry_on_exit=lambda: not self._requested_port and "address already in use" in stderr_tail().lower())
 
     def _answers_health(self) -> bool:
@@ -182,15 +194,7 @@ class SimServer(ServerLifecycle):
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        if proc.poll() is None:
-            try:
-                os.kill(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=timeout)
-            except ProcessLookupError:
-                pass
+        process_groups.stop(proc, timeout, leader_only=True)  # the engine drains; its group goes after it
         if getattr(self, "_stderr", None):
             self._stderr.close()
 
