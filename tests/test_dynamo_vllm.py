@@ -144,6 +144,24 @@ def test_real_worker_deployment_serves(tmp_path: Path) -> None:
     assert all(not group_members(g) for g in groups), "a worker's EngineCore/Worker outlived the stop"
 
 
+@needs_real_worker
+def test_worker_failing_to_start_gives_its_command_and_log_tail(tmp_path: Path) -> None:
+    """The worker process dies at start (here an interpreter that prints an error and exits): one error with the
+    worker, its exit code, its command and its log tail; the real frontend that did start is stopped."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'RuntimeError: Engine core initialization failed (test)'\nexit 3\n")
+    fake.chmod(0o755)
+    dep = RealDynamoDeployment(_tiny("vr200-agg"), log_file=tmp_path / "engine.log")
+    dep.python = fake      # the workers' interpreter only: the frontend keeps the real one
+    with pytest.raises(DynamoStartError) as err:
+        dep.start(timeout=120)
+    message = str(err.value)
+    assert message.startswith("dynamo.vllm worker worker #0 exited with code 3 before becoming healthy on http://")
+    assert f"command: {fake} -m dynamo.vllm --model" in message
+    assert "RuntimeError: Engine core initialization failed (test)" in message
+    assert not dep.frontend.alive()
+
+
 SUITE_RUN = ["-m", "smoke or tools or reasoning or osl or kv"]
 
 
@@ -162,3 +180,21 @@ def test_suites_on_real_workers(target: str, tmp_path: Path) -> None:
     versions = json.loads((run_dir / "summary.json").read_text())["versions"]
     assert versions["dynamo_worker"] == "dynamo.vllm 1.6.1" and versions["dynamo_worker_vllm"] == "0.31.0"
     assert "1.7.0-mistral-large-4-dev.1 emulated on 1.6.1" in versions["dynamo_emulation"]
+
+
+@pytest.mark.nightly
+@needs_real_worker
+def test_declared_1_6_1_without_emulation_fails_tools_naming_the_parser(tmp_path: Path) -> None:
+    """Dynamo 1.6.1 declared, no emulation (--ml4-no-dynamo-bridge): the real worker emits Mistral Large 4's v11 tool
+    form, the real 1.6.1 `mistral` parser drops it, and the tools suite fails naming that parser. Nightly: it starts
+    its own real worker (minutes here)."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "pytest", "suites", "--target", "vr200-agg", "--sim", "--sim-engine", "vllm",
+           "--ml4-no-dynamo-bridge", "-m", "tools", "-p", "no:cacheprovider", "-q", "--ml4-run-dir", str(run_dir)]
+    proc = subprocess.run(cmd, check=False, cwd=REPO, capture_output=True, text=True, timeout=3000,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "dynamo_emulation" not in summary["versions"]
+    failed = [c for c in summary["checks"] if c["outcome"] == "failed"]
+    assert any("1.6.1's `mistral` tool parser" in c["message"] for c in failed), failed

@@ -146,9 +146,6 @@ class RealDynamoWorker(DynamoWorker):
                     "DO_NOT_TRACK": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu",
                     # How the scripted model writes: the declared Dynamo version's emulation on 1.6.1.
                     OUTPUT_ENV: json.dumps(self.owner.model_output)})
-        # vLLM's prometheus multiprocess dir would be shared by every worker: each gets its own.
-        env["PROMETHEUS_MULTIPROC_DIR"] = str(self.owner.folder / f"prom-{self.role}-{self.index}")
-        Path(env["PROMETHEUS_MULTIPROC_DIR"]).mkdir(parents=True, exist_ok=True)
         return env
 
     def ready(self) -> bool:
