@@ -149,12 +149,9 @@ class RealDynamoWorker(DynamoWorker):
         return env
 
     def ready(self) -> bool:
-        """Ready once the worker's system server says so and the frontend lists a new generate instance of it."""
-        try:
-            if httpx.get(self.health_url, timeout=1.0).json().get("status") != "ready":
-                return False
-        except (httpx.HTTPError, ValueError):
-            return False
+        """Ready once the frontend lists a ``generate`` instance served by this worker's process group. Asked of
+        the frontend, not of the worker's system ``/health``: each early poll there writes a 503 ERROR line into
+        the worker's log, which the log checks read."""
         if self.instance_id is None:
             self.instance_id = self.owner.claim_instance(self)
         return self.instance_id is not None
