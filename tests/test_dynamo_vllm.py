@@ -198,3 +198,19 @@ def test_declared_1_6_1_without_emulation_fails_tools_naming_the_parser(tmp_path
     assert "dynamo_emulation" not in summary["versions"]
     failed = [c for c in summary["checks"] if c["outcome"] == "failed"]
     assert any("1.6.1's `mistral` tool parser" in c["message"] for c in failed), failed
+
+
+def test_frontend_tokenizer_with_another_id_for_a_parser_token_is_refused(tmp_path: Path) -> None:
+    from pytest_ml4.realdynamo.model import check_same_ids
+    from pytest_ml4.sim.dynamo_model import PARSER_TOKENS
+    from pytest_ml4.tokenizer import SPECIAL_TOKENS
+
+    added = [{"content": m, "id": SPECIAL_TOKENS.index(m)} for m in PARSER_TOKENS]
+    vocab = {f"t{i}": i for i in range(40)}
+    (tmp_path / "tekken.json").write_text(json.dumps({"config": {"default_vocab_size": 40}}))
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": added, "model": {"vocab": vocab}}))
+    check_same_ids(tmp_path)   # same ids, same size: accepted
+    added[0]["id"] = 39
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": added, "model": {"vocab": vocab}}))
+    with pytest.raises(SystemExit, match=r"tokenizer\.json: \[THINK\] has id 39, the worker's tekken\.json 22$"):
+        check_same_ids(tmp_path)
