@@ -50,6 +50,8 @@ SCRIPTED_PROCESSOR = "pytest_ml4.realdynamo.scripted:DynamoScriptedModel"
 #: what stays free for the frontend, the suites and the machine (real-dynamo-vllm.md "Run").
 WORKER_GIB = 3.7
 RESERVE_GIB = 2.0
+#: A worker's start: 35 s at load ~1, 340 s measured at load 34 on 2 cores.
+START_TIMEOUT_S = 900.0
 #: Stop of a worker: SIGTERM to the group (deregisters and drains: 9.4 s measured), SIGKILL to the group after.
 STOP_TIMEOUT_S = 20.0
 
@@ -115,6 +117,9 @@ class RealDynamoWorker(DynamoWorker):
         super().__init__(owner, role, index, log_file, target_file, overrides, faults)
         self.name = f"dynamo.vllm {role} worker #{index}"
         self.kv_events_port = free_system_port()
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> None:
+        super().start(timeout)
 
     def before_start(self) -> None:
         super().before_start()
@@ -225,6 +230,7 @@ class RealDynamoDeployment(DynamoSim):
     """:class:`DynamoSim` with real ``dynamo.vllm`` workers (as many per role as :func:`plan_workers` fits)."""
 
     worker_class = RealDynamoWorker
+    restart_timeout_s = START_TIMEOUT_S
 
     def __init__(self, target: Target, *, port: int = 0, log_file: Path | str | None = None,
                  env: Mapping[str, str] | None = None, migration_limit: int | None = None, bridge: bool = True,

@@ -341,6 +341,8 @@ class DynamoSim:
 
     #: The worker process class (:class:`pytest_ml4.realdynamo.deploy.RealDynamoWorker` for real dynamo.vllm).
     worker_class: type[DynamoWorker] = DynamoWorker
+    #: How long a restart may take to serve again (real dynamo.vllm workers need minutes here).
+    restart_timeout_s: float = 60.0
 
     def __init__(self, target: Target, *, port: int = 0, faults: Sequence[str] = (),
                  overrides: dict[str, Any] | None = None, log_file: Path | str | None = None,
@@ -500,7 +502,7 @@ class DynamoSim:
         """Restart every worker (one at a time, like a rolling pod deletion) and wait until serving again."""
         for w in self.workers:
             w.restart()
-        self.wait_serving(60.0)
+        self.wait_serving(self.restart_timeout_s)
 
     def __enter__(self) -> DynamoSim:
         return self.start()
