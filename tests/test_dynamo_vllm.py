@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -214,3 +215,21 @@ def test_frontend_tokenizer_with_another_id_for_a_parser_token_is_refused(tmp_pa
     (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": added, "model": {"vocab": vocab}}))
     with pytest.raises(SystemExit, match=r"tokenizer\.json: \[THINK\] has id 39, the worker's tekken\.json 22$"):
         check_same_ids(tmp_path)
+
+
+def test_stopped_group_leaves_no_live_member() -> None:
+    """The group stop's bookkeeping on a real process group: a shell and its child, killed as a group."""
+    from pytest_ml4.realdynamo.deploy import wait_group_gone
+
+    proc = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while len(group_members(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(group_members(proc.pid)) >= 2
+        os.killpg(proc.pid, 9)
+        proc.wait(5)
+        assert wait_group_gone(proc.pid, 10.0) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -25,6 +25,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,8 @@ RESERVE_GIB = 2.0
 START_TIMEOUT_S = 900.0
 #: Stop of a worker: SIGTERM to the group (deregisters and drains: 9.4 s measured), SIGKILL to the group after.
 STOP_TIMEOUT_S = 20.0
+#: After the group's SIGKILL: until its EngineCore and Worker are gone.
+GROUP_EXIT_S = 10.0
 
 
 def available_gib(meminfo: Path = Path("/proc/meminfo")) -> float:
@@ -188,6 +191,7 @@ class RealDynamoWorker(DynamoWorker):
         self._signal_group(signal.SIGKILL)   # children that outlive the main process
         if proc.poll() is None:
             proc.wait(5)
+        wait_group_gone(proc.pid, GROUP_EXIT_S)
         self._proc = None
 
     def kill(self) -> None:
@@ -214,16 +218,25 @@ class RealDynamoWorker(DynamoWorker):
 
 
 def group_members(pgid: int) -> list[int]:
-    """Pids whose process group is ``pgid`` (from /proc; empty when the group is gone)."""
+    """Live pids whose process group is ``pgid`` (from /proc; zombies hold no memory and are left out)."""
     out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[2]) == pgid:
+        if int(fields[2]) == pgid and fields[0] != "Z":
             out.append(int(stat.parent.name))
     return out
+
+
+def wait_group_gone(pgid: int, timeout: float) -> list[int]:
+    """Wait until no live process of group ``pgid`` is left (a SIGKILL is delivered asynchronously); returns the
+    pids still alive after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while (alive := group_members(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive
 
 
 class RealDynamoDeployment(DynamoSim):
