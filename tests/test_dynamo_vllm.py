@@ -170,17 +170,26 @@ SUITE_RUN = ["-m", "smoke or tools or reasoning or osl or kv"]
 @needs_real_worker
 @pytest.mark.parametrize("target", ["gb300-agg", "vr200-agg"])
 def test_suites_on_real_workers(target: str, tmp_path: Path) -> None:
-    """The functional suites pass on the real deployment (gb300-agg: two workers, ~8 GiB, several minutes):
-    nightly, too heavy for .ci/run."""
+    """The functional suites on the real deployment (gb300-agg: two workers, ~8 GiB, several minutes): nightly, too
+    heavy for .ci/run. Everything passes but ``tool_choice: required`` with the fixture tool whose schema has
+    ``uniqueItems``: real 1.6.1 passes the raw schema into guided JSON and vLLM 0.31's grammar refuses the keyword
+    (shared/reference/real-dynamo-vllm.md), a real failure of such a client, proven here by the engine log."""
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "pytest", "suites", "--target", target, "--sim", "--sim-engine", "vllm",
            *SUITE_RUN, "-p", "no:cacheprovider", "-q", "--ml4-run-dir", str(run_dir)]
     proc = subprocess.run(cmd, check=False, cwd=REPO, capture_output=True, text=True, timeout=3000,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    versions = json.loads((run_dir / "summary.json").read_text())["versions"]
+    assert proc.returncode in (0, 1), proc.stdout[-4000:] + proc.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    versions = summary["versions"]
     assert versions["dynamo_worker"] == "dynamo.vllm 1.6.1" and versions["dynamo_worker_vllm"] == "0.31.0"
     assert "1.7.0-mistral-large-4-dev.1 emulated on 1.6.1" in versions["dynamo_emulation"]
+    failed = sorted(c["nodeid"] for c in summary["checks"] if c["outcome"] in ("failed", "broken"))
+    grammar_refusals = [n for n in failed if n.startswith("suites/test_tools.py::") and "required" in n]
+    assert failed == grammar_refusals, failed
+    if failed:
+        logs = "".join(p.read_text(errors="replace") for p in (run_dir / "sim").glob("*.log"))
+        assert 'Unimplemented keys: ["uniqueItems"]' in logs
 
 
 @pytest.mark.nightly
