@@ -347,16 +347,19 @@ def started_workers(declared: int, faults: Sequence[str]) -> int:
 class DynamoSim:
     """An embedded Dynamo deployment with the :class:`~pytest_ml4.sim.SimServer` interface plus its workers."""
 
+    #: The worker process class (:class:`pytest_ml4.realdynamo.deploy.RealDynamoWorker` for real dynamo.vllm).
+    worker_class: type[DynamoWorker] = DynamoWorker
+    #: How long a restart may take to serve again (real dynamo.vllm workers need minutes here).
+    restart_timeout_s: float = 60.0
+
     def __init__(self, target: Target, *, port: int = 0, faults: Sequence[str] = (),
                  overrides: dict[str, Any] | None = None, log_file: Path | str | None = None,
                  env: Mapping[str, str] | None = None, migration_limit: int | None = None,
                  prefill_workers: int | None = None, decode_workers: int | None = None,
                  agg_workers: int | None = None, bridge: bool = True) -> None:
-        from pytest_ml4.tools import dynamo_model_dir, dynamo_python
-
         if not target.is_dynamo:
             raise ValueError(f"target {target.name} is not served by Dynamo ({target.serving.stack})")
-        self.python, self.model_dir = dynamo_python(), dynamo_model_dir()
+        self.python, self.model_dir = self._tools()
         self.target, self.bridge = target, bridge
         self.log_file = Path(log_file) if log_file else Path(os.environ.get("TMPDIR", "/tmp")) / \
             f"ml4-dynamo-{os.getpid()}-{os.urandom(3).hex()}" / "engine.log"
@@ -382,7 +385,7 @@ class DynamoSim:
         for role, role_over in roles:
             i = counts[role] = counts.get(role, -1) + 1
             log = self.log_file if (role, i) == (primary, 0) else self.folder / f"{role}-{i}.log"
-            self.workers.append(DynamoWorker(self, role, i, log, target_file, role_over, faults))
+            self.workers.append(self.worker_class(self, role, i, log, target_file, role_over, faults))
         self.frontend = FrontendProcess(target, self.python, self.frontend_log, self.env, self.folder, port=port,
                                         migration_limit=migration_limit)
         # Faults of the HTTP layer in front of Dynamo: the endpoint then points at the gateway, never otherwise.
@@ -390,6 +393,12 @@ class DynamoSim:
         self.gateway = GatewayProcess(self.frontend, target.serving.served_model_name, at_gateway,
                                       self.folder / "gateway.log", self.env, self.folder) if at_gateway else None
         self.lock = threading.RLock()
+
+    def _tools(self) -> tuple[Path, Path]:
+        """(Python of the Dynamo venv, model dir) the frontend and the workers run with."""
+        from pytest_ml4.tools import dynamo_model_dir, dynamo_python
+
+        return dynamo_python(), dynamo_model_dir()
 
     def _environment(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         base = dict(os.environ if extra is None else extra)
@@ -519,7 +528,7 @@ class DynamoSim:
         """Restart every worker (one at a time, like a rolling pod deletion) and wait until serving again."""
         for w in self.workers:
             w.restart()
-        self.wait_serving(60.0)
+        self.wait_serving(self.restart_timeout_s)
 
     def __enter__(self) -> DynamoSim:
         return self.start()
