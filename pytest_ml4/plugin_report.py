@@ -48,7 +48,12 @@ from pytest_ml4.report.history import (
 from pytest_ml4.report.redact import DEFAULT as REDACTOR
 from pytest_ml4.report.redact import register_secret_env
 from pytest_ml4.report.results import RedactingFileLogger, write_crash_result
-from pytest_ml4.report.summary import NOT_JUDGED, CheckRecord, build_summary, write_summary
+from pytest_ml4.report.summary import (
+    NOT_JUDGED,
+    CheckRecord,
+    build_summary,
+    write_summary,
+)
 
 _CLIENT_FIXTURES = ("http_client", "openai_client", "async_openai_client")
 #: One per process: the session clients are hooked once, recording is switched on per check.
@@ -414,6 +419,8 @@ def _record_check(rs: _ReportState, report: pytest.TestReport) -> None:
         check = CheckRecord(report.nodeid, title, getattr(report, "ml4_suite", None) or "default")
         rs.checks[report.nodeid] = check
     check.duration_s = round(check.duration_s + report.duration, 3)
+    check.figures.update({name: value for name, value in report.user_properties
+                          if isinstance(value, dict) and "conditions" in value})
     if report.skipped and check.outcome == "passed":
         check.outcome = getattr(report, "ml4_status", None) or "skipped"
         if check.outcome == NOT_JUDGED:
