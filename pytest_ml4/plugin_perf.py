@@ -230,10 +230,15 @@ def ml4_perf_baseline(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpo
     given = Path(str(path))
     # A path the user typed is relative to the working directory; the target's is relative to the repository.
     resolved = given if given.is_absolute() or given.exists() else ml4_target.resolve(str(path))
+    return load_perf_baseline(resolved, live=not ml4_endpoint.simulated)
+
+
+def load_perf_baseline(path: Path, live: bool) -> Baseline:
+    """The baseline file, refused with one line (UsageError) when unreadable, without provenance, or made by the
+    simulator for a live run."""
     try:
-        baseline = Baseline.load(resolved)
-        usable_on(provenance_of({"provenance": baseline.provenance}, resolved), resolved,
-                  live=not ml4_endpoint.simulated, explicit=True)
+        baseline = Baseline.load(path)
+        usable_on(provenance_of({"provenance": baseline.provenance}, path), path, live=live, explicit=True)
     except (BaselineError, BaselineRefused) as err:
         raise pytest.UsageError(f"--perf-baseline: {err}") from None
     return baseline

@@ -333,6 +333,24 @@ def test_plots_draw_the_baseline_only_under_its_conditions(tmp_path: Path) -> No
                               "itl_p50_ms, itl_p99_ms, tok_s_user")]
 
 
+def test_a_simulator_perf_baseline_is_refused_on_a_live_run(tmp_path: Path) -> None:
+    """Issue 23 item 11: a perf baseline made by the simulator (``--perf-save`` under ``--sim``) judges simulator
+    runs only; seed 000's own table (provenance ``seed``) judges live runs; one without provenance is refused."""
+    from pytest_ml4.plugin_perf import load_perf_baseline
+
+    data = json.loads(BASELINE.read_text())
+    sim = tmp_path / "sim.json"
+    sim.write_text(json.dumps({**data, "provenance": {"kind": "simulator", "command": "pytest --sim --perf-save"}}))
+    with pytest.raises(pytest.UsageError, match=r"^--perf-baseline: baseline .*sim.json was made by the simulator "
+                                                r"and cannot judge a live deployment: record one on this deployment$"):
+        load_perf_baseline(sim, live=True)
+    assert load_perf_baseline(sim, live=False).points == load_perf_baseline(BASELINE, live=True).points
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({k: v for k, v in data.items() if k != "provenance"}))
+    with pytest.raises(pytest.UsageError, match="states no provenance"):
+        load_perf_baseline(bare, live=False)
+
+
 def test_progress_lines() -> None:
     lines: list[str] = []
     prog = SweepProgress(lines.append, [1, 4, 16], point_estimate_s=60, interval_s=0)

@@ -158,6 +158,12 @@ def test_a_model_reasoning_past_the_old_cap_passes_against_its_own_baseline(
     assert all(s > 0.9 for s in doc["shares"].values()), doc["shares"]   # it did reason past the old cap
     bad = {name: r for name, r in second.items() if r[0] != "passed"}
     assert len(second) >= 20 and not bad, bad
+    # Issue 26 item 3: the judged figure carries its conditions into summary.json.
+    judged = [c for p in (tmp_path / "reports").glob("*/summary.json") for c in json.loads(p.read_text())["checks"]
+              if c["nodeid"].endswith("::test_reasoning_share_of_output_is_measured[nonstream]")
+              and c["outcome"] == "passed"]
+    figure = judged[0]["figures"]["reasoning_share"]
+    assert figure["conditions"] == doc["conditions"] and 0.9 < figure["value"] < 1
 
 
 @pytest.mark.parametrize("faults, args, expect", [
