@@ -45,7 +45,7 @@ def test_rtx_short_profile_passes_and_writes_outputs(pytester: pytest.Pytester, 
     # gate compares, each legend entry naming its conditions; TTFT says why it has no baseline line.
     plots = json.loads((run_dir / Path(sweep["plots"][0]).parent / "plots.json").read_text())["plots"]
     drawn = [lab for panels in plots.values() for panel in panels for lab in panel["legend"] if "baseline" in lab]
-    assert drawn and all("(baseline: ISL 512, OSL 4096, 300 s per point; per-token rate" in lab for lab in drawn)
+    assert drawn and all("(baseline:\nISL 512, OSL 4096, 300 s per point; per-token rate" in lab for lab in drawn)
     assert plots["ttft.png"][0]["notes"][0].startswith("baseline (ISL 512, OSL 4096, 300 s per point) not drawn")
     assert sweep["conditions"]["isl"] == 128 and sweep["baseline"]["conditions"]["isl"] == 512
     for p in sweep["points"]:

@@ -52,7 +52,7 @@ class BaselineOverlay:
     compared_note: str = ""                # added to labels drawn across conditions
 
     def label(self, figure_label: str) -> str:
-        return f"{figure_label} (baseline: {self.conditions}{self.compared_note})"
+        return f"{figure_label} (baseline:\n{self.conditions}{self.compared_note})"
 
 
 def overlay_for(baseline: Baseline, run: Mapping[str, Any]) -> BaselineOverlay:
@@ -66,7 +66,7 @@ def overlay_for(baseline: Baseline, run: Mapping[str, Any]) -> BaselineOverlay:
     compared = frozenset(m for m in baseline.short_run_metrics if m in baseline.tolerances)
     why = (f"baseline ({text}) not drawn: measured under other conditions than this run ({conditions_text(run)}); "
            + (f"the gate compares only {', '.join(sorted(compared))}" if compared else "the gate compares nothing"))
-    return BaselineOverlay(baseline.points, text, compared, why, "; per-token rate, compared across run lengths")
+    return BaselineOverlay(baseline.points, text, compared, why, "; per-token rate, compared")
 
 
 def _series(points: Sequence[PointFigures], name: str) -> tuple[list[int], list[float]]:
@@ -101,7 +101,8 @@ def _panel(ax, points, overlay: BaselineOverlay | None, names: Sequence[tuple[st
         elif overlay is not None and any(name in row for row in overlay.points.values()):
             left_out = True
     if left_out and overlay is not None and overlay.why_not:
-        ax.text(0.01, 0.01, overlay.why_not, transform=ax.transAxes, fontsize=6, va="bottom", wrap=True)
+        ax.text(0.01, 0.01, overlay.why_not, transform=ax.transAxes, fontsize=6, va="bottom", wrap=True,
+                bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
     ax.set_xscale("log", base=2)
     # A sweep whose every request failed has no positive figure: a log axis would abort the sweep's outputs
     # (matplotlib "Data cannot be log-scaled"), and the checks that judge those failures would never run.
@@ -110,7 +111,7 @@ def _panel(ax, points, overlay: BaselineOverlay | None, names: Sequence[tuple[st
     ax.set_xlabel("concurrency")
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
-    legend = ax.legend(fontsize=8)
+    legend = ax.legend(fontsize=7)
     # What the picture shows, read back from its artists (the sidecar must not claim what was not drawn).
     return {"ylabel": ylabel, "legend": [t.get_text() for t in legend.get_texts()],
             "notes": [t.get_text() for t in ax.texts]}
