@@ -135,16 +135,15 @@ def share_conditions(chat: ChatSession, max_tokens: int, min_tokens: int | None)
 
 def measure_share(chat: ChatSession, prompts: list[str], stream: bool, **limits: int) -> list[dict[str, Any]]:
     """One row per prompt. A natural answer must reason, keep it apart and answer after it; one cut inside its
-    reasoning at ``max_tokens`` is not judged as a share (it measures the cap, not the deployment)."""
+    reasoning at ``max_tokens`` (forced length or not) is not judged as a share: it measures the cap."""
     rows = []
     for prompt in prompts:
         answer = chat.ask(chat.body(user(prompt), **limits), stream)
         assert_no_control_tokens(answer.message, answer.where)
-        if "min_tokens" not in limits and cut_inside_reasoning(answer.finish_reason, answer.content):
+        if cut_inside_reasoning(answer.finish_reason, answer.content):
             not_judged(f"{answer.where}: truncated: the answer hit max_tokens {limits['max_tokens']} inside its "
                        f"reasoning (finish_reason length before [/THINK], {reasoning_tokens(answer.usage)} "
-                       "reasoning tokens), so its share measures the cap; raise share.max_tokens in "
-                       f"{REASONING_FILE.name}")
+                       f"reasoning tokens), so its share measures the cap, not the deployment ({REASONING_FILE.name})")
         assert_reasoning_separated(answer.message, answer.where)
         if "min_tokens" not in limits:
             assert answer.content.strip() and answer.finish_reason == "stop", (
