@@ -40,6 +40,7 @@ pytest_plugins = [
     "pytest_ml4.plugin_logs",
     "pytest_ml4.plugin_perf",
     "pytest_ml4.plugin_preflight",
+    "pytest_ml4.plugin_reasoning",
     "pytest_ml4.plugin_report",
     "pytest_ml4.plugin_restart",
 ]

@@ -7,6 +7,7 @@ measured), writes ``<run_dir>/accuracy-summary.json`` (read into ``summary.json`
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,19 +16,23 @@ import pytest
 
 from pytest_ml4.accuracy.bfcl import CategoryError, resolve_categories
 from pytest_ml4.accuracy.gate import (
-    BaselineError,
+    AccuracyBaseline,
     CategoryScore,
     Drop,
     compare,
     failed_items,
     load_baseline,
+    run_conditions,
     save_baseline,
     summarize,
 )
 from pytest_ml4.accuracy.score import ItemResult
+from pytest_ml4.baselines import BaselineRefused, deployment_provenance, pick_baseline
 from pytest_ml4.targets import FIXTURES_DIR, Target
 
 SUMMARY_FILE = "accuracy-summary.json"
+#: How a deployment's accuracy baseline is recorded (named by the gate when it cannot judge without one).
+RECORD_COMMAND = "pytest --target {target} -m accuracy --accuracy-save=fixtures/baselines/accuracy-{target}.json"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -63,7 +68,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 class AccuracyOptions:
     categories: list[str]
     size: int | None
-    baseline: Path | None
+    baseline: Path | None          # named with --accuracy-baseline (default: the target's file, if usable)
     save: Path | None
     tolerance: float = 0.05
     alpha: float = 0.05
@@ -97,9 +102,6 @@ def options(config: pytest.Config, target_name: str | None) -> AccuracyOptions:
     except CategoryError as e:
         raise pytest.UsageError(f"--accuracy-categories: {e}") from None
     base = _opt(config, "baseline")
-    if base is None and target_name:
-        default = FIXTURES_DIR / "baselines" / f"accuracy-{target_name}.json"
-        base = default if default.is_file() else None
     save = config.getoption("ml4_accuracy_save")
     return AccuracyOptions(categories, _num(config, "size", int, None, 1), Path(base) if base else None,
                            Path(save) if save else None, _num(config, "tolerance", float, 0.05, 0, 1),
@@ -118,23 +120,48 @@ class AccuracyRun:
     refused: list[str] = field(default_factory=list)
     results: list[ItemResult] = field(default_factory=list)
     scores: dict[str, CategoryScore] = field(default_factory=dict)
-    baseline: dict[str, CategoryScore] | None = None
+    baseline: AccuracyBaseline | None = None
     drops: list[Drop] = field(default_factory=list)
     totals: dict[str, int] = field(default_factory=dict)
+    conditions: dict[str, Any] = field(default_factory=dict)
+    #: Why no baseline judges this run (not judged), or the one line refusing the baseline given.
+    baseline_missing: str = ""
+    baseline_refused: str = ""
 
     def summary(self) -> dict[str, Any]:
         o = self.options
         return {"schema": "ml4-accuracy-summary/1", "benchmark": "BFCL v4 (bfcl-eval)",
                 "settings": {"size": o.size, "seed": o.seed, "tolerance": o.tolerance, "alpha": o.alpha,
                              "categories": o.categories},
+                "conditions": self.conditions,
                 "refused": self.refused,
-                "passed": not self.refused and not self.drops,
+                "passed": not self.refused and not self.drops and self.baseline is not None,
+                "not_judged": self.baseline_missing or None,
+                "baseline_refused": self.baseline_refused or None,
                 "drop_categories": [d.category for d in self.drops],
                 "categories": {c: {**s.as_dict(), "total": self.totals.get(c)} for c, s in self.scores.items()},
                 "baseline": None if self.baseline is None else {
-                    "path": str(o.baseline), "categories": {c: s.as_dict() for c, s in self.baseline.items()}},
+                    "path": str(self.baseline.path), "provenance": self.baseline.provenance.as_dict(),
+                    "conditions": self.baseline.conditions,
+                    "categories": {c: s.as_dict() for c, s in self.baseline.scores.items()}},
                 "drops": [d.describe() for d in self.drops],
                 "failed_items": len(failed_items(self.results))}
+
+
+def judge_against_baseline(run: AccuracyRun, target: Target, live: bool) -> None:
+    """Pick the baseline that may judge this run (never the simulator's on a live deployment, never one of other
+    conditions) and compare; otherwise say why not (``baseline_missing``) or refuse (``baseline_refused``)."""
+    default = FIXTURES_DIR / "baselines" / f"accuracy-{target.name}.json"
+    try:
+        base, run.baseline_missing = pick_baseline(run.options.baseline, default, load_baseline, live=live,
+                                                   record=RECORD_COMMAND.format(target=target.name),
+                                                   other_conditions=lambda b: b.refusal(run.conditions))
+    except BaselineRefused as err:
+        run.baseline_refused = str(err)
+        return
+    run.baseline = base
+    if base is not None:
+        run.drops = compare(run.scores, base.scores, run.options.tolerance, run.options.alpha)
 
 
 def run_accuracy(config: pytest.Config, target: Target, declared: Target, endpoint: Any, http: Any,
@@ -155,12 +182,12 @@ def run_accuracy(config: pytest.Config, target: Target, declared: Target, endpoi
         settings = RunSettings(model=endpoint.model, concurrency=opts.concurrency, seed=opts.seed)
         run.results = run_items(http, api, ds, settings, progress)
         run.scores = summarize(run.results, opts.categories)
-        if opts.baseline is not None:
-            run.baseline = load_baseline(opts.baseline)
-            run.drops = compare(run.scores, run.baseline, opts.tolerance, opts.alpha)
+        run.conditions = run_conditions(api.version, opts.size, opts.seed)
+        judge_against_baseline(run, target, live=not getattr(endpoint, "simulated", False))
         if opts.save is not None:
-            save_baseline(opts.save, run.scores, {"target": target.name, "bfcl_eval": api.version,
-                                                   "size": opts.size, "seed": opts.seed})
+            save_baseline(opts.save, run.scores, {"target": target.name}, run.conditions,
+                          deployment_provenance(target, endpoint.model, sys.argv,
+                                                bool(getattr(endpoint, "simulated", False))))
     (run_dir / SUMMARY_FILE).write_text(json.dumps(run.summary(), indent=2) + "\n")
     return run
 
@@ -176,5 +203,5 @@ def ml4_accuracy(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: 
     try:
         return run_accuracy(pytestconfig, ml4_target, declared, ml4_endpoint, http_client, ml4_run_dir,
                             progress_writer(pytestconfig))
-    except (ToolMissing, BaselineError) as e:
+    except ToolMissing as e:
         pytest.fail(str(e), pytrace=False)

@@ -9,6 +9,7 @@ onto its terminal; the file also stays in the run folder as a record.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -17,6 +18,12 @@ from typing import Any
 
 import pytest
 
+from pytest_ml4.baselines import (
+    BaselineRefused,
+    deployment_provenance,
+    provenance_of,
+    usable_on,
+)
 from pytest_ml4.perf.baseline import Baseline, BaselineError, parse_compare_fail
 from pytest_ml4.perf.evaluate import (
     SweepOutputs,
@@ -214,18 +221,27 @@ def ml4_perf_settings(pytestconfig: pytest.Config, ml4_target: Target) -> SweepS
 
 
 @pytest.fixture(scope="session")
-def ml4_perf_baseline(pytestconfig: pytest.Config, ml4_target: Target) -> Baseline | None:
-    """``--perf-baseline`` or the target's ``perf.baseline``; None when neither names one."""
+def ml4_perf_baseline(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Any) -> Baseline | None:
+    """``--perf-baseline`` or the target's ``perf.baseline``; None when neither names one. A baseline without
+    provenance, or one the simulator made on a live run, is refused with one line (issue 23 item 11)."""
     path = _opt(pytestconfig, "ml4_perf_baseline", "ml4_perf_baseline") or ml4_target.perf.baseline
     if not path:
         return None
     given = Path(str(path))
     # A path the user typed is relative to the working directory; the target's is relative to the repository.
     resolved = given if given.is_absolute() or given.exists() else ml4_target.resolve(str(path))
+    return load_perf_baseline(resolved, live=not ml4_endpoint.simulated)
+
+
+def load_perf_baseline(path: Path, live: bool) -> Baseline:
+    """The baseline file, refused with one line (UsageError) when unreadable, without provenance, or made by the
+    simulator for a live run."""
     try:
-        return Baseline.load(resolved)
-    except BaselineError as err:
+        baseline = Baseline.load(path)
+        usable_on(provenance_of({"provenance": baseline.provenance}, path), path, live=live, explicit=True)
+    except (BaselineError, BaselineRefused) as err:
         raise pytest.UsageError(f"--perf-baseline: {err}") from None
+    return baseline
 
 
 @pytest.fixture(scope="session")
@@ -301,10 +317,10 @@ def ml4_perf_sweep(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint
         from pytest_ml4.perf.baseline import save_baseline
         from pytest_ml4.perf.evaluate import figures_of
 
-        save_baseline(save, ml4_target.name, figures_of(points),
-                      {"isl": settings.isl, "osl": settings.osl, "duration_s": settings.duration_s,
-                       "simulated": bool(ml4_endpoint.simulated)},
+        save_baseline(save, ml4_target.name, figures_of(points), settings.conditions(),
                       ml4_perf_baseline.tolerances if ml4_perf_baseline else {"tok_s_user": 0.1, "itl_p50_ms": 0.1},
-                      {"source": f"pytest-ml4 perf sweep, run folder {ml4_run_dir.name}"})
+                      {**deployment_provenance(ml4_target, ml4_endpoint.model, sys.argv,
+                                               bool(ml4_endpoint.simulated)),
+                       "source": f"pytest-ml4 perf sweep, run folder {ml4_run_dir.name}"})
     yield SweepOutcome(settings=settings, points=points, verdict=verdict, outputs=outputs,
                        baseline=ml4_perf_baseline, secrets=[ml4_endpoint.api_key] if ml4_endpoint.api_key else [])

@@ -481,6 +481,8 @@ def _record_check(rs: _ReportState, report: pytest.TestReport) -> None:
         check = CheckRecord(report.nodeid, title, getattr(report, "ml4_suite", None) or "default")
         rs.checks[report.nodeid] = check
     check.duration_s = round(check.duration_s + report.duration, 3)
+    check.figures.update({name: value for name, value in report.user_properties
+                          if isinstance(value, dict) and "conditions" in value})
     if report.skipped and check.outcome == "passed":
         check.outcome = getattr(report, "ml4_status", None) or "skipped"
         if check.outcome == NOT_JUDGED:

@@ -13,6 +13,7 @@ import pytest
 
 from pytest_ml4.accuracy.gate import failed_items, table
 from pytest_ml4.accuracy.guard import refusal
+from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.report.attach import attach_json, attach_text
 
 pytestmark = pytest.mark.accuracy
@@ -40,14 +41,15 @@ def test_every_request_answered(ml4_accuracy) -> None:  # type: ignore[no-untype
 def test_accuracy_vs_baseline(ml4_accuracy) -> None:  # type: ignore[no-untyped-def]
     """No BFCL category's accuracy dropped significantly below the stored baseline"""
     run = _measured(ml4_accuracy)
-    text = table(run.scores, run.baseline)
+    text = table(run.scores, run.baseline.scores if run.baseline else None)
     attach_text(text, "BFCL accuracy per category")
     attach_json(failed_items(run.results), "BFCL failed items (question, expected, got, error type)")
     print(text)
+    if run.baseline_refused:
+        pytest.fail(run.baseline_refused, pytrace=False)
     if run.baseline is None:
-        pytest.skip("no accuracy baseline for this target (fixtures/baselines/accuracy-<target>.json or "
-                    "--accuracy-baseline); figures recorded in accuracy-summary.json")
+        not_judged(f"accuracy (figures in accuracy-summary.json): {run.baseline_missing}")
     o = run.options
     assert not run.drops, (
-        f"accuracy regression vs baseline {o.baseline} (tolerance {o.tolerance * 100:g} points, "
+        f"accuracy regression vs baseline {run.baseline.path} (tolerance {o.tolerance * 100:g} points, "
         f"alpha {o.alpha:g}): " + "; ".join(d.describe() for d in run.drops))

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from pytest_ml4.baselines import describe_conditions
 from pytest_ml4.perf.evaluate import write_trace_outputs
 from pytest_ml4.perf.gates import dynamo_gates, error_gate, failures
 from pytest_ml4.perf.runner import trace_rows
@@ -80,7 +81,10 @@ def test_baseline(ml4_perf_sweep: Any) -> None:
         pytest.skip("no stored baseline for this target (perf.baseline) and none given with --perf-baseline")
     devs = ml4_perf_sweep.verdict.deviations
     assert devs, "no figure of this sweep is comparable with the baseline (no common concurrency)"
-    _attach("baseline comparison", "\n".join(d.describe() for d in devs))
+    base, run = ml4_perf_sweep.baseline.conditions, ml4_perf_sweep.settings.conditions()
+    compared = "every figure" if ml4_perf_sweep.verdict.full_run else "the per-token rates only (other run length)"
+    _attach("baseline comparison", f"this run: {describe_conditions(run)}\nbaseline {ml4_perf_sweep.baseline.name}: "
+            f"{describe_conditions(base)}\ncompared: {compared}\n" + "\n".join(d.describe() for d in devs))
     results = ml4_perf_sweep.verdict.by_gate("baseline")
     assert not failures(results), _fail_lines(failures(results))
 

@@ -8,6 +8,7 @@ import sys
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -295,7 +296,8 @@ def test_roofline_is_an_estimate_below_the_bound() -> None:
 
 def test_plots_and_summary(tmp_path: Path) -> None:
     pts = seed_points()
-    paths = write_plots(pts, tmp_path, "seed", Baseline.load(BASELINE).points)
+    base = Baseline.load(BASELINE)
+    paths = write_plots(pts, tmp_path, "seed", base, {"isl": 512, "osl": 4096, "duration_s": 300})
     assert [p.name for p in paths] == ["throughput.png", "ttft.png", "itl.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
     update_summary(tmp_path, "t", True, "sweep", {"passed": True})
@@ -303,6 +305,50 @@ def test_plots_and_summary(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "perf-summary.json").read_text())
     assert data["sweep"] == {"passed": True} and data["trace"] == {"passed": False}
     assert data["schema"] == "ml4-perf-summary/1"
+
+
+def _legends(folder: Path) -> dict[str, list[dict[str, Any]]]:
+    return json.loads((folder / "plots.json").read_text())["plots"]
+
+
+def test_plots_draw_the_baseline_only_under_its_conditions(tmp_path: Path) -> None:
+    """Issue 26 item 2: under the baseline's own conditions every baseline figure is drawn, its legend naming
+    them; under a short run's only what the gate compares (per-token rates), and TTFT says why it has none."""
+    base = Baseline.load(BASELINE)
+    write_plots(seed_points(), tmp_path / "same", "seed", base, {"isl": 512, "osl": 4096, "duration_s": 300})
+    same = _legends(tmp_path / "same")
+    assert "TTFT p50 (baseline:\nISL 512, OSL 4096, 300 s per point)" in same["ttft.png"][0]["legend"]
+    assert not any(p["notes"] for panels in same.values() for p in panels)
+    write_plots(seed_points(), tmp_path / "short", "short", base, {"isl": 128, "osl": 256, "duration_s": 20})
+    short = _legends(tmp_path / "short")
+    labels = [lab for panels in short.values() for p in panels for lab in p["legend"]]
+    drawn = [lab for lab in labels if "baseline" in lab]
+    assert drawn and all("(baseline:\nISL 512, OSL 4096, 300 s per point; per-token rate, compared)" in lab
+                         for lab in drawn)
+    assert {lab.split(" (baseline")[0] for lab in drawn} == {"per-user tok/s", "ITL p50", "ITL p99"}
+    [ttft] = short["ttft.png"]
+    assert not [lab for lab in ttft["legend"] if "baseline" in lab]
+    assert ttft["notes"] == [("baseline (ISL 512, OSL 4096, 300 s per point) not drawn: measured under other "
+                              "conditions than this run (ISL 128, OSL 256, 20 s per point); the gate compares only "
+                              "itl_p50_ms, itl_p99_ms, tok_s_user")]
+
+
+def test_a_simulator_perf_baseline_is_refused_on_a_live_run(tmp_path: Path) -> None:
+    """Issue 23 item 11: a perf baseline made by the simulator (``--perf-save`` under ``--sim``) judges simulator
+    runs only; seed 000's own table (provenance ``seed``) judges live runs; one without provenance is refused."""
+    from pytest_ml4.plugin_perf import load_perf_baseline
+
+    data = json.loads(BASELINE.read_text())
+    sim = tmp_path / "sim.json"
+    sim.write_text(json.dumps({**data, "provenance": {"kind": "simulator", "command": "pytest --sim --perf-save"}}))
+    with pytest.raises(pytest.UsageError, match=r"^--perf-baseline: baseline .*sim.json was made by the simulator "
+                                                r"and cannot judge a live deployment: record one on this deployment$"):
+        load_perf_baseline(sim, live=True)
+    assert load_perf_baseline(sim, live=False).points == load_perf_baseline(BASELINE, live=True).points
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({k: v for k, v in data.items() if k != "provenance"}))
+    with pytest.raises(pytest.UsageError, match="states no provenance"):
+        load_perf_baseline(bare, live=False)
 
 
 def test_progress_lines() -> None:

@@ -41,6 +41,13 @@ def test_rtx_short_profile_passes_and_writes_outputs(pytester: pytest.Pytester, 
     assert "ESTIMATE" in sweep["roofline"]["label"]
     for rel in sweep["plots"]:
         assert (run_dir / rel).stat().st_size > 1000
+    # Issue 26 items 2-3: the seed's baseline (ISL 512, OSL 4096, 300 s) is drawn only for the per-token rates the
+    # gate compares, each legend entry naming its conditions; TTFT says why it has no baseline line.
+    plots = json.loads((run_dir / Path(sweep["plots"][0]).parent / "plots.json").read_text())["plots"]
+    drawn = [lab for panels in plots.values() for panel in panels for lab in panel["legend"] if "baseline" in lab]
+    assert drawn and all("(baseline:\nISL 512, OSL 4096, 300 s per point; per-token rate" in lab for lab in drawn)
+    assert plots["ttft.png"][0]["notes"][0].startswith("baseline (ISL 512, OSL 4096, 300 s per point) not drawn")
+    assert sweep["conditions"]["isl"] == 128 and sweep["baseline"]["conditions"]["isl"] == 512
     for p in sweep["points"]:
         assert (run_dir / p["artifact_dir"] / "profile_export_aiperf.json").is_file()
     assert (run_dir / "perf" / "progress.log").read_text().count("done:") == 4

@@ -210,3 +210,28 @@ def test_control_compare_with_an_earlier_run_compares(tmp_path: Path, capsys: py
     _run(tmp_path, "20261102-a", points=None, started=1.1e9)
     assert main(["compare", "--runs", str(tmp_path), "--baseline", "none", "--png", str(tmp_path / "t.png")]) == 0
     assert "previous run: 20261101-a" in capsys.readouterr().out
+
+def test_comparisons_across_conditions_are_refused_with_one_line() -> None:
+    """Issue 26 item 3: a baseline of other conditions that lists no figure comparable across run lengths, or an
+    accuracy of another sample, is not compared: one row says why, naming both conditions."""
+    from pytest_ml4.report.compare import (
+        Baseline,
+        compare_accuracy,
+        compare_with_baseline,
+    )
+
+    base = Baseline({1: {"tok_s_user": 90.0}}, {}, {}, "b.json", conditions={"isl": 512, "osl": 4096,
+                                                                              "duration_s": 300})
+    (row,) = compare_with_baseline(base, {1: {"tok_s_user": 50.0}}, {"isl": 128, "osl": 256, "duration_s": 5}, 0.1)
+    assert not row.regressed and "\n" not in row.change
+    assert row.change == ("perf figures not compared with b.json: measured under other conditions (baseline vs this "
+                          "run: isl 512 vs 128; osl 4096 vs 256; duration_s 300 vs 5)")
+    # Control: the same figures under the baseline's conditions are compared (and this one regressed).
+    (same,) = compare_with_baseline(base, {1: {"tok_s_user": 50.0}}, {"isl": 512, "osl": 4096, "duration_s": 300},
+                                    0.1)
+    assert same.regressed
+    cond = {"benchmark": "BFCL v4 (bfcl-eval)", "bfcl_eval": "2026.3.23", "seed": 1234}
+    ref = {"conditions": {**cond, "size": 200}, "categories": {"irrelevance": {"n": 200, "passed": 120}}}
+    new = {"conditions": {**cond, "size": 40}, "categories": {"irrelevance": {"n": 40, "passed": 10}}}
+    (acc,) = compare_accuracy("vs previous", ref, new)
+    assert acc.change.endswith("(baseline vs this run: size 200 vs 40)") and not acc.regressed

@@ -14,11 +14,18 @@ from typing import Any
 
 from pytest_ml4.accuracy.score import ItemResult
 from pytest_ml4.accuracy.stats import drop_z, wilson
+from pytest_ml4.baselines import (
+    BaselineRefused,
+    Provenance,
+    conditions_differ,
+    provenance_of,
+    refusal_line,
+)
 
 BASELINE_SCHEMA = 1
 
 
-class BaselineError(ValueError):
+class BaselineError(BaselineRefused):
     """A baseline file that cannot be read; the message names the file and what is wrong."""
 
 
@@ -64,13 +71,40 @@ def summarize(results: Iterable[ItemResult], categories: list[str]) -> dict[str,
     return {c: CategoryScore(c, n, k) for c, (n, k) in counts.items()}
 
 
-def save_baseline(path: Path, scores: dict[str, CategoryScore], meta: dict[str, Any]) -> None:
+#: What a category's accuracy depends on besides the deployment; a baseline of other values is not compared.
+CONDITION_KEYS = ("benchmark", "bfcl_eval", "size", "seed")
+BENCHMARK = "BFCL v4 (bfcl-eval)"
+
+
+def run_conditions(bfcl_eval: str, size: int | None, seed: int) -> dict[str, Any]:
+    """The conditions an accuracy figure is measured under (stored with the baseline and in the summary)."""
+    return {"benchmark": BENCHMARK, "bfcl_eval": bfcl_eval, "size": size, "seed": seed}
+
+
+@dataclass(frozen=True)
+class AccuracyBaseline:
+    """``fixtures/baselines/accuracy-<target>.json``: per-category scores, their conditions and provenance."""
+
+    path: Path
+    provenance: Provenance
+    conditions: dict[str, Any]
+    scores: dict[str, CategoryScore]
+
+    def refusal(self, conditions: dict[str, Any]) -> str | None:
+        """One line when this run's conditions differ from the baseline's, else None."""
+        differ = conditions_differ(self.conditions, conditions, CONDITION_KEYS)
+        return refusal_line("accuracy", self.path, differ) if differ else None
+
+
+def save_baseline(path: Path, scores: dict[str, CategoryScore], meta: dict[str, Any],
+                  conditions: dict[str, Any], provenance: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"schema": BASELINE_SCHEMA, **meta, "categories": {c: s.as_dict() for c, s in scores.items()}}
+    doc = {"schema": BASELINE_SCHEMA, **meta, "provenance": provenance, "conditions": conditions,
+           "categories": {c: s.as_dict() for c, s in scores.items()}}
     path.write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def load_baseline(path: Path) -> dict[str, CategoryScore]:
+def load_baseline(path: Path) -> AccuracyBaseline:
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
@@ -86,7 +120,11 @@ def load_baseline(path: Path) -> dict[str, CategoryScore]:
             out[cat] = CategoryScore(cat, int(fig["n"]), int(fig["passed"]))
         except (KeyError, TypeError, ValueError):
             raise BaselineError(f"accuracy baseline {path}: categories.{cat} needs integer 'n' and 'passed'") from None
-    return out
+    try:
+        prov = provenance_of(doc, path)
+    except BaselineRefused as err:
+        raise BaselineError(str(err)) from None
+    return AccuracyBaseline(path, prov, dict(doc.get("conditions") or {}), out)
 
 
 def compare(now: dict[str, CategoryScore], base: dict[str, CategoryScore], tolerance: float,

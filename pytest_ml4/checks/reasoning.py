@@ -6,9 +6,19 @@ output is measured (seed 000 saw 50-68 %).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from pytest_ml4.baselines import (
+    BaselineRefused,
+    Provenance,
+    conditions_differ,
+    provenance_of,
+    refusal_line,
+)
 from pytest_ml4.client import quote_body
 from pytest_ml4.recount import LOCAL_SLACK_FRACTION, TokenCounter
 
@@ -89,23 +99,76 @@ def reasoning_share(usage: Mapping[str, Any] | None) -> float | None:
 
 
 # ------------------------------------------------------------------------ reasoning share vs a stored baseline
-def share_baseline_drift(rows: list[Mapping[str, Any]], baseline: Mapping[str, Any], output_tokens: int,
-                         source: str) -> list[str]:
-    """Each measured prompt's reasoning share against the baseline's (``fixtures/baselines/reasoning-share-*.json``).
+#: What a reasoning share depends on besides the deployment: a share is compared only with one measured under the
+#: same values (fixtures/prompts/reasoning.yaml ``share``; the request defaults).
+SHARE_CONDITION_KEYS = ("prompts", "max_tokens", "min_tokens", "reasoning_effort", "temperature")
 
-    Returns one problem line per prompt whose share moved more than the baseline's ``tolerance`` (absolute), whose
-    baseline is missing, or all prompts when the baseline was measured at another output length (a share is only
-    comparable at the same fixed length)."""
-    if int(baseline.get("output_tokens", -1)) != output_tokens:
-        return [f"{source}: measured at output_tokens {baseline.get('output_tokens')}, this run uses {output_tokens}"]
-    tol = float(baseline["tolerance"])
-    shares = baseline["shares"]
+
+def cut_inside_reasoning(finish_reason: str | None, content: str | None) -> bool:
+    """An answer that hit ``max_tokens`` before ``[/THINK]``: the parser gives all of it as reasoning and no
+    content. Its share measures the cap, not the deployment."""
+    return finish_reason == "length" and not (content or "").strip()
+
+
+def share_row(prompt: str, usage: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
+    """One measured prompt: tokens and share; AssertionError naming what usage lacks."""
+    share = reasoning_share(usage)
+    assert share is not None, (f"{where}: cannot measure the reasoning share: usage lacks reasoning_tokens or "
+                               f"completion_tokens (reasoning parser not configured?): {usage}")
+    return {"prompt": prompt, "completion_tokens": (usage or {})["completion_tokens"],
+            "reasoning_tokens": reasoning_tokens(usage), "share": round(share, 4)}
+
+
+@dataclass(frozen=True)
+class ShareBaseline:
+    """``fixtures/baselines/reasoning-share-<target>.json``: per-prompt shares, the conditions they were measured
+    under and where they came from (:mod:`pytest_ml4.baselines`)."""
+
+    path: Path
+    provenance: Provenance
+    conditions: Mapping[str, Any]
+    tolerance: float
+    shares: Mapping[str, float]
+
+    @classmethod
+    def load(cls, path: Path) -> ShareBaseline:
+        try:
+            data = json.loads(path.read_text())
+            return cls(path, provenance_of(data, path), dict(data["conditions"]), float(data["tolerance"]),
+                       {str(k): float(v) for k, v in data["shares"].items()})
+        except (OSError, KeyError, TypeError, ValueError, AttributeError) as err:
+            if isinstance(err, BaselineRefused):
+                raise
+            raise BaselineRefused(f"reasoning-share baseline {path} is unreadable: {err!r} (needs provenance, "
+                                  "conditions, tolerance, shares)") from None
+
+
+def save_share_baseline(path: Path, rows: list[Mapping[str, Any]], conditions: Mapping[str, Any],
+                        provenance: Mapping[str, Any], tolerance: float) -> Path:
+    """Write the measured shares as a baseline (``--reasoning-share-save``)."""
+    doc = {"provenance": dict(provenance), "conditions": dict(conditions), "tolerance": tolerance,
+           "shares": {r["prompt"]: r["share"] for r in rows}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
+
+
+def share_baseline_drift(rows: list[Mapping[str, Any]], baseline: ShareBaseline, conditions: Mapping[str, Any],
+                         source: str) -> list[str]:
+    """Each measured prompt's reasoning share against the baseline's.
+
+    Raises :class:`BaselineRefused` (one line) when the baseline was measured under other conditions (a share is
+    comparable only for the same prompts, length and effort); otherwise one problem line per prompt whose share
+    moved more than the baseline's ``tolerance`` (absolute) or that the baseline lacks."""
+    differ = conditions_differ(baseline.conditions, conditions, SHARE_CONDITION_KEYS)
+    if differ:
+        raise BaselineRefused(refusal_line("reasoning share", source, differ))
     problems = []
     for row in rows:
-        base = shares.get(row["prompt"])
+        base = baseline.shares.get(row["prompt"])
         if base is None:
             problems.append(f"{source}: no baseline share for prompt {row['prompt']!r}")
-        elif abs(row["share"] - float(base)) > tol:
-            problems.append(f"prompt {row['prompt']!r}: reasoning share {row['share']:.1%}, baseline {float(base):.1%} "
-                            f"(tolerance {tol:.0%}, {source})")
+        elif abs(row["share"] - base) > baseline.tolerance:
+            problems.append(f"prompt {row['prompt']!r}: reasoning share {row['share']:.1%}, baseline {base:.1%} "
+                            f"(tolerance {baseline.tolerance:.0%}, {source})")
     return problems

@@ -121,14 +121,17 @@ def write_sweep_outputs(run_dir: Path, target: Target, settings: SweepSettings, 
     """Plots (baseline overlaid) into ``out_dir`` (default ``run_dir/perf``) and the ``sweep`` summary section."""
     folder = out_dir or run_dir / "perf"
     title = f"{target.name}{' (simulated)' if simulated else ''}, ISL {settings.isl} OSL {settings.osl}"
-    plots = write_plots(figures_of(points), folder, title, baseline.points if baseline else None)
+    plots = write_plots(figures_of(points), folder, title, baseline, settings.conditions())
     section: dict[str, Any] = {
         "settings": settings.as_dict(),
         "points": _point_dicts(points, run_dir),
         "knee_concurrency": verdict.knee,
         "knee_ttft_p99_s": target.gates.ttft_p99_knee_s,
         "gates": gate_dicts(verdict.gates),
+        "conditions": settings.conditions(),
         "baseline": None if baseline is None else {"path": verdict.baseline_path, "full_run": verdict.full_run,
+                                                   "conditions": dict(baseline.conditions),
+                                                   "provenance": dict(baseline.provenance),
                                                    "deviations": deviation_dicts(verdict.deviations)},
         "roofline": verdict.roofline.as_dict(),
         "plots": [_rel(p, run_dir) for p in plots],

@@ -50,6 +50,10 @@ class SweepSettings:
     short: bool = False
     extra_inputs: tuple[tuple[str, Any], ...] = ()   # beside min_tokens (never ignore_eos: AiperfSpec refuses it)
 
+    def conditions(self) -> dict[str, Any]:
+        """What the sweep's figures were measured under (compared with a baseline's ``conditions``)."""
+        return {"isl": self.isl, "osl": self.osl, "duration_s": self.duration_s, "min_tokens": self.osl}
+
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["concurrencies"] = list(self.concurrencies)

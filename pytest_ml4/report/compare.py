@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_ml4.accuracy.gate import CONDITION_KEYS
+from pytest_ml4.baselines import conditions_differ, refusal_line
 from pytest_ml4.report.summary import SUMMARY_NAME, has_results, load_summary, perf_points
 
 #: The figures compared and drawn: the seed results table's columns plus the error rate (pytest_ml4.perf.figures).
@@ -90,6 +92,8 @@ class Baseline:
     name: str = ""
     # Figures that stay comparable when a run is short (small OSL, seconds per point); the perf baseline lists them.
     short_run_metrics: tuple[str, ...] = ()
+    # What the figures were measured under (isl, osl, duration_s, ...); empty when the file does not say.
+    conditions: Mapping[str, Any] = field(default_factory=dict)
 
     def tolerance(self, metric: str, default: float) -> float:
         return float(self.tolerances.get(metric, default))
@@ -153,7 +157,8 @@ def load_baseline(path: Path) -> Baseline:
     limits = {k.removesuffix("_value_max_concurrency"): int(v) for k, v in data.items()
               if k.endswith("_value_max_concurrency") and isinstance(v, int)}
     short = tuple(m for m in data.get("short_run_metrics") or () if isinstance(m, str))
-    return Baseline(perf_points(data), tolerances, limits, str(path), short)
+    cond = data.get("conditions") or (data.get("sweep") or {}).get("conditions") or data.get("perf_settings") or {}
+    return Baseline(perf_points(data), tolerances, limits, str(path), short, dict(cond))
 
 
 def compare_accuracy(scope: str, reference: Mapping[str, Any] | None,
@@ -168,6 +173,9 @@ def compare_accuracy(scope: str, reference: Mapping[str, Any] | None,
     def scores(doc: Mapping[str, Any]) -> dict[str, CategoryScore]:
         return {c: CategoryScore(c, int(f["n"]), int(f["passed"])) for c, f in (doc.get("categories") or {}).items()}
 
+    differ = conditions_differ(reference.get("conditions") or {}, latest.get("conditions") or {}, CONDITION_KEYS)
+    if differ and reference.get("conditions") and latest.get("conditions"):
+        return [Row(scope, "accuracy", None, None, refusal_line("accuracy", "the reference run", differ), False)]
     ref, new = scores(reference), scores(latest)
     settings = latest.get("settings") or {}
     dropped = {d.category for d in compare(new, ref, float(settings.get("tolerance", 0.05)),
@@ -191,20 +199,35 @@ def compare_runs(runs: Sequence[Mapping[str, Any]], baseline: Baseline | None, t
         if _comparable_settings(prev_settings, settings):
             rows += compare_perf("vs previous", perf_points(previous), latest_perf, tolerance)
         else:
+            differ = conditions_differ(prev_settings, settings, _SETTING_KEYS)
             rows.append(Row("vs previous", "perf settings", _settings_text(prev_settings),
-                            _settings_text(settings), "differ: figures not compared", False))
+                            _settings_text(settings), refusal_line("perf figures", "the previous run", differ),
+                            False))
         rows += compare_verdicts(previous, latest)
         rows += compare_accuracy("vs previous", previous.get("accuracy"), latest.get("accuracy"))
     if baseline is not None:
-        figures = KEY_FIGURES
-        if settings.get("short") and baseline.short_run_metrics:
-            figures = tuple(f for f in KEY_FIGURES if f in baseline.short_run_metrics)
-        rows += compare_perf("vs baseline", baseline.points, latest_perf, tolerance, baseline, figures)
+        rows += compare_with_baseline(baseline, latest_perf, settings, tolerance)
     return Comparison(latest["run_id"], previous["run_id"] if previous else None,
                       baseline.name if baseline is not None else None, tolerance, rows)
 
 
 _SETTING_KEYS = ("isl", "osl", "duration_s", "short", "min_tokens")
+#: The run conditions a perf baseline's figures depend on (as ``fixtures/baselines/<target>.json`` states them).
+_BASELINE_KEYS = ("isl", "osl", "duration_s")
+
+
+def compare_with_baseline(baseline: Baseline, latest: Mapping[int, Mapping[str, float]],
+                          settings: Mapping[str, Any], tolerance: float) -> list[Row]:
+    """The latest run's figures against the stored baseline: every key figure under the baseline's conditions;
+    under other ones only those it lists as comparable across run lengths (``short_run_metrics``), or one row
+    refusing the comparison when it lists none (or the run or baseline does not say what it was measured under)."""
+    differ = conditions_differ(baseline.conditions, settings, _BASELINE_KEYS)
+    if not differ:
+        return compare_perf("vs baseline", baseline.points, latest, tolerance, baseline, KEY_FIGURES)
+    if not baseline.short_run_metrics or not baseline.conditions or not settings:
+        return [Row("vs baseline", "perf", None, None, refusal_line("perf figures", baseline.name, differ), False)]
+    figures = tuple(f for f in KEY_FIGURES if f in baseline.short_run_metrics)
+    return compare_perf("vs baseline", baseline.points, latest, tolerance, baseline, figures)
 
 
 def _comparable_settings(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

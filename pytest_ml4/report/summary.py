@@ -42,6 +42,9 @@ class CheckRecord:
     duration_s: float = 0.0
     message: str = ""
     categories: list[str] = field(default_factory=list)
+    #: Figures the check compared with a stored value, each with the conditions it was measured under
+    #: (``record_property(name, {"value": ..., "conditions": {...}})``).
+    figures: dict[str, Any] = field(default_factory=dict)
 
 
 def perf_points(data: Mapping[str, Any]) -> dict[int, dict[str, float]]:

@@ -187,6 +187,12 @@ register(Fault("reasoning_share_shift", "the reasoning share of fixed-length ans
                "58 % -> 78 %)", "suites/test_reasoning.py (reasoning share vs its stored baseline)",
                default=0.2, takes_value=True))
 
+# Long reasoning (issue 26): not a defect but a healthy model that thinks at length before it answers (as with
+# reasoning_effort and a hard question), longer than a gate's output cap would allow; 0: a model that never reasons.
+register(Fault("reasoning_len", "the model reasons N tokens (default 1024) before it answers; 0: it does not reason",
+               "suites/test_reasoning.py (a cut reasoning is reported truncated, never judged as a share; no "
+               "reasoning fails naming that)", default=1024.0, takes_value=True))
+
 # Dynamo deployment shape (w2-killmatrix-dynamo): applied by DynamoSim when it spawns the workers, so the real
 # frontend sees fewer instances than the target declares (a worker pod that never registered).
 register(Fault("workers_down", "N of the target's aggregated Dynamo workers never start (default 1)",

@@ -44,6 +44,11 @@ class Plan:
     tool_calls: list[ToolCallPlan] = field(default_factory=list)
     #: Deterministic reasoning share (0.52-0.66) used when output is padded to a fixed length.
     reasoning_share: float = 0.58
+    #: Reasoning tokens the model writes before it answers (``reasoning_len``: a model that thinks at length);
+    #: None: as long as the plan's reasoning text.
+    reasoning_len: int | None = None
+    #: Change of the reasoning share of an answer that is not padded (``reasoning_share_shift``).
+    share_shift: float = 0.0
 
 
 @lru_cache(maxsize=4)
@@ -116,8 +121,11 @@ def plan_response(body: dict[str, Any], tool_choice: Any, faults: ActiveFaults |
     drop = faults.value("accuracy_drop") if faults is not None and faults.has("accuracy_drop") else 0.0
     if faults is not None and faults.has("reasoning_share_shift"):
         # Thinking takes more (or less) of a fixed-length answer, as after a template or effort-default change.
-        shifted = plan.reasoning_share + faults.value("reasoning_share_shift")
-        plan = replace(plan, reasoning_share=min(max(shifted, 0.0), 0.98))
+        shift = faults.value("reasoning_share_shift")
+        plan = replace(plan, reasoning_share=min(max(plan.reasoning_share + shift, 0.0), 0.98), share_shift=shift)
+    if faults is not None and faults.has("reasoning_len") and plan.reasoning is not None:
+        n = int(faults.value("reasoning_len"))
+        plan = replace(plan, reasoning=None) if n <= 0 else replace(plan, reasoning_len=n)
     return degrade(plan, body, tool_choice, drop) if drop > 0 else plan
 
 
@@ -204,12 +212,12 @@ def degrade(plan: Plan, body: dict[str, Any], tool_choice: Any, fraction: float)
     if plan.tool_calls:
         calls = [_corrupt_call(c) if _unit(user, str(i), c.name) < fraction else c
                  for i, c in enumerate(plan.tool_calls)]
-        return Plan(plan.reasoning, plan.content, calls, plan.reasoning_share)
+        return replace(plan, tool_calls=calls)
     tools = body.get("tools") or []
     if not tools or tool_choice == "none" or _unit(user, "spurious") >= fraction:
         return plan
     tool = tools[0]
     args = toolgen.ArgGenerator(toolgen.PromptFacts.of(user, frozenset(), set()), None).object(
         (tool.get("function") or {}).get("parameters") or {})
-    return Plan(plan.reasoning, "", [ToolCallPlan(toolgen.tool_name(tool), json.dumps(args, ensure_ascii=False))],
-                plan.reasoning_share)
+    return replace(plan, content="",
+                   tool_calls=[ToolCallPlan(toolgen.tool_name(tool), json.dumps(args, ensure_ascii=False))])

@@ -106,11 +106,15 @@ def build_output(plan: Plan, tok: SimTokenizer, limits: Limits, opts: WireOption
     """Tokenise the plan, pad for ``min_tokens``/``ignore_eos``, cut at ``max_tokens``, append ``</s>``."""
     args_texts = [_mangle(c.arguments) if opts.invalid_tool_json else c.arguments for c in plan.tool_calls]
     r_pieces = list(tok.pieces(plan.reasoning)) if plan.reasoning else []
+    c_pieces = list(tok.pieces(plan.content)) if plan.content else []
+    call_pieces = [(tok.pieces(c.name), tok.pieces(a)) for c, a in zip(plan.tool_calls, args_texts)]
+    padded = limits.ignore_eos or limits.min_tokens > 0
+    if plan.reasoning is not None:
+        answer_len = len(c_pieces) + sum(2 + len(n) + len(a) for n, a in call_pieces)
+        r_pieces = _natural_reasoning(plan, tok, r_pieces, answer_len, padded)
     budget = limits.thinking_budget
     if budget is not None:
         r_pieces = r_pieces[:max(budget, 0)]
-    c_pieces = list(tok.pieces(plan.content)) if plan.content else []
-    call_pieces = [(tok.pieces(c.name), tok.pieces(a)) for c, a in zip(plan.tool_calls, args_texts)]
     natural = (len(r_pieces) + 2 if plan.reasoning is not None else 0) + len(c_pieces) + sum(
         2 + len(n) + len(a) for n, a in call_pieces)
 
@@ -155,6 +159,23 @@ def build_output(plan: Plan, tok: SimTokenizer, limits: Limits, opts: WireOption
         finish = "stop"
         toks.append((EOS, "", -1))
     return Output(toks, finish, held, [c.name for c in plan.tool_calls] if opts.tool_parser else [])
+
+
+def _natural_reasoning(plan: Plan, tok: SimTokenizer, r_pieces: list[str], answer_len: int,
+                       padded: bool) -> list[str]:
+    """The reasoning the model writes before it answers: ``reasoning_len`` tokens for a model that thinks at
+    length, and for an answer that is not padded to a fixed length, the reasoning lengthened or shortened so its
+    share of the output moves by ``share_shift`` (a padded answer takes the shift through ``reasoning_share``)."""
+    wanted = plan.reasoning_len
+    if wanted is None and plan.share_shift and not padded:
+        total = len(r_pieces) + 2 + answer_len
+        share = min(max(len(r_pieces) / total + plan.share_shift, 0.01), 0.98)
+        wanted = max(1, round(share * (answer_len + 2) / (1 - share)))
+    if wanted is None:
+        return r_pieces
+    if wanted <= len(r_pieces):
+        return r_pieces[:wanted]
+    return r_pieces + list(islice(cycle(_fillers(tok).reasoning), wanted - len(r_pieces)))
 
 
 def _pad(plan: Plan, tok: SimTokenizer, r_pieces: list[str], c_pieces: list[str], natural: int, pad: int,

@@ -1,0 +1,54 @@
+"""pytest glue for the reasoning-share baseline (``suites/test_reasoning.py``); the core is
+:mod:`pytest_ml4.checks.reasoning` and :mod:`pytest_ml4.baselines`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pytest_ml4.baselines import BaselineRefused, pick_baseline
+from pytest_ml4.checks.reasoning import ShareBaseline
+from pytest_ml4.targets import FIXTURES_DIR, Target
+
+#: How a deployment's reasoning-share baseline is recorded (named by a check that could not judge without one).
+RECORD_COMMAND = ("pytest --target {target} -m reasoning -k share_of_output "
+                  "--reasoning-share-save=fixtures/baselines/reasoning-share-{target}.json")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ml4")
+    group.addoption("--reasoning-share-baseline", dest="ml4_reasoning_share_baseline", default=None,
+                    metavar="PATH", help="reasoning-share baseline to compare against (default: "
+                    "fixtures/baselines/reasoning-share-<target>.json when it was recorded on this deployment)")
+    group.addoption("--reasoning-share-save", dest="ml4_reasoning_share_save", default=None, metavar="PATH",
+                    help="write this run's reasoning shares as a baseline file (with its provenance and conditions)")
+
+
+@dataclass(frozen=True)
+class ShareBaselineChoice:
+    """The baseline that judges this run's reasoning share, or why none does (``refused``: one line)."""
+
+    baseline: ShareBaseline | None
+    not_judged: str = ""
+    refused: str = ""
+    save: Path | None = None
+    explicit: bool = False
+    record: str = ""
+
+
+@pytest.fixture(scope="session")
+def ml4_share_baseline(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: object) -> ShareBaselineChoice:
+    given = pytestconfig.getoption("ml4_reasoning_share_baseline")
+    save = pytestconfig.getoption("ml4_reasoning_share_save")
+    default = FIXTURES_DIR / "baselines" / f"reasoning-share-{ml4_target.name}.json"
+    record = RECORD_COMMAND.format(target=ml4_target.name)
+    common = {"save": Path(save) if save else None, "explicit": bool(given), "record": record}
+    try:
+        # Conditions depend on the request defaults the suite sends; it refuses other ones itself.
+        base, why = pick_baseline(Path(given) if given else None, default, ShareBaseline.load,
+                                  live=not getattr(ml4_endpoint, "simulated", False), record=record)
+    except BaselineRefused as err:
+        return ShareBaselineChoice(None, refused=str(err), **common)
+    return ShareBaselineChoice(base, why, **common)
