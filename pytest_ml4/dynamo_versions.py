@@ -12,7 +12,7 @@ Per-version differences live in the table, not in ``if`` chains: a suite asks ``
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -37,6 +37,9 @@ class DynamoBehaviour:
     reasoning_split_needs_effort: bool
     source: str
     covers: tuple[str, ...] = ()
+    #: How a deployment on public Dynamo 1.6.1 is made to behave as this version (real dynamo.vllm workers under
+    #: ``--sim-engine vllm``): what the scripted model emits; empty for a version that runs as itself.
+    emulation: dict[str, object] = field(default_factory=dict)
 
 
 _BOOL_FIELDS = ("public", "mistral_v11_tool_calls_parsed", "mistral_legacy_tool_calls_parsed", "mistral_parser_v2",
@@ -46,7 +49,7 @@ _BOOL_FIELDS = ("public", "mistral_v11_tool_calls_parsed", "mistral_legacy_tool_
 def _row(version: str, raw: object, path: Path) -> DynamoBehaviour:
     if not isinstance(raw, dict):
         raise DynamoVersionError(f"{path}: versions.{version} must be a mapping")
-    unknown = set(raw) - set(_BOOL_FIELDS) - {"source", "covers"}
+    unknown = set(raw) - set(_BOOL_FIELDS) - {"source", "covers", "emulation"}
     if unknown:
         raise DynamoVersionError(f"{path}: versions.{version}: unknown field(s) {sorted(unknown)}")
     for name in _BOOL_FIELDS:
@@ -55,7 +58,35 @@ def _row(version: str, raw: object, path: Path) -> DynamoBehaviour:
                                      f"got {raw.get(name)!r}")
     return DynamoBehaviour(version=version, source=" ".join(str(raw.get("source", "")).split()),
                            covers=tuple(str(c) for c in raw.get("covers") or ()),
+                           emulation=_emulation(version, raw.get("emulation"), path),
                            **{name: raw[name] for name in _BOOL_FIELDS})
+
+
+#: ``emulation`` keys: the tool-call form the model emits (``legacy`` or ``v11``) and whether it thinks before a
+#: tool call (1.6.1's reasoning parser swallows a call after ``[/THINK]``).
+EMULATION_FIELDS = {"tool_form": ("legacy", "v11"), "think_before_tool_call": (True, False)}
+#: Mistral Large 4's own output (a version without an emulation row runs the model as it is).
+OWN_OUTPUT: dict[str, object] = {"tool_form": "v11", "think_before_tool_call": True}
+
+
+def _emulation(version: str, raw: object, path: Path) -> dict[str, object]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or set(raw) - set(EMULATION_FIELDS):
+        raise DynamoVersionError(f"{path}: versions.{version}.emulation must be a mapping of "
+                                 f"{sorted(EMULATION_FIELDS)}, got {raw!r}")
+    for key, value in raw.items():
+        if value not in EMULATION_FIELDS[key]:
+            raise DynamoVersionError(f"{path}: versions.{version}.emulation.{key} must be one of "
+                                     f"{list(EMULATION_FIELDS[key])}, got {value!r}")
+    return dict(raw)
+
+
+def model_output(version: str | None) -> dict[str, object]:
+    """What the scripted model on a real 1.6.1 deployment emits for a target declaring ``version``: the row's
+    ``emulation`` over Mistral Large 4's own output (unknown version or no emulation: the model's own)."""
+    row = behaviour(version) if version else None
+    return {**OWN_OUTPUT, **(row.emulation if row is not None else {})}
 
 
 @lru_cache(maxsize=4)

@@ -196,8 +196,11 @@ class Ml4State:
         self.dynamo_bridge = _dynamo_bridge(config, self)
         self.declared_target = self.target
         if self.sim_engine == "vllm" and self.target is not None and self.target.is_dynamo:
-            raise pytest.UsageError(f"--sim-engine vllm runs vLLM-served targets; {self.target.name} is served by "
-                                    f"Dynamo ({self.target.serving.stack})")
+            # Real dynamo.vllm workers run the vLLM ai-dynamo 1.6.1 pins, not rtxpro6000-tp8's.
+            from pytest_ml4.tools import DYNAMO_VLLM_ENGINE_VERSION
+
+            self.overrides = deep_merge(self.overrides, {"engine": {"version": DYNAMO_VLLM_ENGINE_VERSION}})
+            self.target = load_target(self.target.path or self.target.name, overrides=self.overrides)
         if _opt(config, "ml4_no_proxy", "ml4_no_proxy") and self.target is not None:
             _check_no_proxy(self.target, self.use_sim, config.getoption("ml4_endpoint"))
             # Everything downstream (simulator start, suites, gates) sees the engine the run talks to.
@@ -294,27 +297,31 @@ def _start_sim(state: Ml4State) -> None:
     _sim_api_key(target)
     run_dir = state.ensure_run_dir()
     timeout = float(_opt(state.config, "ml4_sim_timeout", "ml4_sim_start_timeout") or 60)
-    if state.sim_engine == "vllm":
+    if state.sim_engine == "vllm" and not target.is_dynamo:
         _start_real_vllm(state, run_dir)
         return
-    if target.is_dynamo:
+    if target.is_dynamo and state.sim_engine == "vllm":
+        # Real dynamo.vllm workers: minutes to start here, not the simulator's seconds.
+        from pytest_ml4.realdynamo.deploy import RealDynamoDeployment as sim_class
+        timeout = float(state.config.getoption("ml4_sim_timeout") or 600)
+    elif target.is_dynamo:
         from pytest_ml4.sim.dynamo import DynamoSim as sim_class
     else:
         from pytest_ml4.sim import SimServer as sim_class
+    from pytest_ml4.sim.dynamo import DynamoStartError
     from pytest_ml4.tools import ToolMissing
 
     extra = {"bridge": state.dynamo_bridge} if target.is_dynamo else {}
     try:
         sim = sim_class(target, faults=state.faults, overrides=state.overrides or None,
                         log_file=run_dir / "sim" / "engine.log", **extra)
-    except ToolMissing as err:  # Dynamo not installed: one line naming the install step
+    except (ToolMissing, DynamoStartError) as err:  # not installed, not enough memory: one line, nothing started
         raise pytest.UsageError(f"ml4: --sim for {target.name}: {err}") from None
     state.sim = sim
     try:
         sim.start(timeout=timeout)
     except Exception as err:  # the simulator's own error carries the log tail
         from pytest_ml4.logs import start_failure_summary
-        from pytest_ml4.sim.dynamo import DynamoStartError
 
         sim.stop()
         if isinstance(err, DynamoStartError):  # command + log tail of the Dynamo process that failed

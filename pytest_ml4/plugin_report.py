@@ -48,7 +48,12 @@ from pytest_ml4.report.history import (
 from pytest_ml4.report.redact import DEFAULT as REDACTOR
 from pytest_ml4.report.redact import register_secret_env
 from pytest_ml4.report.results import RedactingFileLogger, write_crash_result
-from pytest_ml4.report.summary import NOT_JUDGED, CheckRecord, build_summary, write_summary
+from pytest_ml4.report.summary import (
+    NOT_JUDGED,
+    CheckRecord,
+    build_summary,
+    write_summary,
+)
 
 _CLIENT_FIXTURES = ("http_client", "openai_client", "async_openai_client")
 #: One per process: the session clients are hooked once, recording is switched on per check.
@@ -359,7 +364,8 @@ class _ControllerHooks:
         target = state.target if state is not None else None
         write_environment(alluredir, environment_properties(
             target, simulated=bool(state and state.use_sim), engine=versions.get("engine_reported"),
-            faults=tuple(state.faults) if state is not None else ()))
+            faults=tuple(state.faults) if state is not None else (),
+            extra={ENVIRONMENT_KEYS[k]: v for k, v in versions.items() if k in ENVIRONMENT_KEYS}))
         executor = executor_from_env()
         if "buildOrder" not in executor and run_dir is not None:
             # Outside CI, number local runs by their position among the stored runs so the trend is ordered.
@@ -401,9 +407,32 @@ def _versions(state: Any) -> dict[str, str]:
         out["dynamo_frontend"] = dyn["frontend"]["dynamo_version"]
         out["dynamo_frontend_command"] = " ".join(dyn["frontend"]["command"][1:])
         out["dynamo_bridge"] = "on" if dyn["bridge"] else "off"
+        out.update(real_worker_versions(dyn.get("worker_engine")))
     out["engine"] = reported or target.engine.version
     if reported:
         out["engine_reported"] = reported
+    return out
+
+
+#: summary.json version keys also shown in the Allure environment, with their label there.
+ENVIRONMENT_KEYS = {"dynamo_worker": "Dynamo worker", "dynamo_worker_vllm": "Worker vLLM",
+                    "deployment_reduced": "Deployment reduced", "dynamo_emulation": "Dynamo emulation"}
+
+
+def real_worker_versions(worker_engine: dict[str, Any] | None) -> dict[str, str]:
+    """What real ``dynamo.vllm`` workers (``--sim-engine vllm`` on a Dynamo target) add to ``summary.json``'s
+    versions and the Allure environment: their versions, a deployment reduced to this machine's memory, and the
+    declared Dynamo version's emulation on 1.6.1 (``fixtures/dynamo/versions.yaml``)."""
+    if not worker_engine:
+        return {}
+    out = {"dynamo_worker": f"dynamo.vllm {worker_engine['dynamo.vllm']}", "dynamo_worker_vllm": worker_engine["vllm"]}
+    if worker_engine.get("reduced"):
+        out["deployment_reduced"] = worker_engine["reduced"]
+    emulation = worker_engine.get("emulation")
+    if emulation:
+        out["dynamo_emulation"] = (f"Dynamo {emulation['version']} emulated on 1.6.1: tool calls in the "
+                                   f"{emulation['tool_form']} form, thinking before a tool call "
+                                   f"{'on' if emulation['think_before_tool_call'] else 'off'}")
     return out
 
 

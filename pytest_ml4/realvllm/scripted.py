@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -189,13 +190,17 @@ def piece_ids(piece: str, tok: SimTokenizer) -> list[int]:
 
 
 # --------------------------------------------------------------------------- the vLLM logits processor
-def _processor_class() -> type:
+#: Per request: ``(processor, SamplingParams) -> (prompt ids -> the ids to emit)``.
+ScriptFor = Callable[[Any, Any], Callable[[list[int]], list[int]]]
+
+
+def forcing_processor_class(name: str, script_for: ScriptFor) -> type:
+    """A vLLM logits processor class that forces, token by token, the ids ``script_for`` plans for each request
+    (EOS after the last); the processor has ``tok``, the model dir's Tekken tokenizer."""
     import torch
     from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
-    class ScriptedModel(AdapterLogitsProcessor):
-        """Forces the scripted token at every step of every request (see the module docstring)."""
-
+    class Forcing(AdapterLogitsProcessor):
         def __init__(self, vllm_config: Any, device: Any, is_pin_memory: bool) -> None:
             super().__init__(vllm_config, device, is_pin_memory)
             model_dir = Path(vllm_config.model_config.tokenizer)
@@ -207,18 +212,12 @@ def _processor_class() -> type:
             return False
 
         def new_req_logits_processor(self, params: Any) -> Any:
-            so = getattr(params, "structured_outputs", None)
-            grammar = getattr(so, "grammar", None) if so is not None else None
-            choice, parallel = tool_choice_from_grammar(grammar), parallel_from_grammar(grammar)
-            limits = wire.Limits(max_tokens=int(params.max_tokens or 16), min_tokens=int(params.min_tokens or 0),
-                                 ignore_eos=bool(params.ignore_eos),
-                                 thinking_budget=getattr(params, "thinking_token_budget", None))
+            plan = script_for(self, params)
             script: list[int] = []
 
             def force(prompt_ids: list[int], output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
                 if not script:
-                    script.extend(script_ids(request_from_prompt(list(prompt_ids), self.tok), choice, limits,
-                                             self.tok, parallel) or [EOS_ID])
+                    script.extend(plan(list(prompt_ids)) or [EOS_ID])
                 n = len(output_ids)
                 token = script[n] if n < len(script) else EOS_ID
                 logits.fill_(float("-inf"))
@@ -227,7 +226,25 @@ def _processor_class() -> type:
 
             return force
 
-    return ScriptedModel
+    Forcing.__name__ = Forcing.__qualname__ = name
+    return Forcing
+
+
+def _script_for(processor: Any, params: Any) -> Callable[[list[int]], list[int]]:
+    """The plan of real vLLM's own server: tool_choice from the Lark grammar its Mistral parser attaches."""
+    so = getattr(params, "structured_outputs", None)
+    grammar = getattr(so, "grammar", None) if so is not None else None
+    choice, parallel = tool_choice_from_grammar(grammar), parallel_from_grammar(grammar)
+    limits = wire.Limits(max_tokens=int(params.max_tokens or 16), min_tokens=int(params.min_tokens or 0),
+                         ignore_eos=bool(params.ignore_eos),
+                         thinking_budget=getattr(params, "thinking_token_budget", None))
+    return lambda prompt_ids: script_ids(request_from_prompt(prompt_ids, processor.tok), choice, limits,
+                                         processor.tok, parallel)
+
+
+def _processor_class() -> type:
+    """Forces the scripted token at every step of every request (see the module docstring)."""
+    return forcing_processor_class("ScriptedModel", _script_for)
 
 
 def __getattr__(name: str) -> Any:

@@ -388,16 +388,17 @@ def started_workers(declared: int, faults: Sequence[str]) -> int:
 class DynamoSim:
     """An embedded Dynamo deployment with the :class:`~pytest_ml4.sim.SimServer` interface plus its workers."""
 
+    #: The worker process class (:class:`pytest_ml4.realdynamo.deploy.RealDynamoWorker` for real dynamo.vllm).
+    worker_class: type[DynamoWorker] = DynamoWorker
+
     def __init__(self, target: Target, *, port: int = 0, faults: Sequence[str] = (),
                  overrides: dict[str, Any] | None = None, log_file: Path | str | None = None,
                  env: Mapping[str, str] | None = None, migration_limit: int | None = None,
                  prefill_workers: int | None = None, decode_workers: int | None = None,
                  agg_workers: int | None = None, bridge: bool = True) -> None:
-        from pytest_ml4.tools import dynamo_model_dir, dynamo_python
-
         if not target.is_dynamo:
             raise ValueError(f"target {target.name} is not served by Dynamo ({target.serving.stack})")
-        self.python, self.model_dir = dynamo_python(), dynamo_model_dir()
+        self.python, self.model_dir = self._tools()
         self.target, self.bridge = target, bridge
         self.log_file = Path(log_file) if log_file else Path(os.environ.get("TMPDIR", "/tmp")) / \
             f"ml4-dynamo-{os.getpid()}-{os.urandom(3).hex()}" / "engine.log"
@@ -423,7 +424,7 @@ class DynamoSim:
         for role, role_over in roles:
             i = counts[role] = counts.get(role, -1) + 1
             log = self.log_file if (role, i) == (primary, 0) else self.folder / f"{role}-{i}.log"
-            self.workers.append(DynamoWorker(self, role, i, log, target_file, role_over, faults))
+            self.workers.append(self.worker_class(self, role, i, log, target_file, role_over, faults))
         self.frontend = FrontendProcess(target, self.python, self.frontend_log, self.env, self.folder, port=port,
                                         migration_limit=migration_limit)
         # Faults of the HTTP layer in front of Dynamo: the endpoint then points at the gateway, never otherwise.
@@ -434,6 +435,12 @@ class DynamoSim:
         #: True while something else restarts workers that die (the fake Kubernetes API's kubelet watchdog):
         #: :meth:`recover` then waits for it instead of starting a second process.
         self.supervised = False
+
+    def _tools(self) -> tuple[Path, Path]:
+        """(Python of the Dynamo venv, model dir) the frontend and the workers run with."""
+        from pytest_ml4.tools import dynamo_model_dir, dynamo_python
+
+        return dynamo_python(), dynamo_model_dir()
 
     def _environment(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         base = dict(os.environ if extra is None else extra)

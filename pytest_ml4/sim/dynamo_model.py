@@ -27,22 +27,31 @@ MODEL_CONFIG = {"model_type": "mistral", "architectures": ["MistralForCausalLM"]
                 "bos_token_id": 1, "eos_token_id": 2}
 
 
-def convert(dest: Path) -> Path:
-    """Write ``tokenizer.json`` (+ tokenizer_config and chat template) into ``dest``; returns ``dest``."""
+def save_hf_tokenizer(tekken: Path, dest: Path) -> int:
+    """Convert the Tekken file ``tekken`` into ``dest/tokenizer.json`` (+ tokenizer_config), parser tokens kept;
+    returns the vocabulary size."""
     from transformers.integrations.mistral import convert_tekken_tokenizer
 
-    from pytest_ml4.tokenizer import SPECIAL_TOKENS, tekken_path
+    from pytest_ml4.tokenizer import SPECIAL_TOKENS
 
-    tok = convert_tekken_tokenizer(str(tekken_path(TEKKEN_VERSION)))
+    tok = convert_tekken_tokenizer(str(tekken))
     for marker in PARSER_TOKENS:
         ids = tok.convert_tokens_to_ids([marker])
         if ids != [SPECIAL_TOKENS.index(marker)]:
             raise SystemExit(f"dynamo_model: {marker} converted to ids {ids}, want [{SPECIAL_TOKENS.index(marker)}]")
+    tok.save_pretrained(str(dest))
+    return len(tok)
+
+
+def convert(dest: Path) -> Path:
+    """Write ``tokenizer.json`` (+ tokenizer_config and chat template) into ``dest``; returns ``dest``."""
+    from pytest_ml4.tokenizer import tekken_path
+
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tok.save_pretrained(str(tmp))
+    vocab_size = save_hf_tokenizer(tekken_path(TEKKEN_VERSION), tmp)
     # register_llm reads a config.json; the worker publishes the real context length in its runtime config.
-    (tmp / "config.json").write_text(json.dumps(MODEL_CONFIG | {"vocab_size": len(tok)}, indent=1))
+    (tmp / "config.json").write_text(json.dumps(MODEL_CONFIG | {"vocab_size": vocab_size}, indent=1))
     tmp.rename(dest)
     return dest
 

