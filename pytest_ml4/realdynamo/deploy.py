@@ -268,11 +268,11 @@ class RealDynamoDeployment(DynamoSim):
 
     def info(self) -> dict[str, Any]:
         out = super().info()
-        if self.warm_up is not None:
-            out["disagg"] = {"kv_transfer": "NIXL (UCX backend) on loopback", "warm_up": self.warm_up.line()}
         out["worker_engine"] = {"dynamo.vllm": tools.DYNAMO_VLLM_VERSION, "vllm": tools.DYNAMO_VLLM_ENGINE_VERSION,
                                 "declared": self.plan.declared, "started": self.plan.started,
                                 "reduced": self.plan.note(),
+                                "disagg": None if self.warm_up is None else
+                                f"prefill -> decode over NIXL (UCX backend) on loopback; {self.warm_up.line()}",
                                 "emulation": None if self.model_output == OWN_OUTPUT else {
                                     "version": self.target.serving.dynamo_version, **self.model_output}}
         return out

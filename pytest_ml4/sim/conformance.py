@@ -79,15 +79,48 @@ def chunk_kind(chunk: Mapping[str, Any]) -> str:
 
 @dataclass
 class Observation:
-    """One response as the comparison sees it."""
+    """One response as the comparison sees it: status, merged shape, and the values the suites judge by (finish
+    reasons, error message/type/code)."""
 
     status: int
     shape: Any
+    values: dict[str, Any] = field(default_factory=dict)
     text: str = ""
 
     @classmethod
     def of(cls, status: int, text: str) -> Observation:
-        return cls(status, body_shape(text), text)
+        return cls(status, body_shape(text), judged_values(text), text)
+
+    def compared(self) -> dict[str, Any]:
+        """What :func:`differences` compares: status, shape and judged values."""
+        return {"status": self.status, "body": self.shape, "values": self.values}
+
+
+#: The error fields whose values the suites match (messages are quoted in failures, types and codes compared).
+ERROR_FIELDS = ("message", "type", "code")
+
+
+def judged_values(text: str) -> dict[str, Any]:
+    """Finish reasons (in order, for every choice) and the error's message/type/code of a JSON or SSE body."""
+    stripped = text.strip()
+    if stripped.startswith("data:"):
+        chunks = [json.loads(x[5:]) for x in stripped.splitlines()
+                  if x.startswith("data:") and x[5:].strip() not in ("", "[DONE]")]
+    else:
+        try:
+            chunks = [json.loads(stripped)] if stripped.startswith("{") else []
+        except ValueError:
+            chunks = []
+    out: dict[str, Any] = {}
+    finishes = [c.get("finish_reason") for ch in chunks for c in ch.get("choices") or []
+                if c.get("finish_reason") is not None]
+    if finishes:
+        out["finish_reason"] = ",".join(finishes)
+    for ch in chunks:
+        err = ch.get("error") if isinstance(ch.get("error"), dict) else (ch if "message" in ch else None)
+        if err:
+            out.update({f"error.{k}": err.get(k) for k in ERROR_FIELDS if k in err})
+    return out
 
 
 def body_shape(text: str) -> Any:
