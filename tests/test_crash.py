@@ -154,3 +154,32 @@ def _kill_quietly(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+@pytest.mark.nightly
+def test_restart_suite_on_real_workers_migrates_the_killed_workers_stream(tmp_path: Path) -> None:
+    """``-m restart`` on gb300-agg with two real dynamo.vllm workers: the pod restarts, then a real worker
+    SIGKILLed under a stream whose tokens continue on the other (the timeline names the kill, the EngineCore and
+    Worker it left behind, and the frontend's migration line). Nightly: two real workers restart three times, tens
+    of minutes here."""
+    import json
+    import sys
+
+    from pytest_ml4.tools import ToolMissing, dynamo_vllm_python
+
+    try:
+        dynamo_vllm_python()
+    except ToolMissing as err:
+        pytest.skip(str(err))
+    repo = Path(__file__).resolve().parents[1]
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "pytest", "suites", "--target", "gb300-agg", "--sim", "--sim-engine", "vllm",
+           "-m", "restart", "-p", "no:cacheprovider", "-q", "-s", "--ml4-run-dir", str(run_dir)]
+    proc = subprocess.run(cmd, check=False, cwd=repo, capture_output=True, text=True, timeout=5400,
+                          env={**os.environ, "PYTHONPATH": str(repo)})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "stream migrated after its worker's SIGKILL" in proc.stdout, proc.stdout[-4000:]
+    assert "VLLM::EngineCore" in proc.stdout and "migration.from_worker_id=" in proc.stdout, proc.stdout[-4000:]
+    checks = json.loads((run_dir / "summary.json").read_text())["checks"]
+    crash = [c for c in checks if c["nodeid"].endswith("test_worker_crash_under_a_stream")]
+    assert [c["outcome"] for c in crash] == ["passed"], crash

@@ -4,8 +4,11 @@ front of one real ``dynamo.vllm`` worker; every shape the suites read must agree
 absent, value types, each stream chunk kind, finish reasons, error message/type/code, the worker's ``vllm:*``
 metric families and the log signatures its log matches), except the differences the fixture lists with a reason.
 
-CI cost: one real worker (vr200-agg, ~3.7 GiB) booting once, ~1-2 min on 2 cores, plus a simulated worker for
-seconds; the two deployments run one after the other, never together.
+Before each deployment is torn down its worker is SIGKILLed under a stream (migration off): on the real worker that
+proves in CI what issue 21 item 7 asks (1.6.1's in-band error event, the orphaned EngineCore/Worker found and ended).
+
+CI cost: one real worker (vr200-agg, ~3.7 GiB) booting once, 1-6 min on 2 loaded cores, plus a simulated worker
+for seconds; the two deployments run one after the other, never together.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
+from pytest_ml4.client import Endpoint
+from pytest_ml4.control.crash import CrashRun, check_crash, run_crash
+from pytest_ml4.control.scenario import load_requests
 from pytest_ml4.realvllm.server import tiny_overrides
 from pytest_ml4.sim.conformance import (
     Observation,
@@ -46,6 +52,7 @@ DATA = load_conformance(FIXTURES_DIR / "dynamo" / "conformance.yaml")
 TARGET = load_target("vr200-agg", overrides=deep_merge(tiny_overrides(), {
     "engine": {"version": DYNAMO_VLLM_ENGINE_VERSION}, "serving": {"dynamo_version": "1.6.1"}}))
 MODEL = TARGET.serving.served_model_name
+CRASH = load_requests()["crash"]
 
 
 def _fill(obj: Any, context: int) -> Any:
@@ -79,18 +86,28 @@ def _observe(dep: DynamoSim) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def observed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Both deployments' observations, the simulated one first (they never run together)."""
+def deployments(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Both deployments' observations, the simulated one first (they never run together); before it is torn down,
+    the real worker is SIGKILLed under a stream (migration off: one worker, no peer) for the crash checks below."""
     seen: dict[str, dict[str, Any]] = {}
-    for kind, make in (("sim", lambda d: DynamoSim(TARGET, log_file=d / "engine.log", bridge=False, agg_workers=1)),
-                       ("real", lambda d: RealDynamoDeployment(TARGET, log_file=d / "engine.log", bridge=False))):
+    for kind, make in (("sim", lambda d: DynamoSim(TARGET, log_file=d / "engine.log", bridge=False, agg_workers=1,
+                                                   migration_limit=0)),
+                       ("real", lambda d: RealDynamoDeployment(TARGET, log_file=d / "engine.log", bridge=False,
+                                                               migration_limit=0))):
         dep = make(tmp_path_factory.mktemp(kind))
         try:
             dep.start(timeout=900)
             seen[kind] = _observe(dep)
+            endpoint = Endpoint(base_url=dep.base_url, model=MODEL)
+            seen[kind]["crash"] = run_crash(endpoint, dep, CRASH, dep.frontend.migration_limit, recover=False)
         finally:
             dep.stop()
     return seen
+
+
+@pytest.fixture(scope="module")
+def observed(deployments: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {kind: {k: v for k, v in seen.items() if k != "crash"} for kind, seen in deployments.items()}
 
 
 def _diffs(observed: dict[str, dict[str, Any]]) -> dict[str, dict[str, tuple[Any, Any]]]:
@@ -122,3 +139,16 @@ def test_the_request_set_exercises_what_the_suites_read(observed: dict[str, dict
     assert "vllm:generation_tokens" in real["metrics"]["families"] or \
         "vllm:generation_tokens_total" in real["metrics"]["families"]
     assert "kv_cache_size" in real["logs"]["signatures"]
+
+
+def test_real_worker_killed_under_a_stream_gives_dynamos_error_and_leaves_its_engine_processes(
+        deployments: dict[str, dict[str, Any]]) -> None:
+    """Issue 21 item 7 on a real worker, in CI: SIGKILL of ``dynamo.vllm`` mid-stream without migration ends the
+    stream with 1.6.1's in-band 503 event and ``[DONE]``; its EngineCore and Worker outlive it and are found, ended
+    and named. The simulated worker's stream ends the same way (it leaves no process behind)."""
+    real: CrashRun = deployments["real"]["crash"]
+    assert "Service temporarily unavailable" in check_crash(real), real.report()
+    assert real.crash is not None and any("EngineCore" in p for p in real.crash.leftovers), real.report()
+    assert any("VLLM::Worker" in p for p in real.crash.leftovers), real.report()
+    sim: CrashRun = deployments["sim"]["crash"]
+    assert "Service temporarily unavailable" in check_crash(sim), sim.report()

@@ -110,9 +110,11 @@ def _read(http: httpx.Client, body: dict[str, Any], on_data: Callable[[int], Non
     return lines, times, status
 
 
-def run_crash(endpoint: Endpoint, crasher: Crasher, spec: dict[str, Any], migration_limit: int) -> CrashRun:
+def run_crash(endpoint: Endpoint, crasher: Crasher, spec: dict[str, Any], migration_limit: int,
+              recover: bool = True) -> CrashRun:
     """Stream ``spec`` (``prompt``, ``max_tokens``, ``min_tokens``, ``kill_after_events``), SIGKILL its worker
-    after ``kill_after_events`` data events, read the stream to its end, then bring the worker back."""
+    after ``kill_after_events`` data events, read the stream to its end, then bring the worker back (unless
+    ``recover`` is False: the caller tears the deployment down anyway)."""
     body = _stream_body(endpoint.model, spec)
     after = int(spec["kill_after_events"])
     t0 = time.monotonic()
@@ -140,7 +142,7 @@ def run_crash(endpoint: Endpoint, crasher: Crasher, spec: dict[str, Any], migrat
     timeline.append((end, _ending(stream)))
     crash = crashes[0][1] if crashes else None
     evidence = crasher.migration_evidence(crash.instance_id) if crash is not None else None
-    if crash is not None:
+    if crash is not None and recover:
         crasher.recover()
         timeline.append((time.monotonic() - t0, f"{crash.worker} replaced, deployment serving again"))
     return CrashRun(migration_limit, stream, crash, after, timeline, gap, evidence,
