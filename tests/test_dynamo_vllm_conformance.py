@@ -80,8 +80,11 @@ def _send(dep: DynamoSim, request: dict[str, Any]) -> Observation:
 def _observe(dep: DynamoSim) -> dict[str, Any]:
     out: dict[str, Any] = {name: _send(dep, req).compared() for name, req in DATA.requests.items()}
     worker = dep.workers[0]
-    out["metrics"] = {"families": sorted(metric_families(httpx.get(worker.metrics_url, timeout=10).text))}
-    out["logs"] = {"signatures": sorted(log_signatures(worker.log_file.read_text(errors="replace")))}
+    # One path per family / signature, so a difference names it.
+    families = metric_families(httpx.get(worker.metrics_url, timeout=10).text)
+    out["metrics"] = {"families": dict.fromkeys(sorted(families), "present")}
+    signatures = log_signatures(worker.log_file.read_text(errors="replace"))
+    out["logs"] = {"signatures": dict.fromkeys(sorted(signatures), "present")}
     return out
 
 
