@@ -101,6 +101,7 @@ def test_end_group_finds_and_ends_the_child_that_outlived_its_parent() -> None:
         assert [p.pid for p in group_members(proc.pid)] == [child]   # the child survived its parent's SIGKILL
         found, surviving = end_group(proc.pid)
         assert [p.pid for p in found] == [child] and found[0].rss_mib > 0 and surviving == []
+        assert found[0].name.startswith("python")   # argv[0]'s name, as vLLM's titles (VLLM::EngineCore) show
         assert group_members(proc.pid) == []
     finally:
         _kill_quietly(child)

@@ -43,9 +43,14 @@ def _stat_fields(pid: int) -> list[str] | None:
 
 
 def _name(pid: int) -> str:
+    """The process's title: argv[0] as it set it (vLLM's ``VLLM::EngineCore``; ``comm`` cuts at 15 characters),
+    else ``comm``."""
     try:
+        argv0 = (PROC / str(pid) / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace").strip()
+        if argv0:
+            return os.path.basename(argv0.split()[0])
         return (PROC / str(pid) / "comm").read_text().strip()
-    except OSError:
+    except (OSError, IndexError):
         return "?"
 
 
