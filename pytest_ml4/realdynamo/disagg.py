@@ -4,7 +4,7 @@ it); this module turns them into a worker's arguments and environment, and warms
 
 Why each setting exists (runs on this 2-core machine, load 30-36): vLLM's ``auto`` OpenMP binding puts both
 workers' threads on the same cores and the decode crawled at 0.2 tok/s; a fresh worker's first forward pass and
-the first NIXL handshake cost 16-57 s once, which the prefill's 30 s KV lease did not always cover (the
+the first NIXL handshake cost 16-79 s once, which the prefill's 30 s KV lease did not always cover (the
 reference's "first-request stall"). The reference's file-discovery key expiry came with that stall and did not
 recur with the own-core binding (docs/ARCHITECTURE.md, Decisions, "Real disaggregated workers on CPU").
 """
