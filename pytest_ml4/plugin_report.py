@@ -454,7 +454,8 @@ def _versions(state: Any) -> dict[str, str]:
 
 #: summary.json version keys also shown in the Allure environment, with their label there.
 ENVIRONMENT_KEYS = {"dynamo_worker": "Dynamo worker", "dynamo_worker_vllm": "Worker vLLM",
-                    "deployment_reduced": "Deployment reduced", "dynamo_emulation": "Dynamo emulation"}
+                    "deployment_reduced": "Deployment reduced", "dynamo_emulation": "Dynamo emulation",
+                    "dynamo_disagg": "Disaggregated KV transfer"}
 
 
 def real_worker_versions(worker_engine: dict[str, Any] | None) -> dict[str, str]:
@@ -466,6 +467,8 @@ def real_worker_versions(worker_engine: dict[str, Any] | None) -> dict[str, str]
     out = {"dynamo_worker": f"dynamo.vllm {worker_engine['dynamo.vllm']}", "dynamo_worker_vllm": worker_engine["vllm"]}
     if worker_engine.get("reduced"):
         out["deployment_reduced"] = worker_engine["reduced"]
+    if worker_engine.get("disagg"):
+        out["dynamo_disagg"] = worker_engine["disagg"]
     emulation = worker_engine.get("emulation")
     if emulation:
         out["dynamo_emulation"] = (f"Dynamo {emulation['version']} emulated on 1.6.1: tool calls in the "

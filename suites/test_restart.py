@@ -245,3 +245,25 @@ def test_model_leaves_and_returns_while_prefill_pods_gone(requests_run: RestartR
     assert vis.returned_after_s is not None, (f"the model did not come back to /v1/models after the prefill pods "
                                               f"{vis.deleted} were replaced (states seen: {vis.seen})")
     print(f"model left /v1/models after {vis.left_after_s:.2f} s, returned after {vis.returned_after_s:.2f} s")
+
+
+@pytest.mark.dynamo
+def test_worker_crash_under_a_stream(requests_run: RestartRun, ml4_dynamo_sim: Any, ml4_restart_endpoint: Any,
+                                     restart_spec: dict[str, Any], record_property: Any) -> None:
+    """A worker SIGKILLed under a running stream (a crash: no deregistration, no drain): with the frontend's
+    ``--migration-limit`` the stream continues on another worker, without it the client gets Dynamo's in-band
+    error event; the processes the killed worker leaves behind are found, ended and named in the timeline."""
+    from pytest_ml4.checks.verdict import NotJudged
+    from pytest_ml4.control.crash import check_crash, run_crash
+
+    if ml4_dynamo_sim is None:
+        raise NotJudged("a worker crash is staged only on the embedded deployment (--sim): on a cluster the "
+                        "restart suite deletes pods, whose workers drain on SIGTERM instead of crashing")
+    run = run_crash(ml4_restart_endpoint, ml4_dynamo_sim, restart_spec["crash"],
+                    ml4_dynamo_sim.frontend.migration_limit)
+    attach_text(run.report(), "worker crash timeline: the worker killed, the stream migrated or ended")
+    print(run.report())
+    if run.crash is not None:
+        record_property("crash_killed_worker", f"{run.crash.worker} pid {run.crash.pid}")
+        record_property("crash_leftover_processes", run.crash.leftovers)
+    print(check_crash(run))

@@ -517,6 +517,7 @@ def serve_dynamo(dsim: Any, namespace: str, dgd: str) -> FakeKubeAPI:
                 "nvidia.com/selector": f"{dgd}-{comp.lower()}",
                 "nvidia.com/dynamo-namespace": f"{namespace}-{dgd.replace('.', '-')}"}
 
+    dsim.supervised = True  # the watchdog restarts a worker that dies (DynamoSim.recover waits for it)
     api.add_pod(namespace, COMPONENT_NAMES["frontend"], labels("frontend"), {"main": dsim.frontend})
     for w in dsim.workers:
         api.add_pod(namespace, COMPONENT_NAMES[w.role], labels(w.role), {"main": w})

@@ -18,6 +18,7 @@ import httpx
 import pytest
 import yaml
 
+from pytest_ml4.sim.conformance import chunk_kind
 from pytest_ml4.sim.dynamo import DynamoSim
 from pytest_ml4.targets import FIXTURES_DIR, load_target
 from pytest_ml4.tools import ToolMissing, dynamo_python
@@ -71,19 +72,6 @@ def shape(value: Any) -> Any:
     if isinstance(value, bool):
         return "bool"
     return "number" if isinstance(value, int | float) else "string"
-
-
-def chunk_kind(chunk: dict[str, Any]) -> str:
-    if not chunk.get("choices"):
-        return "usage" if "usage" in chunk else "error"
-    choice = chunk["choices"][0]
-    delta = choice.get("delta") or {}
-    for kind, present in (("role", "role" in delta), ("finish", choice.get("finish_reason") is not None),
-                          ("tool", "tool_calls" in delta), ("reasoning", "reasoning_content" in delta),
-                          ("content", "content" in delta)):
-        if present:
-            return kind
-    return "other"
 
 
 #: Delta fields that carry generated text; a chunk may carry several when one engine step emits several tokens.

@@ -19,7 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
+from pytest_ml4.client import Endpoint
+from pytest_ml4.control.crash import check_crash, run_crash
 from pytest_ml4.control.dynamo import SESSION_HEADER
+from pytest_ml4.control.scenario import load_requests
 from pytest_ml4.metrics import scrape
 from pytest_ml4.probe import parse_sse_lines
 from pytest_ml4.sim.dynamo import DynamoSim
@@ -36,6 +39,7 @@ CONTEXT = 4096
 AGG = load_target("gb300-agg", overrides={"engine": {"max_model_len": CONTEXT}})
 DISAGG = load_target("gb300-disagg")
 MODEL = AGG.serving.served_model_name
+CRASH = load_requests()["crash"]
 QUESTION = [{"role": "user", "content": "What is 17 + 25? Answer with the number only."}]
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -121,31 +125,27 @@ def _stream(dsim: DynamoSim, session: str | None, on_event: Any) -> Any:
     return parse_sse_lines(lines, request=body)
 
 
-def _busy_worker(dsim: DynamoSim) -> Any:
-    """The worker whose engine is running a request (read from its own ``vllm:num_requests_running``)."""
-    busy = [w for w in dsim.workers if (scrape(w.metrics_url).value("vllm:num_requests_running") or 0) > 0]
-    assert len(busy) == 1, busy
-    return busy[0]
-
-
 def test_migration_continues_a_stream_whose_worker_was_killed(agg: DynamoSim) -> None:
     # No session header: with hard session affinity Dynamo 1.6.1 refuses to migrate a pinned stream ("Pinned
     # worker ... is not eligible"), which is Dynamo's behaviour, not the simulator's.
-    victims: list[Any] = []
+    run = run_crash(_endpoint(agg), agg, CRASH, agg.frontend.migration_limit)
+    assert agg.frontend.migration_limit == 3
+    assert check_crash(run).startswith("stream migrated after its worker's SIGKILL"), run.report()
+    assert run.crash is not None and run.crash.leftovers == []  # a simulated worker spawns no engine processes
 
-    def kill(n: int) -> None:
-        if n == 20 and not victims:
-            victim = _busy_worker(agg)
-            victims.append((victim, victim.instance_id))
-            victim.kill()
 
-    result = _stream(agg, None, kill)
-    victim, old_id = victims[0]
-    victim.start()
-    agg.wait_serving(60)
-    assert not result.error_events and result.done, result.describe()
-    assert result.finish_reason == "length" and result.usage["completion_tokens"] >= 300 - 20, result.describe()
-    assert f"migration.from_worker_id={old_id}" in agg.frontend_log.read_text()  # Dynamo's own migration
+def test_without_migration_a_killed_workers_stream_ends_with_dynamos_error_event(tmp_path: Path) -> None:
+    dsim = DynamoSim(AGG, log_file=tmp_path / "engine.log", migration_limit=0, agg_workers=1).start()
+    try:
+        run = run_crash(_endpoint(dsim), dsim, CRASH, dsim.frontend.migration_limit)
+        assert "Service temporarily unavailable" in check_crash(run), run.report()
+        assert run.stream.finish_reason is None and run.stream.usage is None, run.report()
+    finally:
+        dsim.stop()
+
+
+def _endpoint(dsim: DynamoSim) -> Endpoint:
+    return Endpoint(base_url=dsim.base_url, model=MODEL)
 
 
 def test_sigterm_deregisters_the_worker_and_drains_its_stream(agg: DynamoSim) -> None:
@@ -153,7 +153,7 @@ def test_sigterm_deregisters_the_worker_and_drains_its_stream(agg: DynamoSim) ->
 
     def term(n: int) -> None:
         if n == 10 and not victims:
-            victims.append(_busy_worker(agg))
+            victims.append(agg.busy_worker())
             victims[0].signal(signal.SIGTERM)
 
     result = _stream(agg, None, term)

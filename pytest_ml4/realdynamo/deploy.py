@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,14 +33,17 @@ import httpx
 
 from pytest_ml4 import process_groups, tools
 from pytest_ml4.dynamo_versions import OWN_OUTPUT, model_output
+from pytest_ml4.realdynamo import disagg
 from pytest_ml4.realdynamo.scripted import OUTPUT_ENV
 from pytest_ml4.sim.dynamo import (
     DynamoSim,
     DynamoStartError,
     DynamoWorker,
+    _tail,
     free_system_port,
     port_free,
 )
+from pytest_ml4.sim.orphans import Leftover, group_members
 from pytest_ml4.targets import Target
 
 #: The scripted model, loaded by vLLM inside each worker (the checkout is on the worker's PYTHONPATH).
@@ -73,6 +75,8 @@ class WorkerPlan:
     declared: dict[str, int]
     started: dict[str, int]
     available_gib: float
+    #: What the deployment was reduced to fit (the memory, or the disaggregated workers' one core each).
+    limit: str = "the memory here"
 
     @property
     def reduced(self) -> bool:
@@ -83,7 +87,7 @@ class WorkerPlan:
         if not self.reduced:
             return None
         parts = ", ".join(f"{role} {self.started[role]} of {n}" for role, n in self.declared.items())
-        return (f"reduced to the memory here: {parts} real dynamo.vllm workers ({WORKER_GIB} GiB each, "
+        return (f"reduced to {self.limit}: {parts} real dynamo.vllm workers ({WORKER_GIB} GiB each, "
                 f"{self.available_gib:.1f} GiB available)")
 
 
@@ -119,6 +123,8 @@ class RealDynamoWorker(DynamoWorker):
         super().__init__(owner, role, index, log_file, target_file, overrides, faults)
         self.name = f"dynamo.vllm {role} worker #{index}"
         self.kv_events_port = free_system_port()
+        #: NIXL's side channel of a prefill/decode worker (fixtures/dynamo_vllm/disagg.yaml).
+        self.side_channel_port = free_system_port()
 
     def start(self, timeout: float = START_TIMEOUT_S) -> None:
         super().start(timeout)
@@ -127,6 +133,8 @@ class RealDynamoWorker(DynamoWorker):
         super().before_start()
         if not port_free(self.kv_events_port):
             self.kv_events_port = free_system_port()
+        if not port_free(self.side_channel_port):
+            self.side_channel_port = free_system_port()
 
     def argv(self) -> list[str]:
         from pytest_ml4.realvllm.model import tiny_model
@@ -142,6 +150,8 @@ class RealDynamoWorker(DynamoWorker):
                "--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                                                  "endpoint": f"tcp://*:{self.kv_events_port}",
                                                  "topic": "kv-events"})]
+        if disagg.is_disagg_role(self.role):
+            cmd += disagg.worker_args(self.role)
         return cmd
 
     def env(self) -> dict[str, str]:
@@ -153,6 +163,8 @@ class RealDynamoWorker(DynamoWorker):
                     "DO_NOT_TRACK": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu",
                     # How the scripted model writes: the declared Dynamo version's emulation on 1.6.1.
                     OUTPUT_ENV: json.dumps(self.owner.model_output)})
+        if disagg.is_disagg_role(self.role):
+            env.update(disagg.worker_env(self.side_channel_port, self.owner.workers.index(self)))
         return env
 
     def ready(self) -> bool:
@@ -185,43 +197,8 @@ class RealDynamoWorker(DynamoWorker):
         process_groups.stop(proc, timeout)
         wait_group_gone(proc.pid, GROUP_EXIT_S)   # a SIGKILL is delivered asynchronously
 
-    def kill(self) -> None:
-        """SIGKILL of ``dynamo.vllm`` alone, as a crashed container's main process: its EngineCore and Worker
-        children are orphaned (the real behaviour); :meth:`reap` ends them."""
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
-        self._orphan_group, self._proc = (proc.pid if proc else None), None
 
-    def reap(self) -> list[int]:
-        """SIGKILL what is left of the group of a killed worker; returns the pids that were still alive."""
-        pgid = getattr(self, "_orphan_group", None)
-        if pgid is None:
-            return []
-        alive = group_members(pgid)
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self._orphan_group = None
-        return alive
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live pids whose process group is ``pgid`` (from /proc; zombies hold no memory and are left out)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            out.append(int(stat.parent.name))
-    return out
-
-
-def wait_group_gone(pgid: int, timeout: float) -> list[int]:
+def wait_group_gone(pgid: int, timeout: float) -> list[Leftover]:
     """Wait until no live process of group ``pgid`` is left (a SIGKILL is delivered asynchronously); returns the
     pids still alive after ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -245,7 +222,10 @@ class RealDynamoDeployment(DynamoSim):
                                    "need the simulated engine")
         tools.dynamo_vllm_python()   # not installed: ToolMissing naming the step, before the memory check
         self.plan = plan_workers(declared_workers(target), available_gib() if free_gib is None else free_gib)
+        if target.topology.kind == "disagg":
+            self.plan = disagg.cap_plan(self.plan)
         self._claimed: set[int] = set()
+        self.warm_up: disagg.WarmUp | None = None
         s = self.plan.started
         super().__init__(target, port=port, log_file=log_file, env=env, migration_limit=migration_limit,
                          bridge=bridge, overrides=overrides, agg_workers=s.get("worker"),
@@ -277,13 +257,28 @@ class RealDynamoDeployment(DynamoSim):
         """True when ``instance``'s TCP request-plane port is one ``worker``'s process group listens on."""
         addr = str((instance.get("transport") or {}).get("tcp", "")).split("/", 1)[0]
         port = addr.rsplit(":", 1)[-1]
-        return port.isdigit() and int(port) in listening_ports(group_members(worker.pid or -1))
+        return port.isdigit() and int(port) in listening_ports([p.pid for p in group_members(worker.pid or -1)])
+
+    def start(self, timeout: float = 120.0) -> RealDynamoDeployment:
+        """Start as :class:`DynamoSim` does; a disaggregated deployment then serves one warm-up request
+        (:func:`pytest_ml4.realdynamo.disagg.warm_up`) before it counts as started."""
+        super().start(timeout)
+        if self.target.topology.kind == "disagg":
+            try:
+                self.warm_up = disagg.warm_up(self.base_url, self.target.serving.served_model_name)
+            except disagg.DisaggError as err:
+                tails = "\n".join(f"  {w.name} log {w.log_file}, tail:\n{_tail(w.log_file, 12)}" for w in self.workers)
+                self.stop()
+                raise DynamoStartError(f"{err}\n{tails}") from None
+        return self
 
     def info(self) -> dict[str, Any]:
         out = super().info()
         out["worker_engine"] = {"dynamo.vllm": tools.DYNAMO_VLLM_VERSION, "vllm": tools.DYNAMO_VLLM_ENGINE_VERSION,
                                 "declared": self.plan.declared, "started": self.plan.started,
                                 "reduced": self.plan.note(),
+                                "disagg": None if self.warm_up is None else
+                                f"prefill -> decode over NIXL (UCX backend) on loopback; {self.warm_up.line()}",
                                 "emulation": None if self.model_output == OWN_OUTPUT else {
                                     "version": self.target.serving.dynamo_version, **self.model_output}}
         return out

@@ -31,8 +31,9 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -46,8 +47,12 @@ from pytest_ml4.server_lifecycle import (
 from pytest_ml4.sim.dynamo_bridge import PUBLIC_VERSION, behaviour
 from pytest_ml4.sim.faults import ActiveFaults
 from pytest_ml4.sim.gateway import gateway_faults
+from pytest_ml4.sim.orphans import Leftover, end_group
 from pytest_ml4.sim.server_proc import SimServer, _flatten
 from pytest_ml4.targets import Target
+
+if TYPE_CHECKING:
+    from pytest_ml4.control.crash import Crash
 
 #: ``serving.dynamo_router`` -> the frontend's ``--router-mode``.
 ROUTER_MODES = {"kv": "kv", "round_robin": "round-robin", "random": "random", None: "round-robin"}
@@ -61,6 +66,8 @@ LOOPBACK_ENV = {"DYN_DISCOVERY_BACKEND": "file", "DYN_REQUEST_PLANE": "tcp", "DY
                 "PYTHONUNBUFFERED": "1"}
 POLL_S = 0.1
 STOP_TIMEOUT_S = 15.0
+#: A killed worker back and the deployment serving (a real dynamo.vllm worker boots in 35-140 s here).
+RECOVER_TIMEOUT_S = 240.0
 
 
 class DynamoStartError(RuntimeError):
@@ -96,6 +103,28 @@ def port_free(port: int) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class KillRecord:
+    """One end of a process: how (``SIGKILL``, ``stop``), when (wall clock), the processes its group still held
+    once the main process was gone (ended with SIGKILL) and any that outlived that."""
+
+    process: str
+    pid: int
+    how: str
+    wall: float
+    leftovers: list[Leftover]
+    surviving: list[Leftover]
+
+    def line(self) -> str:
+        left = ", ".join(p.line() for p in self.leftovers) or "none"
+        return f"{self.how} of {self.process} (pid {self.pid}): processes left in its group: {left}" + \
+            (" (ended with SIGKILL)" if self.leftovers else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"process": self.process, "pid": self.pid, "how": self.how, "wall": self.wall,
+                "leftovers": [vars(p) for p in self.leftovers], "surviving": [vars(p) for p in self.surviving]}
+
+
 def _tail(path: Path, n: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
@@ -112,6 +141,8 @@ class DynamoProcess(abc.ABC):
         self.log_file, self._env, self._cwd = log_file, dict(env), cwd
         self._proc: subprocess.Popen[bytes] | None = None
         self.command: list[str] = []
+        #: Every kill or stop that left processes behind (the report names them).
+        self.kills: list[KillRecord] = []
 
     @property
     def pid(self) -> int | None:
@@ -171,14 +202,41 @@ class DynamoProcess(abc.ABC):
             self._proc.send_signal(sig)
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """SIGTERM (Dynamo deregisters and drains), SIGKILL after ``timeout``."""
+        """SIGTERM (Dynamo deregisters and drains), SIGKILL after ``timeout``; then whatever the process left in
+        its group is ended (:meth:`end_leftovers`)."""
         proc, self._proc = self._proc, None
-        process_groups.stop(proc, timeout, leader_only=True)
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        self.end_leftovers(proc.pid, "stop")
 
-    def kill(self) -> None:
-        """SIGKILL, no deregistration (a crashed pod): the frontend keeps the instance listed for a while."""
+    def kill(self) -> KillRecord | None:
+        """SIGKILL, no deregistration (a crashed pod): the frontend keeps the instance listed for a while. The
+        processes the main one spawned survive it (real ``dynamo.vllm``'s EngineCore and Worker): they are found
+        and ended as a kubelet ending the container would, and the record says they were there."""
         proc, self._proc = self._proc, None
-        process_groups.stop(proc, 5, first_signal=signal.SIGKILL, leader_only=True)
+        if proc is None or proc.poll() is not None:
+            return None
+        proc.kill()
+        proc.wait(5)
+        return self.end_leftovers(proc.pid, "SIGKILL")
+
+    def end_leftovers(self, pgid: int, how: str) -> KillRecord:
+        """End the processes still alive in the (dead) main process's group; recorded in :attr:`kills`."""
+        found, surviving = end_group(pgid)
+        record = KillRecord(self.name, pgid, how, time.time(), found, surviving)
+        if found:
+            self.kills.append(record)
+        if surviving:
+            raise DynamoStartError(f"{self.name}: processes of group {pgid} survive SIGKILL: "
+                                   f"{', '.join(p.line() for p in surviving)}")
+        return record
 
     def restart(self) -> None:
         self.stop()
@@ -393,6 +451,9 @@ class DynamoSim:
         self.gateway = GatewayProcess(self.frontend, target.serving.served_model_name, at_gateway,
                                       self.folder / "gateway.log", self.env, self.folder) if at_gateway else None
         self.lock = threading.RLock()
+        #: True while something else restarts workers that die (the fake Kubernetes API's kubelet watchdog):
+        #: :meth:`recover` then waits for it instead of starting a second process.
+        self.supervised = False
 
     def _tools(self) -> tuple[Path, Path]:
         """(Python of the Dynamo venv, model dir) the frontend and the workers run with."""
@@ -438,7 +499,8 @@ class DynamoSim:
                 "gateway": None if self.gateway is None else {"faults": self.gateway.faults, "url": self.gateway.url,
                                                               "pid": self.gateway.pid, "log": str(self.gateway.log_file)},
                 "workers": [{"role": w.role, "instance_id": w.instance_id, "pid": w.pid, "metrics_url": w.metrics_url,
-                             "log": str(w.log_file)} for w in self.workers]}
+                             "log": str(w.log_file)} for w in self.workers],
+                "leftover_processes": [k.as_dict() for k in self.kill_records()]}
 
     @property
     def worker_metrics_urls(self) -> dict[str, tuple[str, ...]]:
@@ -535,6 +597,55 @@ class DynamoSim:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    # -- a crash (pytest_ml4.control.crash.Crasher)
+    def busy_worker(self) -> DynamoWorker:
+        """The one worker whose engine runs a request now (its own ``vllm:num_requests_running``)."""
+        from pytest_ml4.metrics import scrape
+
+        busy = [w for w in self.workers if w.alive() and (scrape(w.metrics_url).sum("vllm:num_requests_running")) > 0]
+        if len(busy) != 1:
+            from pytest_ml4.checks.verdict import NotJudged
+
+            raise NotJudged(f"{len(busy)} workers report vllm:num_requests_running > 0 ({busy}): the worker serving "
+                            f"the stream cannot be told (another request running?)")
+        return busy[0]
+
+    def crash_busy_worker(self) -> Crash:
+        """SIGKILL the worker serving the running request; its leftover processes are found and ended."""
+        from pytest_ml4.control.crash import Crash
+
+        victim = self.busy_worker()
+        instance, pid = victim.instance_id, victim.pid
+        record = victim.kill()
+        return Crash(victim.name, instance, pid, [p.line() for p in (record.leftovers if record else [])],
+                     record.wall if record else time.time())
+
+    def migration_evidence(self, instance_id: Any) -> str | None:
+        """The frontend's "migration retry" log line off ``instance_id`` (its span fields), or None."""
+        mark = f"migration.from_worker_id={instance_id}"
+        try:
+            lines = self.frontend_log.read_text(errors="replace").splitlines()
+        except OSError:
+            return None
+        line = next((x for x in lines if mark in x and "migration.is_retry=true" in x), None)
+        return None if line is None else line[line.find("request_span:"):][:400]
+
+    def recover(self, timeout: float = RECOVER_TIMEOUT_S) -> None:
+        """Bring a killed worker back and wait until the deployment serves: started here, or, when a supervisor
+        restarts dead processes (:attr:`supervised`, the fake kubelet of ``--sim`` runs), waited for."""
+        deadline = time.monotonic() + timeout
+        for w in self.workers:
+            if self.supervised:
+                while not w.alive() and time.monotonic() < deadline:
+                    time.sleep(POLL_S)
+            elif not w.alive():
+                w.start(timeout=max(5.0, deadline - time.monotonic()))
+        self.wait_serving(max(5.0, deadline - time.monotonic()))
+
+    def kill_records(self) -> list[KillRecord]:
+        """Every kill or stop of this deployment's processes that left processes behind."""
+        return [k for p in (*self.workers, self.frontend) for k in p.kills]
 
     def workers_of(self, role: str) -> list[DynamoWorker]:
         return [w for w in self.workers if w.role == role]
