@@ -372,35 +372,62 @@ def check_streams(run: RestartRun) -> dict[str, int]:
 
 
 @dataclass(frozen=True)
+class DynamoAnswer:
+    """One answer a Dynamo frontend gives a client: ``status`` and a substring of the body ("" = any body)."""
+
+    status: int
+    body: str
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> DynamoAnswer:
+        return cls(int(row["status"]), str(row["body"]))
+
+    def matches(self, r: RequestOutcome) -> bool:
+        return r.status == self.status and self.body in (r.error or "")
+
+    def __str__(self) -> str:
+        return f"HTTP {self.status} {self.body!r}" if self.body else f"HTTP {self.status} (any body)"
+
+
+def _version_row(path: Path, version: str | None) -> tuple[str, dict[str, Any]]:
+    """The row of a per-Dynamo-version table; a target without a recorded version is judged by the one version
+    measured for real (the lowest key)."""
+    rows = (yaml.safe_load(path.read_text()) or {}).get("dynamo", {})
+    key = version if version in rows else min(rows)
+    return key, rows[key]
+
+
+@dataclass(frozen=True)
 class StaleInstances:
-    """A Dynamo frontend's stale-instance window (``fixtures/restart/stale-instances.yaml``, per version)."""
+    """A Dynamo frontend's stale-instance window (``fixtures/restart/stale-instances.yaml``, per version): the
+    answers while a gone worker is still listed, and what follows once no worker of the model is left."""
 
     version: str
     window_s: tuple[float, float]
-    status: int
-    signature: str
+    answers: tuple[DynamoAnswer, ...]
+    after_window: DynamoAnswer | None
     when: str
     avoided_by: str
 
     @classmethod
     def for_dynamo(cls, version: str | None, path: Path = STALE_FILE) -> StaleInstances:
-        rows = (yaml.safe_load(path.read_text()) or {}).get("dynamo", {})
-        # A target without a recorded version is judged by the one version measured for real (1.6.1).
-        key = version if version in rows else min(rows)
-        row = rows[key]
+        key, row = _version_row(path, version)
         lo, hi = row["stale_window_s"]
-        return cls(key, (float(lo), float(hi)), int(row["status"]), str(row["signature"]), str(row["when"]),
-                   str(row["avoided_by"]))
+        after = row.get("after_window")
+        return cls(key, (float(lo), float(hi)), tuple(DynamoAnswer.from_row(a) for a in row["answers"]),
+                   DynamoAnswer.from_row(after) if after else None, str(row["when"]), str(row["avoided_by"]))
 
     def explain(self, failed: list[RequestOutcome]) -> str | None:
-        """The sentence on the failures that carry this frontend's stale-instance answer (None if none do)."""
-        stale = [r for r in failed if r.status == self.status and self.signature in (r.error or "")]
+        """The sentence on the failures that carry this frontend's stale-instance answers (None if none do)."""
+        stale = [r for r in failed if any(a.matches(r) for a in self.answers)]
         if not stale:
             return None
         lo, hi = self.window_s
-        return (f"{len(stale)} of the failures are Dynamo {self.version}'s stale-instance answer (HTTP {self.status} "
-                f"'{self.signature}'): expected when {self.when}, for {lo:g}-{hi:g} s while the gone worker stays "
-                f"listed; {self.avoided_by}")
+        seen = sorted({str(a) for r in stale for a in self.answers if a.matches(r)})
+        after = (f"; then {self.after_window} while no worker of the model is left" if self.after_window else "")
+        return (f"{len(stale)} of the failures are Dynamo {self.version}'s stale-instance answers ({', '.join(seen)}): "
+                f"expected when {self.when}, for {lo:g}-{hi:g} s while the gone worker stays listed{after}; "
+                f"{self.avoided_by}")
 
 
 @dataclass(frozen=True)
@@ -412,7 +439,7 @@ class SingleReplicaOutage:
 
     version: str
     roles: tuple[str, ...]
-    answers: tuple[tuple[int, str], ...]
+    answers: tuple[DynamoAnswer, ...]
 
     @classmethod
     def for_target(cls, target: Any, path: Path = OUTAGE_FILE) -> SingleReplicaOutage | None:
@@ -422,13 +449,11 @@ class SingleReplicaOutage:
         roles = tuple(r for r, fld in TOPOLOGY_ROLES.get(topo.kind, DEFAULT_ROLES).items() if getattr(topo, fld) == 1)
         if not roles:
             return None
-        rows = (yaml.safe_load(path.read_text()) or {}).get("dynamo", {})
-        version = getattr(target.serving, "dynamo_version", None)
-        key = version if version in rows else min(rows)  # as StaleInstances: the one version measured for real
-        return cls(key, roles, tuple((int(a["status"]), str(a["body"])) for a in rows[key]["answers"]))
+        key, row = _version_row(path, getattr(target.serving, "dynamo_version", None))
+        return cls(key, roles, tuple(DynamoAnswer.from_row(a) for a in row["answers"]))
 
     def documented(self, r: RequestOutcome) -> bool:
-        return any(r.status == status and body in (r.error or "") for status, body in self.answers)
+        return any(a.matches(r) for a in self.answers)
 
     def check(self, run: RestartRun, failed: list[RequestOutcome]) -> None:
         roles = " and ".join(f"'{r}'" for r in self.roles)
@@ -439,7 +464,7 @@ class SingleReplicaOutage:
         odd = [r for r in failed if not self.documented(r)]
         if odd:
             raise AssertionError(f"{head}, but {len(odd)} failure(s) are not among them (documented: "
-                                 f"{[f'{s} {b!r}' for s, b in self.answers]}); first: HTTP {odd[0].status}: "
+                                 f"{[str(a) for a in self.answers]}); first: HTTP {odd[0].status}: "
                                  f"{odd[0].error}\n{listing}")
         if run.restart is None or not max(run.requests, key=lambda r: r.sent_s).ok:
             raise AssertionError(f"{head}, but the deployment did not answer again after the restart "
