@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import httpx
 import yaml
 
+from pytest_ml4.checks.verdict import NotJudged
 from pytest_ml4.client import Endpoint, make_httpx, quote_body
 from pytest_ml4.control.base import Controller, Progress, RestartResult
 from pytest_ml4.probe import StreamResult, probe_chat_stream
@@ -157,6 +158,9 @@ class RestartRun:
     recovery_s: float | None = None
     progress: list[str] = field(default_factory=list)
     timeline: Timeline | None = None
+    #: Why no answer could name the engine that served it although the controller asked for that evidence
+    #: (None: the evidence came, or the controller asks for none).
+    evidence_missing: str | None = None
 
     def report(self) -> str:
         lines = [f"restart by {self.controller}: "
@@ -234,6 +238,16 @@ def send_probe(http: httpx.Client, body: dict[str, Any], expect: str | None = No
     return ProbeReply(r.status_code, attempted_retries(r.headers), None, ok, answering_engine(r, data))
 
 
+def missing_identity_evidence(controller: Controller, body: dict[str, Any], engine: str | None) -> str | None:
+    """Why the warm-up answer named no engine although the controller asked for it (``probe_extras``), or None."""
+    extras = controller.probe_extras()
+    if engine is not None or not extras:
+        return None
+    return (f"the answer before the restart named no engine although the request asked for it "
+            f"({', '.join(f'{k}={body.get(k)}' for k in extras)}), so no answer can be told old engine from new; "
+            f"likely cause: {controller.evidence_absent_cause}")
+
+
 # ----------------------------------------------------------------------------------------------- the scenario
 def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: dict[str, Any] | None = None,
                          with_streams: bool = True, with_requests: bool = True, recovery_limit_s: float = 600.0,
@@ -264,6 +278,7 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
     if warm.status != 200:
         raise AssertionError(f"the deployment does not serve before the restart: HTTP {warm.status}: {warm.error}")
     old_engine = warm.engine or controller.incarnation()
+    evidence_missing = missing_identity_evidence(controller, body, old_engine)
     old_peers = controller.engines()
     streams: list[StreamResult | None] = [None] * (int(flight["streams"]) if with_streams else 0)
 
@@ -337,7 +352,7 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
         th.join(restart_limit_s)
     run = RestartRun(controller.kind, box.get("result"), box.get("error"), triggered_wall,
                      requests=sorted(outcomes, key=lambda o: o.index), recovery_s=timeline.first_new_s,
-                     progress=notes, timeline=timeline)
+                     progress=notes, timeline=timeline, evidence_missing=evidence_missing)
     for i, res in enumerate(streams):
         if res is None:
             run.streams.append(StreamOutcome(i, "silently_truncated", "the stream never returned", 0, False))
@@ -528,7 +543,10 @@ def retries_seen(run: RestartRun) -> int:
 
 
 def check_recovery(run: RestartRun, limit_s: float) -> float:
-    """Trigger to the first answer of a new engine (an answer of the old one never counts) within the limit."""
+    """Trigger to the first answer of a new engine (an answer of the old one never counts) within the limit;
+    not judged where the answers could not name their engine although the controller asked them to."""
+    if run.evidence_missing:
+        raise NotJudged(f"restart identity: {run.evidence_missing}\n{run.timeline_report()}")
     if run.recovery_s is None:
         raise AssertionError(f"no new engine answered within {limit_s:.0f} s of the restart\n{run.report()}")
     if run.recovery_s > limit_s:
