@@ -359,7 +359,8 @@ class _ControllerHooks:
         target = state.target if state is not None else None
         write_environment(alluredir, environment_properties(
             target, simulated=bool(state and state.use_sim), engine=versions.get("engine_reported"),
-            faults=tuple(state.faults) if state is not None else ()))
+            faults=tuple(state.faults) if state is not None else (),
+            extra={"Dynamo behaviour": versions["dynamo_behaviour"]} if "dynamo_behaviour" in versions else None))
         executor = executor_from_env()
         if "buildOrder" not in executor and run_dir is not None:
             # Outside CI, number local runs by their position among the stored runs so the trend is ordered.
@@ -380,6 +381,14 @@ class _ControllerHooks:
                                         f"HTML: ml4-report generate {state.run_dir}")
 
 
+def dynamo_row(target: Any) -> Any:
+    """The ``fixtures/dynamo/versions.yaml`` row the suites use for a Dynamo target (None otherwise)."""
+    from pytest_ml4.dynamo_versions import behaviour
+
+    version = getattr(target.serving, "dynamo_version", None) if target.is_dynamo else None
+    return behaviour(version) if version else None
+
+
 def _versions(state: Any) -> dict[str, str]:
     """Engine version as the endpoint reports it (``/version``), else as configured; suite and git versions."""
     out = {"suite": package_version("pytest-ml4"), "git_sha": git_sha(), "pytest": package_version("pytest")}
@@ -396,6 +405,9 @@ def _versions(state: Any) -> dict[str, str]:
         if state.config.getoption("ml4_endpoint"):
             urls.insert(0, state.config.getoption("ml4_endpoint"))
     reported = engine_version(urls) if urls else None
+    row = dynamo_row(target)
+    if row is not None:  # the behaviour the suites expect of the target's Dynamo release, and how it is known
+        out["dynamo_behaviour"] = row.describe()
     dyn = (state.sim_info or {}).get("dynamo")
     if dyn:  # a real dynamo.frontend served the run (pytest_ml4.sim.dynamo)
         out["dynamo_frontend"] = dyn["frontend"]["dynamo_version"]
