@@ -171,6 +171,10 @@ def guided_refusal_cause(version: str, tool_choice: object, tools: list[dict[str
     row predicts a refusal): the log is the better witness; without it the row names the keyword."""
     if not (tool_choice == "required" or isinstance(tool_choice, dict)):
         return None
+    if isinstance(tool_choice, dict):
+        # A named choice puts only that tool's parameters into the grammar (real-dynamo-vllm.md).
+        chosen = (tool_choice.get("function") or {}).get("name")
+        tools = [t for t in tools if (t.get("function") or {}).get("name") == chosen]  # type: ignore[union-attr]
     refusal = guided_json_refusal(version, tools)
     if refusal is None:
         return None

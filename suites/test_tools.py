@@ -15,7 +15,13 @@ import httpx
 import pytest
 import yaml
 
-from pytest_ml4.checks.chat import Answer, ChatSession, send_raw, served_by_litellm, user
+from pytest_ml4.checks.chat import (
+    Answer,
+    ChatSession,
+    send_raw,
+    served_by_litellm,
+    user,
+)
 from pytest_ml4.checks.expected import check_answer, expected_for
 from pytest_ml4.checks.protocol import assert_no_control_tokens
 from pytest_ml4.checks.tools import (
@@ -70,19 +76,6 @@ class ToolChat(ChatSession):
         return guided_refusal_cause(self.dynamo_version, body.get("tool_choice"), body.get("tools") or [],
                                     lambda: refused_keys_logged(self.logs, since))
 
-
-def refused_keys_logged(reader: Any, since: float) -> tuple[str, ...]:
-    """The keywords of the last ``Grammar error: Unimplemented keys`` line since ``since`` (empty: none, or no
-    log to read)."""
-    if reader is None:
-        return ()
-    try:
-        records = reader.read(since=since - 1.0)
-    except Exception:  # noqa: BLE001 - the log is a better witness, not a precondition: the row names it too
-        return ()
-    events = LogView(records, reader.describe()).all(GrammarSchemaRefused)
-    return events[-1].keys if events else ()
-
     def check(self, answer: Answer, tools: list[dict[str, Any]], tool_choice: Any,
               expect_tool: str | None) -> list[Any]:
         """The checks every answer with tools gets; returns the parsed arguments."""
@@ -97,6 +90,19 @@ def refused_keys_logged(reader: Any, since: float) -> tuple[str, ...]:
                                   conventions=self.conventions)
         assert_mistral_tool_ids(answer.tool_calls, where, self.conventions)
         return assert_arguments_valid(answer.tool_calls, tools, where)
+
+
+def refused_keys_logged(reader: Any, since: float) -> tuple[str, ...]:
+    """The keywords of the last ``Grammar error: Unimplemented keys`` line since ``since`` (empty: none, or no
+    log to read)."""
+    if reader is None:
+        return ()
+    try:
+        records = reader.read(since=since - 1.0)
+    except Exception:  # noqa: BLE001 - the log is a better witness, not a precondition: the row names it too
+        return ()
+    events = LogView(records, reader.describe()).all(GrammarSchemaRefused)
+    return events[-1].keys if events else ()
 
 
 @pytest.fixture

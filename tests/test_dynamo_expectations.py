@@ -24,8 +24,8 @@ from pytest_ml4.checks.expected import (
     expected_for,
 )
 from pytest_ml4.checks.tools import assert_tool_choice_obeyed, load_tools, named
-from pytest_ml4.client import Endpoint, worker_metrics_urls_from_env
 from pytest_ml4.checks.verdict import NotJudged
+from pytest_ml4.client import Endpoint, worker_metrics_urls_from_env
 from pytest_ml4.control.base import Controller
 from pytest_ml4.control.dynamo import (
     AffinityInconclusive,
@@ -37,6 +37,16 @@ from pytest_ml4.control.dynamo import (
     run_conversation,
     worker_instance_ids,
 )
+from pytest_ml4.control.kubernetes import NVEXT_ABSENT_CAUSES
+from pytest_ml4.control.scenario import (
+    RequestOutcome,
+    RestartRun,
+    StaleInstances,
+    build_timeline,
+    check_recovery,
+    missing_identity_evidence,
+    probe_body,
+)
 from pytest_ml4.dynamo_versions import (
     behaviour,
     first_schema_keyword,
@@ -44,15 +54,6 @@ from pytest_ml4.dynamo_versions import (
     image_version,
     load_table,
     tool_call_drop_cause,
-)
-from pytest_ml4.control.kubernetes import NVEXT_ABSENT_CAUSES
-from pytest_ml4.control.scenario import (
-    RequestOutcome,
-    RestartRun,
-    build_timeline,
-    check_recovery,
-    missing_identity_evidence,
-    probe_body,
 )
 from pytest_ml4.logs import FileLogReader, GrammarSchemaRefused, LogView
 from pytest_ml4.probe import parse_sse_lines
@@ -79,11 +80,32 @@ def test_versions_table_rows_say_what_real_1_6_1_does() -> None:
     assert public.reasoning_efforts == ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
 
+def test_the_verified_efforts_are_the_real_frontends_enum() -> None:
+    """Through Dynamo every effort the frontend's enum lists is accepted (no vLLM-side check): the 1.6.1 row's
+    list is the one real 1.6.1 named when it refused `extreme`."""
+    text = (REF / "dynamo-vllm-agg-reasoning-effort-bogus.txt").read_text()
+    listed = re.search(r"expected one of ((?:`\w+`(?:, )?)+)", text)
+    assert listed is not None
+    public = behaviour("1.6.1")
+    assert public is not None and public.reasoning_efforts == tuple(re.findall(r"`(\w+)`", listed.group(1)))
+
+
+def test_stale_instance_answers_are_the_recorded_real_ones() -> None:
+    """Each answer of the stale-instance table occurs in the real after-SIGKILL requests, then the empty 404; the
+    string 'No instances available' does not occur there (issue 21)."""
+    text = (REF / "dynamo-vllm-kv-after-kill-requests.txt").read_text()
+    stale = StaleInstances.for_dynamo("1.6.1")
+    for answer in stale.answers:
+        assert any(answer.body in line and f" {answer.status} " in line for line in text.splitlines()), answer
+    assert stale.after_window is not None and any(line.split()[1:2] == ["404"] for line in text.splitlines())
+    assert "No instances available" not in text
+
+
 def test_each_row_says_whether_it_is_verified_and_from_what() -> None:
     public, seed = behaviour("1.6.1"), behaviour("1.7.0-mistral-large-4-dev.1")
     assert public is not None and public.verified and "transcripts" in public.source
     assert seed is not None and not seed.verified and seed.status == "estimate"
-    assert seed.source.startswith("estimate from seeds/002")
+    assert seed.source.startswith("from seeds/002")
     assert public.describe().startswith("1.6.1 (verified: ")
 
 
@@ -333,6 +355,9 @@ def test_guided_refusal_names_the_refused_keyword_from_the_log_else_the_row() ->
     assert from_log is not None and "refuses the keyword `uniqueItems` (tool set_alarm; engine log: " in from_log
     from_row = guided_refusal_cause("1.6.1", named("set_alarm"), SET_ALARM)
     assert from_row is not None and "guided_json_refused_keywords of 1.6.1" in from_row
+    toolset = load_tools(["get_weather", "set_alarm"])
+    assert guided_refusal_cause("1.6.1", named("get_weather"), toolset) is None, "named: only that tool's schema"
+    assert guided_refusal_cause("1.6.1", "required", toolset) is not None, "required: every tool's schema"
     assert guided_refusal_cause("1.6.1", "auto", SET_ALARM) is None, "auto: no guided grammar"
     assert guided_refusal_cause("1.7.0-mistral-large-4-dev.1", "required", SET_ALARM) is None, "row: none refused"
     weather = load_tools(["get_weather"])

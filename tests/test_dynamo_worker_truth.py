@@ -27,7 +27,11 @@ from pytest_ml4.checks.tools import load_tools
 from pytest_ml4.dynamo_versions import behaviour
 from pytest_ml4.logs import FileLogReader, GrammarSchemaRefused, LogView
 from pytest_ml4.sim.dynamo_bridge import behaviour as bridge_mode
-from pytest_ml4.sim.dynamo_worker import Worker, prompt_tokens_details, refused_schema_keyword
+from pytest_ml4.sim.dynamo_worker import (
+    Worker,
+    prompt_tokens_details,
+    refused_schema_keyword,
+)
 from pytest_ml4.sim.faults import ActiveFaults
 from pytest_ml4.targets import FIXTURES_DIR, Target, load_target
 

@@ -5,7 +5,8 @@ routes to it, and that layer is where several real defects live (a catch-all rou
 ``/v1/models`` from its own route table, request "repair" plugins that drop what the backend would refuse). The
 checks of the real frontend's own answers (unknown model, model list, invalid tool/reasoning fields,
 ``tool_choice: none``) can only be made to fail there: no worker-side fault reaches a request the frontend
-refuses before any worker sees it.
+refuses before any worker sees it. It is also where a deployment loses the routing evidence (``nvext``,
+``x-dynamo-*`` headers: fault ``dynamo_evidence_stripped``), so the checks that read it must say "not judged".
 
 This is a real reverse proxy (aiohttp): every request is forwarded to the frontend, answers are streamed back
 chunk by chunk (SSE passes through unchanged); it alters only what a fault below says. :class:`DynamoSim
