@@ -15,13 +15,7 @@ import httpx
 import pytest
 import yaml
 
-from pytest_ml4.checks.chat import (
-    Answer,
-    ChatSession,
-    send_raw,
-    served_by_litellm,
-    user,
-)
+from pytest_ml4.checks.chat import Answer, ChatSession, send_raw, served_by_litellm, user
 from pytest_ml4.checks.expected import check_answer, expected_for
 from pytest_ml4.checks.protocol import assert_no_control_tokens
 from pytest_ml4.checks.tools import (
