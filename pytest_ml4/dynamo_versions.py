@@ -12,6 +12,7 @@ Per-version differences live in the table, not in ``if`` chains: a suite asks ``
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -36,27 +37,54 @@ class DynamoBehaviour:
     mistral_parser_v2: bool
     reasoning_split_needs_effort: bool
     source: str
+    #: ``verified`` (observed: ``source`` names the transcripts) or ``estimate`` (inferred: ``source`` says from what)
+    status: str = "estimate"
+    guided_json_refused_keywords: tuple[str, ...] = ()
+    reasoning_efforts: tuple[str, ...] = ()
     covers: tuple[str, ...] = ()
     #: How a deployment on public Dynamo 1.6.1 is made to behave as this version (real dynamo.vllm workers under
     #: ``--sim-engine vllm``): what the scripted model emits; empty for a version that runs as itself.
     emulation: dict[str, object] = field(default_factory=dict)
 
+    @property
+    def verified(self) -> bool:
+        return self.status == "verified"
+
+    def describe(self) -> str:
+        """The row in use, as summary.json and the Allure environment name it."""
+        return f"{self.version} ({self.status}: {self.source})"
+
 
 _BOOL_FIELDS = ("public", "mistral_v11_tool_calls_parsed", "mistral_legacy_tool_calls_parsed", "mistral_parser_v2",
                 "reasoning_split_needs_effort")
+#: List fields (of strings) a row must state, even when empty.
+_LIST_FIELDS = ("guided_json_refused_keywords", "reasoning_efforts")
+STATUSES = ("verified", "estimate")
+#: Schema members whose keys are names (of properties, definitions), not keywords.
+NAME_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+#: The tool parser whose behaviour the rows describe (``mistral_*`` fields).
+ROW_PARSER = "mistral"
 
 
 def _row(version: str, raw: object, path: Path) -> DynamoBehaviour:
     if not isinstance(raw, dict):
         raise DynamoVersionError(f"{path}: versions.{version} must be a mapping")
-    unknown = set(raw) - set(_BOOL_FIELDS) - {"source", "covers", "emulation"}
+    unknown = set(raw) - set(_BOOL_FIELDS) - {"source", "covers", "status", "emulation", *_LIST_FIELDS}
     if unknown:
         raise DynamoVersionError(f"{path}: versions.{version}: unknown field(s) {sorted(unknown)}")
     for name in _BOOL_FIELDS:
         if not isinstance(raw.get(name), bool):
             raise DynamoVersionError(f"{path}: versions.{version}.{name} must be true or false, "
                                      f"got {raw.get(name)!r}")
-    return DynamoBehaviour(version=version, source=" ".join(str(raw.get("source", "")).split()),
+    if raw.get("status") not in STATUSES:
+        raise DynamoVersionError(f"{path}: versions.{version}.status must be one of {list(STATUSES)}, "
+                                 f"got {raw.get('status')!r}")
+    source = " ".join(str(raw.get("source") or "").split())
+    if not source:
+        raise DynamoVersionError(f"{path}: versions.{version}.source must say which transcript verified the row "
+                                 f"or what the estimate is inferred from")
+    lists = {name: _strings(raw, name, version, path) for name in _LIST_FIELDS}
+    return DynamoBehaviour(version=version, source=source, status=str(raw["status"]), **lists,
                            covers=tuple(str(c) for c in raw.get("covers") or ()),
                            emulation=_emulation(version, raw.get("emulation"), path),
                            **{name: raw[name] for name in _BOOL_FIELDS})
@@ -89,6 +117,13 @@ def model_output(version: str | None) -> dict[str, object]:
     return {**OWN_OUTPUT, **(row.emulation if row is not None else {})}
 
 
+def _strings(raw: dict[str, object], name: str, version: str, path: Path) -> tuple[str, ...]:
+    value = raw.get(name)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise DynamoVersionError(f"{path}: versions.{version}.{name} must be a list of strings, got {value!r}")
+    return tuple(value)
+
+
 @lru_cache(maxsize=4)
 def load_table(path: Path = VERSIONS_FILE) -> dict[str, DynamoBehaviour]:
     data = yaml.safe_load(path.read_text())
@@ -118,14 +153,86 @@ def image_version(image: str | None) -> str | None:
     return last.split(":", 1)[1] if ":" in last else None
 
 
-def tool_call_drop_cause(version: str) -> str | None:
-    """Why no tool call comes back from a Dynamo ``version`` whose ``mistral`` parser drops Mistral Large 4's
-    ``[TOOL_CALLS]name[ARGS]{...}`` form; None where the table says the form is parsed (or the version is unknown)."""
+def tool_call_drop_cause(version: str, parser: str | None = ROW_PARSER) -> str | None:
+    """Why no tool call comes back from a Dynamo ``version`` whose workers run the tool parser ``parser``
+    (``--dyn-tool-call-parser``; the target's ``engine.tool_call_parser``), as far as the deployment's own
+    configuration explains it; None where it does not (the row says the form is parsed, or the version is unknown:
+    the check's generic hint then applies).
+
+    The cause follows from what the deployment runs: a parser other than ``mistral`` does not read Mistral Large
+    4's ``[TOOL_CALLS]`` output whatever the release; with ``mistral`` the version's row says whether the v11
+    form is parsed."""
+    if not parser:
+        return ("the workers register no tool-call parser (engine.tool_call_parser unset: no "
+                "--dyn-tool-call-parser), so Dynamo returns Mistral Large 4's [TOOL_CALLS] output as text")
+    if parser != ROW_PARSER:
+        return (f"the workers run the `{parser}` tool-call parser (engine.tool_call_parser / --dyn-tool-call-parser "
+                f"{parser}), which does not read Mistral Large 4's [TOOL_CALLS] output; run "
+                f"--dyn-tool-call-parser {ROW_PARSER}")
     row = behaviour(version)
     if row is None or row.mistral_v11_tool_calls_parsed:
         return None
     parsed = [v for v, r in load_table().items() if r.mistral_v11_tool_calls_parsed]
     return (f"Dynamo {version}'s `mistral` tool parser silently drops Mistral Large 4's "
             f"[TOOL_CALLS]name[ARGS]{{...}} form (no tool_calls; content null or the raw markup, finish_reason stop; "
-            f"fixtures/dynamo/versions.yaml mistral_v11_tool_calls_parsed: false); serve it with a Dynamo that "
-            f"parses that form ({', '.join(parsed) or 'none known'})")
+            f"fixtures/dynamo/versions.yaml mistral_v11_tool_calls_parsed: false, {row.status}); serve it with a "
+            f"Dynamo that parses that form ({', '.join(parsed) or 'none known'})")
+
+
+def guided_json_refusal(version: str, tools: list[dict[str, object]]) -> tuple[str, str] | None:
+    """``(tool name, keyword)`` of the first tool whose parameter schema uses a keyword the version's guided-JSON
+    grammar refuses (``guided_json_refused_keywords``), or None."""
+    row = behaviour(version)
+    if row is None or not row.guided_json_refused_keywords:
+        return None
+    for tool in tools:
+        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        name = str((fn or {}).get("name", "?"))  # type: ignore[union-attr]
+        keyword = first_schema_keyword((fn or {}).get("parameters"), row.guided_json_refused_keywords)  # type: ignore[union-attr]
+        if keyword is not None:
+            return name, keyword
+    return None
+
+
+def guided_refusal_cause(version: str, tool_choice: object, tools: list[dict[str, object]],
+                         logged: Callable[[], tuple[str, ...]] = tuple) -> str | None:
+    """The cause to name when a ``tool_choice`` required/named request failed on a release that refuses a keyword
+    of the tools' schemas in its guided-JSON grammar, or None (not a guided choice, no such keyword). ``logged``
+    returns the keywords the engine log's ``Grammar error: Unimplemented keys`` line names (read only when the
+    row predicts a refusal): the log is the better witness; without it the row names the keyword."""
+    if not (tool_choice == "required" or isinstance(tool_choice, dict)):
+        return None
+    if isinstance(tool_choice, dict):
+        # A named choice puts only that tool's parameters into the grammar (real-dynamo-vllm.md).
+        chosen = (tool_choice.get("function") or {}).get("name")
+        tools = [t for t in tools if (t.get("function") or {}).get("name") == chosen]  # type: ignore[union-attr]
+    refusal = guided_json_refusal(version, tools)
+    if refusal is None:
+        return None
+    tool, keyword = refusal
+    keys = logged()
+    seen = (f"engine log: 'Grammar error: Unimplemented keys: {list(keys)}'" if keys else
+            f"fixtures/dynamo/versions.yaml guided_json_refused_keywords of {version}; the engine log showed no "
+            f"grammar error")
+    return (f"cause: Dynamo {version} passes the raw tool schemas into the guided-JSON grammar of tool_choice "
+            f"{tool_choice!r}, and its grammar backend refuses the keyword `{keys[0] if keys else keyword}` (tool "
+            f"{tool}; {seen}): the deployment fails every client that sends such a schema with a guided tool choice "
+            f"(HTTP 400 Bad Request, or in a stream the in-band 'Invalid request' with no usage chunk); drop the "
+            f"keyword from the schema or serve a release whose grammar implements it")
+
+
+def first_schema_keyword(schema: object, keywords: tuple[str, ...]) -> str | None:
+    """The first of ``keywords`` used anywhere in a JSON schema (as a key of a schema object), or None. The keys
+    of ``properties``/``$defs`` maps are names, not keywords: only their values are searched."""
+    if isinstance(schema, list):
+        return next((k for k in (first_schema_keyword(i, keywords) for i in schema) if k is not None), None)
+    if not isinstance(schema, dict):
+        return None
+    for key, value in schema.items():
+        if key in keywords:
+            return str(key)
+        children = list(value.values()) if key in NAME_MAPS and isinstance(value, dict) else [value]
+        found = first_schema_keyword(children, keywords)
+        if found is not None:
+            return found
+    return None

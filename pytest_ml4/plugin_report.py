@@ -424,6 +424,14 @@ def _start_failure_status(exc: BaseException) -> int:
     return int(pytest.ExitCode.INTERNAL_ERROR)
 
 
+def dynamo_row(target: Any) -> Any:
+    """The ``fixtures/dynamo/versions.yaml`` row the suites use for a Dynamo target (None otherwise)."""
+    from pytest_ml4.dynamo_versions import behaviour
+
+    version = getattr(target.serving, "dynamo_version", None) if target.is_dynamo else None
+    return behaviour(version) if version else None
+
+
 def _versions(state: Any) -> dict[str, str]:
     """Engine version as the endpoint reports it (``/version``), else as configured; suite and git versions."""
     out = {"suite": package_version("pytest-ml4"), "git_sha": git_sha(), "pytest": package_version("pytest")}
@@ -440,6 +448,9 @@ def _versions(state: Any) -> dict[str, str]:
         if state.config.getoption("ml4_endpoint"):
             urls.insert(0, state.config.getoption("ml4_endpoint"))
     reported = engine_version(urls) if urls else None
+    row = dynamo_row(target)
+    if row is not None:  # the behaviour the suites expect of the target's Dynamo release, and how it is known
+        out["dynamo_behaviour"] = row.describe()
     dyn = (state.sim_info or {}).get("dynamo")
     if dyn:  # a real dynamo.frontend served the run (pytest_ml4.sim.dynamo)
         out["dynamo_frontend"] = dyn["frontend"]["dynamo_version"]
@@ -453,7 +464,8 @@ def _versions(state: Any) -> dict[str, str]:
 
 
 #: summary.json version keys also shown in the Allure environment, with their label there.
-ENVIRONMENT_KEYS = {"dynamo_worker": "Dynamo worker", "dynamo_worker_vllm": "Worker vLLM",
+ENVIRONMENT_KEYS = {"dynamo_behaviour": "Dynamo behaviour", "dynamo_worker": "Dynamo worker",
+                    "dynamo_worker_vllm": "Worker vLLM",
                     "deployment_reduced": "Deployment reduced", "dynamo_emulation": "Dynamo emulation",
                     "dynamo_disagg": "Disaggregated KV transfer"}
 

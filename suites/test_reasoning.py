@@ -35,7 +35,7 @@ from pytest_ml4.checks.reasoning import (
 )
 from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.client import Endpoint
-from pytest_ml4.dynamo_versions import behaviour
+from pytest_ml4.dynamo_versions import DynamoBehaviour, behaviour
 from pytest_ml4.targets import FIXTURES_DIR, Target
 from pytest_ml4.vllm_versions import for_version
 
@@ -48,13 +48,25 @@ STREAM = pytest.mark.parametrize("stream", [False, True], ids=["nonstream", "str
 SHARE_TOLERANCE = 0.02
 
 
+def dynamo_row(target: Target) -> DynamoBehaviour | None:
+    """The ``fixtures/dynamo/versions.yaml`` row of the target's Dynamo release (None: not Dynamo)."""
+    return behaviour(target.serving.dynamo_version) if target.is_dynamo and target.serving.dynamo_version else None
+
+
 def defaults_for(target: Target) -> dict[str, Any]:
     """The request defaults; on a Dynamo release that splits reasoning only for requests naming an effort
     (``reasoning_split_needs_effort``), every question names ``effort_when_required``, as its clients must."""
-    row = behaviour(target.serving.dynamo_version) if target.is_dynamo and target.serving.dynamo_version else None
+    row = dynamo_row(target)
     if row is not None and row.reasoning_split_needs_effort:
         return {**DATA["defaults"], "reasoning_effort": DATA["effort_when_required"]}
     return dict(DATA["defaults"])
+
+
+def accepted_efforts(target: Target) -> tuple[str, ...]:
+    """The efforts the endpoint serves: through Dynamo the frontend's (its row; no vLLM-side check applies),
+    else the engine's vLLM version's (``fixtures/vllm/versions.yaml``)."""
+    row = dynamo_row(target)
+    return row.reasoning_efforts if row is not None else tuple(for_version(target.engine.version).reasoning_efforts)
 
 
 @pytest.fixture
@@ -86,10 +98,11 @@ def test_reasoning_token_count_agrees_with_usage(chat: ChatSession, ml4_token_co
 def test_each_reasoning_effort_is_accepted(chat: ChatSession, ml4_target: Target, ml4_endpoint: Endpoint,
                                            http_client: httpx.Client, ml4_token_counter: Any, effort: str,
                                            stream: bool) -> None:
-    """Each effort the target's vLLM version accepts (fixtures/vllm/versions.yaml) answers; the others are
-    refused with vLLM's 400 naming the supported values."""
+    """Each effort the endpoint accepts answers (the target's vLLM version, fixtures/vllm/versions.yaml; through
+    Dynamo the frontend's, fixtures/dynamo/versions.yaml); the others are refused with vLLM's 400 naming the
+    supported values."""
     q = DATA["question"]
-    accepted = for_version(ml4_target.engine.version).reasoning_efforts
+    accepted = accepted_efforts(ml4_target)
     if effort not in accepted:
         body = {"model": ml4_endpoint.model, "messages": user(q["prompt"]), "max_tokens": 64,
                 "reasoning_effort": effort}
@@ -108,6 +121,29 @@ def test_each_reasoning_effort_is_accepted(chat: ChatSession, ml4_target: Target
         reasoning = assert_reasoning_separated(answer.message, f"{answer.where}, effort {effort}")
         assert_reasoning_tokens_agree(reasoning, answer.usage, ml4_token_counter,
                                       f"{answer.where}, effort {effort}")
+
+
+@STREAM
+def test_no_think_markup_for_clients_that_omit_the_effort(ml4_target: Target, ml4_endpoint: Endpoint,
+                                                          openai_client: Any, http_client: httpx.Client,
+                                                          ml4_run_dir: Path, request: pytest.FixtureRequest,
+                                                          stream: bool) -> None:
+    """A client that sends no ``reasoning_effort`` sees no ``[THINK]`` markup in content, where the target's
+    Dynamo row that makes the other checks send an effort is an estimate (``status: estimate``): an unverified
+    ``reasoning_split_needs_effort: true`` must not hide a leak from the clients that omit it."""
+    row = dynamo_row(ml4_target)
+    if row is None or not row.reasoning_split_needs_effort:
+        pytest.skip("the other reasoning checks already send no reasoning_effort on this target")
+    if row.verified:
+        pytest.skip(f"Dynamo {row.version}'s row is verified ({row.source[:120]}...): it leaves [THINK] in content "
+                    f"without an effort, and its clients must send one (the other checks do)")
+    chat = ChatSession(openai_client, http_client, ml4_endpoint.model, dict(DATA["defaults"]),
+                       ml4_run_dir / "transcripts", request.node.name)
+    q = DATA["question"]
+    answer = chat.ask(chat.body(user(q["prompt"])), stream)
+    where = f"{answer.where}, no reasoning_effort (Dynamo {row.version}, row status estimate)"
+    assert_no_control_tokens(answer.message, where)
+    assert q["expect_substring"] in answer.content, f"{where}: wrong answer in content: {answer.content!r}"
 
 
 @STREAM

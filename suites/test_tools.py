@@ -7,6 +7,7 @@ finish_reason. Data: ``fixtures/prompts/tools.yaml`` and the schemas in ``fixtur
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,13 @@ import httpx
 import pytest
 import yaml
 
-from pytest_ml4.checks.chat import Answer, ChatSession, send_raw, served_by_litellm, user
+from pytest_ml4.checks.chat import (
+    Answer,
+    ChatSession,
+    send_raw,
+    served_by_litellm,
+    user,
+)
 from pytest_ml4.checks.expected import check_answer, expected_for
 from pytest_ml4.checks.protocol import assert_no_control_tokens
 from pytest_ml4.checks.tools import (
@@ -27,7 +34,8 @@ from pytest_ml4.checks.tools import (
     named,
 )
 from pytest_ml4.client import Endpoint, decode_json, quote_body
-from pytest_ml4.dynamo_versions import tool_call_drop_cause
+from pytest_ml4.dynamo_versions import guided_refusal_cause, tool_call_drop_cause
+from pytest_ml4.logs import GrammarSchemaRefused, LogView
 from pytest_ml4.probe import StreamResult
 from pytest_ml4.targets import FIXTURES_DIR, Target
 
@@ -40,11 +48,33 @@ STREAM = pytest.mark.parametrize("stream", [False, True], ids=["nonstream", "str
 
 
 class ToolChat(ChatSession):
-    """A chat that knows why the stack might return no tool call: a Dynamo release whose ``mistral`` parser drops
-    Mistral Large 4's ``[TOOL_CALLS]name[ARGS]{...}`` form (``fixtures/dynamo/versions.yaml``)."""
+    """A chat that knows why the stack might return no tool call (the deployment's tool parser, or a Dynamo
+    release whose ``mistral`` parser drops Mistral Large 4's ``[TOOL_CALLS]name[ARGS]{...}`` form) and why a
+    guided tool choice may be refused (a schema keyword the release's grammar refuses), from
+    ``fixtures/dynamo/versions.yaml`` and the engine log."""
 
     no_call_cause: str | None = None
     conventions: ToolConventions = VLLM_TOOLS
+    dynamo_version: str | None = None
+    logs: Any = None
+
+    def ask(self, body: dict[str, Any], stream: bool) -> Answer:
+        started = time.time()
+        try:
+            return super().ask(body, stream)
+        except AssertionError as err:
+            cause = self.guided_refusal_cause(body, started)
+            if cause is None:
+                raise
+            raise AssertionError(f"{err}\n{cause}") from None
+
+    def guided_refusal_cause(self, body: dict[str, Any], since: float) -> str | None:
+        """Why a guided tool choice failed where the release refuses a keyword of the tools' schemas (the
+        keyword the engine log names since the request, else the one the versions row names)."""
+        if self.dynamo_version is None:
+            return None
+        return guided_refusal_cause(self.dynamo_version, body.get("tool_choice"), body.get("tools") or [],
+                                    lambda: refused_keys_logged(self.logs, since))
 
     def check(self, answer: Answer, tools: list[dict[str, Any]], tool_choice: Any,
               expect_tool: str | None) -> list[Any]:
@@ -62,17 +92,41 @@ class ToolChat(ChatSession):
         return assert_arguments_valid(answer.tool_calls, tools, where)
 
 
+def refused_keys_logged(reader: Any, since: float) -> tuple[str, ...]:
+    """The keywords of the last ``Grammar error: Unimplemented keys`` line since ``since`` (empty: none, or no
+    log to read)."""
+    if reader is None:
+        return ()
+    try:
+        records = reader.read(since=since - 1.0)
+    except Exception:  # noqa: BLE001 - the log is a better witness, not a precondition: the row names it too
+        return ()
+    events = LogView(records, reader.describe()).all(GrammarSchemaRefused)
+    return events[-1].keys if events else ()
+
+
 @pytest.fixture
 def chat(request: pytest.FixtureRequest, ml4_target: Target, ml4_endpoint: Endpoint, openai_client: Any,
          http_client: httpx.Client, ml4_run_dir: Path) -> ToolChat:
     session = ToolChat(openai_client, http_client, ml4_endpoint.model, DATA["defaults"],
                        ml4_run_dir / "transcripts", request.node.name)
     if ml4_target.is_dynamo and ml4_target.serving.dynamo_version:
-        session.no_call_cause = tool_call_drop_cause(ml4_target.serving.dynamo_version)
+        session.dynamo_version = ml4_target.serving.dynamo_version
+        # The parser the deployment's workers run (what the target declares for --dyn-tool-call-parser).
+        session.no_call_cause = tool_call_drop_cause(session.dynamo_version, ml4_target.engine.tool_call_parser)
+        session.logs = engine_log_reader(request)
     row = (DATA.get("conventions") or {}).get(ml4_target.serving.stack)
     if row:
         session.conventions = ToolConventions.from_row(row)
     return session
+
+
+def engine_log_reader(request: pytest.FixtureRequest) -> Any:
+    """The engine log reader where the run has one (None: no log configured for a live target)."""
+    try:
+        return request.getfixturevalue("ml4_logs")
+    except (Exception, pytest.skip.Exception):  # noqa: BLE001 - no log to read: the versions row names it instead
+        return None
 
 
 @STREAM

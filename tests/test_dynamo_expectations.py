@@ -23,24 +23,42 @@ from pytest_ml4.checks.expected import (
     check_answer,
     expected_for,
 )
-from pytest_ml4.checks.tools import assert_tool_choice_obeyed
+from pytest_ml4.checks.tools import assert_tool_choice_obeyed, load_tools, named
+from pytest_ml4.checks.verdict import NotJudged
 from pytest_ml4.client import Endpoint, worker_metrics_urls_from_env
+from pytest_ml4.control.base import Controller
 from pytest_ml4.control.dynamo import (
     AffinityInconclusive,
     Turn,
     check_affinity,
+    check_handoff,
     check_prefix_reuse,
     run_affinity_probe,
     run_conversation,
     worker_instance_ids,
 )
+from pytest_ml4.control.kubernetes import NVEXT_ABSENT_CAUSES
+from pytest_ml4.control.scenario import (
+    RequestOutcome,
+    RestartRun,
+    StaleInstances,
+    build_timeline,
+    check_recovery,
+    missing_identity_evidence,
+    probe_body,
+)
 from pytest_ml4.dynamo_versions import (
     behaviour,
+    first_schema_keyword,
+    guided_refusal_cause,
     image_version,
     load_table,
     tool_call_drop_cause,
 )
+from pytest_ml4.logs import FileLogReader, GrammarSchemaRefused, LogView
 from pytest_ml4.probe import parse_sse_lines
+from pytest_ml4.report.environment import read_environment
+from pytest_ml4.sim.gateway import Gateway
 from pytest_ml4.targets import FIXTURES_DIR, REPO_ROOT, TargetError, load_target
 
 DYNAMO_TARGETS = ("gb300-agg", "gb300-disagg", "vr200-agg", "vr200-disagg")
@@ -53,10 +71,76 @@ def test_versions_table_rows_say_what_real_1_6_1_does() -> None:
     # reference/real-dynamo.md: the v11 form is dropped, DYN_PARSER_VERSION=2 + mistral is never served.
     assert not public.mistral_v11_tool_calls_parsed and not public.mistral_parser_v2
     assert public.mistral_legacy_tool_calls_parsed
-    assert behaviour("1.6.0") == public, "the 1.6.x row covers every public 1.6 release"
+    assert behaviour("1.6.0") is None, "1.6.0 was never tried: no row speaks for it"
     seed = behaviour("1.7.0-mistral-large-4-dev.1")
     assert seed is not None and seed.mistral_v11_tool_calls_parsed and seed.mistral_parser_v2
     assert behaviour("0.1.0") is None
+    # real-dynamo-vllm.md 'Guided tool choice and schemas'; agg/reasoning-effort-*.txt: all seven efforts.
+    assert public.guided_json_refused_keywords == ("uniqueItems",)
+    assert public.reasoning_efforts == ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+
+def test_the_verified_efforts_are_the_real_frontends_enum() -> None:
+    """Through Dynamo every effort the frontend's enum lists is accepted (no vLLM-side check): the 1.6.1 row's
+    list is the one real 1.6.1 named when it refused `extreme`."""
+    text = (REF / "dynamo-vllm-agg-reasoning-effort-bogus.txt").read_text()
+    listed = re.search(r"expected one of ((?:`\w+`(?:, )?)+)", text)
+    assert listed is not None
+    public = behaviour("1.6.1")
+    assert public is not None and public.reasoning_efforts == tuple(re.findall(r"`(\w+)`", listed.group(1)))
+
+
+def test_stale_instance_answers_are_the_recorded_real_ones() -> None:
+    """Each answer of the stale-instance table occurs in the real after-SIGKILL requests, then the empty 404; the
+    string 'No instances available' does not occur there (issue 21)."""
+    text = (REF / "dynamo-vllm-kv-after-kill-requests.txt").read_text()
+    stale = StaleInstances.for_dynamo("1.6.1")
+    for answer in stale.answers:
+        assert any(answer.body in line and f" {answer.status} " in line for line in text.splitlines()), answer
+    assert stale.after_window is not None and any(line.split()[1:2] == ["404"] for line in text.splitlines())
+    assert "No instances available" not in text
+
+
+def test_each_row_says_whether_it_is_verified_and_from_what() -> None:
+    public, seed = behaviour("1.6.1"), behaviour("1.7.0-mistral-large-4-dev.1")
+    assert public is not None and public.verified and "transcripts" in public.source
+    assert seed is not None and not seed.verified and seed.status == "estimate"
+    assert seed.source.startswith("from seeds/002")
+    assert public.describe().startswith("1.6.1 (verified: ")
+
+
+@pytest.mark.parametrize("row, field", [
+    ("    status: maybe\n    source: x\n", "status"),
+    ("    status: verified\n", "source"),
+    ("    status: verified\n    source: x\n    guided_json_refused_keywords: uniqueItems\n",
+     "guided_json_refused_keywords"),
+])
+def test_versions_table_names_a_bad_status_source_or_list(tmp_path: Path, row: str, field: str) -> None:
+    flags = "".join(f"    {f}: true\n" for f in ("public", "mistral_v11_tool_calls_parsed",
+                                                  "mistral_legacy_tool_calls_parsed", "mistral_parser_v2",
+                                                  "reasoning_split_needs_effort"))
+    lists = "".join(f"    {f}: []\n" for f in ("guided_json_refused_keywords", "reasoning_efforts")
+                    if f"{f}:" not in row)
+    bad = tmp_path / "versions.yaml"
+    bad.write_text("versions:\n  '9.9':\n" + flags + lists + row)
+    with pytest.raises(ValueError, match=rf"versions\.9\.9\.{field}"):
+        load_table(bad)
+
+
+def test_the_run_names_the_dynamo_row_in_use_in_summary_and_allure(pytester: pytest.Pytester) -> None:
+    """summary.json ``versions.dynamo_behaviour`` and the Allure environment name the row and its status."""
+    pytester.makepyfile(test_one="def test_one():\n    pass\n")
+    for version, status in (("1.7.0-mistral-large-4-dev.1", "estimate"), ("1.6.1", "verified")):
+        reports = pytester.path / f"r-{status}"
+        result = pytester.runpytest_subprocess("--target", "gb300-agg", "--ml4-set",
+                                               f"serving.dynamo_version={version}", "--ml4-reports", str(reports),
+                                               "-p", "no:cacheprovider")
+        result.assert_outcomes(passed=1)
+        (run_dir,) = list(reports.iterdir())
+        named = json.loads((run_dir / "summary.json").read_text())["versions"]["dynamo_behaviour"]
+        assert named.startswith(f"{version} ({status}: ")
+        env = read_environment(run_dir / "allure-results" / "environment.properties")
+        assert env["Dynamo behaviour"] == named
 
 
 def test_versions_table_rejects_a_non_boolean(tmp_path: Path) -> None:
@@ -244,6 +328,52 @@ def test_no_cause_where_the_version_parses_the_v11_form() -> None:
     message, finish = _dropped_v11_message()
     with pytest.raises(AssertionError, match="tool parser off or not enabled"):
         assert_tool_choice_obeyed("auto", message, finish, "get_weather", "x", no_call_cause=None)
+
+
+@pytest.mark.parametrize("version", ["1.6.1", "1.7.0-mistral-large-4-dev.1"])
+def test_tools_failure_names_the_parser_the_workers_run_not_the_version(version: str) -> None:
+    """With the workers on the ``hermes`` parser the cause is that parser, whatever the release (issue 21: the
+    suite blamed 1.6.1's mistral parser for a hermes deployment)."""
+    message, finish = _dropped_v11_message()
+    cause = tool_call_drop_cause(version, "hermes")
+    assert cause is not None
+    with pytest.raises(AssertionError) as info:
+        assert_tool_choice_obeyed("auto", message, finish, "get_weather", "x", no_call_cause=cause)
+    text = str(info.value)
+    assert "`hermes` tool-call parser" in text and "--dyn-tool-call-parser mistral" in text
+    assert "mistral` tool parser silently drops" not in text
+    assert "register no tool-call parser" in (tool_call_drop_cause(version, None) or "")
+
+
+SET_ALARM = load_tools(["set_alarm"])
+
+
+def test_guided_refusal_names_the_refused_keyword_from_the_log_else_the_row() -> None:
+    """1.6.1 passes the raw tool schema into guided JSON and vLLM 0.31's grammar refuses uniqueItems
+    (real-dynamo-vllm.md 'Guided tool choice and schemas'): the cause names the keyword and its witness."""
+    from_log = guided_refusal_cause("1.6.1", "required", SET_ALARM, lambda: ("uniqueItems",))
+    assert from_log is not None and "refuses the keyword `uniqueItems` (tool set_alarm; engine log: " in from_log
+    from_row = guided_refusal_cause("1.6.1", named("set_alarm"), SET_ALARM)
+    assert from_row is not None and "guided_json_refused_keywords of 1.6.1" in from_row
+    toolset = load_tools(["get_weather", "set_alarm"])
+    assert guided_refusal_cause("1.6.1", named("get_weather"), toolset) is None, "named: only that tool's schema"
+    assert guided_refusal_cause("1.6.1", "required", toolset) is not None, "required: every tool's schema"
+    assert guided_refusal_cause("1.6.1", "auto", SET_ALARM) is None, "auto: no guided grammar"
+    assert guided_refusal_cause("1.7.0-mistral-large-4-dev.1", "required", SET_ALARM) is None, "row: none refused"
+    weather = load_tools(["get_weather"])
+    assert guided_refusal_cause("1.6.1", "required", weather) is None, "no refused keyword in that schema"
+
+
+def test_a_property_named_like_a_keyword_is_not_the_keyword() -> None:
+    schema = {"type": "object", "properties": {"uniqueItems": {"type": "boolean"}}}
+    assert first_schema_keyword(schema, ("uniqueItems",)) is None
+    assert first_schema_keyword({"type": "array", "items": {"anyOf": [{"uniqueItems": True}]}},
+                                ("uniqueItems",)) == "uniqueItems"
+
+
+def test_grammar_refusal_line_is_read_from_the_engine_log() -> None:
+    view = LogView(FileLogReader(FIXTURES_DIR / "logs" / "dynamo-guided-schema.log").read(), "recorded")
+    assert [e.keys for e in view.all(GrammarSchemaRefused)] == [("uniqueItems",)]
 
 
 # ---------------------------------------------------------------------- preflight: DYN_PARSER_VERSION=2
@@ -502,6 +632,89 @@ def test_recorded_kv_routing_figures_fit_the_hit_rate_rule() -> None:
     assert len(rows) == 6
     for prompt, cached, rate in rows:
         assert abs(float(rate) - (int(cached) // 64) / -(-int(prompt) // 64)) <= 0.02
+
+
+# ------------------------------------------------------- evidence absent (nvext / x-dynamo-* stripped): not judged
+def _through_stripping_ingress(frontend: FakeFrontend) -> httpx.Client:
+    """``frontend`` behind the fault gateway's ``dynamo_evidence_stripped`` rewrites (pytest_ml4/sim/gateway.py):
+    no nvext in answers, no x-dynamo-* request headers, as with DYN_DISABLE_FRONTEND_NVEXT=1 or a stripping ingress."""
+    gateway = Gateway("http://fe:8000", "mistral-large-4", ["dynamo_evidence_stripped"])
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        inner = httpx.Request(request.method, request.url, headers=gateway.forwarded_headers(request.headers),
+                              content=request.content)
+        answer = frontend(inner)
+        if not request.url.path.endswith("/chat/completions"):
+            return answer
+        return httpx.Response(answer.status_code, content=gateway.rewrite_answer(answer.content))
+
+    return httpx.Client(transport=httpx.MockTransport(handle), base_url=FRONT.base_url + "/")
+
+
+@pytest.mark.parametrize("disagg", [False, True], ids=["agg", "disagg"])
+def test_affinity_without_nvext_is_not_judged_and_judged_with_it(disagg: bool) -> None:
+    topology = "disagg" if disagg else "agg"
+    with pytest.raises(NotJudged, match=r"session affinity: .* carry no nvext.worker_id.*DYN_DISABLE_FRONTEND_NVEXT=1"):
+        check_affinity(run_affinity_probe(FRONT, RESTART["affinity"], topology=topology,
+                                          http=_through_stripping_ingress(FakeFrontend(disagg=disagg))))
+    http, _ = fake(disagg=disagg)
+    assert check_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http, topology=topology)) is not None
+
+
+def test_handoff_without_nvext_is_not_judged_and_judged_with_it() -> None:
+    frontend = FakeFrontend(disagg=True)
+    instances = frontend.health().json()["instances"]
+    blind = run_conversation(FRONT, RESTART["conversation"], http=_through_stripping_ingress(frontend))
+    with pytest.raises(NotJudged, match=r"prefill -> decode handoff: 1 of 1 answers carry no nvext.worker_id"):
+        check_handoff(blind[0], instances)
+    http, _ = fake(disagg=True)
+    prefill, decode = check_handoff(run_conversation(FRONT, RESTART["conversation"], http=http)[0], instances)
+    assert prefill in (11, 22) and decode in (101, 202)
+
+
+def test_prefix_reuse_without_nvext_is_judged_on_usage_and_not_judged_without_either() -> None:
+    """The usage figure (cached_tokens) survives a stripped nvext and still judges reuse; with neither figure
+    nothing shows what was reused: not judged, not a failure."""
+    turns = run_conversation(FRONT, RESTART["conversation"], http=_through_stripping_ingress(FakeFrontend()))
+    assert all(t.worker_id is None and t.kv_hit_rate is None for t in turns)
+    assert check_prefix_reuse(turns, FakeFrontend.BLOCK) >= turns[0].prompt_tokens - 2 * FakeFrontend.BLOCK
+    bare = [Turn(200, "42", None, 782, None, label="turn 1"), Turn(200, "42", None, 800, None, label="turn 2")]
+    with pytest.raises(NotJudged, match="prefix reuse: 2 of 2 answers carry no nvext.worker_id"):
+        check_prefix_reuse(bare, 64)
+
+
+class _Blind(Controller):
+    """A controller that asks for nvext evidence (as Kubernetes does for Dynamo) and has no incarnation."""
+
+    kind = "blind"
+    evidence_absent_cause = NVEXT_ABSENT_CAUSES
+
+    def describe(self) -> str:
+        return "a controller whose answers name no engine"
+
+    def trigger(self, progress: Any = None) -> dict[str, Any]:  # pragma: no cover - never restarted here
+        raise NotImplementedError
+
+    def ready_checks(self) -> list[Any]:
+        return []
+
+    def probe_extras(self) -> dict[str, Any]:
+        return {"nvext": {"extra_fields": ["worker_id"]}}
+
+
+def test_restart_identity_without_evidence_is_not_judged() -> None:
+    blind = _Blind(timeout_s=1.0)
+    body = probe_body("m", RESTART["probe"], blind.probe_extras())
+    reason = missing_identity_evidence(blind, body, None)
+    assert reason is not None and "nvext=" in reason and "DYN_DISABLE_FRONTEND_NVEXT=1" in reason
+    assert missing_identity_evidence(blind, body, "7") is None, "an answer that names its worker is evidence"
+    run = RestartRun("blind", None, None, 0.0, requests=[RequestOutcome(0, 0.5, 0.1, 200, None, None)],
+                     recovery_s=0.6)
+    run.timeline = build_timeline(None, run.requests)
+    assert check_recovery(run, limit_s=10) == pytest.approx(0.6), "the control: judged where evidence is not missing"
+    run.evidence_missing = reason
+    with pytest.raises(NotJudged, match="restart identity: the answer before the restart named no engine"):
+        check_recovery(run, limit_s=10)
 
 
 # ------------------------------------------------------------- OSL engine counter on live runs (issue 14 item 4)

@@ -57,7 +57,7 @@ def test_every_signature_is_exercised_by_a_recorded_excerpt() -> None:
 def test_every_signature_names_its_meaning_and_source() -> None:
     for s in load_catalogue().signatures:
         assert len(s.meaning) > 20, s.name
-        assert s.source.startswith(("seed 000", "vllm.md", "dynamo.md", "vLLM 0.33")), s.name
+        assert s.source.startswith(("seed 000", "vllm.md", "dynamo.md", "vLLM 0.33", "reference/real-")), s.name
         assert s.hints, s.name
 
 

@@ -14,6 +14,7 @@ from pytest_ml4.control import SimController
 from pytest_ml4.control.scenario import (
     RequestOutcome,
     RestartRun,
+    SingleReplicaOutage,
     StaleInstances,
     Timeline,
     build_timeline,
@@ -132,20 +133,38 @@ def test_client_error_message_says_when_the_outage_was_within_the_window() -> No
         check_client_errors(run, allowed=False, retry_window=_window(3))
 
 
+# Recorded real 1.6.1 bodies (real-dynamo-vllm-1.6.1-transcripts/kv/after-kill-requests.txt), quoted as the
+# scenario quotes a body.
+NOT_READY = ("'{\"message\":\"Model `mistral-large-4` is not ready to serve requests yet. The deployment may still "
+             "be starting up or is not fully provisioned. Please retry shortly.\",\"type\":\"Service Unavailable\","
+             "\"code\":503}'")
+TEMPORARILY = '\'{"message":"Service temporarily unavailable","type":"Service Unavailable","code":503}\''
+
+
 def test_dynamo_stale_instance_window_is_named() -> None:
-    body = '{"error": "No instances available for mistral-large-4"}'
-    run = _run_with((0.5, 1.5), [RequestOutcome(3, 0.6, 0.01, 503, None, body)])
+    run = _run_with((0.5, 1.5), [RequestOutcome(3, 0.6, 0.01, 503, None, NOT_READY),
+                                 RequestOutcome(4, 0.9, 0.01, 503, None, TEMPORARILY)])
     stale = StaleInstances.for_dynamo("1.6.1")
     with pytest.raises(AssertionError) as err:
         check_client_errors(run, allowed=False, stale=stale)
     msg = str(err.value)
-    assert "1 of the failures are Dynamo 1.6.1's stale-instance answer (HTTP 503 'No instances available')" in msg
-    assert "for 5-10 s while the gone worker stays listed" in msg and "deregisters" in msg
+    assert ("2 of the failures are Dynamo 1.6.1's stale-instance answers (HTTP 503 'Service temporarily "
+            "unavailable', HTTP 503 'is not ready to serve requests yet')") in msg
+    assert "for 5-10 s while the gone worker stays listed; then HTTP 404 (any body)" in msg and "deregisters" in msg
     # A failure of another kind is not blamed on the stale window.
     other = _run_with((0.5, 1.5), [RequestOutcome(3, 0.6, 0.01, 500, None, "engine error")])
     with pytest.raises(AssertionError) as err2:
         check_client_errors(other, allowed=False, stale=stale)
     assert "stale-instance" not in str(err2.value)
+
+
+def test_no_instances_available_is_not_a_real_1_6_1_answer() -> None:
+    """1.6.1 never answers "No instances available" (real-dynamo-vllm.md "Worker loss"): a body carrying it is
+    not explained as the stale window, and neither table documents it."""
+    made_up = RequestOutcome(3, 0.6, 0.01, 503, None, '\'{"error": "No instances available for mistral-large-4"}\'')
+    assert StaleInstances.for_dynamo("1.6.1").explain([made_up]) is None
+    outage = SingleReplicaOutage.for_target(load_target("vr200-disagg"))
+    assert outage is not None and not outage.documented(made_up)
 
 
 def test_error_after_restart_breaks_only_the_engine_of_that_restart(rtx_api_key: str, tmp_path: Path) -> None:

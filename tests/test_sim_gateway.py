@@ -90,12 +90,16 @@ class Upstream:
 
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
         self.port = free_port()
         self.loop = asyncio.new_event_loop()
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.bodies.append(body)
+        self.headers.append({k.lower(): v for k, v in request.headers.items()})
+        if body.get("nvext"):
+            return await self.with_nvext(request, bool(body.get("stream")))
         if not body.get("stream"):
             return web.json_response({"model": body.get("model"), "echo": body}, headers={"x-upstream": "yes"})
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
@@ -103,6 +107,22 @@ class Upstream:
         for i in range(3):
             await resp.write(f"data: {{\"i\": {i}}}\n\n".encode())
             await asyncio.sleep(0.2)
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def with_nvext(self, request: web.Request, stream: bool) -> web.StreamResponse:
+        """Answers naming their worker as real 1.6.1 does (nvext.worker_id); a streamed event is written in two
+        pieces, so a gateway that rewrites events must join lines across chunks."""
+        nvext = {"worker_id": {"prefill_worker_id": 7, "decode_worker_id": 7}}
+        answer = {"choices": [{"index": 0, "message": {"content": "4"}, "finish_reason": "stop"}], "nvext": nvext}
+        if not stream:
+            return web.json_response(answer)
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        event = f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'content': '4'}}], 'nvext': nvext})}\n\n"
+        for piece in (event[:20], event[20:]):
+            await resp.write(piece.encode())
+            await asyncio.sleep(0.05)
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
@@ -212,6 +232,26 @@ def test_gateway_without_model_faults_forwards_the_list_untouched(upstream: Upst
                 "tools": [WEATHER], "tool_choice": "none"}
         httpx.post(url + "/v1/chat/completions", json=body, timeout=10)
         assert upstream.bodies[-1] == body
+
+
+def test_evidence_stripped_drops_nvext_and_the_dynamo_headers_only(upstream: Upstream) -> None:
+    """Fault ``dynamo_evidence_stripped``: answers lose ``nvext`` (whole body and every SSE event), requests lose
+    their ``x-dynamo-*`` headers; everything else passes (DYN_DISABLE_FRONTEND_NVEXT=1, or a stripping ingress)."""
+    body = {"model": SERVED, "messages": [{"role": "user", "content": "2+2?"}],
+            "nvext": {"extra_fields": ["worker_id"]}}
+    headers = {"x-dynamo-session-id": "s1", "x-dynamo-worker-instance-id": "7", "x-request-id": "r1"}
+    for url in _gateway(upstream, "dynamo_evidence_stripped"):
+        whole = httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=10).json()
+        assert whole == {"choices": [{"index": 0, "message": {"content": "4"}, "finish_reason": "stop"}]}
+        seen = upstream.headers[-1]
+        assert "x-dynamo-session-id" not in seen and "x-dynamo-worker-instance-id" not in seen
+        assert seen["x-request-id"] == "r1" and upstream.bodies[-1] == body
+        with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}, timeout=10) as r:
+            lines = [line for line in r.iter_lines() if line]
+        assert lines == ['data: {"choices": [{"index": 0, "delta": {"content": "4"}}]}', "data: [DONE]"]
+    # Without the fault the same answers name their worker (the control).
+    for url in _gateway(upstream, "accepts_invalid"):
+        assert "nvext" in httpx.post(url + "/v1/chat/completions", json=body, timeout=10).json()
 
 
 # ------------------------------------------------------------------------------------------------ DynamoSim wiring

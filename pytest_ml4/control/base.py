@@ -133,6 +133,9 @@ class Controller(ABC):
         restart scenario counts an answer of any of them, taken before the trigger, as the old engine's."""
         return frozenset()
 
+    #: Why answers may lack the evidence :meth:`probe_extras` asks for (said when a check cannot judge without it).
+    evidence_absent_cause: str = "unknown"
+
     def probe_extras(self) -> dict[str, Any]:
         """Request fields that make an answer name its engine (the scenario's per-request evidence), if any."""
         return {}

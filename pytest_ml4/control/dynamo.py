@@ -31,9 +31,10 @@ from typing import Any
 
 import httpx
 
+from pytest_ml4.checks.verdict import NotJudged
 from pytest_ml4.client import Endpoint, make_httpx, quote_body
 from pytest_ml4.control.base import Progress, models_listed
-from pytest_ml4.control.kubernetes import KubernetesController
+from pytest_ml4.control.kubernetes import NVEXT_ABSENT_CAUSES, KubernetesController
 
 SESSION_HEADER = "x-dynamo-session-id"
 #: Pins a request to one decode/aggregated worker (dynamo.md §5 header overrides; a bogus id answers 400).
@@ -177,10 +178,17 @@ def _failed(turns: list[Turn]) -> str | None:
     if errors:
         return (f"{len(errors)} request(s) failed ({errors[0].label or 'first'}: HTTP {errors[0].status}):\n"
                 + "\n".join(t.line() for t in turns))
-    if any(not t.worker_id for t in turns):
-        return ("requests did not get worker ids back (nvext.extra_fields worker_id):\n"
-                + "\n".join(t.line() for t in turns))
     return None
+
+
+def require_worker_ids(turns: list[Turn], check: str) -> None:
+    """Answers that came back without ``nvext.worker_id`` leave ``check`` without its evidence: not judged (never
+    a pass, never a failure of the deployment's routing), naming the likely cause."""
+    blind = [t for t in turns if not t.error and not t.worker_id]
+    if blind:
+        raise NotJudged(f"{check}: {len(blind)} of {len(turns)} answers carry no nvext.worker_id although the "
+                        f"request asked for it (nvext.extra_fields worker_id), so the workers that served them are "
+                        f"unknown; likely cause: {NVEXT_ABSENT_CAUSES}\n" + "\n".join(t.line() for t in turns))
 
 
 def _generate_instances(health: Any) -> list[dict[str, Any]]:
@@ -255,8 +263,11 @@ def check_affinity(run: AffinityRun) -> Any:
     the session's worker of the routed phase."""
     listing = "\n".join(t.line() for t in run.turns)
     problem = _failed(run.turns)
-    if problem or len(run.turns) < 4:
-        raise AssertionError(problem or f"the session's first turn failed:\n{listing}")
+    if problem:
+        raise AssertionError(problem)
+    require_worker_ids(run.turns, "session affinity")
+    if len(run.turns) < 4:
+        raise AssertionError(f"the session's first turn failed:\n{listing}")
     first, prime, control, second = run.turns
     field, name = run.phase.id_field, run.phase.name
     if prime.worker(field) != run.other_worker:
@@ -293,6 +304,9 @@ def check_prefix_reuse(turns: list[Turn], block_size: int) -> int:
     if problem or len(turns) < 2:
         raise AssertionError(problem or f"the conversation needs two turns:\n{listing}")
     cold, warm = turns[0], turns[1]
+    if warm.cached_tokens is None and not warm.worker_id:
+        # Neither the usage figure nor the router's nvext came back: nothing shows what was reused.
+        require_worker_ids(turns[:2], "prefix reuse")
     if warm.cached_tokens is None:
         raise AssertionError(f"the continuation turn reports no usage.prompt_tokens_details.cached_tokens:\n{listing}")
     problems = []
@@ -329,8 +343,7 @@ def frontend_instances(root_url: str) -> list[dict[str, Any]]:
 
 def check_handoff(turn: Turn, instances: list[dict[str, Any]]) -> tuple[Any, Any]:
     """Prefill and decode ran on different instances, the prefill one from the prefill component."""
-    if not turn.worker_id:
-        raise AssertionError(f"no nvext.worker_id in the answer: {turn.line()}")
+    require_worker_ids([turn], "prefill -> decode handoff")
     by_id = {i.get("instance_id"): i for i in instances}
     p, d = turn.prefill_worker, turn.decode_worker
     problems = []

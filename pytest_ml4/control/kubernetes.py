@@ -29,6 +29,11 @@ from pytest_ml4.control.base import (
 )
 from pytest_ml4.control.k8s import dgd_status, list_pods, pod_ready
 
+#: Why Dynamo answers that succeed can lack ``nvext`` (worker ids, timing): said whenever a check cannot see the
+#: workers (affinity, prefix reuse, the prefill -> decode handoff, restart identity).
+NVEXT_ABSENT_CAUSES = ("the frontend runs with DYN_DISABLE_FRONTEND_NVEXT=1 (a documented hardening), or an ingress "
+                       "or API gateway in front of it drops the nvext field and the x-dynamo-* headers")
+
 
 class KubernetesController(Controller):
     """Delete the engine pods of one DGD and wait until the deployment serves again."""
@@ -125,6 +130,8 @@ class KubernetesController(Controller):
         except (httpx.HTTPError, ValueError, AttributeError):
             return frozenset()
         return frozenset(str(i["instance_id"]) for i in instances if isinstance(i, dict) and "instance_id" in i)
+
+    evidence_absent_cause = NVEXT_ABSENT_CAUSES
 
     def probe_extras(self) -> dict[str, Any]:
         # Dynamo's frontend names the worker that decoded each answer (nvext.worker_id, real-dynamo.md): a new

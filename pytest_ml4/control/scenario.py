@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import httpx
 import yaml
 
+from pytest_ml4.checks.verdict import NotJudged
 from pytest_ml4.client import Endpoint, make_httpx, quote_body
 from pytest_ml4.control.base import Controller, Progress, RestartResult
 from pytest_ml4.probe import StreamResult, probe_chat_stream
@@ -157,6 +158,9 @@ class RestartRun:
     recovery_s: float | None = None
     progress: list[str] = field(default_factory=list)
     timeline: Timeline | None = None
+    #: Why no answer could name the engine that served it although the controller asked for that evidence
+    #: (None: the evidence came, or the controller asks for none).
+    evidence_missing: str | None = None
 
     def report(self) -> str:
         lines = [f"restart by {self.controller}: "
@@ -234,6 +238,16 @@ def send_probe(http: httpx.Client, body: dict[str, Any], expect: str | None = No
     return ProbeReply(r.status_code, attempted_retries(r.headers), None, ok, answering_engine(r, data))
 
 
+def missing_identity_evidence(controller: Controller, body: dict[str, Any], engine: str | None) -> str | None:
+    """Why the warm-up answer named no engine although the controller asked for it (``probe_extras``), or None."""
+    extras = controller.probe_extras()
+    if engine is not None or not extras:
+        return None
+    return (f"the answer before the restart named no engine although the request asked for it "
+            f"({', '.join(f'{k}={body.get(k)}' for k in extras)}), so no answer can be told old engine from new; "
+            f"likely cause: {controller.evidence_absent_cause}")
+
+
 # ----------------------------------------------------------------------------------------------- the scenario
 def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: dict[str, Any] | None = None,
                          with_streams: bool = True, with_requests: bool = True, recovery_limit_s: float = 600.0,
@@ -264,6 +278,7 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
     if warm.status != 200:
         raise AssertionError(f"the deployment does not serve before the restart: HTTP {warm.status}: {warm.error}")
     old_engine = warm.engine or controller.incarnation()
+    evidence_missing = missing_identity_evidence(controller, body, old_engine)
     old_peers = controller.engines()
     streams: list[StreamResult | None] = [None] * (int(flight["streams"]) if with_streams else 0)
 
@@ -337,7 +352,7 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
         th.join(restart_limit_s)
     run = RestartRun(controller.kind, box.get("result"), box.get("error"), triggered_wall,
                      requests=sorted(outcomes, key=lambda o: o.index), recovery_s=timeline.first_new_s,
-                     progress=notes, timeline=timeline)
+                     progress=notes, timeline=timeline, evidence_missing=evidence_missing)
     for i, res in enumerate(streams):
         if res is None:
             run.streams.append(StreamOutcome(i, "silently_truncated", "the stream never returned", 0, False))
@@ -372,35 +387,62 @@ def check_streams(run: RestartRun) -> dict[str, int]:
 
 
 @dataclass(frozen=True)
+class DynamoAnswer:
+    """One answer a Dynamo frontend gives a client: ``status`` and a substring of the body ("" = any body)."""
+
+    status: int
+    body: str
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> DynamoAnswer:
+        return cls(int(row["status"]), str(row["body"]))
+
+    def matches(self, r: RequestOutcome) -> bool:
+        return r.status == self.status and self.body in (r.error or "")
+
+    def __str__(self) -> str:
+        return f"HTTP {self.status} {self.body!r}" if self.body else f"HTTP {self.status} (any body)"
+
+
+def _version_row(path: Path, version: str | None) -> tuple[str, dict[str, Any]]:
+    """The row of a per-Dynamo-version table; a target without a recorded version is judged by the one version
+    measured for real (the lowest key)."""
+    rows = (yaml.safe_load(path.read_text()) or {}).get("dynamo", {})
+    key = version if version in rows else min(rows)
+    return key, rows[key]
+
+
+@dataclass(frozen=True)
 class StaleInstances:
-    """A Dynamo frontend's stale-instance window (``fixtures/restart/stale-instances.yaml``, per version)."""
+    """A Dynamo frontend's stale-instance window (``fixtures/restart/stale-instances.yaml``, per version): the
+    answers while a gone worker is still listed, and what follows once no worker of the model is left."""
 
     version: str
     window_s: tuple[float, float]
-    status: int
-    signature: str
+    answers: tuple[DynamoAnswer, ...]
+    after_window: DynamoAnswer | None
     when: str
     avoided_by: str
 
     @classmethod
     def for_dynamo(cls, version: str | None, path: Path = STALE_FILE) -> StaleInstances:
-        rows = (yaml.safe_load(path.read_text()) or {}).get("dynamo", {})
-        # A target without a recorded version is judged by the one version measured for real (1.6.1).
-        key = version if version in rows else min(rows)
-        row = rows[key]
+        key, row = _version_row(path, version)
         lo, hi = row["stale_window_s"]
-        return cls(key, (float(lo), float(hi)), int(row["status"]), str(row["signature"]), str(row["when"]),
-                   str(row["avoided_by"]))
+        after = row.get("after_window")
+        return cls(key, (float(lo), float(hi)), tuple(DynamoAnswer.from_row(a) for a in row["answers"]),
+                   DynamoAnswer.from_row(after) if after else None, str(row["when"]), str(row["avoided_by"]))
 
     def explain(self, failed: list[RequestOutcome]) -> str | None:
-        """The sentence on the failures that carry this frontend's stale-instance answer (None if none do)."""
-        stale = [r for r in failed if r.status == self.status and self.signature in (r.error or "")]
+        """The sentence on the failures that carry this frontend's stale-instance answers (None if none do)."""
+        stale = [r for r in failed if any(a.matches(r) for a in self.answers)]
         if not stale:
             return None
         lo, hi = self.window_s
-        return (f"{len(stale)} of the failures are Dynamo {self.version}'s stale-instance answer (HTTP {self.status} "
-                f"'{self.signature}'): expected when {self.when}, for {lo:g}-{hi:g} s while the gone worker stays "
-                f"listed; {self.avoided_by}")
+        seen = sorted({str(a) for r in stale for a in self.answers if a.matches(r)})
+        after = (f"; then {self.after_window} while no worker of the model is left" if self.after_window else "")
+        return (f"{len(stale)} of the failures are Dynamo {self.version}'s stale-instance answers ({', '.join(seen)}): "
+                f"expected when {self.when}, for {lo:g}-{hi:g} s while the gone worker stays listed{after}; "
+                f"{self.avoided_by}")
 
 
 @dataclass(frozen=True)
@@ -412,7 +454,7 @@ class SingleReplicaOutage:
 
     version: str
     roles: tuple[str, ...]
-    answers: tuple[tuple[int, str], ...]
+    answers: tuple[DynamoAnswer, ...]
 
     @classmethod
     def for_target(cls, target: Any, path: Path = OUTAGE_FILE) -> SingleReplicaOutage | None:
@@ -422,13 +464,11 @@ class SingleReplicaOutage:
         roles = tuple(r for r, fld in TOPOLOGY_ROLES.get(topo.kind, DEFAULT_ROLES).items() if getattr(topo, fld) == 1)
         if not roles:
             return None
-        rows = (yaml.safe_load(path.read_text()) or {}).get("dynamo", {})
-        version = getattr(target.serving, "dynamo_version", None)
-        key = version if version in rows else min(rows)  # as StaleInstances: the one version measured for real
-        return cls(key, roles, tuple((int(a["status"]), str(a["body"])) for a in rows[key]["answers"]))
+        key, row = _version_row(path, getattr(target.serving, "dynamo_version", None))
+        return cls(key, roles, tuple(DynamoAnswer.from_row(a) for a in row["answers"]))
 
     def documented(self, r: RequestOutcome) -> bool:
-        return any(r.status == status and body in (r.error or "") for status, body in self.answers)
+        return any(a.matches(r) for a in self.answers)
 
     def check(self, run: RestartRun, failed: list[RequestOutcome]) -> None:
         roles = " and ".join(f"'{r}'" for r in self.roles)
@@ -439,7 +479,7 @@ class SingleReplicaOutage:
         odd = [r for r in failed if not self.documented(r)]
         if odd:
             raise AssertionError(f"{head}, but {len(odd)} failure(s) are not among them (documented: "
-                                 f"{[f'{s} {b!r}' for s, b in self.answers]}); first: HTTP {odd[0].status}: "
+                                 f"{[str(a) for a in self.answers]}); first: HTTP {odd[0].status}: "
                                  f"{odd[0].error}\n{listing}")
         if run.restart is None or not max(run.requests, key=lambda r: r.sent_s).ok:
             raise AssertionError(f"{head}, but the deployment did not answer again after the restart "
@@ -503,7 +543,10 @@ def retries_seen(run: RestartRun) -> int:
 
 
 def check_recovery(run: RestartRun, limit_s: float) -> float:
-    """Trigger to the first answer of a new engine (an answer of the old one never counts) within the limit."""
+    """Trigger to the first answer of a new engine (an answer of the old one never counts) within the limit;
+    not judged where the answers could not name their engine although the controller asked them to."""
+    if run.evidence_missing:
+        raise NotJudged(f"restart identity: {run.evidence_missing}\n{run.timeline_report()}")
     if run.recovery_s is None:
         raise AssertionError(f"no new engine answered within {limit_s:.0f} s of the restart\n{run.report()}")
     if run.recovery_s > limit_s:

@@ -24,6 +24,7 @@ from pytest_ml4.logs.events import (
     CudaOom,
     EngineFailure,
     GrammarKill,
+    GrammarSchemaRefused,
     HealthCanaryFailure,
     KvCacheSize,
     KvMaxConcurrency,
@@ -46,7 +47,7 @@ from pytest_ml4.logs.signatures import Catalogue, Signature, load_catalogue
 from pytest_ml4.targets import Target
 
 __all__ = [
-    "EVENT_TYPES", "AvailableKvMemory", "Catalogue", "CudaOom", "EngineFailure", "FileLogReader", "GrammarKill",
+    "EVENT_TYPES", "AvailableKvMemory", "Catalogue", "CudaOom", "EngineFailure", "FileLogReader", "GrammarKill", "GrammarSchemaRefused",
     "HealthCanaryFailure", "JournaldLogReader", "KvCacheSize", "KvMaxConcurrency", "KvTransferFailure", "LogEvent",
     "LogReadError", "LogReader", "LogRecord", "LogView", "NoKvMemory", "ServerStart", "Signature",
     "SpecDecodeMetrics", "StartupRefused", "StatsLine", "SymmMemUnsupported", "load_catalogue", "parse_events",

@@ -119,6 +119,17 @@ class GrammarKill(LogEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class GrammarSchemaRefused(LogEvent):
+    """The grammar backend refused a request's JSON schema: ``keys`` are the keywords it does not implement."""
+
+    keys: tuple[str, ...] = ()
+
+    @classmethod
+    def fields_from(cls, g: dict[str, str]) -> dict[str, Any]:
+        return dict(keys=tuple(re.findall(r'"([^"]+)"', g.get("keys", ""))))
+
+
+@dataclass(frozen=True, kw_only=True)
 class SymmMemUnsupported(LogEvent):
     capability: str = ""
 
@@ -225,7 +236,7 @@ class ServerStart(LogEvent):
 
 
 EVENT_TYPES: dict[str, type[LogEvent]] = {c.__name__: c for c in (
-    CudaOom, StartupRefused, NoKvMemory, EngineFailure, GrammarKill, SymmMemUnsupported, KvCacheSize,
+    CudaOom, StartupRefused, NoKvMemory, EngineFailure, GrammarKill, GrammarSchemaRefused, SymmMemUnsupported, KvCacheSize,
     KvMaxConcurrency, AvailableKvMemory, StatsLine, SpecDecodeMetrics, KvTransferFailure, HealthCanaryFailure,
     ServerStart)}
 E = TypeVar("E", bound=LogEvent)

@@ -31,6 +31,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_ml4.dynamo_versions import DynamoBehaviour, first_schema_keyword
+from pytest_ml4.dynamo_versions import behaviour as version_row
 from pytest_ml4.sim import wire
 from pytest_ml4.sim.dynamo_bridge import GUIDED, Behaviour, behaviour, tool_calls_text
 from pytest_ml4.sim.engine import Sequence, block_hashes
@@ -99,6 +101,25 @@ def tool_choice_of(request: dict[str, Any], tools: list[Any], faults: ActiveFaul
     if len(names) == 1 and len(tools) > 1:
         return {"type": "function", "function": {"name": names[0]}}
     return "required"
+
+
+def refused_schema_keyword(guided: dict[str, Any] | None, row: DynamoBehaviour | None) -> str | None:
+    """The JSON-schema keyword of the guided-JSON grammar that the emulated release's grammar backend refuses
+    (``guided_json_refused_keywords`` of its ``fixtures/dynamo/versions.yaml`` row; 1.6.1 passes the tools' raw
+    schemas into that grammar), or None."""
+    if guided is None or row is None:
+        return None
+    return first_schema_keyword(guided, row.guided_json_refused_keywords)
+
+
+def prompt_tokens_details(request: dict[str, Any], own: dict[str, Any]) -> Any:
+    """``usage.prompt_tokens_details`` as real ``dynamo.vllm`` reports it: a decode worker that received a
+    ``prefill_result`` copies the prefill worker's figures (the transferred prefill KV counts as cached;
+    dynamo/vllm/handlers.py ``prefill_prompt_tokens_details``), even when they are absent; otherwise its own."""
+    prefill = request.get("prefill_result")
+    if isinstance(prefill, dict):
+        return prefill.get("prompt_tokens_details")
+    return own
 
 
 def reasoning_effort_of(request: dict[str, Any]) -> str | None:
@@ -217,6 +238,8 @@ class Worker:
             self.app.opts.tool_parser = True  # the frontend parses; the engine output always carries the calls
         self.draining = False
         self.kv_events: KvEvents | None = None
+        #: The release whose engine-side behaviour this worker emulates (the target's serving.dynamo_version).
+        self.release = version_row(target.serving.dynamo_version or "")
 
     @property
     def broken_by_restart(self) -> bool:
@@ -248,6 +271,21 @@ class Worker:
             body["reasoning_effort"] = effort
         return body
 
+    def refuse_unimplemented_schema(self, guided: dict[str, Any] | None) -> None:
+        """As vLLM 0.31's grammar backends under real ``dynamo.vllm``: a schema keyword they do not implement is
+        logged and the request refused with a client error (``HttpError`` 400, what dynamo.vllm raises for vLLM's
+        request errors; the frontend answers 400 ``Bad Request``, or in a stream the in-band ``Invalid request``)."""
+        keyword = refused_schema_keyword(guided, self.release)
+        if keyword is None:
+            return
+        from dynamo.llm.exceptions import HttpError
+
+        from pytest_ml4.sim.logfmt import vllm_line
+
+        message = f'Grammar error: Unimplemented keys: ["{keyword}"]'
+        self.log.raw(vllm_line("EngineCore_DP0", os.getpid(), "ERROR", "backend_xgrammar.py", 180, message))
+        raise HttpError(400, message)
+
     async def generate(self, request: dict[str, Any], context: Any) -> Any:
         app = self.app
         prompt_ids = list(request.get("token_ids") or [])
@@ -261,8 +299,10 @@ class Worker:
             body["reasoning_effort"] = "none"
         limits = Limits(int(stop.get("min_tokens") or 0), bool(stop.get("ignore_eos")),
                         stop.get("max_thinking_tokens"))
+        guided = guided_schema(request, app.faults)
+        self.refuse_unimplemented_schema(guided)
         out = app._generate(body, limits, tool_choice, max_tokens)
-        form = GUIDED if guided_schema(request, app.faults) is not None else self.mode.tool_form
+        form = GUIDED if guided is not None else self.mode.tool_form
         reply = reply_ids(out, app.tok, form, max_tokens)
         if self.broken_by_restart:
             # As vLLM's dead engine answers (EngineDeadError); Dynamo turns the error finish into its 500.
@@ -307,9 +347,10 @@ class Worker:
                     item["finish_reason"] = reply.finish
                     # As Dynamo's vLLM worker reports it (dynamo/vllm/handlers.py: prompt_tokens_details from
                     # vLLM's num_cached_tokens, the engine's prefix-cache hit).
-                    item["completion_usage"] = {"prompt_tokens": len(prompt_ids), "completion_tokens": pos,
-                                                "total_tokens": len(prompt_ids) + pos,
-                                                "prompt_tokens_details": {"cached_tokens": seq.cached_tokens}}
+                    item["completion_usage"] = {
+                        "prompt_tokens": len(prompt_ids), "completion_tokens": pos,
+                        "total_tokens": len(prompt_ids) + pos,
+                        "prompt_tokens_details": prompt_tokens_details(request, {"cached_tokens": seq.cached_tokens})}
                     if self.role == "prefill":
                         item["disaggregated_params"] = {"sim_prefill": True}
                 yield item

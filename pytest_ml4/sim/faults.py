@@ -71,8 +71,13 @@ _DEFINITIONS: tuple[Fault, ...] = (
     Fault("health_503", "/health answers 503 (EngineDeadError) after the first probe, while chats are still "
           "served: a dead engine behind a proxy whose own liveness still answers 200",
           "suites/test_smoke.py (health)"),
+    # dynamo_evidence_stripped: at the fault gateway only (Dynamo targets; the vLLM stack has no nvext).
     # model_unlisted, any_model, accepts_invalid, tool_choice_none_ignored: in sim/server.py on the vLLM stack, at
     # the fault gateway in front of the real frontend on Dynamo targets (sim/gateway.py): one name, one defect.
+    Fault("dynamo_evidence_stripped", "Dynamo targets: the answers carry no nvext (worker ids, timing) and the "
+          "x-dynamo-* request headers (session id, worker pins) are dropped: DYN_DISABLE_FRONTEND_NVEXT=1 or an "
+          "ingress that passes only standard headers and fields (at the fault gateway)",
+          "suites/test_restart.py (affinity, prefix reuse, handoff, restart identity say not judged)"),
     Fault("model_unlisted", "/v1/models lists no model (the served name is missing)",
           "suites/test_smoke.py (model list)"),
     Fault("any_model", "requests naming an unknown model are served instead of refused with 404",

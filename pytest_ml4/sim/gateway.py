@@ -5,7 +5,8 @@ routes to it, and that layer is where several real defects live (a catch-all rou
 ``/v1/models`` from its own route table, request "repair" plugins that drop what the backend would refuse). The
 checks of the real frontend's own answers (unknown model, model list, invalid tool/reasoning fields,
 ``tool_choice: none``) can only be made to fail there: no worker-side fault reaches a request the frontend
-refuses before any worker sees it.
+refuses before any worker sees it. It is also where a deployment loses the routing evidence (``nvext``,
+``x-dynamo-*`` headers: fault ``dynamo_evidence_stripped``), so the checks that read it must say "not judged".
 
 This is a real reverse proxy (aiohttp): every request is forwarded to the frontend, answers are streamed back
 chunk by chunk (SSE passes through unchanged); it alters only what a fault below says. :class:`DynamoSim
@@ -74,12 +75,26 @@ def unlist_models(body: dict[str, Any], served: str) -> None:
     body["data"] = [card for card in body.get("data") or [] if card.get("id") != served]
 
 
+def drop_nvext(answer: dict[str, Any]) -> None:
+    """The answer without ``nvext`` (worker ids, timing): what a frontend with ``DYN_DISABLE_FRONTEND_NVEXT=1``
+    (a documented hardening) or a response-filtering gateway sends."""
+    answer.pop("nvext", None)
+
+
+def dynamo_header(name: str) -> bool:
+    """``x-dynamo-*`` request headers (session id, worker pins): an ingress that passes only standard headers."""
+    return name.lower().startswith("x-dynamo-")
+
+
 @dataclass(frozen=True)
 class GatewayFault:
-    """What one fault changes: the chat request body before forwarding, or the ``/v1/models`` answer."""
+    """What one fault changes: the chat request body before forwarding, the ``/v1/models`` answer, the request
+    headers it drops, or each JSON object of a chat answer (the whole body, or every SSE event)."""
 
     chat: ChatRewrite | None = None
     models: ModelsRewrite | None = None
+    drops_header: Callable[[str], bool] | None = None
+    answer: Callable[[dict[str, Any]], None] | None = None
 
 
 #: The faults the gateway acts on (names from :mod:`pytest_ml4.sim.faults`). Not ``prompt_trimmed``: the real
@@ -91,6 +106,7 @@ GATEWAY_FAULTS: Mapping[str, GatewayFault] = {
     "model_unlisted": GatewayFault(models=unlist_models),
     "accepts_invalid": GatewayFault(chat=repair_invalid),
     "tool_choice_none_ignored": GatewayFault(chat=drop_tool_choice_none),
+    "dynamo_evidence_stripped": GatewayFault(drops_header=dynamo_header, answer=drop_nvext),
 }
 
 
@@ -142,6 +158,28 @@ class Gateway:
             rewrite(body, self.served)
         return json.dumps(body).encode()
 
+    def forwarded_headers(self, headers: Mapping[str, str]) -> dict[str, str]:
+        drops = [f.drops_header for f in self.faults if f.drops_header is not None]
+        return {k: v for k, v in headers.items()
+                if k.lower() not in HOP_BY_HOP and not any(drop(k) for drop in drops)}
+
+    def rewrite_answer(self, raw: bytes) -> bytes:
+        """One JSON answer (a whole body, or an SSE ``data:`` line) with the answer rewrites applied; anything
+        else (``[DONE]``, blank lines, a non-JSON body) passes unchanged."""
+        rewrites = [f.answer for f in self.faults if f.answer is not None]
+        prefix = b"data: " if raw.startswith(b"data: ") else b""
+        payload = raw[len(prefix):]
+        end = payload[len(payload.rstrip()):]
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            return raw
+        if not isinstance(obj, dict):
+            return raw
+        for rewrite in rewrites:
+            rewrite(obj)
+        return prefix + json.dumps(obj).encode() + end
+
     def rewrite_models(self, raw: bytes) -> bytes:
         body = json.loads(raw)
         for f in self.faults:
@@ -152,7 +190,7 @@ class Gateway:
     async def forward(self, request: web.Request) -> web.StreamResponse:
         assert self.session is not None
         raw = self.rewrite_request(request.path, await request.read())
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers = self.forwarded_headers(request.headers)
         url = self.upstream + request.path_qs
         try:
             upstream = await self.session.request(request.method, url, data=raw, headers=headers)
@@ -163,10 +201,19 @@ class Gateway:
             out = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
             if request.path == MODELS_PATH and upstream.status == 200 and any(f.models for f in self.faults):
                 return web.Response(status=200, body=self.rewrite_models(await upstream.read()), headers=out)
+            rewrites_answer = request.path == CHAT_PATH and any(f.answer for f in self.faults)
+            if rewrites_answer and "text/event-stream" not in upstream.headers.get("content-type", ""):
+                body = self.rewrite_answer(await upstream.read())
+                return web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=out)
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=out)
             await response.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
+            if rewrites_answer:
+                # Line by line: an SSE event is one `data:` line, and a chunk boundary may fall inside it.
+                async for line in upstream.content:
+                    await response.write(self.rewrite_answer(line))
+            else:
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
             await response.write_eof()
             return response
 
