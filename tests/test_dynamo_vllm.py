@@ -100,7 +100,9 @@ def test_bad_emulation_row_names_the_field(tmp_path: Path) -> None:
     bad = tmp_path / "versions.yaml"
     bad.write_text("versions:\n  '9.9':\n    public: true\n    mistral_v11_tool_calls_parsed: true\n"
                    "    mistral_legacy_tool_calls_parsed: true\n    mistral_parser_v2: true\n"
-                   "    reasoning_split_needs_effort: true\n    emulation: {tool_form: hermes}\n")
+                   "    reasoning_split_needs_effort: true\n    status: estimate\n    source: a test\n"
+                   "    reasoning_efforts: [high]\n    guided_json_refused_keywords: []\n"
+                   "    emulation: {tool_form: hermes}\n")
     with pytest.raises(DynamoVersionError, match=r"versions\.9\.9\.emulation\.tool_form must be one of"):
         load_table(bad)
 
