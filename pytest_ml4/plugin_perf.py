@@ -34,6 +34,7 @@ from pytest_ml4.perf.sweep import (
     run_sweep,
     settings_from_target,
 )
+from pytest_ml4.perf.workloads import WorkloadRunner
 from pytest_ml4.targets import Target
 from pytest_ml4.tools import ToolMissing
 
@@ -264,6 +265,16 @@ def ml4_perf_client(ml4_endpoint: Any) -> Client:
 @pytest.fixture(scope="session")
 def ml4_perf_progress(pytestconfig: pytest.Config) -> Callable[[str], None]:
     return progress_writer(pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def ml4_perf_workloads(ml4_target: Target, ml4_endpoint: Any, ml4_run_dir: Path, ml4_perf_settings: SweepSettings,
+                       ml4_perf_client: Client, ml4_perf_progress: Callable[[str], None]) -> WorkloadRunner:
+    """The goodput, capacity and sessions runs (Poisson arrivals), shared by the checks through the run folder."""
+    engines = (ml4_endpoint.all_worker_metrics_urls() if ml4_target.is_dynamo
+               else (ml4_endpoint.effective_metrics_url,))
+    return WorkloadRunner(ml4_target, ml4_perf_client, ml4_run_dir / "perf" / "workloads", ml4_perf_settings.short,
+                          ml4_perf_progress, tuple(engines))
 
 
 @pytest.fixture(scope="session")
