@@ -138,3 +138,35 @@ def test_failed_jobset_is_reported_with_its_name(rendered: tuple[Path, list[dict
         name = kube.submit(api, docs)
         with pytest.raises(kube.KubeRunError, match="JobSet ml4-perf/aiperf-ml4-gb300-disagg-chat failed:.*image pull"):
             kube.follow(api, JOB.namespace, name, timeout_s=30, poll_s=0.2)
+
+
+def _counters(url: str) -> dict[str, float]:
+    from pytest_ml4.metrics import scrape
+
+    snap = scrape(url)
+    return {n: snap.sum(n) for n in ("vllm:request_success_total", "vllm:generation_tokens_total")}
+
+
+@pytest.mark.nightly
+def test_multi_worker_run_agrees_with_single_worker(tmp_path: Path) -> None:
+    """What the JobSet's N worker pods do, on one host: the same Poisson run with 4 aiperf workers and with 1.
+    Both count every request and token the simulator's own counters count, and their latencies agree.
+    Nightly: two extra aiperf runs (~1 min on 2 cores); the submit/fetch loop above runs in CI."""
+    target = load_target(TARGET)
+    figures = {}
+    with SimServer(target, log_file=tmp_path / "engine.log", env=dict(os.environ)) as sim:
+        for workers in (1, 4):
+            before = _counters(sim.url + "/metrics")
+            spec = spec_for(url=sim.base_url, extra_args=("--workers-max", str(workers)))
+            run = run_aiperf(spec, tmp_path / f"w{workers}")
+            after = _counters(sim.url + "/metrics")
+            ex = run.require()
+            served = {k: after[k] - before[k] for k in after}
+            assert served["vllm:request_success_total"] == ex.request_count == 40, (workers, served)
+            assert served["vllm:generation_tokens_total"] == ex.scalar("total_usage_completion_tokens"), (workers, served)
+            figures[workers] = ex
+    one, four = figures[1], figures[4]
+    assert one.scalar("good_request_count") == four.scalar("good_request_count") == 40
+    for metric in ("time_to_first_token", "inter_token_latency"):
+        a, b = one.stat(metric, "p50"), four.stat(metric, "p50")
+        assert abs(a - b) <= 0.25 * a, f"{metric} p50: 1 worker {a:.1f} ms, 4 workers {b:.1f} ms"

@@ -204,3 +204,39 @@ def fetch(api: Any, namespace: str, name: str, out_dir: Path, files: Sequence[st
                                f"{err.reason}") from None
         (out_dir / fname).write_bytes(resp.data)
     return out_dir
+
+
+# --------------------------------------------------------------------------------------- one run, end to end
+def job_name(label: str) -> str:
+    """A DNS label of at most ``MAX_NAME`` characters, unique per run (aiperf prefixes ``aiperf-``)."""
+    import re
+    import secrets
+
+    base = re.sub(r"[^a-z0-9-]+", "-", label.lower()).strip("-")[: MAX_NAME - 10]
+    return f"ml4-{base}-{secrets.token_hex(2)}"
+
+
+MAX_NAME = 33  # aiperf allows 40 and adds "aiperf-"
+
+
+@dataclass
+class KubeLoad:
+    """Runs a workload as a JobSet of ``pods`` worker pods instead of a local aiperf (``--perf-kube N``)."""
+
+    api: Any
+    namespace: str
+    pods: int
+    key_secret: tuple[str, str] | None = None
+    timeout_s: float = 7200.0
+    #: The spec being run (read by a fake API's JobSet runner under ``--sim``).
+    current: AiperfSpec | None = None
+
+    def run(self, spec: AiperfSpec, out: Path, label: str) -> Path:
+        """Render, submit, follow and fetch into ``out``; returns ``out`` holding the export."""
+        job = KubeJob(self.namespace, job_name(label), self.pods, self.key_secret)
+        out.mkdir(parents=True, exist_ok=True)
+        docs = render(spec, job, out / "kube-manifests.yaml")
+        self.current = spec
+        name = submit(self.api, docs)
+        follow(self.api, self.namespace, name, timeout_s=self.timeout_s)
+        return fetch(self.api, self.namespace, name, out)

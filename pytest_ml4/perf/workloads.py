@@ -7,13 +7,14 @@ sessions checks (and xdist workers) share the runs instead of repeating them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pytest_ml4.perf import capacity as cap
-from pytest_ml4.perf.export import ProfileExport, read_records
+from pytest_ml4.perf.export import ExportError, ProfileExport, read_records
 from pytest_ml4.perf.gates import GateResult
 from pytest_ml4.perf.goodput import (
     Goodput,
@@ -25,7 +26,8 @@ from pytest_ml4.perf.goodput import (
     workload_spec,
     write_goodput_plot,
 )
-from pytest_ml4.perf.runner import failure_log, run_aiperf
+from pytest_ml4.perf.kube import KubeLoad, KubeRunError
+from pytest_ml4.perf.runner import AiperfSpec, failure_log, judge, run_aiperf
 from pytest_ml4.perf.summary import gate_dicts, update_summary
 from pytest_ml4.perf.sweep import Client, cached_json, session_env
 from pytest_ml4.targets import Target, Workload
@@ -78,6 +80,8 @@ class WorkloadRunner:
     write: Write = field(default=lambda _line: None)
     #: The engines' own /metrics (vLLM, or every Dynamo worker): their prefix-cache counters judge prefix reuse.
     engine_metrics_urls: tuple[str, ...] = ()
+    #: ``--perf-kube N``: every run goes to the cluster as a JobSet of N aiperf worker pods.
+    kube: KubeLoad | None = None
 
     def workload(self, name: str) -> Workload:
         w = self.target.perf.workloads.get(name)
@@ -100,23 +104,41 @@ class WorkloadRunner:
                              metrics_url=c.metrics_url, aiperf_env=session_env(self.target))
         self.write(f"[ml4 perf] {name} at {rate:g} req/s (Poisson), {n} requests: started")
         before = engine_counters(self.engine_metrics_urls)
-        res = run_aiperf(spec, out, api_key=c.api_key)
+        if self.kube is None:
+            res = run_aiperf(spec, out, api_key=c.api_key)
+            run = WorkloadRun(name, rate, n, str(out), res.ok, list(res.problems), round(res.wall_s, 2),
+                              "" if res.ok else failure_log(res, [c.api_key]))
+            export = res.export
+        else:
+            run, export = self._run_on_kube(name, rate, n, spec, out)
         after = engine_counters(self.engine_metrics_urls)
-        run = WorkloadRun(name, rate, n, str(out), res.ok, list(res.problems), round(res.wall_s, 2),
-                          "" if res.ok else failure_log(res, [c.api_key]))
         if isinstance(before, dict) and isinstance(after, dict):
             run.engine_counters = {k: after[k] - before[k] for k in PREFIX_COUNTERS}
         else:
             run.engine_metrics_problem = before if isinstance(before, str) else str(after)
-        if res.export is not None:
+        if export is not None:
             try:
-                run.goodput = goodput_of(res.export, name, rate, w.slo, self.target.perf.goodput_floor).as_dict()
+                run.goodput = goodput_of(export, name, rate, w.slo, self.target.perf.goodput_floor).as_dict()
             except GoodputMissing as err:
                 run.goodput_problem = str(err)
         g = run.figures
         self.write(f"[ml4 perf] {name} at {rate:g} req/s done: " + (
             f"goodput {g.good}/{g.total} ({g.fraction:.1%})" if g else (run.goodput_problem or "no export")))
         return run
+
+    def _run_on_kube(self, name: str, rate: float, n: int, spec: AiperfSpec,
+                     out: Path) -> tuple[WorkloadRun, ProfileExport | None]:
+        """The same run as a JobSet (``--perf-kube``): its fetched export is judged like a local one."""
+        assert self.kube is not None
+        t0 = time.monotonic()
+        export: ProfileExport | None = None
+        try:
+            self.kube.run(spec, out, f"{self.target.name}-{name}")
+            export = ProfileExport.load(out)
+            problems = judge(export, 0)
+        except (KubeRunError, ExportError) as err:
+            problems = [str(err)]
+        return WorkloadRun(name, rate, n, str(out), not problems, problems, round(time.monotonic() - t0, 2)), export
 
     def production(self, name: str) -> WorkloadRun:
         """The goodput run: the workload at its production rate."""
