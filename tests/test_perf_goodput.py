@@ -5,6 +5,9 @@ The fault ``tail_slow=0.1`` makes every 10th request an engine admits decode 4x 
 median request is untouched. Both runs use the suite's own workload spec (Poisson arrivals at the target's
 production rate, aiperf's ``--goodput``) and the suite's gate code; aiperf's good count is checked against one
 counted here from the per-request export, so the gate is not judged by a figure only aiperf computed.
+
+Nightly: two Dynamo deployments and two aiperf runs (~2.5 min on 2 cores). In CI the kill matrix's ``tail_slow``
+kill fails the suite's goodput check and its healthy run passes it.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ def run_chat(faults: tuple[str, ...], tmp: Path) -> tuple[gates.GateResult, dict
     return goodput_gate(g, w.slo), p50, g.good, own
 
 
+@pytest.mark.nightly
 @pytest.mark.parametrize("faults, goodput_passes", [((), True), (("tail_slow=0.1",), False)],
                          ids=["healthy", "tail_slow"])
 def test_tail_fault_fails_goodput_and_passes_p50_gates(faults: tuple[str, ...], goodput_passes: bool,

@@ -31,7 +31,7 @@ def test_rtx_short_profile_passes_and_writes_outputs(pytester: pytest.Pytester, 
     reports = tmp_path / "reports"
     result = run_suites(pytester, reports, "rtxpro6000-tp8")
     # The two Dynamo-only tests are skipped by their marker on the RTX PRO target.
-    result.assert_outcomes(passed=12, skipped=2)
+    result.assert_outcomes(passed=16, skipped=2)
     result.stdout.fnmatch_lines(["*[[]ml4 perf[]] point 1/4: c1 started*", "*[[]ml4 perf[]] c32 done:*"])
     run_dir = only_run_dir(reports)
     summary = json.loads((run_dir / "perf-summary.json").read_text())
@@ -60,7 +60,26 @@ def test_dynamo_short_profile_with_trace_replay(pytester: pytest.Pytester, tmp_p
     reports = tmp_path / "reports"
     result = run_suites(pytester, reports, "gb300-agg", "--perf-concurrencies", "1,32")
     # No stored baseline for the Dynamo targets: that test skips with its reason; the trace replay runs.
-    result.assert_outcomes(passed=13, skipped=1)
+    result.assert_outcomes(passed=17, skipped=1)
     summary = json.loads((only_run_dir(reports) / "perf-summary.json").read_text())
     assert summary["trace"]["passed"] and summary["trace"]["settings"]["rows"] == 16
     assert {g["gate"] for g in summary["sweep"]["gates"]} >= {"decode_tok_s_user_p50", "ttft_p50", "errors"}
+
+
+@pytest.mark.nightly
+def test_gb300_disagg_goodput_capacity_sessions_through_perf_kube(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """Issue 24 "Done when": the perf suite on gb300-disagg in the short profile runs and passes the goodput,
+    capacity and sessions checks, here with ``--perf-kube 4``: each workload rendered as aiperf's JobSet, submitted
+    to the fake Kubernetes API, run there as a local 4-worker aiperf, fetched and judged by the same gates.
+    Nightly: the whole perf suite on a Dynamo deployment (~5 min on 2 cores)."""
+    reports = tmp_path / "reports"
+    result = pytester.runpytest_subprocess(SUITES[1], "--target", "gb300-disagg", "--sim", "-m", "perf",
+                                           "--perf-short", "--perf-concurrencies", "1,32", "--perf-kube", "4",
+                                           "--ml4-reports", str(reports), "-p", "no:randomly", "-rA", timeout=900)
+    result.assert_outcomes(passed=12, skipped=1)
+    run_dir = only_run_dir(reports)
+    summary = json.loads((run_dir / "perf-summary.json").read_text())
+    assert summary["goodput_chat"]["passed"] and summary["goodput_sessions"]["passed"]
+    assert summary["capacity_chat"]["points"][0]["verdict"] == "meets"
+    manifests = list((run_dir / "perf" / "workloads").glob("*/*/kube-manifests.yaml"))
+    assert len(manifests) >= 3 and all("kind: JobSet" in m.read_text() for m in manifests)
