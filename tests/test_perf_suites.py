@@ -16,10 +16,15 @@ from pytest_ml4.targets import REPO_ROOT
 SUITES = [str(REPO_ROOT / "suites" / "test_osl.py"), str(REPO_ROOT / "suites" / "test_perf.py")]
 
 
+#: The open-loop gates (goodput, capacity, sessions; several minutes of Poisson runs) are left to the kill matrix's
+#: healthy runs and the nightly done-when test below, so this CI test keeps its cost.
+OPEN_LOOP = "not (goodput or capacity or sessions_reuse)"
+
+
 def run_suites(pytester: pytest.Pytester, reports: Path, target: str, *extra: str) -> pytest.RunResult:
     return pytester.runpytest_subprocess(*SUITES, "--target", target, "--sim", "-m", "osl or perf", "--perf-short",
-                                         "--ml4-reports", str(reports), "-p", "no:randomly", "-rA", *extra,
-                                         timeout=420)
+                                         "--ml4-reports", str(reports), "-p", "no:randomly", "-rA", "-k", OPEN_LOOP,
+                                         *extra, timeout=420)
 
 
 def only_run_dir(reports: Path) -> Path:
@@ -31,7 +36,7 @@ def test_rtx_short_profile_passes_and_writes_outputs(pytester: pytest.Pytester, 
     reports = tmp_path / "reports"
     result = run_suites(pytester, reports, "rtxpro6000-tp8")
     # The two Dynamo-only tests are skipped by their marker on the RTX PRO target.
-    result.assert_outcomes(passed=16, skipped=2)
+    result.assert_outcomes(passed=12, skipped=2)
     result.stdout.fnmatch_lines(["*[[]ml4 perf[]] point 1/4: c1 started*", "*[[]ml4 perf[]] c32 done:*"])
     run_dir = only_run_dir(reports)
     summary = json.loads((run_dir / "perf-summary.json").read_text())
@@ -60,7 +65,7 @@ def test_dynamo_short_profile_with_trace_replay(pytester: pytest.Pytester, tmp_p
     reports = tmp_path / "reports"
     result = run_suites(pytester, reports, "gb300-agg", "--perf-concurrencies", "1,32")
     # No stored baseline for the Dynamo targets: that test skips with its reason; the trace replay runs.
-    result.assert_outcomes(passed=17, skipped=1)
+    result.assert_outcomes(passed=13, skipped=1)
     summary = json.loads((only_run_dir(reports) / "perf-summary.json").read_text())
     assert summary["trace"]["passed"] and summary["trace"]["settings"]["rows"] == 16
     assert {g["gate"] for g in summary["sweep"]["gates"]} >= {"decode_tok_s_user_p50", "ttft_p50", "errors"}
