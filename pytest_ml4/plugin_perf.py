@@ -25,6 +25,7 @@ from pytest_ml4.perf.evaluate import (
     write_interrupted_sweep,
     write_sweep_outputs,
 )
+from pytest_ml4.perf.kube import KubeLoad
 from pytest_ml4.perf.sweep import (
     Client,
     PointResult,
@@ -34,7 +35,6 @@ from pytest_ml4.perf.sweep import (
     run_sweep,
     settings_from_target,
 )
-from pytest_ml4.perf.kube import KubeLoad
 from pytest_ml4.perf.workloads import WorkloadRunner
 from pytest_ml4.targets import Target
 from pytest_ml4.tools import ToolMissing

@@ -207,7 +207,7 @@ WorkloadName = Literal["chat", "sessions"]
 
 def _cited(source: str) -> str:
     # Every SLO traces back to a seed line or says it is an estimate: a bare number would pass for a stated one.
-    if not (source.startswith("seed ") or source.startswith("estimate")):
+    if not source.startswith(("seed ", "estimate")):
         raise ValueError(f"source must cite a seed ('seed NNN: ...') or start with 'estimate', got {source!r}")
     return source
 

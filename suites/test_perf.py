@@ -28,7 +28,12 @@ from pytest_ml4.perf.gates import dynamo_gates, error_gate, failures
 from pytest_ml4.perf.runner import trace_rows
 from pytest_ml4.perf.summary import SCHEMA, SUMMARY_NAME, update_summary
 from pytest_ml4.perf.sweep import run_trace, short_trace
-from pytest_ml4.perf.workloads import PREFIX_COUNTERS, CapacityRunFailed, judge_goodput, shared_prefix_floor
+from pytest_ml4.perf.workloads import (
+    PREFIX_COUNTERS,
+    CapacityRunFailed,
+    judge_goodput,
+    shared_prefix_floor,
+)
 
 pytestmark = [pytest.mark.perf, pytest.mark.exclusive]  # no other traffic during a measurement
 

@@ -20,7 +20,13 @@ import pytest
 from pytest_ml4.perf import gates
 from pytest_ml4.perf.export import read_records
 from pytest_ml4.perf.figures import figures_from_export
-from pytest_ml4.perf.goodput import CONCURRENCY_CAP, count_good, goodput_gate, goodput_of, workload_spec
+from pytest_ml4.perf.goodput import (
+    CONCURRENCY_CAP,
+    count_good,
+    goodput_gate,
+    goodput_of,
+    workload_spec,
+)
 from pytest_ml4.perf.runner import failure_log, run_aiperf
 from pytest_ml4.sim.dynamo import DynamoSim
 from pytest_ml4.targets import load_target

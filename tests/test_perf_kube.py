@@ -16,8 +16,8 @@ from fake_k8s import FakeKubeAPI
 
 from pytest_ml4.control.k8s import api_client
 from pytest_ml4.perf import kube
-from pytest_ml4.perf.goodput import goodput_gate, goodput_of, workload_spec
 from pytest_ml4.perf.export import ProfileExport
+from pytest_ml4.perf.goodput import goodput_gate, goodput_of, workload_spec
 from pytest_ml4.perf.runner import run_aiperf
 from pytest_ml4.preflight.lint import lint_paths
 from pytest_ml4.sim import SimServer

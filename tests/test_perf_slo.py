@@ -10,7 +10,13 @@ import pytest
 
 from pytest_ml4.perf import capacity as cap
 from pytest_ml4.perf.export import ProfileExport, RequestRecord
-from pytest_ml4.perf.goodput import Goodput, count_good, goodput_gate, goodput_of, workload_spec
+from pytest_ml4.perf.goodput import (
+    Goodput,
+    count_good,
+    goodput_gate,
+    goodput_of,
+    workload_spec,
+)
 from pytest_ml4.perf.runner import build_argv
 from pytest_ml4.targets import TargetError, Workload, known_targets, load_target
 

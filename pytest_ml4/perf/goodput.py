@@ -42,7 +42,7 @@ class GoodputMissing(LookupError):
 def request_count(workload: Workload, duration_s: float, short: bool) -> int:
     """Requests of one run: ``SHORT_REQUESTS`` in the CI profile, else the production rate over the duration;
     whole conversations for multi-turn workloads."""
-    n = SHORT_REQUESTS if short else max(int(round(workload.request_rate * duration_s)), SHORT_REQUESTS)
+    n = SHORT_REQUESTS if short else max(round(workload.request_rate * duration_s), SHORT_REQUESTS)
     return max(n // workload.turns, 1) * workload.turns
 
 

@@ -86,7 +86,7 @@ def generate_argv(spec: AiperfSpec, job: KubeJob, executable: Path | None = None
 def render(spec: AiperfSpec, job: KubeJob, out_file: Path, executable: Path | None = None) -> list[dict[str, Any]]:
     """Render the manifests into ``out_file`` and return them. aiperf runs with no key in its environment."""
     argv = generate_argv(spec, job, executable or tools.aiperf_executable())
-    proc = subprocess.run(argv, env=child_env(None, extra=spec.aiperf_env), capture_output=True, text=True,
+    proc = subprocess.run(argv, env=child_env(None, extra=spec.aiperf_env), capture_output=True, text=True, check=False,
                           timeout=120)
     if proc.returncode != 0:
         raise KubeRunError(f"aiperf kube generate failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
