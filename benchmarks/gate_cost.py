@@ -45,10 +45,16 @@ from flake import (  # benchmarks/ is on sys.path
 #: Suite marker -> its file under suites/ (the README's suite table).
 SUITE_FILES = {"smoke": "test_smoke.py", "tools": "test_tools.py", "reasoning": "test_reasoning.py",
                "osl": "test_osl.py", "kv": "test_kv_cache.py", "restart": "test_restart.py", "perf": "test_perf.py",
-               "preflight": "test_preflight.py", "accuracy": "test_accuracy.py"}
+               "preflight": "test_preflight.py", "accuracy": "test_accuracy.py",
+               # the perf suite's open-loop gates on their own (issue 24): what each adds to the perf suite
+               "goodput": "test_perf.py", "capacity": "test_perf.py", "sessions": "test_perf.py"}
 SUITES = tuple(SUITE_FILES)
 #: Extra pytest arguments per suite (the perf suite's short CI profile, the main job's BFCL sample size).
-SUITE_ARGS: dict[str, list[str]] = {"perf": ["--perf-short"], "accuracy": ["--accuracy-size", "50"]}
+SUITE_ARGS: dict[str, list[str]] = {
+    "perf": ["--perf-short"], "accuracy": ["--accuracy-size", "50"],
+    "goodput": ["--perf-short", "-k", "goodput_at_production_rate and chat"],
+    "capacity": ["--perf-short", "-k", "capacity_at_least_declared"],
+    "sessions": ["--perf-short", "-k", "goodput_at_production_rate and sessions or sessions_reuse"]}
 COUNTERS = {"prompt_tokens": "vllm:prompt_tokens_total", "output_tokens": "vllm:generation_tokens_total",
             "served": "vllm:request_success_total"}
 OUT_ENV = "ML4_GATE_COST_OUT"

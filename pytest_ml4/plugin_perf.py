@@ -32,6 +32,7 @@ from pytest_ml4.perf.evaluate import (
     write_interrupted_sweep,
     write_sweep_outputs,
 )
+from pytest_ml4.perf.kube import KubeLoad
 from pytest_ml4.perf.sweep import (
     Client,
     PointResult,
@@ -41,6 +42,7 @@ from pytest_ml4.perf.sweep import (
     run_sweep,
     settings_from_target,
 )
+from pytest_ml4.perf.workloads import WorkloadRunner
 from pytest_ml4.targets import Target
 from pytest_ml4.tools import ToolMissing
 
@@ -77,6 +79,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "refused with the reason (seed 000)")
     group.addoption("--perf-save", dest="ml4_perf_save", default=None, metavar="PATH",
                     help="write this run's sweep as a baseline file")
+    group.addoption("--perf-kube", dest="ml4_perf_kube", type=int, default=None, metavar="N",
+                    help="run the goodput, capacity and sessions workloads as aiperf's Kubernetes JobSet with N "
+                         "worker pods (aiperf kube generate --no-operator; submitted through --ml4-kube-host or "
+                         "the kubeconfig; under --sim a fake API runs it as a local N-worker aiperf)")
+    group.addoption("--perf-kube-namespace", dest="ml4_perf_kube_namespace", default=None, metavar="NS",
+                    help="namespace of the --perf-kube JobSet (default: the target's control namespace)")
+    group.addoption("--perf-kube-secret", dest="ml4_perf_kube_secret", default=None, metavar="SECRET/KEY",
+                    help="Secret and key holding the endpoint's API key for the --perf-kube pods (the key itself "
+                         "never goes into the manifests)")
     parser.addini("ml4_perf_concurrencies", "perf sweep concurrencies, comma-separated", default=None)
     parser.addini("ml4_perf_duration", "seconds per perf sweep point", default=None)
     parser.addini("ml4_perf_osl", "perf sweep fixed output length", default=None)
@@ -280,6 +291,73 @@ def ml4_perf_client(ml4_endpoint: Any) -> Client:
 @pytest.fixture(scope="session")
 def ml4_perf_progress(pytestconfig: pytest.Config) -> Callable[[str], None]:
     return progress_writer(pytestconfig)
+
+
+def _kube_secret(raw: str | None) -> tuple[str, str] | None:
+    if raw is None:
+        return None
+    name, sep, key = raw.partition("/")
+    if not sep or not name or not key:
+        raise pytest.UsageError(f"--perf-kube-secret: expected SECRET/KEY, got {raw!r}")
+    return name, key
+
+
+@pytest.fixture(scope="session")
+def ml4_perf_kube(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Any,
+                  ml4_run_dir: Path) -> Iterator[KubeLoad | None]:
+    """``--perf-kube N``: where the workloads' JobSets go. Under ``--sim`` the fake Kubernetes API runs each JobSet
+    as one local aiperf with N workers against the simulator (the pods' run, on this host)."""
+    pods = pytestconfig.getoption("ml4_perf_kube")
+    if pods is None:
+        yield None
+        return
+    if pods < 1:
+        raise pytest.UsageError(f"--perf-kube: N must be at least 1, got {pods}")
+    secret = _kube_secret(pytestconfig.getoption("ml4_perf_kube_secret"))
+    if ml4_endpoint.api_key and secret is None and not ml4_endpoint.simulated:
+        raise pytest.UsageError(f"--perf-kube: target {ml4_target.name} needs an API key; name the Secret holding "
+                                f"it with --perf-kube-secret SECRET/KEY")
+    from pytest_ml4.control.k8s import KubeConfigError, api_client, target_namespace
+
+    namespace = pytestconfig.getoption("ml4_perf_kube_namespace")
+    if ml4_endpoint.simulated:
+        from pytest_ml4.plugin_restart import load_fake_k8s
+
+        load = KubeLoad(None, namespace or "ml4-perf", pods, secret or ("ml4-sim", "api-key"))
+        with load_fake_k8s().FakeKubeAPI() as fake:
+            fake.jobset_runner = lambda jobset, _maps: _local_pods(load, ml4_run_dir, ml4_endpoint.api_key)
+            load.api = api_client(fake.url)
+            yield load
+        return
+    try:
+        namespace = namespace or target_namespace(ml4_target)
+    except KubeConfigError as err:
+        raise pytest.UsageError(f"--perf-kube: {err}; or give --perf-kube-namespace") from None
+    yield KubeLoad(api_client(pytestconfig.getoption("ml4_kube_host")), namespace, pods, secret)
+
+
+def _local_pods(load: KubeLoad, run_dir: Path, api_key: str | None) -> Path:
+    """The JobSet's pods under ``--sim``: its run as one local aiperf with one worker per pod."""
+    from pytest_ml4.perf.runner import run_aiperf
+
+    assert load.current is not None
+    spec = replace(load.current, extra_args=(*load.current.extra_args, "--workers-max", str(load.pods)))
+    folder = run_dir / "perf" / "kube-pods" / f"run-{len(list((run_dir / 'perf').glob('kube-pods/run-*')))}"
+    result = run_aiperf(spec, folder, api_key=api_key)
+    if result.export is None:
+        raise RuntimeError(result.describe())
+    return folder
+
+
+@pytest.fixture(scope="session")
+def ml4_perf_workloads(ml4_target: Target, ml4_endpoint: Any, ml4_run_dir: Path, ml4_perf_settings: SweepSettings,
+                       ml4_perf_client: Client, ml4_perf_progress: Callable[[str], None],
+                       ml4_perf_kube: KubeLoad | None) -> WorkloadRunner:
+    """The goodput, capacity and sessions runs (Poisson arrivals), shared by the checks through the run folder."""
+    engines = (ml4_endpoint.all_worker_metrics_urls() if ml4_target.is_dynamo
+               else (ml4_endpoint.effective_metrics_url,))
+    return WorkloadRunner(ml4_target, ml4_perf_client, ml4_run_dir / "perf" / "workloads", ml4_perf_settings.short,
+                          ml4_perf_progress, tuple(engines), ml4_perf_kube)
 
 
 @pytest.fixture(scope="session")

@@ -202,6 +202,62 @@ class Gates(_Strict):
     perf_tolerance: float = 0.10
 
 
+WorkloadName = Literal["chat", "sessions"]
+
+
+def _cited(source: str) -> str:
+    # Every SLO traces back to a seed line or says it is an estimate: a bare number would pass for a stated one.
+    if not source.startswith(("seed ", "estimate")):
+        raise ValueError(f"source must cite a seed ('seed NNN: ...') or start with 'estimate', got {source!r}")
+    return source
+
+
+class Slo(_Strict):
+    """Latency objectives every request of a workload must meet to count as good (aiperf ``--goodput``).
+
+    Named after the p99 they bound: with the goodput floor at 0.99 the share of good requests is the joint p99."""
+
+    ttft_p99_s: float = Field(gt=0, description="time to first token, seconds")
+    itl_p99_ms: float = Field(gt=0, description="a request's mean inter-token latency, milliseconds")
+    e2e_p99_s: float = Field(gt=0, description="end-to-end request latency, seconds")
+    source: str
+
+    @model_validator(mode="after")
+    def _source(self) -> "Slo":
+        _cited(self.source)
+        return self
+
+    def aiperf_goodput(self) -> str:
+        """aiperf's ``--goodput`` value: metric tags with thresholds in their display unit (ms)."""
+        return (f"time_to_first_token:{self.ttft_p99_s * 1000:g} inter_token_latency:{self.itl_p99_ms:g} "
+                f"request_latency:{self.e2e_p99_s * 1000:g}")
+
+
+class Workload(_Strict):
+    """A request mix the goodput and capacity gates load the deployment with, at Poisson arrivals.
+
+    ``chat``: single-turn synthetic prompts. ``sessions``: multi-turn conversations (``turns`` each, aiperf's
+    ``--conversation-turn-mean``) sharing one system prompt of ``system_prompt_tokens`` (``--shared-system-prompt-
+    length``); ``isl`` is then the new user text per turn, the history grows turn by turn."""
+
+    isl: int = Field(gt=0)
+    osl: int = Field(gt=0)
+    request_rate: float = Field(gt=0, description="production request rate, requests/s (Poisson arrivals)")
+    capacity_rps: float | None = Field(default=None, gt=0, description="declared capacity, requests/s")
+    turns: int = Field(default=1, ge=1)
+    system_prompt_tokens: int = Field(default=0, ge=0)
+    slo: Slo
+    source: str
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Workload":
+        _cited(self.source)
+        if self.capacity_rps is not None and self.capacity_rps < self.request_rate:
+            raise ValueError(f"capacity_rps {self.capacity_rps:g} is below request_rate {self.request_rate:g}: "
+                             f"the deployment would be planned to fail its production rate")
+        return self
+
+
 class Perf(_Strict):
     concurrencies: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     isl: int = 512
@@ -210,6 +266,18 @@ class Perf(_Strict):
     baseline: str | None = None
     trace: str | None = None
     warmup_requests: int = 5
+    #: The goodput and capacity gates' request mixes (``chat``, ``sessions``), each with its SLOs.
+    workloads: dict[WorkloadName, Workload] = Field(default_factory=dict)
+    #: Smallest share of requests that must meet every SLO of their workload (DistServe's and aiperf's 0.95).
+    goodput_floor: float = Field(default=0.95, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _sessions(self) -> "Perf":
+        s = self.workloads.get("sessions")
+        if s is not None and (s.turns < 2 or s.system_prompt_tokens < 1):
+            raise ValueError("workloads.sessions needs turns >= 2 and system_prompt_tokens >= 1 (multi-turn "
+                             "conversations sharing a system prompt)")
+        return self
 
 
 class SimProfile(_Strict):

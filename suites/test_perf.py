@@ -22,11 +22,19 @@ from typing import Any
 import pytest
 
 from pytest_ml4.baselines import describe_conditions
+from pytest_ml4.checks.verdict import not_judged
+from pytest_ml4.perf.capacity import capacity_gate
 from pytest_ml4.perf.evaluate import write_trace_outputs
 from pytest_ml4.perf.gates import dynamo_gates, error_gate, failures
 from pytest_ml4.perf.runner import trace_rows
-from pytest_ml4.perf.summary import SCHEMA, SUMMARY_NAME
+from pytest_ml4.perf.summary import SCHEMA, SUMMARY_NAME, update_summary
 from pytest_ml4.perf.sweep import run_trace, short_trace
+from pytest_ml4.perf.workloads import (
+    PREFIX_COUNTERS,
+    CapacityRunFailed,
+    judge_goodput,
+    shared_prefix_floor,
+)
 
 pytestmark = [pytest.mark.perf, pytest.mark.exclusive]  # no other traffic during a measurement
 
@@ -155,3 +163,73 @@ def test_agentic_trace_replay(ml4_target: Any, ml4_perf_client: Any, ml4_run_dir
     assert ex.warmup_metrics, "no warmup phase: the measured window must follow a warmup"
     assert point.extra.get("replay_sched_lag_p99") is not None, "not replayed on the trace's fixed schedule"
     assert not failures(results), _fail_lines(failures(results))
+
+
+# ------------------------------------------------------------------------- goodput, capacity, sessions (issue 24)
+def _workload(target: Any, name: str) -> Any:
+    w = target.perf.workloads.get(name)
+    if w is None:
+        pytest.fail(f"target {target.name} declares no perf.workloads.{name} (README 'SLOs')")
+    return w
+
+
+@pytest.mark.parametrize("workload", ["chat", "sessions"])
+def test_goodput_at_production_rate(workload: str, ml4_perf_workloads: Any, ml4_target: Any, ml4_run_dir: Path,
+                                    ml4_endpoint: Any) -> None:
+    """At the workload's production rate (Poisson arrivals), the share of requests meeting every SLO (TTFT, ITL,
+    end-to-end; aiperf's own ``--goodput``) is at least ``perf.goodput_floor``. The plot shows each latency's
+    distribution against its SLO line. P50 gates hide the tail; this one does not (fault ``tail_slow``)."""
+    _workload(ml4_target, workload)
+    run = ml4_perf_workloads.production(workload)
+    if not run.ok:
+        _attach(f"aiperf log ({workload})", run.log_tail)
+    assert run.ok, f"{workload}: {'; '.join(run.problems)} ({run.out_dir})"
+    verdict = judge_goodput(ml4_target, run, ml4_run_dir, bool(ml4_endpoint.simulated))
+    if verdict.gate is None:
+        not_judged(f"goodput of {workload}: {verdict.why}")
+    _attach(verdict.plot.name, verdict.plot.read_bytes(), "PNG")
+    print(verdict.gate)
+    assert verdict.gate.passed, str(verdict.gate)
+
+
+def test_capacity_at_least_declared(ml4_perf_workloads: Any, ml4_target: Any, ml4_run_dir: Path,
+                                    ml4_endpoint: Any) -> None:
+    """The declared ``capacity_rps`` of the chat workload meets the goodput floor, judged from pooled repeated
+    runs with a one-sided 95 % bound (``pytest_ml4.perf.capacity``); a bounded bisection above it reports the
+    highest rate that met it. Noise alone gives "inconclusive", reported as not judged, never pass or fail."""
+    w = _workload(ml4_target, "chat")
+    if w.capacity_rps is None:
+        pytest.fail(f"target {ml4_target.name} declares no perf.workloads.chat.capacity_rps")
+    try:
+        found = ml4_perf_workloads.capacity("chat")
+    except CapacityRunFailed as err:
+        pytest.fail(str(err))
+    update_summary(ml4_run_dir, ml4_target.name, bool(ml4_endpoint.simulated), "capacity_chat", found.as_dict())
+    gate = capacity_gate(found, "chat")
+    if gate is None:
+        not_judged(f"capacity: the goodput at the declared {w.capacity_rps:g} req/s is neither significantly "
+                   f"above nor below the floor after its repeats (noise or a rate right at the limit): "
+                   f"{found.describe()}")
+    print(gate)
+    assert gate.passed, str(gate)
+
+
+def test_sessions_reuse_the_shared_prefix(ml4_perf_workloads: Any, ml4_target: Any) -> None:
+    """Multi-turn sessions sharing a system prompt hit the engines' prefix cache, read from the engines' own
+    counters (``vllm:prefix_cache_hits_total`` / ``_queries_total``; on Dynamo every worker's): at least the
+    shared system prompt of every request after each engine's first must be served from cache."""
+    w = _workload(ml4_target, "sessions")
+    run = ml4_perf_workloads.production("sessions")
+    assert run.ok, f"sessions: {'; '.join(run.problems)} ({run.out_dir})"
+    if run.engine_counters is None:
+        not_judged(f"prefix reuse: the engines' prefix-cache counters could not be read: "
+                   f"{run.engine_metrics_problem}")
+    queries, hits = (run.engine_counters[k] for k in PREFIX_COUNTERS)
+    engines = len(ml4_perf_workloads.engine_metrics_urls)
+    floor = shared_prefix_floor(w, run.requests, engines, ml4_target.engine.block_size)
+    share = hits / queries if queries else 0.0
+    print(f"prefix cache: {hits:.0f} of {queries:.0f} prompt tokens from cache ({share:.1%}); floor {floor:.0f}")
+    assert hits >= floor, (f"sessions: the engines served {hits:.0f} prompt tokens from their prefix cache "
+                           f"({share:.1%} of {queries:.0f}), fewer than the {floor:.0f} the shared "
+                           f"{w.system_prompt_tokens}-token system prompt alone guarantees over {run.requests} "
+                           f"requests on {engines} engine(s)")

@@ -8,7 +8,11 @@ semantics (shared/reference/dynamo.md §11):
 * ``GET`` / ``DELETE /api/v1/namespaces/{ns}/pods/{name}`` with ``Status`` bodies for 404;
 * ``GET /api/v1/namespaces/{ns}/pods/{name}/log`` with ``container``, ``previous``, ``sinceSeconds``, ``tailLines``,
   ``timestamps``: plain text, lines stamped when the "container runtime" read them from the process's log file;
-* ``GET /apis/nvidia.com/v1beta1/namespaces/{ns}/dynamographdeployments/{name}`` with ``status``.
+* ``GET /apis/nvidia.com/v1beta1/namespaces/{ns}/dynamographdeployments/{name}`` with ``status``;
+* ``POST`` and ``GET`` of ConfigMaps, Roles, RoleBindings and JobSets (``aiperf kube generate`` output): a created
+  JobSet is run by ``jobset_runner`` (the test runs aiperf as the pods would), gets a controller pod and the
+  ``Completed`` (or ``Failed``) condition; the controller's results API is served through the pod proxy
+  (``GET /api/v1/namespaces/{ns}/pods/{pod}:9090/proxy/api/results/files/{name}``).
 
 Behind every pod is a process handle (duck-typed: ``restart()`` blocking until it serves, or ``stop()`` and
 ``start()``; ``alive()``; ``log_file``). The scripted operator does what Grove + the Dynamo operator do: deleting a pod removes it, creates a
@@ -243,6 +247,13 @@ class FakeKubeAPI:
         self._stop = threading.Event()
         self._collector: threading.Thread | None = None
         self.port: int | None = None
+        #: Objects created through the API (``(plural, namespace, name)`` -> body): ConfigMaps, RBAC, JobSets.
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        #: Runs a submitted JobSet: ``(jobset, configmaps of its namespace)`` -> the controller's results folder
+        #: (the test runs aiperf as the pods would). None: JobSets stay pending.
+        self.jobset_runner: Callable[[dict[str, Any], dict[str, dict[str, Any]]], Path] | None = None
+        #: Results folders served by the controller pods' API (``/api/results/files/<name>``) through the pod proxy.
+        self.results: dict[tuple[str, str], Path] = {}
 
     # -- setup
     def add_dgd(self, namespace: str, name: str, spec: dict[str, Any]) -> None:
@@ -430,6 +441,65 @@ class FakeKubeAPI:
         self.calls.append((request.method, request.path))
         return await handler(request)
 
+    # -- created objects (aiperf kube: RBAC, ConfigMap, JobSet), the JobSet "controller", the pod proxy
+    async def _create(self, request: web.Request) -> web.Response:
+        ns, plural = request.match_info["ns"], request.match_info["plural"]
+        body = await request.json()
+        name = str((body.get("metadata") or {}).get("name", ""))
+        with self._lock:
+            if (plural, ns, name) in self.objects:
+                return _status(409, "AlreadyExists", f'{plural} "{name}" already exists', name=name, kind=plural)
+            body.setdefault("metadata", {}).update({"namespace": ns, "uid": str(uuid.uuid4())})
+            self.objects[(plural, ns, name)] = body
+        if plural == "jobsets":
+            threading.Thread(target=self._run_jobset, args=(ns, name), name=f"fake-jobset-{name}",
+                             daemon=True).start()
+        return web.json_response(body, status=201)
+
+    def _run_jobset(self, ns: str, name: str) -> None:
+        if self.jobset_runner is None:
+            return
+        with self._lock:
+            jobset = self.objects[("jobsets", ns, name)]
+            maps = {k[2]: v for k, v in self.objects.items() if k[0] == "configmaps" and k[1] == ns}
+        labels = {"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": "controller"}
+        pod = Pod(name=f"{name}-controller-0-0-{secrets.token_hex(2)}", namespace=ns, labels=labels, containers=[],
+                  phase="Running")
+        with self._lock:
+            self.pods[(ns, pod.name)] = pod
+        try:
+            results = self.jobset_runner(jobset, maps)
+            state, message = "Completed", "jobset completed successfully"
+        except Exception as err:  # noqa: BLE001 - a failed run is a Failed JobSet, as on a cluster
+            results, state, message = None, "Failed", f"{type(err).__name__}: {err}"
+        with self._lock:
+            if results is not None:
+                self.results[(ns, pod.name)] = results
+            pod.phase = "Succeeded" if state == "Completed" else "Failed"
+            jobset["status"] = {"conditions": [{"type": state, "status": "True", "reason": state,
+                                                "message": message, "lastTransitionTime": _iso(_now())}]}
+
+    async def _get_object(self, request: web.Request) -> web.Response:
+        key = (request.match_info["plural"], request.match_info["ns"], request.match_info["name"])
+        with self._lock:
+            obj = self.objects.get(key)
+        if obj is None:
+            return _status(404, "NotFound", f'{key[0]} "{key[2]}" not found', name=key[2], kind=key[0])
+        return web.json_response(obj)
+
+    async def _pod_proxy(self, request: web.Request) -> web.StreamResponse:
+        ns, target, rest = request.match_info["ns"], request.match_info["pod"], request.match_info["path"]
+        pod, _, port = target.partition(":")
+        with self._lock:
+            folder = self.results.get((ns, pod))
+        prefix = "api/results/files/"
+        if folder is None or port != "9090" or not rest.startswith(prefix):
+            return _status(404, "NotFound", f"no results API at {target}/{rest}")
+        path = folder / rest[len(prefix):]
+        if not path.is_file() or path.parent != folder:
+            return _status(404, "NotFound", f"{rest} not found")
+        return web.Response(body=path.read_bytes(), content_type="application/octet-stream")
+
     def _app(self) -> web.Application:
         app = web.Application(middlewares=[self._record])
         pods = "/api/v1/namespaces/{ns}/pods"
@@ -438,7 +508,12 @@ class FakeKubeAPI:
         app.router.add_get(pods + "/{name}", self._get_pod)
         app.router.add_delete(pods + "/{name}", self._delete_pod)
         app.router.add_get(pods + "/{name}/log", self._pod_log)
+        app.router.add_get(pods + "/{pod}/proxy/{path:.*}", self._pod_proxy)
         app.router.add_get(dgd + "/{name}", self._get_dgd)
+        # After the pod routes (aiohttp matches in order): ConfigMaps, RBAC and JobSets, created and read back.
+        for prefix in ("/api/v1", "/apis/rbac.authorization.k8s.io/v1", "/apis/jobset.x-k8s.io/v1alpha2"):
+            app.router.add_post(prefix + "/namespaces/{ns}/{plural}", self._create)
+            app.router.add_get(prefix + "/namespaces/{ns}/{plural}/{name}", self._get_object)
         return app
 
     # -- life cycle

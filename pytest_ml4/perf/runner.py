@@ -83,10 +83,21 @@ class AiperfSpec:
     request_timeout_s: float | None = None
     extra_args: Sequence[str] = ()
     aiperf_env: Mapping[str, str] = field(default_factory=dict)  # AIPERF_* switches (no secrets)
+    # Open loop (goodput, capacity): requests arrive at this mean rate, Poisson; concurrency is then only a safety
+    # cap on requests in flight, set far above what the rate needs so it never shapes the arrivals.
+    request_rate: float | None = None
+    goodput: str | None = None                # aiperf --goodput "tag:threshold ..." (display units)
+    turns: int = 1                            # multi-turn conversations of exactly this many turns
+    conversations: int | None = None          # --conversation-num (with turns > 1)
+    system_prompt_tokens: int = 0             # --shared-system-prompt-length: one system prompt for every session
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError("concurrency must be >= 1")
+        if self.request_rate is not None and self.request_rate <= 0:
+            raise ValueError("request_rate must be > 0")
+        if self.turns > 1 and not self.conversations:
+            raise ValueError("multi-turn runs need conversations (--conversation-num)")
         if self.duration_s is None and self.request_count is None and self.trace_file is None:
             raise ValueError("give a stop condition: duration_s, request_count or trace_file")
         if "ignore_eos" in self.extra_inputs and self.min_tokens is not None:
@@ -163,8 +174,13 @@ def build_argv(spec: AiperfSpec, out_dir: Path, config_file: Path | None = None,
     for key, value in spec.all_extra_inputs.items():
         argv += ["--extra-inputs", f"{key}:{_flag_value(value)}"]
     argv += ["--concurrency", str(spec.concurrency)]
-    if spec.rate_workaround and spec.trace_file is None:
+    if spec.request_rate is not None:
+        argv += ["--request-rate", _num(spec.request_rate), "--arrival-pattern", "poisson"]
+    elif spec.rate_workaround and spec.trace_file is None:
         argv += ["--request-rate", "1000", "--arrival-pattern", "constant"]
+    argv += session_args(spec)
+    if spec.goodput:
+        argv += ["--goodput", spec.goodput]
     if spec.duration_s is not None:
         argv += ["--benchmark-duration", _num(spec.duration_s), "--benchmark-grace-period", _num(spec.grace_period_s)]
     if spec.effective_request_count is not None:
@@ -183,6 +199,17 @@ def build_argv(spec: AiperfSpec, out_dir: Path, config_file: Path | None = None,
     argv += (["--server-metrics", spec.server_metrics_url] if spec.server_metrics_url else ["--no-server-metrics"])
     argv += list(spec.extra_args)
     return argv
+
+
+def session_args(spec: AiperfSpec) -> list[str]:
+    """aiperf's multi-turn and shared-prefix flags (aiperf.md §4.7); empty for single-turn runs."""
+    out: list[str] = []
+    if spec.turns > 1:
+        out += ["--conversation-turn-mean", str(spec.turns), "--conversation-turn-stddev", "0",
+                "--conversation-num", str(spec.conversations)]
+    if spec.system_prompt_tokens:
+        out += ["--shared-system-prompt-length", str(spec.system_prompt_tokens)]
+    return out
 
 
 def _num(x: float) -> str:

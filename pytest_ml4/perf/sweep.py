@@ -199,7 +199,7 @@ def run_trace(target: Target, client: Client, trace: Path, out_dir: Path, *, con
     spec = AiperfSpec(model=client.model, url=client.base_url, concurrency=concurrency, isl=None, osl=None,
                       duration_s=None, trace_file=trace, warmup_requests=warmup_requests,
                       warmup_concurrency=min(concurrency, max(warmup_requests, 1)),
-                      server_metrics_url=client.metrics_url, aiperf_env=_session_env(target))
+                      server_metrics_url=client.metrics_url, aiperf_env=session_env(target))
     progress = SweepProgress(write or (lambda _line: None), [concurrency], 60.0, client.metrics_url,
                              label="perf trace")
     progress.point_started(concurrency)
@@ -212,7 +212,7 @@ def run_trace(target: Target, client: Client, trace: Path, out_dir: Path, *, con
     return point
 
 
-def _session_env(target: Target) -> dict[str, str]:
+def session_env(target: Target) -> dict[str, str]:
     # Dynamo's KV router pins a conversation by x-dynamo-session-id (seed 002 notes); aiperf derives that header
     # from the correlation id when this variable is set (aiperf.md §4.7).
     if target.is_dynamo and target.serving.session_affinity:
@@ -222,15 +222,22 @@ def _session_env(target: Target) -> dict[str, str]:
 
 def cached(path: Path, compute: Callable[[], list[PointResult]]) -> list[PointResult]:
     """Run ``compute`` once per run folder and key; other callers (xdist workers) wait and read its result."""
+    rows = cached_json(path, lambda: [r.as_dict() for r in compute()])
+    return [PointResult(**d) for d in rows]
+
+
+def cached_json(path: Path, compute: Callable[[], Any]) -> Any:
+    """``compute()`` (JSON data) once per ``path``: the first caller runs it under a file lock and writes it, later
+    callers (other xdist workers) wait and read the file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with (path.parent / (path.name + ".lock")).open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if path.is_file():
-                return [PointResult(**d) for d in json.loads(path.read_text())]
-            results = compute()
-            path.write_text(json.dumps([r.as_dict() for r in results], indent=2))
-            return results
+                return json.loads(path.read_text())
+            data = compute()
+            path.write_text(json.dumps(data, indent=2))
+            return data
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 

@@ -12,6 +12,7 @@ Secrets are never stored: a literal secret becomes a :class:`SecretLiteral` nami
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -472,10 +473,52 @@ def _affinity_dgd(obj: Any) -> str | None:
     return None
 
 
+#: ``aiperf kube generate --no-operator`` puts the whole run into a ConfigMap key (the JobSet's pods read it).
+AIPERF_KUBE_CONFIG_KEY = "run_config.json"
+#: Stands for the JobSet's controller pod in a kube run's artifact directory: aiperf writes ``/results`` on that
+#: pod's own emptyDir volume, new for every submitted JobSet, so the directory is never shared between runs.
+KUBE_POD_VAR = "AIPERF_KUBE_POD"
+
+
+def aiperf_kube_argv(cfg: dict[str, Any]) -> list[str]:
+    """The ``aiperf profile`` flags a kube run config stands for (the fields the perf rules read)."""
+    argv: list[str] = []
+    endpoint = cfg.get("endpoint") or {}
+    for key, value in (endpoint.get("extra") or {}).items():
+        argv += ["--extra-inputs", f"{key}:{json.dumps(value)}"]
+    for ds in cfg.get("datasets") or []:
+        osl = ((ds.get("prompts") or {}).get("osl") or {}).get("mean")
+        if osl is not None:
+            argv += ["--prompt-output-tokens-mean", str(int(osl))]
+    if cfg.get("scenario"):
+        argv += ["--scenario", str(cfg["scenario"])]
+    art = (cfg.get("artifacts") or {}).get("dir")
+    if art:
+        argv += ["--output-artifact-dir", "${" + KUBE_POD_VAR + "}:" + str(art)]
+    return argv
+
+
+def _parse_kube_run_config(data: dict[str, Any], path: str, name: str, start: int) -> PerfRun | None:
+    raw = (data.get("data") or {}).get(AIPERF_KUBE_CONFIG_KEY)
+    try:
+        cfg = (json.loads(raw) or {}).get("cfg") if isinstance(raw, str) else None
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    args = parse_flags("aiperf profile", aiperf_kube_argv(cfg), start)
+    inv = AiperfInvocation(args=args, line=start, loop_vars=frozenset(), artifact_dir=args.get("output-artifact-dir"))
+    return PerfRun(path=path, kind="perf-job", name=name, invocations=[inv], env={},
+                   run_unique_vars=frozenset({KUBE_POD_VAR}), line=start,
+                   namespace=(data.get("metadata") or {}).get("namespace"))
+
+
 def parse_perf_manifest(data: dict[str, Any], path: str, lines: list[str], start: int) -> PerfRun | None:
     meta = data.get("metadata") or {}
     name = str(meta.get("name", ""))
     annotations = meta.get("annotations") or {}
+    if data.get("kind") == "ConfigMap" and AIPERF_KUBE_CONFIG_KEY in (data.get("data") or {}):
+        return _parse_kube_run_config(data, path, name, start)
     if data.get("kind") == "ConfigMap":
         texts = [(str(v), {}, {}) for v in (data.get("data") or {}).values() if "aiperf" in str(v)]
     else:

@@ -44,6 +44,9 @@ class Sequence:
     #: This request's draft-acceptance factor: acceptance differs between prompts (seed 000 logs 2.24-4.00), which
     #: is what puts the seed's ITL p99 7-14 % above p50 even at c1.
     accept_scale: float = 1.0
+    #: Fault ``tail_slow``: this request decodes only every N-th engine step (1: every step).
+    decode_every: int = 1
+    steps_seen: int = 0
 
     @property
     def done(self) -> bool:
@@ -77,7 +80,7 @@ class Engine:
 
     def __init__(self, *, perf: PerfModel, metrics: SimMetrics, max_num_seqs: int, kv_pool_tokens: int,
                  log: Callable[[str, str, int, str], None], seed: int = 0, stats_interval_s: float = 10.0,
-                 block_size: int = 16,
+                 block_size: int = 16, prefix_caching: bool = True,
                  crash_on_first_step: Callable[[int], None] | None = None) -> None:
         self.perf = perf
         self.metrics = metrics
@@ -92,7 +95,9 @@ class Engine:
         self._wake = asyncio.Event()
         self._prefill_free_at = 0.0
         self._deadline = 0.0
+        self._admitted = 0
         self.block_size = block_size
+        self.prefix_caching = prefix_caching
         # Prefix cache: block hash -> None, in LRU order, bounded by the KV pool.
         self._prefix_cache: OrderedDict[int, None] = OrderedDict()
         self._prefix_capacity = max(self.kv_pool_tokens // max(block_size, 1), 1)
@@ -211,6 +216,8 @@ class Engine:
             s = self.waiting.popleft()
             s.admitted_at = now
             s.accept_scale = self.perf.sequence_scale(self.rng)
+            self._admitted += 1
+            s.decode_every = self.perf.decode_every(self._admitted)
             hits = self._prefix_lookup(s)
             s.cached_tokens = hits
             computed = s.prompt_tokens - hits
@@ -237,7 +244,7 @@ class Engine:
         cache = self._prefix_cache
         hit_blocks = 0
         for h in s.block_hashes:
-            if h not in cache:
+            if h not in cache or not self.prefix_caching:
                 break
             hit_blocks += 1
         for h in s.block_hashes:
@@ -263,6 +270,9 @@ class Engine:
         for s in decoding:
             if s.aborted or s.done:
                 continue
+            s.steps_seen += 1
+            if s.steps_seen % s.decode_every:
+                continue  # a tail-slowed request sits this step out (its ITL is N steps)
             emitted, accepted = self.perf.accepted_tokens(self.rng, s.accept_scale) if self.perf.num_spec else (1, 0)
             n = min(emitted, s.output_tokens - s.emitted)
             self.metrics.observe("vllm:inter_token_latency_seconds", now - s.last_token_at)

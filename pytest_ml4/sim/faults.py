@@ -54,6 +54,12 @@ _DEFINITIONS: tuple[Fault, ...] = (
           default=3.0, takes_value=True),
     Fault("ttft_spike", "S seconds added to every time to first token (default 5)",
           "suites/test_perf.py (TTFT gates)", default=5.0, takes_value=True),
+    Fault("tail_slow", "a share P of requests (every round(1/P)-th one an engine admits; default 0.1) decodes 4x "
+          "slower: the latency tail grows, the median does not", "suites/test_perf.py (goodput under SLOs; the "
+          "P50 gates pass)", default=0.1, takes_value=True),
+    Fault("prefix_cache_off", "the engine never serves a prompt block from its prefix cache (as with "
+          "--no-enable-prefix-caching, or a hybrid KV manager splitting the draft layers into their own group)",
+          "suites/test_perf.py (sessions reuse the shared prefix)"),
     Fault("error_rate", "fraction P of requests answered 500 with vLLM's engine error body (default 0.2)",
           "suites/test_perf.py (request error rate gate), suites/test_smoke.py (parallel burst)",
           default=0.2, takes_value=True),

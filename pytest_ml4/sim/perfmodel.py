@@ -11,6 +11,8 @@ All timing maths of the simulator lives here; the engine (``engine.py``) calls e
   Waiting for a free running slot (past ``max_num_seqs``) is the engine's queue, not part of this figure.
 * ``step_time(running)``: ``itl(running)`` x the mean tokens a sequence emits per step; ``itl(running)`` is
   ``sim.itl_ms`` x ``itl_growth_by_running`` (piecewise linear), x the ``slow_decode`` fault.
+* ``decode_every(n)``: the ``tail_slow=P`` fault: every round(1/P)-th admitted request decodes only every
+  ``TAIL_SLOW_FACTOR``-th step (the tail slows, the median does not).
 * ``accepted_tokens(rng, scale)``: 1 + accepted drafts, position i accepted with probability
   ``spec_position_rates[i] x scale`` (a low-discrepancy draw, so short log windows show steady rates); ``sequence_scale(rng)`` draws a request's scale (mean 1,
   ``acceptance_spread``), which spreads per-request ITL the way seed 000's ITL p99 sits above its p50.
@@ -48,6 +50,8 @@ _PHI = 0.6180339887498949
 _MAX_RATE = 0.999
 # A request's acceptance factor stays within these bounds: position 3 (0.69) then stays near the seed's 0.61 floor.
 _SCALE_BOUNDS = (0.8, 1.2)
+#: Fault ``tail_slow``: how much slower the slowed share decodes (far past any ITL SLO, the median untouched).
+TAIL_SLOW_FACTOR = 4
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,7 @@ class PerfModel:
     """Per-target timing; ``slow_decode`` and ``ttft_spike`` faults scale/offset it."""
 
     def __init__(self, target: Target, *, itl_factor: float = 1.0, ttft_extra_s: float = 0.0,
-                 accept_scale: float = 1.0) -> None:
+                 accept_scale: float = 1.0, tail_share: float = 0.0) -> None:
         sim = target.sim
         prof = profile_for(target)
         self.ttft_s = sim.ttft_s
@@ -124,6 +128,8 @@ class PerfModel:
         self.ttft_extra_s = ttft_extra_s
         #: Fault ``spec_accept_scale``: every draft position's acceptance times F (a drifted draft model).
         self.accept_scale = accept_scale
+        #: Fault ``tail_slow``: every round(1/share)-th admitted request decodes TAIL_SLOW_FACTOR x slower.
+        self.tail_every = round(1 / tail_share) if tail_share > 0 else 0
         self.time_scale = time_scale()
         spec = target.engine.speculative
         self.num_spec = spec.num_speculative_tokens if spec else 0
@@ -164,6 +170,11 @@ class PerfModel:
     def step_time(self, running: int) -> float:
         """One engine step; with speculative decoding a step yields several tokens, so it lasts longer."""
         return self.itl(running) * self.mean_tokens_per_step() / self.time_scale
+
+    def decode_every(self, admitted: int) -> int:
+        """Engine steps per decode step of the ``admitted``-th request: TAIL_SLOW_FACTOR for the tail_slow share,
+        1 otherwise. A fixed schedule, not a random draw, so a short run holds the share exactly (issue 14 item 7)."""
+        return TAIL_SLOW_FACTOR if self.tail_every and admitted % self.tail_every == 0 else 1
 
     def sequence_scale(self, rng: random.Random) -> float:
         """A request's acceptance factor (mean 1; 1 exactly when the profile has no spread)."""

@@ -156,13 +156,14 @@ class SimApp:
                                   extra_families=self.wire_version.metrics_families_extra)
         perf = PerfModel(t, itl_factor=self.faults.value("slow_decode", 1.0) or 1.0,
                          ttft_extra_s=self.faults.value("ttft_spike", 0.0),
-                         accept_scale=self.faults.value("spec_accept_scale", 1.0))
+                         accept_scale=self.faults.value("spec_accept_scale", 1.0),
+                         tail_share=self.faults.value("tail_slow", 0.0))
         cap = int(self.faults.value("seq_cap")) if self.faults.has("seq_cap") else t.engine.max_num_seqs
         self.engine = Engine(perf=perf, metrics=self.metrics, max_num_seqs=cap,
                              kv_pool_tokens=boot.kv_pool_tokens or t.engine.max_model_len, log=log.api,
                              seed=int(t.sim.extra.get("seed", 0)),
                              stats_interval_s=float(t.sim.extra.get("stats_interval_s", 10.0)),
-                             block_size=t.engine.block_size,
+                             block_size=t.engine.block_size, prefix_caching=not self.faults.has("prefix_cache_off"),
                              crash_on_first_step=self._crash if boot.crash_on_first_step else None)
         self.boot = boot
         self._exit = os._exit  # replaced in tests; a crashing engine takes the whole process down
