@@ -13,6 +13,7 @@ import pytest
 
 from pytest_ml4.accuracy.gate import failed_items, table
 from pytest_ml4.accuracy.guard import refusal
+from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.report.attach import attach_json, attach_text
 
 pytestmark = pytest.mark.accuracy
@@ -45,8 +46,8 @@ def test_accuracy_vs_baseline(ml4_accuracy) -> None:  # type: ignore[no-untyped-
     attach_json(failed_items(run.results), "BFCL failed items (question, expected, got, error type)")
     print(text)
     if run.baseline is None:
-        pytest.skip("no accuracy baseline for this target (fixtures/baselines/accuracy-<target>.json or "
-                    "--accuracy-baseline); figures recorded in accuracy-summary.json")
+        not_judged("no accuracy baseline for this target (fixtures/baselines/accuracy-<target>.json or "
+                   "--accuracy-baseline); figures recorded in accuracy-summary.json")
     o = run.options
     assert not run.drops, (
         f"accuracy regression vs baseline {o.baseline} (tolerance {o.tolerance * 100:g} points, "

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.perf.evaluate import write_trace_outputs
 from pytest_ml4.perf.gates import dynamo_gates, error_gate, failures
 from pytest_ml4.perf.runner import trace_rows
@@ -77,7 +78,7 @@ def test_dynamo_gate(ml4_perf_sweep: Any, ml4_target: Any) -> None:
 
 def test_baseline(ml4_perf_sweep: Any) -> None:
     if ml4_perf_sweep.baseline is None:
-        pytest.skip("no stored baseline for this target (perf.baseline) and none given with --perf-baseline")
+        not_judged("no stored baseline for this target (perf.baseline) and none given with --perf-baseline")
     devs = ml4_perf_sweep.verdict.deviations
     assert devs, "no figure of this sweep is comparable with the baseline (no common concurrency)"
     _attach("baseline comparison", "\n".join(d.describe() for d in devs))

@@ -27,9 +27,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from killmatrix import (ALL_TARGETS, TARGETS, Check, Kill, Matrix, collected, function_key,
-                        judge_collateral, judge_healthy, judge_named, load_matrix, nodes_of, param_id,
-                        plan_kill_run, run_suites)
+from killmatrix import (
+    ALL_TARGETS,
+    TARGETS,
+    Check,
+    Kill,
+    Matrix,
+    collected,
+    function_key,
+    judge_collateral,
+    judge_healthy,
+    judge_named,
+    load_matrix,
+    nodes_of,
+    param_id,
+    plan_kill_run,
+    run_suites,
+)
 
 #: Which timing profiles run (``offline,fast,real`` by default): ``ML4_KILL_MATRIX_PROFILES=fast`` leaves out the perf,
 #: KV and restart runs where CI time is short; the tally then counts only what ran.

@@ -12,7 +12,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from killmatrix import REPO, Expect, Kill, env, judge_named, load_matrix, plan_kill_run, read_junit, run_suites
+from killmatrix import (
+    REPO,
+    Expect,
+    Kill,
+    env,
+    judge_named,
+    load_matrix,
+    plan_kill_run,
+    read_junit,
+    run_suites,
+)
 
 GRAMMAR = "requests were killed by the reasoning grammar"
 CHECK = "suites/test_preflight.py::test_manifests_parse"

@@ -60,7 +60,7 @@ def test_summary_holds_gates_versions_and_perf_per_concurrency(tmp_path: Path) -
     run = _run(tmp_path, "r1", points=_points(), outcome="failed")
     doc = json.loads((run / "summary.json").read_text())
     assert doc["schema"] == 1 and doc["target"] == "rtxpro6000-tp8" and doc["versions"]["engine"] == "0.33.0"
-    assert doc["tests"] == {"total": 2, "passed": 1, "failed": 1, "broken": 0, "skipped": 0}
+    assert doc["tests"] == {"total": 2, "passed": 1, "failed": 1, "broken": 0, "skipped": 0, "not_judged": 0}
     assert doc["suites"]["tools"]["failed"] == 1
     gates = {g["name"]: g["passed"] for g in doc["gates"]}
     assert gates == {"suite: smoke": True, "suite: tools": False, "perf sweep: zero errors": False,
