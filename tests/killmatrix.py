@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from glob import iglob
@@ -68,6 +69,11 @@ class Expect:
     message: str
     only: tuple[str, ...] = ("*",)
     exclude: tuple[str, ...] = ()
+
+    def pattern(self, node: str) -> str:
+        """The regex for one instance: ``<param>`` stands for its parametrize id (a preflight rule's name must
+        then be the rule that fired, on its own broken config)."""
+        return self.message.replace("<param>", re.escape(param_id(node) or ""))
 
     def covers(self, node: str) -> bool:
         param = param_id(node)
@@ -249,13 +255,29 @@ class Outcome:
 _EXPLANATION = re.compile(r"(?m)^assert ")
 
 
+def _last_e_block(text: str) -> str | None:
+    """The last run of pytest's ``E`` lines (the final exception's text, never source lines), dedented."""
+    blocks: list[list[str]] = []
+    current: list[str] = []
+    for line in text.splitlines():
+        if line == "E" or line.startswith("E "):
+            current.append(line[1:])
+        elif current:
+            blocks.append(current)
+            current = []
+    if current:
+        blocks.append(current)
+    return textwrap.dedent("\n".join(blocks[-1])) if blocks else None
+
+
 def failure_message(element: ET.Element) -> str:
     """The message of a JUnit ``<failure>``/``<error>``: the exception's text, without pytest's ``assert`` explanation.
 
-    The explanation repeats the asserted expression's values and the names of the functions it called, and the
-    element's text is the traceback with the check's source: neither is the check's verdict.
+    Read from pytest's ``E`` lines of the final exception (the element's ``message`` attribute when there are
+    none). Never the rest of the traceback: it holds the check's source. The explanation repeats the asserted
+    expression's values and the functions it called: not the check's verdict either.
     """
-    message = element.get("message") or ""
+    message = _last_e_block(element.text or "") or element.get("message") or ""
     cut = _EXPLANATION.search(message)
     return message[:cut.start()].rstrip("\n") if cut else message
 
@@ -330,8 +352,9 @@ def judge_named(outcome: Outcome, node: str, kill: Kill, expect: Expect) -> str 
     """Why the named check did not fail as its kill requires, or None."""
     if outcome.status != "failed":
         return f"{node}: {outcome.status} under {kill.name} ({kill.why})"
-    if not re.search(expect.message, outcome.message):
-        return f"{node}: failed, but its message does not name the defect /{expect.message}/: {outcome.message[:400]}"
+    pattern = expect.pattern(node)
+    if not re.search(pattern, outcome.message):
+        return f"{node}: failed, but its message does not name the defect /{pattern}/: {outcome.message[:400]}"
     return None
 
 
