@@ -9,7 +9,6 @@ kill the OSL suite looks for.
 from __future__ import annotations
 
 import re
-
 from dataclasses import replace
 from pathlib import Path
 
