@@ -85,6 +85,7 @@ def kill_tally(records: list[dict]) -> list[str]:
     every such kill's control passed (the healthy run for kills without ``args``).
     """
     matrices = {r["target"]: r for r in records if "checks" in r}
+    unproven = sorted({r["target"] for r in records if r.get("no_matrix")})
     healthy: dict[tuple[str, str], list[bool]] = {}
     kills: dict[tuple[str, str], list[bool]] = {}
     controls: dict[tuple[str, str], list[bool]] = {}
@@ -117,6 +118,7 @@ def kill_tally(records: list[dict]) -> list[str]:
                      f" (pending {pending}, measurements {measurements}),"
                      f" kill controls passed: {sum(map(control_ok, ran))}/{len(ran)},"
                      f" collateral failures: {collateral.get(target, 0)}")
+    lines += [f"{t}: no kill matrix (fixtures/killmatrix/{t}.yaml): none of its checks is proven" for t in unproven]
     return lines
 
 

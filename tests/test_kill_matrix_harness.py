@@ -109,3 +109,22 @@ def test_weakening_a_check_fails_its_kill(suites_copy: Path, tmp_path: Path, rep
         assert not problems, problems
     else:
         assert len(problems) == 1 and problem in problems[0], problems
+
+
+def test_the_tally_needs_kill_healthy_and_control_for_a_check_to_count() -> None:
+    """A check counts as killed only when its kill failed it, it passed healthy, and the kill's control passed."""
+    from conftest import kill_tally
+
+    matrix = {"target": "t", "checks": {"a": "killed_by", "b": "killed_by", "c": "killed_by", "m": "measurement"},
+              "kills": {"k1": {"checks": ["a"], "control": "healthy"},
+                        "k2": {"checks": ["b"], "control": "control --x"},
+                        "k3": {"checks": ["c"], "control": "control --y"}}}
+    records = [matrix, {"target": "u", "no_matrix": True},
+               *({"target": "t", "check": c, "healthy": True} for c in "abc"),
+               *({"target": "t", "check": c, "kill": k, "ok": True} for c, k in (("a", "k1"), ("b", "k2"), ("c", "k3"))),
+               {"target": "t", "kill": "k2", "control_ok": True}, {"target": "t", "kill": "k3", "control_ok": False},
+               {"target": "t", "group": "g", "collateral_failures": 2}]
+    assert kill_tally(records) == [
+        "t: suite checks killed by a fault: 2/3 (pending 0, measurements 1), kill controls passed: 2/3,"
+        " collateral failures: 2",
+        "u: no kill matrix (fixtures/killmatrix/u.yaml): none of its checks is proven"]
