@@ -125,6 +125,6 @@ def test_the_tally_needs_kill_healthy_and_control_for_a_check_to_count() -> None
                {"target": "t", "kill": "k2", "control_ok": True}, {"target": "t", "kill": "k3", "control_ok": False},
                {"target": "t", "group": "g", "collateral_failures": 2}]
     assert kill_tally(records) == [
-        "t: suite checks killed by a fault: 2/3 (pending 0, measurements 1), kill controls passed: 2/3,"
-        " collateral failures: 2",
+        ("t: suite checks killed by a fault: 2/3 (pending 0, measurements 1), kill controls passed: 2/3,"
+         " collateral failures: 2"),
         "u: no kill matrix (fixtures/killmatrix/u.yaml): none of its checks is proven"]
