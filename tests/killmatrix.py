@@ -330,10 +330,9 @@ class KillRun:
     named: list[tuple[Check, str, Expect, str]]       # (check, kill, expectation, node)
     collateral: list[tuple[Check, str]]                # (check, node) that must behave as on a healthy run
     allowed: dict[str, str]                            # collateral check key -> why the kill may fail it
-
-    @property
-    def nodes(self) -> list[str]:
-        return list(dict.fromkeys([n for *_, n in self.named] + [n for _, n in self.collateral]))
+    #: Every selected node in the suites' own order: module fixtures (a restart scenario, a load) then run in the
+    #: order a plain run of the suites has, whatever the kill names.
+    nodes: list[str] = field(default_factory=list)
 
 
 def plan_kill_run(m: Matrix, kills: list[Kill], profile: str, root: Path = REPO) -> KillRun:
@@ -345,7 +344,8 @@ def plan_kill_run(m: Matrix, kills: list[Kill], profile: str, root: Path = REPO)
                   for n in nodes_of(m.target, c, root=root)
                   if n not in taken and param_id(n) not in c.pending_params]
     allowed = {key: why for k in kills for key, why in k.collateral.items()}
-    return KillRun(named, collateral, allowed)
+    selected = {n for *_, n in named} | {n for _, n in collateral}
+    return KillRun(named, collateral, allowed, [n for n in collected(m.target, root) if n in selected])
 
 
 def judge_named(outcome: Outcome, node: str, kill: Kill, expect: Expect) -> str | None:
