@@ -70,6 +70,11 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                          "given (ini: ml4_allure = false)")
     parser.addini("ml4_allure", "write Allure results under <run folder>/allure-results by default",
                   type="bool", default=True)
+    group.addoption("--ml4-not-judged-fails", dest="ml4_not_judged_fails", action="store_true", default=None,
+                    help="fail the run (exit status 1) when a check could not judge, for sign-off "
+                         "(ini: ml4_not_judged_fails = true)")
+    parser.addini("ml4_not_judged_fails", "a not-judged check fails the run (see --ml4-not-judged-fails)",
+                  type="bool", default=False)
 
 
 # ------------------------------------------------------------------------------------------------ configure
@@ -283,6 +288,13 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Iterator[None]:
         raise pytest.skip.Exception(str(exc), _use_item_location=True) from exc
 
 
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, str] | None:
+    """A not-judged check is counted apart on pytest's exit line (``2 passed, 1 not_judged``), never as a skip."""
+    if getattr(report, "ml4_status", None) == NOT_JUDGED:
+        return NOT_JUDGED, "n", "NOT JUDGED"
+    return None
+
+
 def _skip_reason(report: pytest.TestReport) -> str:
     """A skip's reason without the ``Skipped: `` pytest puts before skips reported at the item's location."""
     longrepr = report.longrepr
@@ -376,8 +388,18 @@ class _ControllerHooks:
                             interrupted=interrupted)
         write_summary(state.run_dir, doc)
 
+    def _not_judged(self) -> list[CheckRecord]:
+        return [c for c in self.rs.checks.values() if c.outcome == NOT_JUDGED]
+
+    def _not_judged_fails(self) -> bool:
+        wanted = self.config.getoption("ml4_not_judged_fails") or self.config.getini("ml4_not_judged_fails")
+        return bool(wanted) and bool(self._not_judged())
+
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self._not_judged_fails() and exitstatus == pytest.ExitCode.OK:
+            # Sign-off: a check that could not judge is a gap in the evidence, not a pass.
+            session.exitstatus = exitstatus = pytest.ExitCode.TESTS_FAILED
         state = _ml4_state(self.config)
         alluredir = _alluredir(self.config)
         run_dir = state.run_dir if state is not None and state.target is not None else None
@@ -403,7 +425,19 @@ class _ControllerHooks:
             prev = previous_run(run_dir)
             seed_history(alluredir, prev / REPORT_DIRNAME if prev else None)
 
+    def _summarize_not_judged(self, terminalreporter: Any) -> None:
+        checks = self._not_judged()
+        if not checks:
+            return
+        terminalreporter.section("not judged (the check ran, its evidence was missing: never a pass)", sep="-")
+        for c in checks:
+            terminalreporter.write_line(f"NOT JUDGED {c.nodeid}: {c.message.removeprefix(NOT_JUDGED_PREFIX)}")
+        if self._not_judged_fails():
+            terminalreporter.write_line(f"ml4: {len(checks)} check(s) not judged: the run fails "
+                                        f"(--ml4-not-judged-fails / ml4_not_judged_fails)")
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        self._summarize_not_judged(terminalreporter)
         alluredir = _alluredir(self.config)
         state = _ml4_state(self.config)
         if not alluredir or state is None or state.run_dir is None:

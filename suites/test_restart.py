@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.client import make_httpx
 from pytest_ml4.control.base import RestartError
 from pytest_ml4.control.scenario import (
@@ -126,8 +127,8 @@ def test_new_requests_during_restart(requests_run: RestartRun, ml4_target: Targe
     allowed = ml4_target.gates.restart_client_errors_allowed
     bypassed = ml4_target.serving.bypassed_proxy
     if bypassed is not None and not allowed:
-        pytest.skip(f"--ml4-no-proxy: the target's no-client-error gate counts on its {bypassed.kind} proxy retrying "
-                    f"across the restart, and this run goes around the proxy")
+        not_judged(f"--ml4-no-proxy: the target's no-client-error gate counts on its {bypassed.kind} proxy retrying "
+                   f"across the restart, and this run goes around the proxy")
     failed = check_client_errors(requests_run, allowed, retry_window=_retry_window(ml4_target, ml4_proxy),
                                  stale=StaleInstances.for_dynamo(getattr(ml4_target.serving, "dynamo_version", None))
                                  if ml4_target.is_dynamo else None,
@@ -208,7 +209,7 @@ def test_session_affinity_and_prefix_reuse(requests_run: RestartRun, ml4_restart
                                 ml4_target.engine.block_size)
     probe = run_affinity_probe(ml4_restart_endpoint, restart_spec["affinity"], topology=ml4_target.topology.kind)
     if probe.not_applicable:
-        pytest.skip(f"continuation reused {cached} cached tokens; affinity not observable: {probe.not_applicable}")
+        not_judged(f"continuation reused {cached} cached tokens; affinity not observable: {probe.not_applicable}")
     worker = check_affinity(probe)
     print(f"session pinned to worker {worker} against its cached prefix on {probe.other_worker}; continuation "
           f"reused {cached} cached tokens")

@@ -17,6 +17,7 @@ import yaml
 
 from pytest_ml4.checks.expected import Expected, check_answer, expected_for
 from pytest_ml4.checks.protocol import assert_stream_clean
+from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.client import decode_json, display_url, quote_body, refuse_html
 from pytest_ml4.control.dynamo import worker_instance_ids
 from pytest_ml4.targets import FIXTURES_DIR, Target
@@ -97,8 +98,8 @@ def test_models_max_model_len(ml4_target: Target, ml4_endpoint: Any, http_client
     if length is None and ml4_target.has_proxy:
         engine = _engine_card(ml4_target, ml4_endpoint)
         if engine is None:
-            pytest.skip(f"the {ml4_target.serving.proxy.kind} proxy's model card carries no max_model_len and the "
-                        f"engine's is not reachable (set {ml4_target.endpoint.metrics_url_env})")
+            not_judged(f"the {ml4_target.serving.proxy.kind} proxy's model card carries no max_model_len and the "
+                       f"engine's is not reachable (set {ml4_target.endpoint.metrics_url_env})")
         length = engine.get("max_model_len")
     assert length == ml4_target.engine.max_model_len, (
         f"max_model_len {length} on /v1/models differs from the target's {ml4_target.engine.max_model_len}")

@@ -74,29 +74,54 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             _KILL_RECORDS.append(json.loads(value))
 
 
-def kill_tally(records: list[dict]) -> str | None:
-    """``suite checks killed by a fault: N/M (measurements: K)`` over every target the matrix test looked at."""
-    kinds = {(r["target"], key): kind for r in records if "checks" in r for key, kind in r["checks"].items()}
-    if not kinds:
-        return None
+def _all(values: list[bool] | None) -> bool:
+    return bool(values) and all(values)
+
+
+def kill_tally(records: list[dict]) -> list[str]:
+    """Per target: ``suite checks killed by a fault: N/M``, ``kill controls passed: K/K``, ``collateral failures: C``.
+
+    A check counts as killed when every kill naming it failed it with its message, it passed the healthy run, and
+    every such kill's control passed (the healthy run for kills without ``args``).
+    """
+    matrices = {r["target"]: r for r in records if "checks" in r}
+    unproven = sorted({r["target"] for r in records if r.get("no_matrix")})
+    healthy: dict[tuple[str, str], list[bool]] = {}
     kills: dict[tuple[str, str], list[bool]] = {}
-    healthy: dict[tuple[str, str], bool] = {}
+    controls: dict[tuple[str, str], list[bool]] = {}
+    collateral: dict[str, int] = {}
     for r in records:
-        if "kill" in r:
+        if "healthy" in r:
+            healthy.setdefault((r["target"], r["check"]), []).append(r["healthy"])
+        elif "kill" in r and "ok" in r:
             kills.setdefault((r["target"], r["check"]), []).append(r["ok"])
-        elif "healthy" in r:
-            healthy[(r["target"], r["check"])] = r["healthy"]
-    gating = [k for k, kind in kinds.items() if kind in ("killed_by", "pending")]
-    killed = [k for k in gating if kinds[k] == "killed_by" and kills.get(k) and all(kills[k]) and healthy.get(k)]
-    measurements = sum(1 for kind in kinds.values() if kind == "measurement")
-    per_target = ", ".join(
-        f"{t} {sum(1 for k in killed if k[0] == t)}/{sum(1 for k in gating if k[0] == t)}"
-        f" (pending {sum(1 for k in gating if k[0] == t and kinds[k] == 'pending')})"
-        for t in sorted({k[0] for k in kinds}))
-    return f"suite checks killed by a fault: {len(killed)}/{len(gating)} (measurements: {measurements}) [{per_target}]"
+            kills.setdefault((r["target"], "kill:" + r["kill"]), []).append(r["ok"])
+        elif "control_ok" in r:
+            controls.setdefault((r["target"], r["kill"]), []).append(r["control_ok"])
+        elif "collateral_failures" in r:
+            collateral[r["target"]] = collateral.get(r["target"], 0) + r["collateral_failures"]
+    lines = []
+    for target, m in sorted(matrices.items()):
+        def control_ok(kill: str, m: dict = m, target: str = target) -> bool:
+            spec = m["kills"][kill]
+            if spec["control"] == "healthy":
+                return all(_all(healthy.get((target, c))) for c in spec["checks"])
+            return _all(controls.get((target, kill)))
+        ran = [k for k in m["kills"] if (target, "kill:" + k) in kills]
+        gating = [c for c, kind in m["checks"].items() if kind in ("killed_by", "pending")]
+        killed = [c for c in gating if m["checks"][c] == "killed_by" and _all(kills.get((target, c)))
+                  and _all(healthy.get((target, c)))
+                  and all(control_ok(k) for k, spec in m["kills"].items() if c in spec["checks"])]
+        pending = sum(1 for c in gating if m["checks"][c] == "pending")
+        measurements = sum(1 for kind in m["checks"].values() if kind == "measurement")
+        lines.append(f"{target}: suite checks killed by a fault: {len(killed)}/{len(gating)}"
+                     f" (pending {pending}, measurements {measurements}),"
+                     f" kill controls passed: {sum(map(control_ok, ran))}/{len(ran)},"
+                     f" collateral failures: {collateral.get(target, 0)}")
+    lines += [f"{t}: no kill matrix (fixtures/killmatrix/{t}.yaml): none of its checks is proven" for t in unproven]
+    return lines
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    line = kill_tally(_KILL_RECORDS)
-    if line:
+    for line in kill_tally(_KILL_RECORDS):
         terminalreporter.write_line(line)

@@ -28,7 +28,7 @@ from pytest_ml4.report.labels import (
 from pytest_ml4.report.results import write_crash_result
 from pytest_ml4.targets import load_target
 
-GATE, PROTOCOL, UNREACHABLE, CRASH, DEFECT = (c["name"] for c in load_categories())
+GATE, PROTOCOL, UNREACHABLE, CRASH, DEFECT, NOT_JUDGED_CAT = (c["name"] for c in load_categories())
 
 
 # ------------------------------------------------------------------------------------------- environment
@@ -134,7 +134,7 @@ def test_each_failure_lands_in_exactly_one_category(status: str, message: str, e
 def test_categories_file_is_written_and_valid(tmp_path: Path) -> None:
     path = write_categories(tmp_path)
     data = json.loads(path.read_text())
-    assert [c["name"] for c in data] == [GATE, PROTOCOL, UNREACHABLE, CRASH, DEFECT]
+    assert [c["name"] for c in data] == [GATE, PROTOCOL, UNREACHABLE, CRASH, DEFECT, NOT_JUDGED_CAT]
     assert categorize("passed", "fine") == []
 
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ml4.report.categories import load_categories
+from pytest_ml4.report.categories import categorize, load_categories
 from pytest_ml4.report.environment import read_environment
 from pytest_ml4.report.redact import Redactor
 from pytest_ml4.report.scan import scan_paths
 
 KEY = "sk-ml4-plugin-test-3f9a2c7e5b1d4680"
-GATE, PROTOCOL, UNREACHABLE, CRASH, DEFECT = (c["name"] for c in load_categories())
+GATE, PROTOCOL, UNREACHABLE, CRASH, DEFECT, NOT_JUDGED_CAT = (c["name"] for c in load_categories())
 
 CHECKS = textwrap.dedent('''
     import logging, os
@@ -221,8 +221,11 @@ def test_a_check_that_could_not_judge_is_recorded_as_not_judged_never_passed(pyt
     reports = pytester.path / "reports"
     result = pytester.runpytest_subprocess("--target", "rtxpro6000-tp8", "--ml4-reports", str(reports), "-rs",
                                            "-p", "no:cacheprovider")
-    result.assert_outcomes(skipped=2)
-    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_checks.py:*: not judged: no worker /metrics URL*"])
+    assert result.ret == 0
+    # The exit line counts it apart from skips, and the reason is listed with the check.
+    assert result.parseoutcomes() == {"skipped": 1, "not_judged": 1}
+    result.stdout.fnmatch_lines(["NOT JUDGED test_checks.py::test_peak_kv_usage: no worker /metrics URL*",
+                                 "*= 1 skipped, 1 not_judged in *"])
     (run_dir,) = [p for p in reports.iterdir() if p.is_dir()]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["tests"] == {"total": 2, "passed": 0, "failed": 0, "broken": 0, "skipped": 1, "not_judged": 1}
@@ -230,5 +233,23 @@ def test_a_check_that_could_not_judge_is_recorded_as_not_judged_never_passed(pyt
     assert checks["test_peak_kv_usage"]["outcome"] == "not_judged"
     assert checks["test_peak_kv_usage"]["message"].startswith("not judged: no worker /metrics URL")
     assert checks["test_plain_skip"]["outcome"] == "skipped"
-    statuses = {r["name"]: r["status"] for r in _results(run_dir / "allure-results")}
-    assert statuses == {"Peak kv usage": "skipped", "Plain skip": "skipped"}
+    # The suite's gate is not judged, not passed.
+    assert [(g["passed"], g["outcome"]) for g in summary["gates"] if g["name"] == "suite: kv"] == [(None, "not_judged")]
+    results = {r["name"]: r for r in _results(run_dir / "allure-results")}
+    assert {n: r["status"] for n, r in results.items()} == {"Peak kv usage": "skipped", "Plain skip": "skipped"}
+    # The Allure report's Categories tab counts it under its own category (Allure 2's matching rule).
+    assert categorize("skipped", results["Peak kv usage"]["statusDetails"]["message"]) == [NOT_JUDGED_CAT]
+    assert categorize("skipped", results["Plain skip"]["statusDetails"]["message"]) == []
+
+
+@pytest.mark.parametrize("how", [["--ml4-not-judged-fails"], ["-o", "ml4_not_judged_fails=true"]])
+def test_not_judged_fails_the_run_when_asked(pytester: pytest.Pytester, how: list[str]) -> None:
+    """For sign-off, a check that could not judge fails the run (option or its ini twin); a plain skip does not."""
+    pytester.makepyfile(test_checks=NOT_JUDGED_CHECKS)
+    result = pytester.runpytest_subprocess("--target", "rtxpro6000-tp8", "--ml4-reports", "reports", "--ml4-no-allure",
+                                           "-p", "no:cacheprovider", *how)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["ml4: 1 check(s) not judged: the run fails (--ml4-not-judged-fails*"])
+    plain = pytester.runpytest_subprocess("--target", "rtxpro6000-tp8", "--ml4-reports", "reports", "--ml4-no-allure",
+                                          "-p", "no:cacheprovider", "-k", "plain_skip", *how)
+    assert plain.ret == 0

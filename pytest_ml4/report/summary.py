@@ -129,12 +129,23 @@ def _accuracy_gates(acc: Mapping[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def suite_gates(checks: Iterable[CheckRecord]) -> list[dict[str, Any]]:
-    """One gate per suite: passed when none of its checks failed or broke (skips do not fail a suite)."""
+    """One gate per suite: failed when one of its checks failed or broke; else not judged (``passed`` None) when
+    one could not judge, else passed (skips do not fail a suite). A not-judged check never makes a suite pass."""
     by_suite: dict[str, Counter[str]] = {}
     for c in checks:
         by_suite.setdefault(c.suite, Counter())[c.outcome] += 1
-    return [{"name": f"suite: {suite}", "passed": counts["failed"] + counts["broken"] == 0,
+    return [{"name": f"suite: {suite}", "passed": _suite_passed(counts), "outcome": _suite_outcome(counts),
              "value": dict(counts), "source": "checks"} for suite, counts in sorted(by_suite.items())]
+
+
+def _suite_outcome(counts: Counter[str]) -> str:
+    if counts["failed"] + counts["broken"]:
+        return "failed"
+    return NOT_JUDGED if counts[NOT_JUDGED] else "passed"
+
+
+def _suite_passed(counts: Counter[str]) -> bool | None:
+    return {"failed": False, NOT_JUDGED: None, "passed": True}[_suite_outcome(counts)]
 
 
 def build_summary(*, run_dir: Path, target: str | None, simulated: bool, faults: Iterable[str],

@@ -68,9 +68,10 @@ _DEFINITIONS: tuple[Fault, ...] = (
     Fault("error_every", "every K-th chat request (1st, K+1th, ...) answered 500 with vLLM's engine error body "
           "(default 2): a deterministic error schedule", "suites/test_smoke.py (parallel burst), suites/test_perf.py "
           "(zero errors)", default=2.0, takes_value=True),
-    Fault("grammar_kill", "every chat request also logs seed 000's grammar kill (backend_guidance 'Grammar "
-          "rejected tokens', structured_output 'killed: ParserTooComplex')",
-          "suites/test_osl.py (no request killed by the grammar)"),
+    Fault("grammar_kill", "the K-th chat request (default 1) is terminated by the grammar as real vLLM and "
+          "dynamo.vllm do: the engine logs the recorded 'Failed to advance FSM' and 'Unexpected: grammar rejected "
+          "tokens [9] for request ... Terminating request.' lines and the client gets HTTP 500",
+          "suites/test_osl.py (no request killed by the grammar)", default=1.0, takes_value=True),
     Fault("seq_cap", "the engine runs at most N sequences (default 4) whatever max_num_seqs the target states: "
           "a deployment whose real cap differs from its declared one", "suites/test_perf.py (saturation)",
           default=4.0, takes_value=True),

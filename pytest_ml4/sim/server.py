@@ -40,6 +40,7 @@ from pytest_ml4.sim.validation import (
     check_prompt_chars,
     check_request,
     engine_dead,
+    grammar_terminated,
     parse_chat,
     resolve_max_tokens,
 )
@@ -309,6 +310,10 @@ class SimApp:
             if self._scheduled_error():
                 self.metrics.inc("vllm:request_success", finished_reason="error")
                 raise engine_dead()
+            if self._grammar_kills_this_request():
+                self._log_grammar_kill("chatcmpl-" + (request.headers.get("X-Request-Id") or _hex16()))
+                self.metrics.inc("vllm:request_success", finished_reason="abort")
+                raise grammar_terminated()
         except ApiError as e:
             return _json(e.body(), status=e.status)
 
@@ -323,8 +328,6 @@ class SimApp:
                        max_tokens=max_tokens, finish_reason=out.finish, params_max_tokens=requested,
                        block_hashes=block_hashes(prompt_ids, self.target.engine.block_size))
         self.engine.add(seq)
-        if self.faults.has("grammar_kill"):
-            self._log_grammar_kill(seq.req_id)
         if req.stream:
             return await self._stream(request, req, out, seq, ids, keep_parallel, finish, len(prompt_ids))
         while seq.emitted < seq.output_tokens:
@@ -374,12 +377,17 @@ class SimApp:
             return (self.chat_requests - 1) % every == 0
         return self.faults.has("error_rate") and self.error_rng.random() < self.faults.value("error_rate")
 
+    def _grammar_kills_this_request(self) -> bool:
+        """grammar_kill=K: the K-th chat request (counted with the error schedule's counter) is terminated."""
+        return self.faults.has("grammar_kill") and self.chat_requests == max(1, int(self.faults.value("grammar_kill")))
+
     def _log_grammar_kill(self, req_id: str) -> None:
-        # The two EngineCore lines of seed 000's grammar kill, as in fixtures/logs/grammar-kill.log.
-        self.log.raw(vllm_line("EngineCore_DP0", self.log.pid, "ERROR", "backend_guidance.py", 117,
-                               f"Grammar rejected tokens [2, 34] for request {req_id}"))
-        self.log.raw(vllm_line("EngineCore_DP0", self.log.pid, "ERROR", "structured_output.py", 284,
-                               f"Request {req_id} killed: ParserTooComplex"))
+        # The two EngineCore lines real vLLM logs when the grammar rejects a sampled token and it ends the request
+        # (recorded through real dynamo.vllm: shared/reference/real-dynamo-vllm-1.6.1-transcripts/agg/worker.log).
+        self.log.raw(vllm_line("EngineCore_DP0", self.log.pid, "ERROR", "backend_xgrammar.py", 170,
+                               f"Failed to advance FSM for request {req_id} for tokens 9. Please file an issue."))
+        self.log.raw(vllm_line("EngineCore_DP0", self.log.pid, "ERROR", "scheduler.py", 2130,
+                               f"Unexpected: grammar rejected tokens [9] for request {req_id}. Terminating request."))
 
     def _prompt_ids(self, body: dict[str, Any]) -> list[int]:
         try:

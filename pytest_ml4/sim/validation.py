@@ -43,6 +43,11 @@ def engine_dead() -> ApiError:
     return ApiError(500, ENGINE_DEAD_MESSAGE, "InternalServerError", None)
 
 
+def grammar_terminated() -> ApiError:
+    """A request the grammar terminated: HTTP 500 (recorded status; the body's wording is not recorded)."""
+    return ApiError(500, "Internal Server Error", "InternalServerError", None)
+
+
 class _StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
     include_usage: bool | None = False

@@ -1,0 +1,372 @@
+"""The kill-matrix harness (issue 14, reworked for issue 22): matrix files, suite runs, and how a run is judged.
+
+``tests/test_kill_matrix.py`` holds the tests; ``tests/test_kill_matrix_harness.py`` proves the harness itself.
+Kept apart from the tests so the harness's tests can drive it on a doctored copy of ``suites/``.
+
+A run is judged by each check's *failure message* only: the message of the exception the check raised (for an
+``assert`` with a message, that message, without pytest's ``assert ...`` explanation; for ``pytest.fail`` and
+other exceptions, their text). Never the traceback: it holds the check's source, so a regex that matches a literal
+in the source would be satisfied by any failure after that line.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from glob import iglob
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+MATRIX_DIR = REPO / "fixtures" / "killmatrix"
+#: Every target the project ships: a target without a matrix file fails ``test_matrix_names_every_suite_test``.
+ALL_TARGETS = sorted(p.stem for p in (REPO / "targets").glob("*.yaml"))
+TARGETS = [t for t in ALL_TARGETS if (MATRIX_DIR / f"{t}.yaml").is_file()]
+RUN_TIMEOUT_S = 600
+VERDICT_KEYS = ("killed_by", "measurement", "skipped", "pending")
+
+
+@dataclass(frozen=True)
+class Kill:
+    """One way of breaking the deployment, as pytest options for a ``--sim`` run.
+
+    ``breaks`` (faults and the options that ARE the breakage: a recorded broken log or config, a broken setting)
+    go to the kill's run only; ``args`` (conditions: no proxy, a shorter sweep, a threshold) go to the kill's run
+    AND its control, which must pass the checks the kill names. A kill without ``args`` has the healthy run as
+    its control.
+    """
+
+    name: str
+    why: str
+    breaks: tuple[str, ...]
+    args: tuple[str, ...]
+    #: Kills of one group run in one subprocess: only for faults whose effects touch disjoint checks (each check
+    #: is still judged by its own kill's regex, so a wrong grouping fails the test), to keep CI cost down.
+    group: str
+    #: Checks of the same suite files, not named by the kill, that it is allowed to fail: check key -> reason.
+    collateral: dict[str, str] = field(default_factory=dict)
+    #: Why the kill's runs are too heavy for CI (they run in scripts/nightly.sh); empty: they run in CI.
+    nightly: str = ""
+
+    @property
+    def control(self) -> str:
+        """The run that shows the kill's conditions alone pass its checks."""
+        return "healthy" if not self.args else "control " + " ".join(self.args)
+
+
+@dataclass(frozen=True)
+class Expect:
+    """A check's expected failure under one kill: the regex, and which parametrized instances it covers."""
+
+    message: str
+    only: tuple[str, ...] = ("*",)
+    exclude: tuple[str, ...] = ()
+
+    def pattern(self, node: str) -> str:
+        """The regex for one instance: ``<param>`` stands for its parametrize id (a preflight rule's name must
+        then be the rule that fired, on its own broken config)."""
+        return self.message.replace("<param>", re.escape(param_id(node) or ""))
+
+    def covers(self, node: str) -> bool:
+        param = param_id(node)
+        if param is None:
+            return True
+        return any(matches(param, p) for p in self.only) and not any(matches(param, p) for p in self.exclude)
+
+
+@dataclass
+class Check:
+    key: str                                  # "suites/test_x.py::test_name"
+    killed_by: dict[str, Expect] = field(default_factory=dict)
+    measurement: str | None = None
+    skipped: str | None = None
+    pending: str | None = None
+    pending_params: dict[str, str] = field(default_factory=dict)
+    #: Parametrized instances that do not apply on this target (a preflight rule with no document of its kinds):
+    #: the healthy run must show them skipped, with the reason given here.
+    skipped_params: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in VERDICT_KEYS if getattr(self, k))
+
+    @property
+    def gating(self) -> bool:
+        return self.kind in ("killed_by", "pending")
+
+    def healthy_status(self, node: str) -> str:
+        return "skipped" if self.skipped or param_id(node) in self.skipped_params else "passed"
+
+
+@dataclass
+class Matrix:
+    target: str
+    common_args: tuple[str, ...]
+    profiles: dict[str, tuple[str, ...]]
+    #: Profiles whose checks need no endpoint (preflight, config checks): run without ``--sim``, in seconds.
+    offline: frozenset[str]
+    profile_of: dict[str, str]
+    kills: dict[str, Kill]
+    checks: dict[str, Check]
+
+    def profile(self, key: str) -> str:
+        file = suite_file(key)
+        if file not in self.profile_of:
+            raise MatrixError(f"{self.target}: profile_of names no timing profile for {file}")
+        return self.profile_of[file]
+
+    def named(self, kills: list[Kill], profile: str) -> list[tuple[Check, str, Expect]]:
+        """(check, kill, expectation) for every check of the profile that one of the kills names."""
+        return [(c, k.name, c.killed_by[k.name]) for k in kills for c in self.checks.values()
+                if k.name in c.killed_by and self.profile(c.key) == profile]
+
+
+class MatrixError(ValueError):
+    """A malformed matrix file; the message names the file and the entry."""
+
+
+def matches(name: str, pattern: str) -> bool:
+    """``*`` is the only wildcard (parametrize ids hold brackets and dashes)."""
+    escaped = "".join("[[]" if ch == "[" else "[]]" if ch == "]" else ch for ch in pattern)
+    return fnmatch.fnmatchcase(name, escaped)
+
+
+def function_key(node: str) -> str:
+    return node.split("[", 1)[0]
+
+
+def suite_file(key: str) -> str:
+    return key.split("::", 1)[0]
+
+
+def param_id(node: str) -> str | None:
+    return node[node.index("[") + 1:-1] if "[" in node else None
+
+
+# ------------------------------------------------------------------------------------------------ loading
+def _expect(path: Path, key: str, kill: str, raw: Any) -> Expect:
+    if isinstance(raw, str):
+        return Expect(raw)
+    if not isinstance(raw, dict) or "message" not in raw:
+        raise MatrixError(f"{path.name}: {key}: killed_by.{kill} must be a regex or {{message, only, except}}")
+    return Expect(str(raw["message"]), tuple(raw.get("only", ["*"])), tuple(raw.get("except", [])))
+
+
+def _check(path: Path, key: str, raw: dict[str, Any]) -> Check:
+    given = [k for k in VERDICT_KEYS if raw.get(k)]
+    if len(given) != 1:
+        raise MatrixError(f"{path.name}: {key}: give exactly one of {', '.join(VERDICT_KEYS)} (got {given or 'none'})")
+    killed = {kill: _expect(path, key, kill, v) for kill, v in (raw.get("killed_by") or {}).items()}
+    return Check(key, killed, raw.get("measurement"), raw.get("skipped"), raw.get("pending"),
+                 dict(raw.get("pending_params") or {}), dict(raw.get("skipped_params") or {}))
+
+
+def _options(raw: list[Any]) -> tuple[str, ...]:
+    places = {"killmatrix": str(MATRIX_DIR), "fixtures": str(REPO / "fixtures"),
+              "preflight": str(REPO / "fixtures" / "preflight")}
+    args: list[str] = []
+    for arg in raw:
+        arg = str(arg).format(**places)
+        if arg.startswith("--preflight-path=") and "*" in arg:   # one option per matching folder
+            args += [f"--preflight-path={p}" for p in sorted(iglob(arg.split("=", 1)[1]))]
+        else:
+            args.append(arg)
+    return tuple(args)
+
+
+def _kill(path: Path, name: str, spec: dict[str, Any]) -> Kill:
+    unknown = sorted(set(spec) - {"why", "faults", "breaks", "args", "group", "collateral", "nightly"})
+    if unknown:
+        raise MatrixError(f"{path.name}: kills.{name}: unknown keys {unknown}")
+    faults = [a for f in spec.get("faults", []) for a in ("--ml4-fault", str(f))]
+    breaks = tuple(faults) + _options(spec.get("breaks", []))
+    if not breaks:
+        raise MatrixError(f"{path.name}: kills.{name}: neither faults nor breaks: the kill would break nothing")
+    if not spec.get("why"):
+        raise MatrixError(f"{path.name}: kills.{name}: no why (which real failure it stands for)")
+    return Kill(name, str(spec["why"]), breaks, _options(spec.get("args", [])), str(spec.get("group", name)),
+                {str(k): str(v) for k, v in (spec.get("collateral") or {}).items()}, str(spec.get("nightly", "")))
+
+
+def load_matrix(target: str, directory: Path = MATRIX_DIR) -> Matrix:
+    path = directory / f"{target}.yaml"
+    data = yaml.safe_load(path.read_text())
+    if data.get("target") != target:
+        raise MatrixError(f"{path.name}: target is {data.get('target')!r}, the file name says {target!r}")
+    kills = {name: _kill(path, name, spec) for name, spec in data["kills"].items()}
+    checks = {key: _check(path, key, raw or {}) for key, raw in data["checks"].items()}
+    for c in checks.values():
+        unknown = sorted(set(c.killed_by) - set(kills))
+        if unknown:
+            raise MatrixError(f"{path.name}: {c.key}: killed_by names undefined kills {unknown}")
+    for k in kills.values():
+        unknown = sorted(set(k.collateral) - set(checks))
+        if unknown:
+            raise MatrixError(f"{path.name}: kills.{k.name}.collateral names checks the matrix lacks: {unknown}")
+    profiles, offline = {}, set()
+    for name, spec in data["profiles"].items():
+        spec = spec if isinstance(spec, dict) else {"args": spec}
+        profiles[name] = tuple(map(str, spec.get("args") or []))
+        if spec.get("sim", True) is False:
+            offline.add(name)
+    return Matrix(target, tuple(map(str, data.get("common_args", []))), profiles, frozenset(offline),
+                  dict(data["profile_of"]), kills, checks)
+
+
+# ------------------------------------------------------------------------------------------------ subprocess runs
+_COLLECTED: dict[tuple[str, Path], list[str]] = {}
+
+
+def env() -> dict[str, str]:
+    out = dict(os.environ)
+    out.pop("PYTEST_XDIST_WORKER", None)
+    out.pop("PYTEST_ADDOPTS", None)
+    return out
+
+
+def collected(target: str, root: Path = REPO) -> list[str]:
+    """Node ids of ``suites/`` for the target (one collection subprocess per target, root and session)."""
+    if (target, root) not in _COLLECTED:
+        out = subprocess.run([sys.executable, "-m", "pytest", "suites", "--target", target, "--collect-only", "-q",
+                              "-p", "no:randomly", "-p", "no:cacheprovider"], cwd=root, capture_output=True,
+                             text=True, timeout=300, env=env(), check=False)
+        nodes = [line.strip() for line in out.stdout.splitlines() if line.startswith("suites/")]
+        assert nodes, f"collecting suites/ for {target} found nothing:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
+        _COLLECTED[(target, root)] = nodes
+    return _COLLECTED[(target, root)]
+
+
+@dataclass
+class Outcome:
+    status: str      # passed | failed | skipped
+    #: The failure's message (never its traceback) or the skip's reason.
+    message: str
+
+
+#: pytest's explanation of a rewritten ``assert`` starts on the line after the message (or replaces it).
+_EXPLANATION = re.compile(r"(?m)^assert ")
+
+
+def _last_e_block(text: str) -> str | None:
+    """The last run of pytest's ``E`` lines (the final exception's text, never source lines), dedented."""
+    blocks: list[list[str]] = []
+    current: list[str] = []
+    for line in text.splitlines():
+        if line == "E" or line.startswith("E "):
+            current.append(line[1:])
+        elif current:
+            blocks.append(current)
+            current = []
+    if current:
+        blocks.append(current)
+    return textwrap.dedent("\n".join(blocks[-1])) if blocks else None
+
+
+def failure_message(element: ET.Element) -> str:
+    """The message of a JUnit ``<failure>``/``<error>``: the exception's text, without pytest's ``assert`` explanation.
+
+    Read from pytest's ``E`` lines of the final exception (the element's ``message`` attribute when there are
+    none). Never the rest of the traceback: it holds the check's source. The explanation repeats the asserted
+    expression's values and the functions it called: not the check's verdict either.
+    """
+    message = _last_e_block(element.text or "") or element.get("message") or ""
+    cut = _EXPLANATION.search(message)
+    return message[:cut.start()].rstrip("\n") if cut else message
+
+
+def read_junit(path: Path) -> dict[str, Outcome]:
+    """JUnit XML -> node id (``suites/test_x.py::name[param]``) -> outcome."""
+    out = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        node = case.get("classname", "").replace(".", "/") + ".py::" + case.get("name", "")
+        bad = case.find("failure")
+        bad = case.find("error") if bad is None else bad
+        skipped = case.find("skipped")
+        if bad is not None:
+            out[node] = Outcome("failed", failure_message(bad))
+        elif skipped is not None:
+            out[node] = Outcome("skipped", skipped.get("message") or "")
+        else:
+            out[node] = Outcome("passed", "")
+    return out
+
+
+def run_suites(matrix: Matrix, nodes: list[str], profile: str, extra: tuple[str, ...], tmp: Path,
+               root: Path = REPO) -> dict[str, Outcome]:
+    junit = tmp / "junit.xml"
+    sim = [] if profile in matrix.offline else ["--sim"]
+    cmd = [sys.executable, "-m", "pytest", *nodes, "--target", matrix.target, *sim, *matrix.common_args,
+           *matrix.profiles[profile], *extra, "--ml4-reports", str(tmp / "reports"), f"--junitxml={junit}",
+           "-p", "no:randomly", "-p", "no:cacheprovider", "-q"]
+    # A failing run is the point of a kill: the exit status is read from the JUnit XML, not checked here.
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env(),
+                          check=False)
+    assert junit.is_file(), (f"the run wrote no JUnit XML (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                             f"{proc.stderr[-2000:]}")
+    outcomes = read_junit(junit)
+    missing = [n for n in nodes if n not in outcomes]
+    assert not missing, f"selected but not reported: {missing[:5]}\n{proc.stdout[-2000:]}"
+    return outcomes
+
+
+def nodes_of(target: str, check: Check, expect: Expect | None = None, root: Path = REPO) -> list[str]:
+    nodes = [n for n in collected(target, root) if function_key(n) == check.key]
+    return [n for n in nodes if expect is None or expect.covers(n)]
+
+
+# ------------------------------------------------------------------------------------------------ judging
+@dataclass
+class KillRun:
+    """What one kill run selects: the checks its kills name, and the rest of their suite files (collateral)."""
+
+    named: list[tuple[Check, str, Expect, str]]       # (check, kill, expectation, node)
+    collateral: list[tuple[Check, str]]                # (check, node) that must behave as on a healthy run
+    allowed: dict[str, str]                            # collateral check key -> why the kill may fail it
+    #: Every selected node in the suites' own order: module fixtures (a restart scenario, a load) then run in the
+    #: order a plain run of the suites has, whatever the kill names.
+    nodes: list[str] = field(default_factory=list)
+
+
+def plan_kill_run(m: Matrix, kills: list[Kill], profile: str, root: Path = REPO) -> KillRun:
+    named = [(c, k, e, n) for c, k, e in m.named(kills, profile) for n in nodes_of(m.target, c, e, root)]
+    taken = {n for *_, n in named}
+    files = {suite_file(c.key) for c, *_ in named}
+    collateral = [(c, n) for c in m.checks.values()
+                  if suite_file(c.key) in files and not c.pending
+                  for n in nodes_of(m.target, c, root=root)
+                  if n not in taken and param_id(n) not in c.pending_params]
+    allowed = {key: why for k in kills for key, why in k.collateral.items()}
+    selected = {n for *_, n in named} | {n for _, n in collateral}
+    return KillRun(named, collateral, allowed, [n for n in collected(m.target, root) if n in selected])
+
+
+def judge_named(outcome: Outcome, node: str, kill: Kill, expect: Expect) -> str | None:
+    """Why the named check did not fail as its kill requires, or None."""
+    if outcome.status != "failed":
+        return f"{node}: {outcome.status} under {kill.name} ({kill.why})"
+    pattern = expect.pattern(node)
+    if not re.search(pattern, outcome.message):
+        return f"{node}: failed, but its message does not name the defect /{pattern}/: {outcome.message[:400]}"
+    return None
+
+
+def judge_collateral(outcome: Outcome, node: str, check: Check, allowed: dict[str, str]) -> str | None:
+    """A check the kill does not name must not fail under it, unless the matrix lists it with a reason."""
+    if outcome.status == "failed" and check.key not in allowed:
+        return f"{node}: collateral failure (the kill does not name it): {outcome.message[:300]}"
+    return None
+
+
+def judge_healthy(outcome: Outcome, node: str, check: Check) -> str | None:
+    want = check.healthy_status(node)
+    if outcome.status != want:
+        return f"{node}: {outcome.status} (want {want}) {outcome.message[:300]}"
+    return None

@@ -1,0 +1,130 @@
+"""The kill-matrix harness judges a kill by the check's failure message only (issue 22, build 1).
+
+A regex that matched the traceback (which holds the check's source) would be satisfied by any failure after the
+line holding its literal; a weakened check would still look killed. These tests prove neither can happen.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from killmatrix import (
+    REPO,
+    Expect,
+    Kill,
+    env,
+    judge_named,
+    load_matrix,
+    plan_kill_run,
+    read_junit,
+    run_suites,
+)
+
+GRAMMAR = "requests were killed by the reasoning grammar"
+CHECK = "suites/test_preflight.py::test_manifests_parse"
+KILL = "manifest_not_a_deployment"
+REAL_ASSERT = 'assert not empty, f"no vLLM launch'
+
+
+def _junit_of(tmp_path: Path, source: str) -> Path:
+    (tmp_path / "test_doctored.py").write_text(source)
+    junit = tmp_path / "junit.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "test_doctored.py", f"--junitxml={junit}", "-q",
+                    "-p", "no:cacheprovider", "-p", "no:randomly"], cwd=tmp_path, env=env(), capture_output=True,
+                   timeout=120, check=False)
+    return junit
+
+
+def test_a_literal_in_the_source_does_not_satisfy_a_kill(tmp_path: Path) -> None:
+    """The check's source holds the kill's literal, but it fails on another assertion: the kill is not satisfied."""
+    junit = _junit_of(tmp_path, f'''
+def test_no_request_killed_by_the_grammar():
+    marker = "{GRAMMAR}"
+    assert 1 + 1 == 3, "the engine log could not be read"
+    assert marker not in "", marker
+
+
+def test_no_synthetic_acceptance():
+    def synthetic_acceptance_off():
+        return False
+    assert synthetic_acceptance_off()
+''')
+    text = junit.read_text()
+    assert GRAMMAR in text and "synthetic_acceptance_off" in text, "the doctored checks' traceback is not in the XML"
+    outcomes = read_junit(junit)
+    kill = Kill("grammar_kill", "why", ("--ml4-fault", "grammar_kill"), (), "g")
+    grammar = outcomes["test_doctored.py::test_no_request_killed_by_the_grammar"]
+    assert grammar.message.endswith("the engine log could not be read") and GRAMMAR not in grammar.message
+    assert "does not name the defect" in str(judge_named(grammar, "n", kill, Expect(GRAMMAR)))
+    # The old loose regex matched the function name in pytest's "where" explanation; the message is empty of it.
+    synthetic = outcomes["test_doctored.py::test_no_synthetic_acceptance"]
+    assert "synthetic" not in synthetic.message
+    assert "does not name the defect" in str(judge_named(synthetic, "n", kill, Expect("synthetic")))
+
+
+@pytest.fixture(scope="module")
+def suites_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("root")
+    shutil.copytree(REPO / "suites", root / "suites")
+    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")     # the suites' ini (markers, addopts)
+    return root
+
+
+def _run_kill(root: Path, tmp: Path) -> list[str]:
+    """Runs the rtxpro6000-tp8 kill of ``CHECK`` on the suites under ``root``; the harness's problems."""
+    m = load_matrix("rtxpro6000-tp8")
+    kill = m.kills[KILL]
+    plan = plan_kill_run(m, [kill], "offline", root)
+    assert [c.key for c, *_ in plan.named] == [CHECK]
+    outcomes = run_suites(m, plan.nodes, "offline", kill.breaks + kill.args, tmp, root)
+    return [p for _, _, e, n in plan.named if (p := judge_named(outcomes[n], n, kill, e))]
+
+
+def _doctor(root: Path, replacement: str) -> None:
+    path = root / "suites" / "test_preflight.py"
+    source = path.read_text()
+    assert source.count(REAL_ASSERT) == 1, f"{path}: the assertion this test weakens moved: {REAL_ASSERT}"
+    path.write_text(source.replace(REAL_ASSERT, replacement))
+
+
+@pytest.mark.parametrize(("replacement", "problem"), [
+    pytest.param(None, None, id="intact"),
+    pytest.param('assert not empty or True, f"no vLLM launch', "passed under " + KILL, id="weakened"),
+    pytest.param('assert not "unrelated: could not list the manifests"\n    ' + REAL_ASSERT,
+                 "does not name the defect", id="fails-on-another-assertion"),
+])
+def test_weakening_a_check_fails_its_kill(suites_copy: Path, tmp_path: Path, replacement: str | None,
+                                          problem: str | None) -> None:
+    """The real check satisfies its kill; weakened, or failing on another assertion, it no longer does."""
+    root = tmp_path / "root"
+    shutil.copytree(suites_copy, root)
+    if replacement is not None:
+        _doctor(root, replacement)
+    problems = _run_kill(root, tmp_path)
+    if problem is None:
+        assert not problems, problems
+    else:
+        assert len(problems) == 1 and problem in problems[0], problems
+
+
+def test_the_tally_needs_kill_healthy_and_control_for_a_check_to_count() -> None:
+    """A check counts as killed only when its kill failed it, it passed healthy, and the kill's control passed."""
+    from conftest import kill_tally
+
+    matrix = {"target": "t", "checks": {"a": "killed_by", "b": "killed_by", "c": "killed_by", "m": "measurement"},
+              "kills": {"k1": {"checks": ["a"], "control": "healthy"},
+                        "k2": {"checks": ["b"], "control": "control --x"},
+                        "k3": {"checks": ["c"], "control": "control --y"}}}
+    records = [matrix, {"target": "u", "no_matrix": True},
+               *({"target": "t", "check": c, "healthy": True} for c in "abc"),
+               *({"target": "t", "check": c, "kill": k, "ok": True} for c, k in (("a", "k1"), ("b", "k2"), ("c", "k3"))),
+               {"target": "t", "kill": "k2", "control_ok": True}, {"target": "t", "kill": "k3", "control_ok": False},
+               {"target": "t", "group": "g", "collateral_failures": 2}]
+    assert kill_tally(records) == [
+        ("t: suite checks killed by a fault: 2/3 (pending 0, measurements 1), kill controls passed: 2/3,"
+         " collateral failures: 2"),
+        "u: no kill matrix (fixtures/killmatrix/u.yaml): none of its checks is proven"]
