@@ -116,6 +116,7 @@ def _tiny(name: str):
 
 
 @needs_real_worker
+@pytest.mark.nightly   # CI's one real worker is the conformance test's (tests/test_dynamo_vllm_conformance.py)
 def test_real_worker_deployment_serves(tmp_path: Path) -> None:
     """vr200-agg (one worker): real dynamo.vllm serves the scripted model through the real frontend; tool calls
     of the emulated 1.7.0 row parse; the worker's own vllm:* metrics; stop leaves no process of its group."""
