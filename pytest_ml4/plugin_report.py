@@ -345,6 +345,17 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
         _scrub_report(report)  # type: ignore[arg-type]
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_warning_recorded(warning_message: Any) -> None:
+    """A warning's text is scrubbed before the terminal's summary stores it: in a worker before xdist sends it to
+    the controller, and again in the controller (a warning raised there, or one a worker's plugin left as is)."""
+    message = warning_message.message
+    text = str(message)
+    clean = REDACTOR.redact_text(text)
+    if clean != text:
+        warning_message.message = type(message)(clean) if isinstance(message, Warning) else clean
+
+
 class _ControllerHooks:
     """Hooks that only the controller (or a run without xdist) runs: it sees every report, writes the files."""
 

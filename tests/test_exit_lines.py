@@ -106,3 +106,26 @@ def test_a_key_in_engine_extra_args_is_masked_in_the_run_folder_and_the_command_
     args = yaml.safe_load(written)["engine"]["extra_args"]
     assert args == ["--enable-prompt-tokens-details", "--api-key", "***", "--hf-token=***"], \
         "the flags stay (the simulator reads them), their values are masked"
+
+
+WARNS_WITH_KEY = '''
+import os
+import warnings
+
+
+def test_warns_with_the_key():
+    warnings.warn(f"retrying with Authorization: Bearer {os.environ['LLM_API_KEY']}", UserWarning)
+'''
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+def test_a_key_in_a_warning_is_masked_in_the_warnings_summary(pytester: pytest.Pytester, echo_server: str,
+                                                             monkeypatch: pytest.MonkeyPatch, xdist: list[str]) -> None:
+    """Under xdist a worker's warnings reach the controller's summary: the key is masked in both."""
+    monkeypatch.setenv("LLM_API_KEY", PLAIN_KEY)
+    pytester.makepyfile(test_w=WARNS_WITH_KEY)
+    result = pytester.runpytest_subprocess("--target", "rtxpro6000-tp8", "--endpoint", echo_server,
+                                           "--ml4-reports", "reports", "-p", "no:cacheprovider", *xdist)
+    out = result.stdout.str() + result.stderr.str()
+    assert "retrying with Authorization: Bearer" in out, out[-2000:]   # the warning itself is shown
+    assert PLAIN_KEY not in out, "the key reached the warnings summary"
