@@ -20,10 +20,9 @@ from typing import Any, NoReturn
 import pytest
 
 from pytest_ml4 import process_groups
-from pytest_ml4.report.redact import redact, register_secret_env
-from pytest_ml4.plugin_common import STATE_KEY, get_state, int_opt
-from pytest_ml4.plugin_guard import session_deadlines
+from pytest_ml4.plugin_common import STATE_KEY, get_state, int_opt, session_deadlines
 from pytest_ml4.plugin_common import opt as _opt
+from pytest_ml4.report.redact import redact, register_secret_env
 from pytest_ml4.targets import (
     Target,
     TargetError,

@@ -28,6 +28,7 @@ from pytest_ml4.accuracy.gate import (
 )
 from pytest_ml4.accuracy.score import ItemResult
 from pytest_ml4.baselines import BaselineRefused, deployment_provenance, pick_baseline
+from pytest_ml4.plugin_common import simulator_answers
 from pytest_ml4.targets import FIXTURES_DIR, Target
 
 SUMMARY_FILE = "accuracy-summary.json"
@@ -183,7 +184,7 @@ def run_accuracy(config: pytest.Config, target: Target, declared: Target, endpoi
         run.results = run_items(http, api, ds, settings, progress)
         run.scores = summarize(run.results, opts.categories)
         run.conditions = run_conditions(api.version, opts.size, opts.seed)
-        judge_against_baseline(run, target, live=not getattr(endpoint, "simulated", False))
+        judge_against_baseline(run, target, live=not simulator_answers(config, endpoint))
         if opts.save is not None:
             save_baseline(opts.save, run.scores, {"target": target.name}, run.conditions,
                           deployment_provenance(target, endpoint.model, sys.argv,

@@ -6,12 +6,10 @@ the option is checked at start-up, so a typo is one usage line, not a failure in
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from pytest_ml4.guard import DEADLINE_NAMES, Deadlines, parse_deadlines
-from pytest_ml4.plugin_common import STATE_KEY, opt
+from pytest_ml4.guard import DEADLINE_NAMES, parse_deadlines
+from pytest_ml4.plugin_common import STATE_KEY, opt, session_deadlines
 
 #: A failure message longer than this is cut in the middle (a 50 MB wrong answer quoted by a check must not
 #: become 100 MB of console and Allure results); both ends stay, so the check's own words and the URL remain.
@@ -25,11 +23,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "are derived from the target (README: bad input) (ini: ml4_deadlines)")
     parser.addini("ml4_deadlines", "per-request deadlines, e.g. idle=30,overall=900 (see --ml4-deadlines)",
                   default="")
-
-
-def session_deadlines(config: pytest.Config, target: Any) -> Deadlines:
-    """The target's derived deadlines with those the option or ini sets."""
-    return Deadlines.for_target(target).overriding(**parse_deadlines(opt(config, "ml4_deadlines", "ml4_deadlines")))
 
 
 def pytest_configure(config: pytest.Config) -> None:

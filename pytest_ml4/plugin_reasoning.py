@@ -10,6 +10,7 @@ import pytest
 
 from pytest_ml4.baselines import BaselineRefused, pick_baseline
 from pytest_ml4.checks.reasoning import ShareBaseline
+from pytest_ml4.plugin_common import simulator_answers
 from pytest_ml4.targets import FIXTURES_DIR, Target
 
 #: How a deployment's reasoning-share baseline is recorded (named by a check that could not judge without one).
@@ -48,7 +49,7 @@ def ml4_share_baseline(pytestconfig: pytest.Config, ml4_target: Target, ml4_endp
     try:
         # Conditions depend on the request defaults the suite sends; it refuses other ones itself.
         base, why = pick_baseline(Path(given) if given else None, default, ShareBaseline.load,
-                                  live=not getattr(ml4_endpoint, "simulated", False), record=record)
+                                  live=not simulator_answers(pytestconfig, ml4_endpoint), record=record)
     except BaselineRefused as err:
         return ShareBaselineChoice(None, refused=str(err), **common)
     return ShareBaselineChoice(base, why, **common)

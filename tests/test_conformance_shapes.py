@@ -54,9 +54,11 @@ def test_allowed_differences_cover_their_paths_only_and_stale_ones_show() -> Non
     data.allowed = load_conformance(_write_yaml(
         "requests: {a: {}}\nallowed_differences:\n"
         "  - {case: a, path: nvext.timing, reason: simulated timing}\n"
-        "  - {case: '*', path: usage.gone, reason: never seen}\n")).allowed
+        "  - {case: '*', path: usage.gone, reason: never seen}\n"
+        "  - {case: '*', path: logs.stats, timing: true, reason: needs 10 s of activity}\n")).allowed
     diffs = {"nvext.timing.ttft_ms": ("number", "absent"), "nvext.worker_id": ("{...}", "absent")}
     assert data.unexplained("a", diffs) == {"nvext.worker_id": ("{...}", "absent")}
+    # A timing-dependent difference that did not occur in this run is not stale; one that never occurs is.
     assert [a.path for a in data.stale({"a": list(diffs)})] == ["usage.gone"]
 
 
