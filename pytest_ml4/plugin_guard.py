@@ -13,7 +13,8 @@ from pytest_ml4.plugin_common import STATE_KEY, opt, session_deadlines
 
 #: A failure message longer than this is cut in the middle (a 50 MB wrong answer quoted by a check must not
 #: become 100 MB of console and Allure results); both ends stay, so the check's own words and the URL remain.
-MESSAGE_LIMIT = 8 * 1024
+#: 16 KB: a preflight rule firing on a few dozen documents (one line each) must stay whole, a quoted answer not.
+MESSAGE_LIMIT = 16 * 1024
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

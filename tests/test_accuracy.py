@@ -128,7 +128,8 @@ def test_suite_passes_vs_stored_baseline_and_fails_under_accuracy_drop(pytester:
     # fixtures/baselines/accuracy-rtxpro6000-tp8.json was measured on 200 items per category: not this run's 40,
     # so it does not judge it (issue 26 item 3) and the gate says so, naming the command that records one.
     assert _outcomes(ok) == {"passed": 2, "not_judged": 1}
-    ok.stdout.fnmatch_lines([("*not judged: accuracy (figures in accuracy-summary.json): accuracy not compared with "
+    ok.stdout.fnmatch_lines([("NOT JUDGED *test_accuracy_vs_baseline: accuracy (figures in accuracy-summary.json): "
+                              "accuracy not compared with "
                               "*accuracy-rtxpro6000-tp8.json: measured under other conditions (baseline vs this "
                               "run: size 200 vs 40); record one under these conditions with: pytest --target "
                               "rtxpro6000-tp8 -m accuracy --accuracy-save=*")])
