@@ -20,9 +20,9 @@ from pytest_ml4 import process_groups
 # main process does to its system_controller.
 _LEADER = textwrap.dedent("""
     import subprocess, sys, time
-    child = subprocess.Popen(["sleep", "300"])
-    print(child.pid, flush=True)
-    try:
+    try:  # the pid is printed inside: a SIGINT right after the test reads it must still end the leader with 0
+        child = subprocess.Popen(["sleep", "300"])
+        print(child.pid, flush=True)
         time.sleep(300)
     except KeyboardInterrupt:
         sys.exit(0)

@@ -599,17 +599,25 @@ class DynamoSim:
         self.stop()
 
     # -- a crash (pytest_ml4.control.crash.Crasher)
-    def busy_worker(self) -> DynamoWorker:
-        """The one worker whose engine runs a request now (its own ``vllm:num_requests_running``)."""
+    def busy_worker(self, settle_s: float = 5.0) -> DynamoWorker:
+        """The one worker whose engine runs a request now (its own ``vllm:num_requests_running``). A lone live
+        worker is the one serving. The gauge is refreshed by the engine's stats loop, not per token, so it is
+        polled for up to ``settle_s`` before the crash is given up as not judged."""
+        from pytest_ml4.checks.verdict import NotJudged
         from pytest_ml4.metrics import scrape
 
-        busy = [w for w in self.workers if w.alive() and (scrape(w.metrics_url).sum("vllm:num_requests_running")) > 0]
-        if len(busy) != 1:
-            from pytest_ml4.checks.verdict import NotJudged
-
-            raise NotJudged(f"{len(busy)} workers report vllm:num_requests_running > 0 ({busy}): the worker serving "
-                            f"the stream cannot be told (another request running?)")
-        return busy[0]
+        alive = [w for w in self.workers if w.alive()]
+        if len(alive) == 1:
+            return alive[0]
+        deadline = time.monotonic() + settle_s
+        while True:
+            busy = [w for w in alive if scrape(w.metrics_url).sum("vllm:num_requests_running") > 0]
+            if len(busy) == 1:
+                return busy[0]
+            if time.monotonic() >= deadline:
+                raise NotJudged(f"{len(busy)} workers report vllm:num_requests_running > 0 ({busy}): the worker "
+                                f"serving the stream cannot be told (another request running?)")
+            time.sleep(0.2)
 
     def crash_busy_worker(self) -> Crash:
         """SIGKILL the worker serving the running request; its leftover processes are found and ended."""
