@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -130,6 +131,13 @@ def load_table(path: Path = VERSIONS_FILE) -> dict[str, DynamoBehaviour]:
     if not isinstance(data, dict) or not isinstance(data.get("versions"), dict):
         raise DynamoVersionError(f"{path}: top level needs a 'versions' mapping")
     return {str(v): _row(str(v), raw, path) for v, raw in data["versions"].items()}
+
+
+def target_row(target: Any) -> DynamoBehaviour | None:
+    """The row of the Dynamo release ``target`` declares (``serving.dynamo_version``); None for a target not
+    served by Dynamo or declaring no release."""
+    version = getattr(target.serving, "dynamo_version", None) if target.is_dynamo else None
+    return behaviour(version) if version else None
 
 
 def behaviour(version: str, path: Path = VERSIONS_FILE) -> DynamoBehaviour | None:

@@ -469,14 +469,6 @@ def _start_failure_status(exc: BaseException) -> int:
     return int(pytest.ExitCode.INTERNAL_ERROR)
 
 
-def dynamo_row(target: Any) -> Any:
-    """The ``fixtures/dynamo/versions.yaml`` row the suites use for a Dynamo target (None otherwise)."""
-    from pytest_ml4.dynamo_versions import behaviour
-
-    version = getattr(target.serving, "dynamo_version", None) if target.is_dynamo else None
-    return behaviour(version) if version else None
-
-
 def _versions(state: Any) -> dict[str, str]:
     """Engine version as the endpoint reports it (``/version``), else as configured; suite and git versions."""
     out = {"suite": package_version("pytest-ml4"), "git_sha": git_sha(), "pytest": package_version("pytest")}
@@ -493,7 +485,9 @@ def _versions(state: Any) -> dict[str, str]:
         if state.config.getoption("ml4_endpoint"):
             urls.insert(0, state.config.getoption("ml4_endpoint"))
     reported = engine_version(urls) if urls else None
-    row = dynamo_row(target)
+    from pytest_ml4.dynamo_versions import target_row
+
+    row = target_row(target)
     if row is not None:  # the behaviour the suites expect of the target's Dynamo release, and how it is known
         out["dynamo_behaviour"] = row.describe()
     dyn = (state.sim_info or {}).get("dynamo")

@@ -35,7 +35,7 @@ from pytest_ml4.checks.reasoning import (
 )
 from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.client import Endpoint
-from pytest_ml4.dynamo_versions import DynamoBehaviour, behaviour
+from pytest_ml4.dynamo_versions import target_row
 from pytest_ml4.targets import FIXTURES_DIR, Target
 from pytest_ml4.vllm_versions import for_version
 
@@ -48,15 +48,10 @@ STREAM = pytest.mark.parametrize("stream", [False, True], ids=["nonstream", "str
 SHARE_TOLERANCE = 0.02
 
 
-def dynamo_row(target: Target) -> DynamoBehaviour | None:
-    """The ``fixtures/dynamo/versions.yaml`` row of the target's Dynamo release (None: not Dynamo)."""
-    return behaviour(target.serving.dynamo_version) if target.is_dynamo and target.serving.dynamo_version else None
-
-
 def defaults_for(target: Target) -> dict[str, Any]:
     """The request defaults; on a Dynamo release that splits reasoning only for requests naming an effort
     (``reasoning_split_needs_effort``), every question names ``effort_when_required``, as its clients must."""
-    row = dynamo_row(target)
+    row = target_row(target)
     if row is not None and row.reasoning_split_needs_effort:
         return {**DATA["defaults"], "reasoning_effort": DATA["effort_when_required"]}
     return dict(DATA["defaults"])
@@ -65,7 +60,7 @@ def defaults_for(target: Target) -> dict[str, Any]:
 def accepted_efforts(target: Target) -> tuple[str, ...]:
     """The efforts the endpoint serves: through Dynamo the frontend's (its row; no vLLM-side check applies),
     else the engine's vLLM version's (``fixtures/vllm/versions.yaml``)."""
-    row = dynamo_row(target)
+    row = target_row(target)
     return row.reasoning_efforts if row is not None else tuple(for_version(target.engine.version).reasoning_efforts)
 
 
@@ -131,7 +126,7 @@ def test_no_think_markup_for_clients_that_omit_the_effort(ml4_target: Target, ml
     """A client that sends no ``reasoning_effort`` sees no ``[THINK]`` markup in content, where the target's
     Dynamo row that makes the other checks send an effort is an estimate (``status: estimate``): an unverified
     ``reasoning_split_needs_effort: true`` must not hide a leak from the clients that omit it."""
-    row = dynamo_row(ml4_target)
+    row = target_row(ml4_target)
     if row is None or not row.reasoning_split_needs_effort:
         pytest.skip("the other reasoning checks already send no reasoning_effort on this target")
     if row.verified:
