@@ -35,6 +35,7 @@ from pytest_ml4 import process_groups, tools
 from pytest_ml4.dynamo_versions import OWN_OUTPUT, model_output
 from pytest_ml4.realdynamo import disagg
 from pytest_ml4.realdynamo.scripted import OUTPUT_ENV
+from pytest_ml4.realvllm.scripted import PACE_ENV
 from pytest_ml4.sim.dynamo import (
     DynamoSim,
     DynamoStartError,
@@ -162,7 +163,8 @@ class RealDynamoWorker(DynamoWorker):
                     "VLLM_CACHE_ROOT": str(self.owner.folder / "vllm-cache"), "VLLM_NO_USAGE_STATS": "1",
                     "DO_NOT_TRACK": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu",
                     # How the scripted model writes: the declared Dynamo version's emulation on 1.6.1.
-                    OUTPUT_ENV: json.dumps(self.owner.model_output)})
+                    OUTPUT_ENV: json.dumps(self.owner.model_output),
+                    PACE_ENV: str(tiny_model()["serve"]["decode_pace_ms"]["dynamo.vllm"])})
         if disagg.is_disagg_role(self.role):
             env.update(disagg.worker_env(self.side_channel_port, self.owner.workers.index(self)))
         return env

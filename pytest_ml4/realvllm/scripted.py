@@ -18,7 +18,9 @@ own modules, mistral-common, pydantic and PyYAML (all of which that venv has).
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +32,12 @@ from pytest_ml4.tokenizer import SPECIAL_TOKENS, SimTokenizer
 
 _SPECIAL_ID = {name: i for i, name in enumerate(SPECIAL_TOKENS)}
 EOS_ID = _SPECIAL_ID["</s>"]
+#: Milliseconds the scripted model takes at least per engine step (default 0: as fast as the CPU goes). The tiny
+#: model decodes a few hundred tokens in a fraction of a second on CPU, faster than a loaded test client reads them,
+#: so a check that acts in the middle of a stream (a worker SIGKILLed under it) would land after the answer was
+#: complete; Mistral Large 4 on GPUs takes milliseconds a token. Set by the launcher from the tiny model's
+#: ``serve.decode_pace_ms`` (fixtures/vllm/tiny_model.yaml).
+PACE_ENV = "ML4_SCRIPTED_PACE_MS"
 #: Token kinds of :func:`pytest_ml4.sim.wire.build_output` that are one control token each.
 _KIND_TOKEN = {wire.TC_START: "[TOOL_CALLS]", wire.ARGS_MARK: "[ARGS]", wire.EOS: "</s>"}
 
@@ -207,6 +215,8 @@ def forcing_processor_class(name: str, script_for: ScriptFor) -> type:
             config = json.loads((model_dir / "tekken.json").read_text())["config"]
             version = int(str(config.get("version", "v13")).lstrip("v"))
             self.tok = SimTokenizer(version, path=model_dir / "tekken.json")
+            self.pace_s = float(os.environ.get(PACE_ENV) or 0) / 1000
+            self.last_step = 0.0
 
         def is_argmax_invariant(self) -> bool:
             return False
@@ -225,6 +235,13 @@ def forcing_processor_class(name: str, script_for: ScriptFor) -> type:
                 return logits
 
             return force
+
+        def apply(self, logits: torch.Tensor) -> torch.Tensor:
+            # Once per engine step (not per request): the pace of a batch is the pace of one step.
+            if self.req_info and self.pace_s:
+                time.sleep(max(0.0, self.last_step + self.pace_s - time.monotonic()))
+                self.last_step = time.monotonic()
+            return super().apply(logits)
 
     Forcing.__name__ = Forcing.__qualname__ = name
     return Forcing

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from pytest_ml4 import process_groups, tools
+from pytest_ml4.realvllm.scripted import PACE_ENV
 from pytest_ml4.server_lifecycle import ServerLifecycle, answers_200
 from pytest_ml4.targets import REPO_ROOT, Target
 
@@ -106,6 +107,7 @@ class RealVllm(ServerLifecycle):
         # The scripted processor imports the checkout (nothing of the project is installed in vLLM's venv).
         env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
         env["VLLM_CPU_KVCACHE_SPACE"] = str(tiny_model()["serve"]["kv_cache_space_gib"])
+        env[PACE_ENV] = str(tiny_model()["serve"]["decode_pace_ms"]["vllm"])
         env.setdefault("VLLM_CACHE_ROOT", str(tools.vllm_cpu_dir() / "cache"))
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         env.setdefault("DO_NOT_TRACK", "1")
