@@ -42,7 +42,11 @@ from pytest_ml4.perf.sweep import (
     run_sweep,
     settings_from_target,
 )
-from pytest_ml4.perf.workloads import WorkloadRunner
+from pytest_ml4.perf.workloads import (
+    WorkloadRunner,
+    decode_engine_urls,
+    prompt_engine_urls,
+)
 from pytest_ml4.targets import Target
 from pytest_ml4.tools import ToolMissing
 
@@ -285,7 +289,8 @@ def ml4_perf_extra_inputs(pytestconfig: pytest.Config) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def ml4_perf_client(ml4_endpoint: Any) -> Client:
     return Client(model=ml4_endpoint.model, base_url=ml4_endpoint.base_url,
-                  metrics_url=ml4_endpoint.effective_metrics_url, api_key=ml4_endpoint.api_key or None)
+                  metrics_url=ml4_endpoint.effective_metrics_url, api_key=ml4_endpoint.api_key or None,
+                  engine_metrics_urls=decode_engine_urls(dict(ml4_endpoint.worker_metrics_urls)))
 
 
 @pytest.fixture(scope="session")
@@ -354,7 +359,7 @@ def ml4_perf_workloads(ml4_target: Target, ml4_endpoint: Any, ml4_run_dir: Path,
                        ml4_perf_client: Client, ml4_perf_progress: Callable[[str], None],
                        ml4_perf_kube: KubeLoad | None) -> WorkloadRunner:
     """The goodput, capacity and sessions runs (Poisson arrivals), shared by the checks through the run folder."""
-    engines = (ml4_endpoint.all_worker_metrics_urls() if ml4_target.is_dynamo
+    engines = (prompt_engine_urls(dict(ml4_endpoint.worker_metrics_urls)) if ml4_target.is_dynamo
                else (ml4_endpoint.effective_metrics_url,))
     return WorkloadRunner(ml4_target, ml4_perf_client, ml4_run_dir / "perf" / "workloads", ml4_perf_settings.short,
                           ml4_perf_progress, tuple(engines), ml4_perf_kube)

@@ -18,6 +18,12 @@ from pytest_ml4.perf.goodput import (
     workload_spec,
 )
 from pytest_ml4.perf.runner import build_argv
+from pytest_ml4.perf.workloads import (
+    engine_counters,
+    keeps_sessions_together,
+    prefix_reuse_floor,
+    prompt_engine_urls,
+)
 from pytest_ml4.targets import TargetError, Workload, known_targets, load_target
 
 SLO = {"ttft_p99_s": 3.0, "itl_p99_ms": 30, "e2e_p99_s": 8.0, "source": "estimate: test"}
@@ -172,3 +178,48 @@ def test_search_stops_at_a_noisy_probe_and_at_a_meeting_ceiling() -> None:
     found = cap.search(dep, 4.0, 0.95, repeats=1, probes=5)
     assert dep.calls == [4.0, 8.0, 6.0] and found.highest_meeting == 4.0 and found.lowest_missing == 8.0
     json.dumps(found.as_dict())
+
+
+# ------------------------------------------------------------------ sessions: prefix reuse across turns (item 3)
+def _turn(conv: str, turn: int, isl: int, ok: bool = True) -> RequestRecord:
+    return RequestRecord({"conversation_id": conv, "turn_index": turn},
+                         {"input_sequence_length": {"value": isl}}, None if ok else {"code": 500})
+
+
+def test_prefix_floor_counts_the_previous_turn_where_sessions_stay_together() -> None:
+    w = load_target("gb300-agg").perf.workloads["sessions"]          # 2048-token system prompt
+    # Two conversations, three turns; block 64: 2048 -> 31 blocks counted, 2424 -> 36, 2829 -> 43.
+    records = [_turn(c, 0, 2424) for c in "ab"] + [_turn(c, 1, 2829) for c in "ab"] + [_turn(c, 2, 3225)
+                                                                                       for c in "ab"]
+    together = prefix_reuse_floor(w, records, 6, 2, 64, across_turns=True)
+    assert (together.system, together.turns, together.follow_ups) == (0.0, 2 * (36 + 43) * 64.0, 4)
+    apart = prefix_reuse_floor(w, records, 6, 2, 64, across_turns=False)
+    assert (apart.system, apart.turns, apart.follow_ups) == (4 * 31 * 64.0, 0.0, 0)
+    assert together.tokens > apart.tokens
+    assert "previous turn's prompt" in together.describe(2048) and "previous" not in apart.describe(2048)
+
+
+def test_prefix_floor_judges_a_follow_up_without_its_previous_turn_on_the_system_prompt() -> None:
+    w = load_target("gb300-agg").perf.workloads["sessions"]
+    records = [_turn("a", 0, 2424, ok=False), _turn("a", 1, 2829), _turn("b", 0, 2424)]
+    floor = prefix_reuse_floor(w, records, 3, 1, 64, across_turns=True)
+    # a/1 lost its previous turn: system prompt only, like b/0 and (once the first is taken out) nothing more.
+    assert (floor.system, floor.turns, floor.follow_ups) == (31 * 64.0, 0.0, 0)
+    assert prefix_reuse_floor(w, [], 6, 2, 64, across_turns=True).system == 4 * 31 * 64.0   # no export
+
+
+def test_sessions_stay_together_on_one_engine_or_the_kv_router_only() -> None:
+    assert keeps_sessions_together(load_target("gb300-agg"), 2)                  # dynamo_router kv
+    assert not keeps_sessions_together(load_target("vr200-agg"), 2)              # round_robin
+    assert keeps_sessions_together(load_target("vr200-agg"), 1)
+
+
+def test_prefix_counters_come_from_the_prompt_computing_engines() -> None:
+    assert prompt_engine_urls({"prefill": ("p1", "p2"), "decode": ("d1",)}) == ("p1", "p2")
+    assert prompt_engine_urls({"worker": ("w2", "w1")}) == ("w2", "w1")
+    assert prompt_engine_urls({}) == ()
+
+
+def test_prefix_counters_absent_give_a_reason_not_a_figure() -> None:
+    assert "no engine /metrics URL is known" in str(engine_counters(()))
+    assert "http://127.0.0.1:9/metrics" in str(engine_counters(("http://127.0.0.1:9/metrics",)))

@@ -8,13 +8,18 @@ sessions checks (and xdist workers) share the runs instead of repeating them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pytest_ml4.perf import capacity as cap
-from pytest_ml4.perf.export import ExportError, ProfileExport, read_records
+from pytest_ml4.perf.export import (
+    ExportError,
+    ProfileExport,
+    RequestRecord,
+    read_records,
+)
 from pytest_ml4.perf.gates import GateResult
 from pytest_ml4.perf.goodput import (
     Goodput,
@@ -222,9 +227,71 @@ def judge_goodput(target: Target, run: WorkloadRun, run_dir: Path, simulated: bo
     return GoodputVerdict(gate, plot, own_good=count_good(records, w.slo))
 
 
-def shared_prefix_floor(w: Workload, requests: int, engines: int, block_size: int) -> float:
-    """Prompt tokens the engines must at least serve from their prefix cache in a sessions run: the shared system
-    prompt's full blocks, less one block (the chat template's framing and the engine's tokenizer may shift the
-    boundary), for every request after each engine's first. Reuse of earlier turns comes on top (reported)."""
-    blocks = max(w.system_prompt_tokens // block_size - 1, 0)
-    return float(blocks * block_size * max(requests - max(engines, 1), 0))
+@dataclass(frozen=True)
+class PrefixFloor:
+    """Prompt tokens a sessions run's engines must at least have served from their prefix cache, and why."""
+
+    system: float            # first turns: the shared system prompt
+    turns: float             # follow-up turns: the previous turn's prompt (only where routing keeps a session)
+    follow_ups: int          # follow-up requests whose previous turn completed (judged on their own prefix)
+    across_turns: bool
+
+    @property
+    def tokens(self) -> float:
+        return self.system + self.turns
+
+    def describe(self, system_prompt_tokens: int) -> str:
+        why = f"the shared {system_prompt_tokens}-token system prompt"
+        if self.across_turns:
+            why += f" and, for {self.follow_ups} follow-up turn(s), the previous turn's prompt"
+        return why
+
+
+def prefix_reuse_floor(w: Workload, records: Sequence[RequestRecord], requests: int, engines: int,
+                       block_size: int, across_turns: bool) -> PrefixFloor:
+    """The cache hits a sessions run guarantees, each request counted by its own full blocks less one (the chat
+    template's framing may shift the block boundary), for every request after each engine's first:
+
+    * a first turn: the shared system prompt;
+    * a follow-up turn, where the deployment keeps a session on one engine (one engine, or Dynamo's KV router,
+      which routes by cached prefix and session affinity): the previous turn's whole prompt (its
+      ``input_sequence_length`` as the server counted it, from aiperf's per-request export), which is a prefix
+      of this one; elsewhere only the system prompt. The hits themselves are the engines' own counters."""
+    sys_tokens = max(w.system_prompt_tokens // block_size - 1, 0) * block_size
+    prev_isl = {(r.metadata.get("conversation_id"), r.metadata.get("turn_index")): r.value("input_sequence_length")
+                for r in records if r.ok}
+    turn_tokens, follow_ups, first_turns = 0.0, 0, 0
+    for conv, turn in prev_isl:
+        prev = prev_isl.get((conv, turn - 1)) if isinstance(turn, int) and turn > 0 else None
+        if not across_turns or not isinstance(prev, (int, float)):
+            first_turns += 1
+            continue
+        follow_ups += 1
+        turn_tokens += max(int(prev) // block_size - 1, 0) * block_size
+    if not prev_isl:  # no per-request export: every request is judged on the system prompt alone
+        first_turns = requests
+    system = float(sys_tokens * max(first_turns - max(engines, 1), 0))
+    return PrefixFloor(system, float(turn_tokens), follow_ups, across_turns)
+
+
+def keeps_sessions_together(target: Target, engines: int) -> bool:
+    """Whether a follow-up turn reaches the engine that cached the previous one: a single engine, or Dynamo's KV
+    router (prefix-aware routing, plus session affinity where the target enables it)."""
+    return engines <= 1 or target.serving.dynamo_router == "kv"
+
+
+def prompt_engine_urls(worker_urls: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """The /metrics of the engines that compute prompts: a disaggregated deployment's prefill workers (its decode
+    workers receive the KV and would count the same prompt again), else every worker."""
+    if "prefill" in worker_urls:
+        return tuple(worker_urls["prefill"])
+    return tuple(u for role in sorted(worker_urls) for u in worker_urls[role])
+
+
+def decode_engine_urls(worker_urls: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """The /metrics of the engines that run the decoding sequences: a disaggregated deployment's decode workers,
+    else every worker (none known: empty, the endpoint's own /metrics is then the engine's or nothing)."""
+    if "decode" in worker_urls:
+        return tuple(worker_urls["decode"])
+    return tuple(u for role in sorted(worker_urls) for u in worker_urls[role])
+
