@@ -13,7 +13,7 @@ Facts (aiperf.md §6, aiperf-0.13.0-exports/KEYS.md):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -300,3 +300,59 @@ def server_gauge(run_dir: Path, name: str) -> list[GaugeSeries]:
         return []
     return [GaugeSeries(str(s.get("endpoint_url", "")), s.get("stats") or {}) for s in metric.get("series") or []
             if isinstance(s, Mapping)]
+
+
+#: aiperf's per-scrape server metrics (``--server-metrics-formats ... jsonl``): one line per scrape that changed.
+SERVER_METRICS_JSONL = "server_metrics_export.jsonl"
+
+
+def gauge_total(run_dir: Path, name: str) -> tuple[list[tuple[float, float]], int] | None:
+    """Gauge ``name`` summed over every endpoint that exposes it, as ``(value, seconds it held)`` pairs over the
+    profiling phase's issuing window (first to last request start), and the number of endpoints summed. None
+    without the per-scrape file or a profiling record.
+
+    aiperf writes a line only when an endpoint's scrape changed (``is_duplicate`` skipped), so each endpoint's last
+    value holds until its next line: the sum at any instant is over the endpoints' last values."""
+    path = Path(run_dir) / SERVER_METRICS_JSONL
+    if not path.is_file():
+        return None
+    starts = [r.metadata.get("request_start_ns") for r in iter_records(run_dir)]
+    starts = [s for s in starts if isinstance(s, int)]
+    if not starts:
+        return None
+    lo, hi = min(starts), max(starts)
+    points: list[tuple[int, str, float]] = []
+    with path.open() as fh:
+        for line in fh:
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            samples = (obj.get("metrics") or {}).get(name)
+            values = [x.get("value") for x in samples or [] if isinstance(x.get("value"), (int, float))]
+            if values and isinstance(obj.get("timestamp_ns"), int):
+                points.append((obj["timestamp_ns"], str(obj.get("endpoint_url")), float(sum(values))))
+    points.sort()
+    last: dict[str, float] = {}
+    held: list[tuple[float, float]] = []
+    for i, (ts, url, value) in enumerate(points):
+        last[url] = value
+        end = points[i + 1][0] if i + 1 < len(points) else hi
+        start, end = max(ts, lo), min(end, hi)
+        if end > start:
+            held.append((sum(last.values()), (end - start) / 1e9))
+    return held, len(last)
+
+
+def weighted_quantile(held: Sequence[tuple[float, float]], q: float) -> float | None:
+    """The ``q`` quantile of values held for the given durations (a time-weighted median for q = 0.5)."""
+    total = sum(w for _, w in held)
+    if total <= 0:
+        return None
+    acc = 0.0
+    for value, w in sorted(held):
+        acc += w
+        if acc >= q * total:
+            return value
+    return max(v for v, _ in held)
+

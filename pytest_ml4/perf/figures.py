@@ -10,7 +10,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pytest_ml4.perf.export import ProfileExport, server_gauge
+from pytest_ml4.perf.export import (
+    ProfileExport,
+    gauge_total,
+    server_gauge,
+    weighted_quantile,
+)
 
 #: The engine's own count of sequences in its running batch (vllm.md: "Number of requests in model execution
 #: batches"), as aiperf scraped it from the engine's /metrics during the profiling phase.
@@ -45,8 +50,9 @@ class PointFigures:
     osl_max: float | None
     osl_std: float | None
     duration_s: float | None
-    engine_running_p50: float | None = None   # ENGINE_RUNNING_GAUGE p50 (None: not scraped from exactly one engine)
+    engine_running_p50: float | None = None   # ENGINE_RUNNING_GAUGE p50 (None: no engine scraped)
     engine_running_max: float | None = None
+    engine_running_engines: int | None = None  # engines whose gauges were summed (Dynamo: every decoding worker)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,26 +66,35 @@ def _s(ms: float | None) -> float | None:
     return None if ms is None else ms / 1000.0
 
 
-def engine_running(ex: ProfileExport) -> tuple[float | None, float | None]:
-    """(p50, max) of the engine's running-sequence gauge during the run, when aiperf scraped exactly one engine.
+def engine_running(ex: ProfileExport) -> tuple[float | None, float | None, int | None]:
+    """(p50, max, engines) of the engines' running-sequence gauge during the run, scraped by aiperf.
 
-    None when no engine was scraped (no ``--server-metrics``, a Dynamo frontend's /metrics, which has no such
-    gauge) or several were (one series per engine: their percentiles cannot be added).
+    One engine scraped: aiperf's own statistics of its series. Several (a Dynamo deployment's workers, each
+    ``--server-metrics`` URL): their series cannot be added as percentiles, so the gauges are summed at every
+    instant from aiperf's per-scrape export (``server_metrics_export.jsonl``) and the p50 is time-weighted over the
+    issuing window. None when no engine was scraped (no ``--server-metrics``; a Dynamo frontend's /metrics has no
+    such gauge).
     """
     if ex.path is None:
-        return None, None
+        return None, None, None
     series = server_gauge(ex.path.parent, ENGINE_RUNNING_GAUGE)
-    if len(series) != 1:
-        return None, None
-    stats = series[0].stats
-    return stats.get("p50"), stats.get("max")
+    if len(series) == 1:
+        stats = series[0].stats
+        return stats.get("p50"), stats.get("max"), 1
+    if not series:
+        return None, None, None
+    total = gauge_total(ex.path.parent, ENGINE_RUNNING_GAUGE)
+    if total is None or not total[0]:
+        return None, None, None
+    held, engines = total
+    return weighted_quantile(held, 0.5), max(v for v, _ in held), engines
 
 
 def figures_from_export(ex: ProfileExport, concurrency: int) -> PointFigures:
     reasoning = ex.stat("reasoning_token_count", "sum")
     osl_total = ex.stat("output_sequence_length", "sum")
     share = None if reasoning is None or not osl_total else reasoning / osl_total
-    running_p50, running_max = engine_running(ex)
+    running_p50, running_max, running_engines = engine_running(ex)
     return PointFigures(
         concurrency=concurrency,
         requests=ex.request_count,
@@ -102,6 +117,7 @@ def figures_from_export(ex: ProfileExport, concurrency: int) -> PointFigures:
         duration_s=ex.scalar("benchmark_duration"),
         engine_running_p50=running_p50,
         engine_running_max=running_max,
+        engine_running_engines=running_engines,
     )
 
 

@@ -83,15 +83,20 @@ def saturation_gate(fig: PointFigures, max_num_seqs: int) -> GateResult:
                                                                                 fig.decode_conc_max)
     if p50 is None:
         return GateResult("saturation", fig.concurrency, False, "effective_decode_concurrency missing")
-    cap = min(max_num_seqs, fig.concurrency)
-    source = "the engine's vllm:num_requests_running" if engine else "client-side effective_decode_concurrency"
+    # max_num_seqs is per engine: several engines (Dynamo workers, their gauges summed) run that many each.
+    engines = (fig.engine_running_engines or 1) if engine else 1
+    total_cap = max_num_seqs * engines
+    cap = min(total_cap, fig.concurrency)
+    source = ("the engine's vllm:num_requests_running" if engines == 1 else
+              f"vllm:num_requests_running summed over {engines} engines") if engine else \
+        "client-side effective_decode_concurrency"
     client = (f"; client-side effective_decode_concurrency p50 {_f(fig.decode_conc_p50)} "
               f"(max {_f(fig.decode_conc_max)})" if engine else "")
     why = f"decode concurrency p50 {p50:.1f} (max {_f(peak)}) from {source}, max_num_seqs {max_num_seqs}"
-    if fig.concurrency > max_num_seqs:
-        over = engine and peak is not None and peak > max_num_seqs + 1e-9
-        ok = abs(p50 - max_num_seqs) <= 1.0 + 1e-9 and not over
-        rule = f": past the cap the p50 must be {max_num_seqs}" + (" and the engine never above it" if engine else "")
+    if fig.concurrency > total_cap:
+        over = engine and peak is not None and peak > total_cap + 1e-9
+        ok = abs(p50 - total_cap) <= 1.0 + 1e-9 and not over
+        rule = f": past the cap the p50 must be {total_cap}" + (" and the engine never above it" if engine else "")
         return GateResult("saturation", fig.concurrency, ok, why + rule + client)
     # Below the cap the engine must run what it is sent together (issue 14 item 6: on Dynamo targets every sweep
     # concurrency is below max_num_seqs 64, and "p50 <= c" alone can never fail). Seed 000 measured p50 = c

@@ -75,6 +75,9 @@ class AiperfSpec:
     warmup_requests: int = 0
     warmup_concurrency: int | None = None
     server_metrics_url: str | None = None     # ``http://host:port/metrics``; None: --no-server-metrics
+    #: The engines' own /metrics besides ``server_metrics_url`` (Dynamo workers: the frontend has no vllm:* gauge);
+    #: scraped too, with aiperf's per-scrape export so their gauges can be summed (figures.engine_running).
+    engine_metrics_urls: tuple[str, ...] = ()
     headers: Mapping[str, str] = field(default_factory=dict)
     rate_workaround: bool = True              # --request-rate 1000 --arrival-pattern constant (§4.1)
     # None: aiperf draws fresh prompts each run. A fixed seed repeats the same prompts in every run, and the
@@ -196,9 +199,19 @@ def build_argv(spec: AiperfSpec, out_dir: Path, config_file: Path | None = None,
     for name, value in spec.headers.items():
         argv += ["--header", f"{name}:{value}"]
     argv += ["--output-artifact-dir", str(out_dir), "--ui", "none", "--no-gpu-telemetry"]
-    argv += (["--server-metrics", spec.server_metrics_url] if spec.server_metrics_url else ["--no-server-metrics"])
+    argv += server_metrics_args(spec)
     argv += list(spec.extra_args)
     return argv
+
+
+def server_metrics_args(spec: AiperfSpec) -> list[str]:
+    """``--server-metrics`` with the endpoint and every engine; the per-scrape jsonl only when engines are named."""
+    if not spec.server_metrics_url:
+        return ["--no-server-metrics"]
+    engines = [u for u in spec.engine_metrics_urls if u != spec.server_metrics_url]
+    if not engines:
+        return ["--server-metrics", spec.server_metrics_url]
+    return ["--server-metrics", spec.server_metrics_url, *engines, "--server-metrics-formats", "json", "csv", "jsonl"]
 
 
 def session_args(spec: AiperfSpec) -> list[str]:

@@ -146,6 +146,8 @@ class Client:
     base_url: str
     metrics_url: str | None
     api_key: str | None = field(default=None, repr=False)
+    #: The decoding engines' own /metrics where ``metrics_url`` is not an engine's (a Dynamo frontend).
+    engine_metrics_urls: tuple[str, ...] = ()
 
 
 Write = Callable[[str], None]
@@ -181,7 +183,8 @@ def run_sweep(target: Target, client: Client, settings: SweepSettings, out_root:
         spec = AiperfSpec(model=client.model, url=client.base_url, concurrency=c, isl=settings.isl,
                           osl=settings.osl, duration_s=settings.duration_s,
                           grace_s=grace_for(settings, target, c, baseline), min_tokens=settings.osl,
-                          extra_inputs=dict(settings.extra_inputs), server_metrics_url=client.metrics_url)
+                          extra_inputs=dict(settings.extra_inputs), server_metrics_url=client.metrics_url,
+                          engine_metrics_urls=client.engine_metrics_urls)
         progress.point_started(c)
         try:
             run = run_aiperf(spec, out_root / f"c{c}", api_key=client.api_key, on_tick=progress.tick)
