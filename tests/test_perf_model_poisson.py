@@ -15,9 +15,10 @@ simulator's calibration (``fixtures/perfmodel/profiles.yaml``) or its code:
 * a continuation turn whose earlier turns are in the prefix cache saves the cached tokens' prefill at the seed's
   per-token prefill time ``S / 549``.
 
-Figures are read from the engine's own timestamps and counters (``Sequence`` fields), not from a client, and the
-engine runs ``TIME_SCALE`` times faster than real time (``ML4_SIM_TIME_SCALE``; every figure is scaled back), so a
-loaded CI machine shifts them by at most a few of its scheduler ticks. The arrival sequence is drawn from a fixed
+Figures are read on the engine's own clock, not from a client: TTFT as the engine scheduled the first token
+(``ready_at``), ITL from the scheduled durations of the steps a request decoded in, cache hits from its own count.
+The engine runs ``TIME_SCALE`` times faster than real time (``ML4_SIM_TIME_SCALE``; every figure is scaled back);
+a loaded machine only moves when arrivals reach the engine (by its wake-up lag), not the figures' durations. The arrival sequence is drawn from a fixed
 seed, so the sample noise is the same on every run; the tolerances cover it plus that jitter (stated per check).
 """
 
@@ -58,12 +59,17 @@ def seed_prefill_s(rows: dict[int, dict[str, float]]) -> float:
 class Served:
     seqs: list[Sequence]
     running_samples: list[int]     # len(engine.running) sampled while requests were waiting for a slot
+    #: Seconds of engine steps each request decoded in, as the engine scheduled them (``PerfModel.step_time``).
+    decode_s: dict[str, float]
 
     def ttft(self, s: Sequence) -> float:
-        return (s.first_token_at - s.arrival) * TIME_SCALE
+        """Arrival to the first token as the engine scheduled it (``ready_at``): the slot wait, the prefill queue
+        and the request's own prefill, without the test loop's wake-up lag on a loaded machine."""
+        return (s.ready_at - s.arrival) * TIME_SCALE
 
     def itl_ms(self, s: Sequence) -> float:
-        return (s.last_token_at - s.first_token_at) / max(s.emitted - 1, 1) * TIME_SCALE * 1000
+        """Per-token latency on the engine's own step clock (the steps' scheduled durations, not the loop's)."""
+        return self.decode_s[s.req_id] / max(s.emitted - 1, 1) * TIME_SCALE * 1000
 
 
 def serve(arrivals: list[float], prompts: list[list[int]], osl: int, monkeypatch: pytest.MonkeyPatch) -> Served:
@@ -77,6 +83,8 @@ def serve(arrivals: list[float], prompts: list[list[int]], osl: int, monkeypatch
         engine = Engine(perf=PerfModel(target), metrics=SimMetrics(target, "m", 100000),
                         max_num_seqs=target.engine.max_num_seqs, kv_pool_tokens=10_000_000,
                         log=lambda *a: None, stats_interval_s=0, block_size=block)
+        decode_s: dict[str, float] = {}
+        watch_steps(engine, decode_s)
         engine.start()
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -106,9 +114,28 @@ def serve(arrivals: list[float], prompts: list[list[int]], osl: int, monkeypatch
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
         sampler.cancel()
         await engine.stop()
-        return Served(seqs, samples)
+        return Served(seqs, samples, decode_s)
 
     return asyncio.run(scenario())
+
+
+def watch_steps(engine: Engine, decode_s: dict[str, float]) -> None:
+    """Add each decode step's scheduled duration to every sequence decoding in it (the engine's own clock)."""
+    step_time, decode_step = engine.perf.step_time, engine._decode_step
+    last = {"dt": 0.0}
+
+    def timed(running: int) -> float:
+        last["dt"] = step_time(running)
+        return last["dt"]
+
+    def decode(decoding: list[Sequence]) -> None:
+        for s in decoding:
+            if not (s.done or s.aborted):
+                decode_s[s.req_id] = decode_s.get(s.req_id, 0.0) + last["dt"]
+        decode_step(decoding)
+
+    engine.perf.step_time = timed          # type: ignore[method-assign]
+    engine._decode_step = decode            # type: ignore[method-assign]
 
 
 def poisson(rate: float, n: int, seed: int) -> list[float]:
