@@ -118,6 +118,7 @@ def test_matrix_names_every_suite_test(target: str, record_property: Any) -> Non
     kinds = {k: "pending" if c.pending_params else c.kind for k, c in m.checks.items()}
     record_property(PROPERTY, json.dumps({
         "target": target, "checks": kinds, "pending": {k: c.pending for k, c in m.checks.items() if c.pending},
+        "profiles": {k: m.profile(k) for k in m.checks}, "ran_profiles": list(PROFILES),
         "kills": {k.name: {"checks": sorted(c.key for c in m.checks.values() if k.name in c.killed_by),
                            "control": k.control} for k in m.kills.values()}}))
 
