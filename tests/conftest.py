@@ -119,13 +119,13 @@ def kill_tally(records: list[dict]) -> list[str]:
                   and all(control_ok(k) for k, spec in m["kills"].items() if c in spec["checks"])]
         pending = sum(1 for c in gating if m["checks"][c] == "pending")
         measurements = sum(1 for kind in m["checks"].values() if kind == "measurement")
-        # Checks whose timing profile this session left out (CI: the real profile runs in scripts/nightly.sh):
-        # still counted in M, never in N, and named so the line does not read as a failure it is not.
-        profile_of, ran_profiles = m.get("profiles", {}), m.get("ran_profiles")
-        left_out = sorted({profile_of[c] for c in gating if ran_profiles is not None and c in profile_of
-                           and profile_of[c] not in ran_profiles})
-        not_run = sum(1 for c in gating if profile_of.get(c) in left_out)
-        not_run_note = f", not run here: {not_run} (profile {', '.join(left_out)})" if not_run else ""
+        # Checks whose healthy run this session left out (CI: the real profile, and profiles a matrix sends to
+        # nightly): still counted in M, never in N, and named so the line does not read as a failure it is not.
+        profile_of = m.get("profiles", {})
+        not_run = [c for c in gating if m["checks"][c] != "pending" and c in profile_of
+                   and (target, c) not in healthy]
+        left_out = sorted({profile_of[c] for c in not_run})
+        not_run_note = f", not run here: {len(not_run)} (profile {', '.join(left_out)})" if not_run else ""
         lines.append(f"{target}: suite checks killed by a fault: {len(killed)}/{len(gating)}"
                      f" (pending {pending}, measurements {measurements}{not_run_note}),"
                      f" kill controls passed: {sum(map(control_ok, ran))}/{len(ran)},"

@@ -136,7 +136,7 @@ def test_the_tally_names_checks_whose_profile_did_not_run() -> None:
     from conftest import kill_tally
 
     matrix = {"target": "t", "checks": {"smoke": "killed_by", "perf": "killed_by"},
-              "profiles": {"smoke": "fast", "perf": "real"}, "ran_profiles": ["offline", "fast"],
+              "profiles": {"smoke": "fast", "perf": "real"},
               "kills": {"errors": {"checks": ["perf", "smoke"], "control": "healthy"}}}
     records = [matrix, {"target": "t", "check": "smoke", "healthy": True},
                {"target": "t", "check": "smoke", "kill": "errors", "ok": True}]
@@ -157,8 +157,10 @@ def test_a_matrix_takes_its_base_and_changes_only_what_it_lists(tmp_path: Path) 
         "kills:\n  k1: {why: w, faults: [f1]}\n  k2: {why: w, faults: [f2]}\n"
         "checks:\n  suites/test_x.py::one: {killed_by: {k1: m1}}\n  suites/test_x.py::two: {killed_by: {k2: m2}}\n")
     (tmp_path / "b.yaml").write_text(
-        "target: b\nbase: a\nkills: {k2: null}\nchecks:\n  suites/test_x.py::two: {pending: 'one worker'}\n")
+        "target: b\nbase: a\nkills: {k2: null}\nchecks:\n  suites/test_x.py::two: {pending: 'one worker'}\n"
+        "profiles: {offline: {sim: false, nightly: 'too heavy for CI'}}\n")
     b = load_matrix("b", tmp_path)
+    assert b.nightly == {"offline": "too heavy for CI"} and load_matrix("a", tmp_path).nightly == {}
     assert sorted(b.kills) == ["k1"] and b.kills["k1"].breaks == ("--ml4-fault", "f1")
     assert b.checks["suites/test_x.py::one"].killed_by["k1"].message == "m1"
     assert b.checks["suites/test_x.py::two"].pending == "one worker"
