@@ -24,8 +24,8 @@ import pytest
 from pytest_ml4.baselines import describe_conditions
 from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.perf.capacity import capacity_gate
-from pytest_ml4.perf.evaluate import write_trace_outputs
-from pytest_ml4.perf.gates import dynamo_gates, error_gate, failures
+from pytest_ml4.perf.evaluate import knee_bound, write_trace_outputs
+from pytest_ml4.perf.gates import dynamo_gates, error_gate, failures, knee_unseen
 from pytest_ml4.perf.runner import trace_rows
 from pytest_ml4.perf.summary import SCHEMA, SUMMARY_NAME, update_summary
 from pytest_ml4.perf.sweep import run_trace, short_trace
@@ -113,7 +113,12 @@ def test_decode_concurrency_saturates_at_max_num_seqs(ml4_perf_sweep: Any) -> No
 def test_latency_knee(ml4_perf_sweep: Any, ml4_target: Any) -> None:
     """The knee (first TTFT p99 over ``gates.ttft_p99_knee_s``) comes no earlier than the target's stated bound
     (``gates.knee_not_before``) or the stored baseline's knee; with neither it fails: a knee judged against
-    nothing used to pass on every Dynamo target (issue 14 item 5)."""
+    nothing used to pass on every Dynamo target (issue 14 item 5). A sweep with no point below the bound cannot
+    see a knee before it: not judged (issue 22 item 8: a c32-only sweep against a c32 bound passed every time)."""
+    unseen = knee_unseen(ml4_perf_sweep.settings.concurrencies,
+                         knee_bound(ml4_target, ml4_perf_sweep.baseline, ml4_target.gates.ttft_p99_knee_s))
+    if unseen:
+        not_judged(unseen)
     [knee] = ml4_perf_sweep.verdict.by_gate("knee")
     print(knee)
     assert knee.passed, str(knee)

@@ -250,13 +250,18 @@ def test_model_leaves_and_returns_while_prefill_pods_gone(requests_run: RestartR
 
 @pytest.mark.dynamo
 def test_worker_crash_under_a_stream(requests_run: RestartRun, ml4_dynamo_sim: Any, ml4_restart_endpoint: Any,
-                                     restart_spec: dict[str, Any], record_property: Any) -> None:
+                                     restart_spec: dict[str, Any], record_property: Any, ml4_target: Target) -> None:
     """A worker SIGKILLed under a running stream (a crash: no deregistration, no drain): with the frontend's
     ``--migration-limit`` the stream continues on another worker, without it the client gets Dynamo's in-band
-    error event; the processes the killed worker leaves behind are found, ended and named in the timeline."""
+    error event; the processes the killed worker leaves behind are found, ended and named in the timeline.
+    Not on an aggregated target of one worker (vr200-agg): there is no other worker to continue on, the crash is
+    the single-replica outage test_new_requests_during_restart judges."""
     from pytest_ml4.checks.verdict import NotJudged
     from pytest_ml4.control.crash import check_crash, run_crash
 
+    if ml4_target.topology_kind == "agg" and ml4_target.topology.workers == 1:
+        pytest.skip(f"does not apply: {ml4_target.name} has one aggregated worker, so a crashed stream has no "
+                    f"other worker to migrate to (the outage is judged by test_new_requests_during_restart)")
     if ml4_dynamo_sim is None:
         raise NotJudged("a worker crash is staged only on the embedded deployment (--sim): on a cluster the "
                         "restart suite deletes pods, whose workers drain on SIGTERM instead of crashing")

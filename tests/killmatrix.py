@@ -116,6 +116,9 @@ class Matrix:
     profile_of: dict[str, str]
     kills: dict[str, Kill]
     checks: dict[str, Check]
+    #: Profiles whose runs (healthy, kills, controls) are too heavy for CI on this target: profile -> why. They
+    #: run in scripts/nightly.sh; CI's tally names their checks as not run.
+    nightly: dict[str, str] = field(default_factory=dict)
 
     def profile(self, key: str) -> str:
         file = suite_file(key)
@@ -196,11 +199,32 @@ def _kill(path: Path, name: str, spec: dict[str, Any]) -> Kill:
                 {str(k): str(v) for k, v in (spec.get("collateral") or {}).items()}, str(spec.get("nightly", "")))
 
 
+def _with_base(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """A matrix with ``base: <target>`` takes that target's matrix and changes it: its own kills and checks replace
+    the base's of the same name (a kill set to null is dropped), its own profiles, profile_of and common_args
+    replace the base's. Targets of one stack and topology share their kills; what differs stays data."""
+    base_name = data.get("base")
+    if not base_name:
+        return data
+    base_path = path.parent / f"{base_name}.yaml"
+    if not base_path.is_file():
+        raise MatrixError(f"{path.name}: base: {base_name!r} has no matrix file {base_path.name}")
+    base = yaml.safe_load(base_path.read_text())
+    if base.get("base"):
+        raise MatrixError(f"{path.name}: base: {base_name!r} has a base itself (one level only)")
+    merged = {**base, **{k: v for k, v in data.items() if k not in ("kills", "checks")}}
+    for section in ("kills", "checks"):
+        merged[section] = {**(base.get(section) or {}), **(data.get(section) or {})}
+    merged["kills"] = {name: spec for name, spec in merged["kills"].items() if spec is not None}
+    return merged
+
+
 def load_matrix(target: str, directory: Path = MATRIX_DIR) -> Matrix:
     path = directory / f"{target}.yaml"
     data = yaml.safe_load(path.read_text())
     if data.get("target") != target:
         raise MatrixError(f"{path.name}: target is {data.get('target')!r}, the file name says {target!r}")
+    data = _with_base(path, data)
     kills = {name: _kill(path, name, spec) for name, spec in data["kills"].items()}
     checks = {key: _check(path, key, raw or {}) for key, raw in data["checks"].items()}
     for c in checks.values():
@@ -211,14 +235,16 @@ def load_matrix(target: str, directory: Path = MATRIX_DIR) -> Matrix:
         unknown = sorted(set(k.collateral) - set(checks))
         if unknown:
             raise MatrixError(f"{path.name}: kills.{k.name}.collateral names checks the matrix lacks: {unknown}")
-    profiles, offline = {}, set()
+    profiles, offline, nightly = {}, set(), {}
     for name, spec in data["profiles"].items():
         spec = spec if isinstance(spec, dict) else {"args": spec}
         profiles[name] = tuple(map(str, spec.get("args") or []))
         if spec.get("sim", True) is False:
             offline.add(name)
+        if spec.get("nightly"):
+            nightly[name] = str(spec["nightly"])
     return Matrix(target, tuple(map(str, data.get("common_args", []))), profiles, frozenset(offline),
-                  dict(data["profile_of"]), kills, checks)
+                  dict(data["profile_of"]), kills, checks, nightly)
 
 
 # ------------------------------------------------------------------------------------------------ subprocess runs

@@ -114,3 +114,12 @@ def test_osl_engine_counter_is_read_on_a_live_endpoint(pytester: pytest.Pytester
     result.assert_outcomes(passed=1)
     props = {p.get("name"): p.get("value") for p in ET.parse(junit).getroot().iter("property")}
     assert props.get("osl_engine_tokens") == str(4 * 192), props
+
+
+def test_a_sweep_without_a_point_under_the_knee_bound_cannot_judge_it() -> None:
+    """Caught (issue 22 item 8): gb300-agg's CI sweep was c32 alone against the bound c32, so the knee gate passed
+    whatever the knee; such a sweep is now named as unable to judge it."""
+    assert "start at or above the bound c32" in (gates.knee_unseen([32], 32) or "")
+    assert "start at or above the bound c16" in (gates.knee_unseen([64, 16], 16) or "")
+    assert gates.knee_unseen([16, 32], 32) is None
+    assert gates.knee_unseen([32], None) is None

@@ -65,8 +65,8 @@ def _kill_runs() -> list[Any]:
         for group in dict.fromkeys(k.group for k in m.kills.values()):
             kills = [k for k in m.kills.values() if k.group == group]
             profiles = sorted({p for p in m.profiles if m.named(kills, p)})
-            marks = [pytest.mark.nightly] if all(k.nightly for k in kills) else []
-            params += [pytest.param(target, group, p, id=f"{target}-{group}-{p}", marks=marks)
+            nightly = all(k.nightly for k in kills)
+            params += [pytest.param(target, group, p, id=f"{target}-{group}-{p}", marks=_nightly(m, p, nightly))
                        for p in profiles if p in PROFILES]
     return params
 
@@ -78,16 +78,25 @@ def _control_runs() -> list[Any]:
         m = load_matrix(target)
         for args in dict.fromkeys(k.args for k in m.kills.values() if k.args):
             kills = [k for k in m.kills.values() if k.args == args]
-            marks = [pytest.mark.nightly] if all(k.nightly for k in kills) else []
-            params += [pytest.param(target, args, p, id=f"{target}-{' '.join(args)}-{p}", marks=marks)
+            nightly = all(k.nightly for k in kills)
+            params += [pytest.param(target, args, p, id=f"{target}-{' '.join(args)}-{p}",
+                                    marks=_nightly(m, p, nightly))
                        for p in sorted(m.profiles) if p in PROFILES and m.named(kills, p)]
     return params
 
 
 def _healthy_runs() -> list[Any]:
-    return [pytest.param(t, p, id=f"{t}-{p}") for t in TARGETS
-            for p in sorted({load_matrix(t).profile(c.key) for c in load_matrix(t).checks.values() if not c.pending})
-            if p in PROFILES]
+    params = []
+    for t in TARGETS:
+        m = load_matrix(t)
+        params += [pytest.param(t, p, id=f"{t}-{p}", marks=_nightly(m, p))
+                   for p in sorted({m.profile(c.key) for c in m.checks.values() if not c.pending}) if p in PROFILES]
+    return params
+
+
+def _nightly(m: Matrix, profile: str, kills_nightly: bool = False) -> list[Any]:
+    """``nightly`` for the runs of a nightly kill, or of a profile the target's matrix sends to nightly."""
+    return [pytest.mark.nightly] if kills_nightly or profile in m.nightly else []
 
 
 def _healthy_nodes(m: Matrix, check: Check) -> list[str]:
@@ -118,6 +127,7 @@ def test_matrix_names_every_suite_test(target: str, record_property: Any) -> Non
     kinds = {k: "pending" if c.pending_params else c.kind for k, c in m.checks.items()}
     record_property(PROPERTY, json.dumps({
         "target": target, "checks": kinds, "pending": {k: c.pending for k, c in m.checks.items() if c.pending},
+        "profiles": {k: m.profile(k) for k in m.checks},
         "kills": {k.name: {"checks": sorted(c.key for c in m.checks.values() if k.name in c.killed_by),
                            "control": k.control} for k in m.kills.values()}}))
 

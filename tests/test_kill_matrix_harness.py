@@ -128,3 +128,45 @@ def test_the_tally_needs_kill_healthy_and_control_for_a_check_to_count() -> None
         ("t: suite checks killed by a fault: 2/3 (pending 0, measurements 1), kill controls passed: 2/3,"
          " collateral failures: 2"),
         "u: no kill matrix (fixtures/killmatrix/u.yaml): none of its checks is proven"]
+
+
+def test_the_tally_names_checks_whose_profile_did_not_run() -> None:
+    """CI runs the offline and fast profiles: a kill naming a fast and a real check is controlled by the healthy
+    run of what ran, and the real check stays in M, outside N, named as not run here (never passed)."""
+    from conftest import kill_tally
+
+    matrix = {"target": "t", "checks": {"smoke": "killed_by", "perf": "killed_by"},
+              "profiles": {"smoke": "fast", "perf": "real"},
+              "kills": {"errors": {"checks": ["perf", "smoke"], "control": "healthy"}}}
+    records = [matrix, {"target": "t", "check": "smoke", "healthy": True},
+               {"target": "t", "check": "smoke", "kill": "errors", "ok": True}]
+    assert kill_tally(records) == [
+        ("t: suite checks killed by a fault: 1/2 (pending 0, measurements 0, not run here: 1 (profile real)),"
+         " kill controls passed: 1/1, collateral failures: 0")]
+    unhealthy = [matrix, {"target": "t", "check": "smoke", "healthy": False}, records[2]]
+    assert "kill controls passed: 0/1" in kill_tally(unhealthy)[0]
+
+
+def test_a_matrix_takes_its_base_and_changes_only_what_it_lists(tmp_path: Path) -> None:
+    """``base:``: the base's kills and checks, the file's own replacing them by name, a kill set to null dropped;
+    a base that is missing or has a base itself is refused with the file's name."""
+    from killmatrix import MatrixError
+
+    (tmp_path / "a.yaml").write_text(
+        "target: a\nprofiles: {offline: {sim: false}}\nprofile_of: {suites/test_x.py: offline}\n"
+        "kills:\n  k1: {why: w, faults: [f1]}\n  k2: {why: w, faults: [f2]}\n"
+        "checks:\n  suites/test_x.py::one: {killed_by: {k1: m1}}\n  suites/test_x.py::two: {killed_by: {k2: m2}}\n")
+    (tmp_path / "b.yaml").write_text(
+        "target: b\nbase: a\nkills: {k2: null}\nchecks:\n  suites/test_x.py::two: {pending: 'one worker'}\n"
+        "profiles: {offline: {sim: false, nightly: 'too heavy for CI'}}\n")
+    b = load_matrix("b", tmp_path)
+    assert b.nightly == {"offline": "too heavy for CI"} and load_matrix("a", tmp_path).nightly == {}
+    assert sorted(b.kills) == ["k1"] and b.kills["k1"].breaks == ("--ml4-fault", "f1")
+    assert b.checks["suites/test_x.py::one"].killed_by["k1"].message == "m1"
+    assert b.checks["suites/test_x.py::two"].pending == "one worker"
+    (tmp_path / "c.yaml").write_text("target: c\nbase: b\nkills: {}\nchecks: {}\n")
+    with pytest.raises(MatrixError, match="c.yaml: base: 'b' has a base itself"):
+        load_matrix("c", tmp_path)
+    (tmp_path / "d.yaml").write_text("target: d\nbase: nowhere\nkills: {}\nchecks: {}\n")
+    with pytest.raises(MatrixError, match="d.yaml: base: 'nowhere' has no matrix file nowhere.yaml"):
+        load_matrix("d", tmp_path)

@@ -118,6 +118,16 @@ def latency_knee(points: Sequence[PointFigures], limit_s: float) -> int | None:
     return None
 
 
+def knee_unseen(concurrencies: Sequence[int], not_before: int | None) -> str | None:
+    """Why a sweep cannot fail the knee gate (no concurrency under the bound: a knee before it is never seen), or
+    None. A c32-only sweep against a c32 bound passed every time (issue 22 item 8)."""
+    swept = sorted(concurrencies)
+    if not_before is None or not swept or swept[0] < not_before:
+        return None
+    return (f"latency knee: the sweep's concurrencies {swept} start at or above the bound c{not_before}: a knee "
+            f"before it cannot be seen; sweep a concurrency under c{not_before} (--perf-concurrencies)")
+
+
 def knee_gate(points: Sequence[PointFigures], limit_s: float, not_before: int | None) -> GateResult:
     """The knee must not come before ``not_before``; without a bound the gate fails rather than pass unjudged."""
     knee = latency_knee(points, limit_s)
