@@ -114,8 +114,11 @@ def kill_tally(records: list[dict]) -> list[str]:
                   and all(control_ok(k) for k, spec in m["kills"].items() if c in spec["checks"])]
         pending = sum(1 for c in gating if m["checks"][c] == "pending")
         measurements = sum(1 for kind in m["checks"].values() if kind == "measurement")
+        # Not run in this session because their profile is nightly (``nightly`` in the matrix's profiles).
+        waiting = [c for c in m.get("nightly", []) if c not in killed and not healthy.get((target, c))]
+        later = f", nightly only {len(waiting)}" if waiting else ""
         lines.append(f"{target}: suite checks killed by a fault: {len(killed)}/{len(gating)}"
-                     f" (pending {pending}, measurements {measurements}),"
+                     f" (pending {pending}, measurements {measurements}{later}),"
                      f" kill controls passed: {sum(map(control_ok, ran))}/{len(ran)},"
                      f" collateral failures: {collateral.get(target, 0)}")
     lines += [f"{t}: no kill matrix (fixtures/killmatrix/{t}.yaml): none of its checks is proven" for t in unproven]

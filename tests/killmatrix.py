@@ -116,6 +116,9 @@ class Matrix:
     profile_of: dict[str, str]
     kills: dict[str, Kill]
     checks: dict[str, Check]
+    #: Profiles whose runs (healthy, kills, controls) are too heavy for CI: profile -> why (scripts/nightly.sh
+    #: runs them; CI's tally counts their checks as not killed and says how many wait for the nightly run).
+    nightly: dict[str, str] = field(default_factory=dict)
 
     def profile(self, key: str) -> str:
         file = suite_file(key)
@@ -211,14 +214,16 @@ def load_matrix(target: str, directory: Path = MATRIX_DIR) -> Matrix:
         unknown = sorted(set(k.collateral) - set(checks))
         if unknown:
             raise MatrixError(f"{path.name}: kills.{k.name}.collateral names checks the matrix lacks: {unknown}")
-    profiles, offline = {}, set()
+    profiles, offline, nightly = {}, set(), {}
     for name, spec in data["profiles"].items():
         spec = spec if isinstance(spec, dict) else {"args": spec}
         profiles[name] = tuple(map(str, spec.get("args") or []))
         if spec.get("sim", True) is False:
             offline.add(name)
+        if spec.get("nightly"):
+            nightly[name] = str(spec["nightly"])
     return Matrix(target, tuple(map(str, data.get("common_args", []))), profiles, frozenset(offline),
-                  dict(data["profile_of"]), kills, checks)
+                  dict(data["profile_of"]), kills, checks, nightly)
 
 
 # ------------------------------------------------------------------------------------------------ subprocess runs

@@ -66,7 +66,7 @@ def _kill_runs() -> list[Any]:
             kills = [k for k in m.kills.values() if k.group == group]
             profiles = sorted({p for p in m.profiles if m.named(kills, p)})
             marks = [pytest.mark.nightly] if all(k.nightly for k in kills) else []
-            params += [pytest.param(target, group, p, id=f"{target}-{group}-{p}", marks=marks)
+            params += [pytest.param(target, group, p, id=f"{target}-{group}-{p}", marks=marks + _nightly(m, p))
                        for p in profiles if p in PROFILES]
     return params
 
@@ -79,15 +79,20 @@ def _control_runs() -> list[Any]:
         for args in dict.fromkeys(k.args for k in m.kills.values() if k.args):
             kills = [k for k in m.kills.values() if k.args == args]
             marks = [pytest.mark.nightly] if all(k.nightly for k in kills) else []
-            params += [pytest.param(target, args, p, id=f"{target}-{' '.join(args)}-{p}", marks=marks)
+            params += [pytest.param(target, args, p, id=f"{target}-{' '.join(args)}-{p}", marks=marks + _nightly(m, p))
                        for p in sorted(m.profiles) if p in PROFILES and m.named(kills, p)]
     return params
 
 
 def _healthy_runs() -> list[Any]:
-    return [pytest.param(t, p, id=f"{t}-{p}") for t in TARGETS
+    return [pytest.param(t, p, id=f"{t}-{p}", marks=_nightly(load_matrix(t), p)) for t in TARGETS
             for p in sorted({load_matrix(t).profile(c.key) for c in load_matrix(t).checks.values() if not c.pending})
             if p in PROFILES]
+
+
+def _nightly(m: Matrix, profile: str) -> list[Any]:
+    """A profile the matrix marks ``nightly: <why>`` runs in scripts/nightly.sh only (CI deselects ``nightly``)."""
+    return [pytest.mark.nightly] if profile in m.nightly else []
 
 
 def _healthy_nodes(m: Matrix, check: Check) -> list[str]:
@@ -118,6 +123,8 @@ def test_matrix_names_every_suite_test(target: str, record_property: Any) -> Non
     kinds = {k: "pending" if c.pending_params else c.kind for k, c in m.checks.items()}
     record_property(PROPERTY, json.dumps({
         "target": target, "checks": kinds, "pending": {k: c.pending for k, c in m.checks.items() if c.pending},
+        # checks whose every kill runs in a nightly profile: CI's tally says how many wait for scripts/nightly.sh
+        "nightly": sorted(k for k, c in m.checks.items() if c.killed_by and m.profile(k) in m.nightly),
         "kills": {k.name: {"checks": sorted(c.key for c in m.checks.values() if k.name in c.killed_by),
                            "control": k.control} for k in m.kills.values()}}))
 

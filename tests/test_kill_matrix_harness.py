@@ -128,3 +128,11 @@ def test_the_tally_needs_kill_healthy_and_control_for_a_check_to_count() -> None
         ("t: suite checks killed by a fault: 2/3 (pending 0, measurements 1), kill controls passed: 2/3,"
          " collateral failures: 2"),
         "u: no kill matrix (fixtures/killmatrix/u.yaml): none of its checks is proven"]
+
+
+def test_a_nightly_profile_is_read_with_its_reason(tmp_path: Path) -> None:
+    """``nightly: <why>`` on a profile (the disagg matrices' sim profiles) keeps its runs out of CI; other
+    profiles stay in."""
+    shutil.copy(REPO / "fixtures" / "killmatrix" / "gb300-disagg.yaml", tmp_path / "gb300-disagg.yaml")
+    m = load_matrix("gb300-disagg", tmp_path)
+    assert "offline" not in m.nightly and m.nightly.get("fast"), m.nightly
