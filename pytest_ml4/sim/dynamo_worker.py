@@ -418,8 +418,6 @@ async def serve(runtime: Any, args: argparse.Namespace, worker: Worker) -> None:
     kinds = {"worker": (WorkerType.Aggregated, chat, None),
              "prefill": (WorkerType.Prefill, ModelType.Prefill, [[WorkerType.Decode]]),
              "decode": (WorkerType.Decode, chat, [[WorkerType.Prefill]])}
-    if worker.app.faults.has("decode_aggregated"):   # decode pods started without --disaggregation-mode decode
-        kinds["decode"] = kinds["worker"]
     wtype, mtype, needs = kinds[role]
     worker.app.engine.start()
     ep.metrics.register_prometheus_expfmt_callback(worker.metrics_text)

@@ -218,14 +218,6 @@ register(Fault("prefill_workers_down", "N of the target's Dynamo prefill workers
 register(Fault("decode_workers_down", "N of the target's Dynamo decode workers never start (default 1; at least "
                "one starts)", "suites/test_smoke.py (health: the decode workers registered)", default=1.0,
                takes_value=True))
-# Disaggregation (s4-kill-disagg): the decode pods run without --disaggregation-mode decode, so dynamo.vllm starts
-# them as aggregated workers: they register WorkerType.Aggregated with no need for a prefill worker. The frontend
-# then serves every request on them (prefill included, no NIXL handoff) and keeps the model listed while the
-# prefill pods are gone; the prefill pods register and idle.
-register(Fault("decode_aggregated", "the decode workers register as aggregated workers (no --disaggregation-mode "
-               "decode): requests are prefilled where they decode, and the model does not need the prefill workers",
-               "suites/test_restart.py (prefill -> decode handoff; the model leaves /v1/models while the prefill "
-               "pods are gone)"))
 
 # Guided decoding (s2-engine-kills): tool_choice required/named reach the engine as a structured-output grammar
 # (Dynamo 1.6.1: sampling_options.guided_decoding.json; vLLM: its structured-outputs backend). An engine that does
