@@ -19,7 +19,7 @@ from pytest_ml4.checks.expected import Expected, check_answer, expected_for
 from pytest_ml4.checks.protocol import assert_stream_clean
 from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.client import decode_json, display_url, quote_body, refuse_html
-from pytest_ml4.control.dynamo import worker_instance_ids
+from pytest_ml4.control.dynamo import role_instance_ids, worker_instance_ids
 from pytest_ml4.targets import FIXTURES_DIR, Target
 
 pytestmark = pytest.mark.smoke
@@ -51,12 +51,19 @@ def test_health(ml4_target: Target, ml4_endpoint: Any) -> None:
         body = decode_json(resp, f"GET {path}")
         assert body.get("status") in ("healthy", "ready"), f"Dynamo frontend not healthy: {body}"
         workers = worker_instance_ids(body)
-        want = ml4_target.topology.workers if ml4_target.topology_kind != "disagg" else (
-            ml4_target.topology.prefill_workers + ml4_target.topology.decode_workers)
         assert workers, (f"the Dynamo frontend is up but serves no worker: /health lists no 'generate' "
                          f"instance ({body})")
-        assert len(workers) >= want, (f"/health lists {len(workers)} worker instance(s) {sorted(workers)}, the "
-                                      f"target has {want} workers: not every worker registered")
+        if ml4_target.topology_kind != "disagg":
+            want = ml4_target.topology.workers
+            assert len(workers) >= want, (f"/health lists {len(workers)} worker instance(s) {sorted(workers)}, the "
+                                          f"target has {want} workers: not every worker registered")
+        else:   # each role on its own: a missing prefill worker is not made up for by a spare decode one
+            listed = role_instance_ids(body)
+            short = [f"{len(listed[role])} {role} worker instance(s) {sorted(listed[role], key=str)}, the target "
+                     f"has {want}" for role, want in (("prefill", ml4_target.topology.prefill_workers),
+                                                      ("decode", ml4_target.topology.decode_workers))
+                     if len(listed[role]) < want]
+            assert not short, f"/health lists {'; '.join(short)}: not every worker registered"
     if ml4_target.has_proxy:
         engine_root = ml4_endpoint.effective_metrics_url.rsplit("/metrics", 1)[0]
         assert engine_root != ml4_endpoint.root_url, (

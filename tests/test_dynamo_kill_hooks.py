@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from pytest_ml4.control.dynamo import role_instance_ids
 from pytest_ml4.perf.figures import PointFigures
 from pytest_ml4.perf.plots import write_plots
 from pytest_ml4.sim.dynamo import started_workers
@@ -19,6 +20,24 @@ def test_workers_down_starts_fewer_workers_but_never_none() -> None:
     assert started_workers(2, ["workers_down=1"]) == 1
     assert started_workers(2, ["workers_down"]) == 1          # default 1
     assert started_workers(2, ["workers_down=5"]) == 1        # the deployment still starts
+
+
+def test_a_disagg_role_down_starts_fewer_of_that_role_only() -> None:
+    assert started_workers(2, ["prefill_workers_down=1"], "prefill") == 1
+    assert started_workers(2, ["prefill_workers_down=1"], "decode") == 2
+    assert started_workers(2, ["decode_workers_down=1"], "decode") == 1
+    assert started_workers(1, ["decode_workers_down=1"], "decode") == 1      # the model stays served
+    assert started_workers(2, ["workers_down=1"], "prefill") == 2            # the agg fault leaves disagg roles alone
+
+
+def test_health_instances_by_role() -> None:
+    """A disagg /health body as 1.6.1 lists it (one entry per endpoint: only ``generate`` counts)."""
+    body = {"status": "healthy", "instances": [
+        {"component": "prefill", "endpoint": "generate", "instance_id": 1},
+        {"component": "prefill", "endpoint": "worker_kv_query_source_1", "instance_id": 1},
+        {"component": "backend", "endpoint": "generate", "instance_id": 2},
+        {"component": "backend", "endpoint": "generate", "instance_id": 3}]}
+    assert role_instance_ids(body) == {"prefill": {1}, "decode": {2, 3}}
 
 
 def test_served_max_model_len_is_the_registered_context() -> None:

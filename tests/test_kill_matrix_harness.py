@@ -170,3 +170,11 @@ def test_a_matrix_takes_its_base_and_changes_only_what_it_lists(tmp_path: Path) 
     (tmp_path / "d.yaml").write_text("target: d\nbase: nowhere\nkills: {}\nchecks: {}\n")
     with pytest.raises(MatrixError, match="d.yaml: base: 'nowhere' has no matrix file nowhere.yaml"):
         load_matrix("d", tmp_path)
+
+
+def test_a_nightly_profile_is_read_with_its_reason(tmp_path: Path) -> None:
+    """``nightly: <why>`` on a profile (the disagg matrices' sim profiles) keeps its runs out of CI; other
+    profiles stay in."""
+    shutil.copy(REPO / "fixtures" / "killmatrix" / "gb300-disagg.yaml", tmp_path / "gb300-disagg.yaml")
+    m = load_matrix("gb300-disagg", tmp_path)
+    assert "offline" not in m.nightly and m.nightly.get("fast"), m.nightly

@@ -203,6 +203,15 @@ def worker_instance_ids(health: Any) -> set[Any]:
     return {i.get("instance_id") for i in _generate_instances(health)}
 
 
+def role_instance_ids(health: Any) -> dict[str, set[Any]]:
+    """The worker instances of a ``/health`` body by disaggregation role: ``prefill`` (the prefill component) and
+    ``decode`` (every other generate instance: the decode workers of a disaggregated deployment)."""
+    roles: dict[str, set[Any]] = {"prefill": set(), "decode": set()}
+    for i in _generate_instances(health):
+        roles["prefill" if "prefill" in str(i.get("component", "")) else "decode"].add(i.get("instance_id"))
+    return roles
+
+
 def phase_instance_ids(health: Any, phase: RoutedPhase) -> list[Any]:
     """The workers of a ``/health`` body that serve ``phase`` (prefill component or not), in a stable order."""
     return sorted({i.get("instance_id") for i in _generate_instances(health)

@@ -395,10 +395,12 @@ class DynamoWorker(DynamoProcess):
             return False
 
 
-def started_workers(declared: int, faults: Sequence[str]) -> int:
-    """How many aggregated workers start: the declared count less the ``workers_down`` fault's (at least one,
-    so the deployment still serves and the check that counts /health's instances is what fails)."""
-    down = ActiveFaults(faults).value("workers_down", 0.0)
+def started_workers(declared: int, faults: Sequence[str], role: str = "worker") -> int:
+    """How many workers of a role start: the declared count less its fault's (``workers_down`` for aggregated
+    workers, ``prefill_workers_down``/``decode_workers_down``); at least one, so the deployment still serves and
+    the check that counts /health's instances is what fails."""
+    fault = "workers_down" if role == "worker" else f"{role}_workers_down"
+    down = ActiveFaults(faults).value(fault, 0.0)
     return max(1, declared - int(down))
 
 
@@ -433,8 +435,10 @@ class DynamoSim:
             prefill_over = list(over)
             if target.prefill_engine is not None:
                 prefill_over = _flatten("engine", target.prefill_engine.model_dump(mode="json")) + over
-            roles += [("prefill", prefill_over)] * (prefill_workers or target.topology.prefill_workers)
-            roles += [("decode", over)] * (decode_workers or target.topology.decode_workers)
+            roles += [("prefill", prefill_over)] * started_workers(
+                prefill_workers or target.topology.prefill_workers, faults, "prefill")
+            roles += [("decode", over)] * started_workers(
+                decode_workers or target.topology.decode_workers, faults, "decode")
         else:
             roles += [("worker", over)] * started_workers(agg_workers or target.topology.workers, faults)
         primary = "decode" if target.topology.kind == "disagg" else "worker"

@@ -209,6 +209,15 @@ register(Fault("reasoning_len", "the model reasons N tokens (default 1024) befor
 # frontend sees fewer instances than the target declares (a worker pod that never registered).
 register(Fault("workers_down", "N of the target's aggregated Dynamo workers never start (default 1)",
                "suites/test_smoke.py (health: every worker registered)", default=1.0, takes_value=True))
+# The same for one role of a disaggregated deployment (s4-kill-disagg): a prefill or decode pod that never
+# registered. At least one worker of the role starts, so the model is still served and /health's count of that
+# role is what fails (a role with none would hide the model from /v1/models: every check would fail).
+register(Fault("prefill_workers_down", "N of the target's Dynamo prefill workers never start (default 1; at least "
+               "one starts)", "suites/test_smoke.py (health: the prefill workers registered)", default=1.0,
+               takes_value=True))
+register(Fault("decode_workers_down", "N of the target's Dynamo decode workers never start (default 1; at least "
+               "one starts)", "suites/test_smoke.py (health: the decode workers registered)", default=1.0,
+               takes_value=True))
 
 # Guided decoding (s2-engine-kills): tool_choice required/named reach the engine as a structured-output grammar
 # (Dynamo 1.6.1: sampling_options.guided_decoding.json; vLLM: its structured-outputs backend). An engine that does
