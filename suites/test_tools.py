@@ -33,8 +33,8 @@ from pytest_ml4.checks.tools import (
     load_tools,
     named,
 )
-from pytest_ml4.client import Endpoint, decode_json, quote_body
 from pytest_ml4.checks.verdict import not_judged
+from pytest_ml4.client import Endpoint, decode_json, quote_body
 from pytest_ml4.dynamo_versions import (
     emulated_grammar_reason,
     guided_refusal_cause,
