@@ -189,10 +189,12 @@ def test_required_calls_some_tool_even_when_none_matches(chat: ToolChat, stream:
 
 @STREAM
 def test_tool_schemas_are_accepted_under_guided_decoding(chat: ToolChat, stream: bool) -> None:
-    """Every fixture tool's schema (``set_alarm`` has ``uniqueItems``) under ``tool_choice: required``: Dynamo
-    1.6.1 passes the raw schemas into its guided-JSON grammar, which refuses some keywords; a client sending such
-    a schema fails, and the message names the keyword (engine log, else the versions row). Real ``dynamo.vllm``
-    workers emulating another release keep 1.6.1's grammar: not judged there, never passed."""
+    """The fixture tools' schemas are accepted under a guided tool_choice (required).
+
+    Every schema (``set_alarm`` has ``uniqueItems``) goes into the grammar: Dynamo 1.6.1 passes the raw schemas
+    into its guided-JSON grammar, which refuses some keywords; a client sending such a schema fails, and the
+    message names the keyword (engine log, else the versions row). Real ``dynamo.vllm`` workers emulating another
+    release keep 1.6.1's grammar: not judged there, never passed."""
     if chat.grammar_not_judged:
         not_judged(chat.grammar_not_judged)
     spec = DATA["cases"]["alarm"]
