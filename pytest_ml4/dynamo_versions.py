@@ -187,27 +187,63 @@ def tool_call_drop_cause(version: str, parser: str | None = ROW_PARSER) -> str |
             f"Dynamo that parses that form ({', '.join(parsed) or 'none known'})")
 
 
+def _functions(tools: list[dict[str, object]]) -> list[tuple[str, dict[str, Any]]]:
+    """``(name, function object)`` of each tool (``{"type": "function", "function": {...}}`` or the bare function)."""
+    out = []
+    for tool in tools:
+        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        out.append((str(fn.get("name", "?")), fn))  # type: ignore[union-attr]
+    return out  # type: ignore[return-value]
+
+
 def guided_json_refusal(version: str, tools: list[dict[str, object]]) -> tuple[str, str] | None:
     """``(tool name, keyword)`` of the first tool whose parameter schema uses a keyword the version's guided-JSON
     grammar refuses (``guided_json_refused_keywords``), or None."""
     row = behaviour(version)
     if row is None or not row.guided_json_refused_keywords:
         return None
-    for tool in tools:
-        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
-        name = str((fn or {}).get("name", "?"))  # type: ignore[union-attr]
-        keyword = first_schema_keyword((fn or {}).get("parameters"), row.guided_json_refused_keywords)  # type: ignore[union-attr]
+    for name, fn in _functions(tools):
+        keyword = first_schema_keyword(fn.get("parameters"), row.guided_json_refused_keywords)
         if keyword is not None:
             return name, keyword
     return None
 
 
+def refused_by_some_release(path: Path = VERSIONS_FILE) -> tuple[str, ...]:
+    """Every schema keyword some row's guided-JSON grammar refuses: a tool using none of them lies within every
+    known release's limits, so what a guided ``tool_choice`` does can be judged on it anywhere."""
+    return tuple(sorted({k for row in load_table(path).values() for k in row.guided_json_refused_keywords}))
+
+
+def within_every_release(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tools whose parameter schemas use no keyword any release's grammar refuses."""
+    refused = refused_by_some_release()
+    return [t for t, (_, fn) in zip(tools, _functions(tools)) if first_schema_keyword(fn.get("parameters"), refused)
+            is None]
+
+
+def emulated_grammar_reason(declared: str, running: str | None, engine: str = "") -> str | None:
+    """Why a run cannot judge whether the ``declared`` release accepts a schema under guided decoding: its workers
+    are another release (``running``, real ``dynamo.vllm`` emulating the declared one) whose guided-JSON limits
+    differ from the declared row's; None when the run's engine is the declared release's (or has its limits)."""
+    if running is None or running == declared:
+        return None
+    want, have = behaviour(declared), behaviour(running)
+    if want is None or have is None or want.guided_json_refused_keywords == have.guided_json_refused_keywords:
+        return None
+    return (f"the run's workers are dynamo.vllm {running}{engine} emulating Dynamo {declared}: their guided-JSON "
+            f"grammar refuses {list(have.guided_json_refused_keywords) or 'no keyword'}, Dynamo {declared}'s row "
+            f"({want.status}) {list(want.guided_json_refused_keywords) or 'no keyword'} (fixtures/dynamo/versions.yaml "
+            f"guided_json_refused_keywords), so whether {declared} accepts the tools' schemas cannot be seen on this "
+            f"run; judge it against a {declared} deployment")
+
+
 def guided_refusal_cause(version: str, tool_choice: object, tools: list[dict[str, object]],
                          logged: Callable[[], tuple[str, ...]] = tuple) -> str | None:
-    """The cause to name when a ``tool_choice`` required/named request failed on a release that refuses a keyword
-    of the tools' schemas in its guided-JSON grammar, or None (not a guided choice, no such keyword). ``logged``
-    returns the keywords the engine log's ``Grammar error: Unimplemented keys`` line names (read only when the
-    row predicts a refusal): the log is the better witness; without it the row names the keyword."""
+    """The cause to name when a ``tool_choice`` required/named request failed on a release whose guided-JSON
+    grammar refuses a keyword of the tools' schemas, or None (not a guided choice, no such keyword). ``logged``
+    returns the keywords the engine log's ``Grammar error: Unimplemented keys`` line names: the log is the better
+    witness (it also names a keyword the row does not know); without it the row names the keyword."""
     if not (tool_choice == "required" or isinstance(tool_choice, dict)):
         return None
     if isinstance(tool_choice, dict):
@@ -215,15 +251,20 @@ def guided_refusal_cause(version: str, tool_choice: object, tools: list[dict[str
         chosen = (tool_choice.get("function") or {}).get("name")
         tools = [t for t in tools if (t.get("function") or {}).get("name") == chosen]  # type: ignore[union-attr]
     refusal = guided_json_refusal(version, tools)
-    if refusal is None:
-        return None
-    tool, keyword = refusal
     keys = logged()
+    if keys:
+        tool = next((name for name, fn in _functions(tools) if first_schema_keyword(fn.get("parameters"), keys)),
+                    refusal[0] if refusal else "?")
+        keyword = keys[0]
+    elif refusal is not None:
+        tool, keyword = refusal
+    else:
+        return None
     seen = (f"engine log: 'Grammar error: Unimplemented keys: {list(keys)}'" if keys else
             f"fixtures/dynamo/versions.yaml guided_json_refused_keywords of {version}; the engine log showed no "
             f"grammar error")
     return (f"cause: Dynamo {version} passes the raw tool schemas into the guided-JSON grammar of tool_choice "
-            f"{tool_choice!r}, and its grammar backend refuses the keyword `{keys[0] if keys else keyword}` (tool "
+            f"{tool_choice!r}, and its grammar backend refuses the keyword `{keyword}` (tool "
             f"{tool}; {seen}): the deployment fails every client that sends such a schema with a guided tool choice "
             f"(HTTP 400 Bad Request, or in a stream the in-band 'Invalid request' with no usage chunk); drop the "
             f"keyword from the schema or serve a release whose grammar implements it")

@@ -603,6 +603,13 @@ def ml4_sim(pytestconfig: pytest.Config, ml4_target: Target) -> Any:
     return state.sim
 
 
+@pytest.fixture(scope="session")
+def ml4_worker_engine(pytestconfig: pytest.Config, ml4_sim: Any) -> dict[str, Any] | None:
+    """What real ``dynamo.vllm`` workers serve the run (``--sim-engine vllm`` on a Dynamo target: their releases,
+    the declared version's emulation; ``RealDynamoDeployment.info()``), or None (simulated worker, live target)."""
+    return ((get_state(pytestconfig).sim_info or {}).get("dynamo") or {}).get("worker_engine")
+
+
 class AttachedSim:
     """A simulator started by the xdist controller, seen from a worker: where it is, not how to own it."""
 

@@ -241,6 +241,10 @@ class FakeKubeAPI:
         self.dgds: dict[tuple[str, str], dict[str, Any]] = {}
         self.calls: list[tuple[str, str]] = []  # (method, path) of every request: tests assert what was used
         self._lock = threading.RLock()
+        #: One restart at a time per process: a pod deleted while the kubelet restarts its crashed process in place
+        #: (a real dynamo.vllm worker takes minutes) is replaced only after that restart, never by a second
+        #: stop/start racing the first on the same process handle.
+        self._restarting: dict[int, threading.Lock] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -326,16 +330,23 @@ class FakeKubeAPI:
             self._refresh_all()
         try:
             for c, old_c in zip(new.containers, old.containers):
-                _restart_container(c.backend, old_c.log, c.log)
+                with self._restart_lock(c.backend):
+                    _restart_container(c.backend, old_c.log, c.log)
                 c.started = _now()
         finally:
             with self._lock:
                 new.phase, new.ready, new.busy = "Running", True, False
                 self._refresh_all()
 
+    def _restart_lock(self, backend: Backend) -> threading.Lock:
+        with self._lock:
+            return self._restarting.setdefault(id(backend), threading.Lock())
+
     def _restart_in_place(self, pod: Pod, container: Container) -> None:
         try:
-            _restart_container(container.backend, None, container.log)
+            with self._restart_lock(container.backend):
+                if not container.backend.alive():  # a replacement may have restarted it meanwhile
+                    _restart_container(container.backend, None, container.log)
         finally:
             with self._lock:
                 container.started = _now()
@@ -353,6 +364,10 @@ class FakeKubeAPI:
                     if pod.busy or pod.deleting or c.backend.alive():
                         continue
                     with self._lock:
+                        # Checked again under the lock: a deletion or another restart may have claimed the pod
+                        # since the unlocked look above.
+                        if pod.busy or pod.deleting or (pod.namespace, pod.name) not in self.pods:
+                            continue
                         pod.busy, pod.ready = True, False
                         c.previous, c.log = c.log, ContainerLog(c.log.path)
                         c.restart_count += 1

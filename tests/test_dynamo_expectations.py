@@ -49,11 +49,14 @@ from pytest_ml4.control.scenario import (
 )
 from pytest_ml4.dynamo_versions import (
     behaviour,
+    emulated_grammar_reason,
     first_schema_keyword,
     guided_refusal_cause,
     image_version,
     load_table,
+    refused_by_some_release,
     tool_call_drop_cause,
+    within_every_release,
 )
 from pytest_ml4.logs import FileLogReader, GrammarSchemaRefused, LogView
 from pytest_ml4.probe import parse_sse_lines
@@ -362,6 +365,33 @@ def test_guided_refusal_names_the_refused_keyword_from_the_log_else_the_row() ->
     assert guided_refusal_cause("1.7.0-mistral-large-4-dev.1", "required", SET_ALARM) is None, "row: none refused"
     weather = load_tools(["get_weather"])
     assert guided_refusal_cause("1.6.1", "required", weather) is None, "no refused keyword in that schema"
+
+
+def test_a_keyword_the_log_names_is_named_even_where_the_row_knows_none() -> None:
+    """A release whose row refuses nothing (an estimate) but whose engine logged a grammar refusal: the log names
+    the keyword and the tool using it."""
+    cause = guided_refusal_cause("1.7.0-mistral-large-4-dev.1", "required", load_tools(["get_weather", "set_alarm"]),
+                                 lambda: ("uniqueItems",))
+    assert cause is not None and "refuses the keyword `uniqueItems` (tool set_alarm; engine log: " in cause
+
+
+def test_guided_tool_choice_checks_use_tools_within_every_release() -> None:
+    """set_alarm's uniqueItems is refused by 1.6.1's grammar: the tool_choice checks leave it to the schema check."""
+    tools = load_tools(["get_weather", "set_alarm", "search_flights"])
+    assert "uniqueItems" in refused_by_some_release()
+    assert [t["function"]["name"] for t in within_every_release(tools)] == ["get_weather", "search_flights"]
+
+
+def test_schema_limits_of_an_emulation_are_not_judged_as_the_declared_releases() -> None:
+    """Real dynamo.vllm 1.6.1 workers emulating the 1.7.0 row refuse uniqueItems, which that row does not: the
+    schema check cannot judge 1.7.0 there; the simulated worker (no running release) and 1.6.1 itself can."""
+    reason = emulated_grammar_reason("1.7.0-mistral-large-4-dev.1", "1.6.1", " on vLLM 0.31.0")
+    assert reason is not None
+    assert reason.startswith("the run's workers are dynamo.vllm 1.6.1 on vLLM 0.31.0 emulating Dynamo "
+                             "1.7.0-mistral-large-4-dev.1: their guided-JSON grammar refuses ['uniqueItems']")
+    assert "(estimate) no keyword" in reason
+    assert emulated_grammar_reason("1.6.1", "1.6.1") is None
+    assert emulated_grammar_reason("1.7.0-mistral-large-4-dev.1", None) is None
 
 
 def test_a_property_named_like_a_keyword_is_not_the_keyword() -> None:

@@ -174,25 +174,26 @@ SUITE_RUN = ["-m", "smoke or tools or reasoning or osl or kv"]
 @pytest.mark.parametrize("target", ["gb300-agg", "vr200-agg"])
 def test_suites_on_real_workers(target: str, tmp_path: Path) -> None:
     """The functional suites on the real deployment (gb300-agg: two workers, ~8 GiB, several minutes): nightly, too
-    heavy for .ci/run. Everything passes but ``tool_choice: required`` with the fixture tool whose schema has
-    ``uniqueItems``: real 1.6.1 passes the raw schema into guided JSON and vLLM 0.31's grammar refuses the keyword
-    (shared/reference/real-dynamo-vllm.md), a real failure of such a client, proven here by the engine log."""
+    heavy for .ci/run. Every check passes but one: whether the tools' schemas are accepted under guided decoding is
+    not judged, because the workers are 1.6.1 (whose grammar refuses ``uniqueItems``) emulating the declared
+    1.7.0 row (which refuses nothing): neither a pass nor the 1.6.1 engine's failure would be the truth about 1.7.0."""
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "pytest", "suites", "--target", target, "--sim", "--sim-engine", "vllm",
            *SUITE_RUN, "-p", "no:cacheprovider", "-q", "--ml4-run-dir", str(run_dir)]
     proc = subprocess.run(cmd, check=False, cwd=REPO, capture_output=True, text=True, timeout=3000,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert proc.returncode in (0, 1), proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     versions = summary["versions"]
     assert versions["dynamo_worker"] == "dynamo.vllm 1.6.1" and versions["dynamo_worker_vllm"] == "0.31.0"
     assert "1.7.0-mistral-large-4-dev.1 emulated on 1.6.1" in versions["dynamo_emulation"]
-    failed = sorted(c["nodeid"] for c in summary["checks"] if c["outcome"] in ("failed", "broken"))
-    grammar_refusals = [n for n in failed if n.startswith("suites/test_tools.py::") and "required" in n]
-    assert failed == grammar_refusals, failed
-    if failed:
-        logs = "".join(p.read_text(errors="replace") for p in (run_dir / "sim").glob("*.log"))
-        assert 'Unimplemented keys: ["uniqueItems"]' in logs
+    outcomes = {c["nodeid"]: c for c in summary["checks"]}
+    assert not [n for n, c in outcomes.items() if c["outcome"] in ("failed", "broken")]
+    # Also not judged here, for reasons of their own: the reasoning share (the baseline file is the simulator's).
+    schema = [outcomes[f"suites/test_tools.py::test_tool_schemas_are_accepted_under_guided_decoding[{v}]"]
+              for v in ("nonstream", "stream")]
+    assert all(c["outcome"] == "not_judged" and "their guided-JSON grammar refuses ['uniqueItems']" in c["message"]
+               for c in schema), schema
 
 
 @pytest.mark.nightly
@@ -211,6 +212,9 @@ def test_declared_1_6_1_without_emulation_fails_tools_naming_the_parser(tmp_path
     assert "dynamo_emulation" not in summary["versions"]
     failed = [c for c in summary["checks"] if c["outcome"] == "failed"]
     assert any("1.6.1's `mistral` tool parser" in c["message"] for c in failed), failed
+    schema = [c for c in failed if "test_tool_schemas_are_accepted_under_guided_decoding" in c["nodeid"]]
+    assert len(schema) == 2 and all("refuses the keyword `uniqueItems` (tool set_alarm; engine log: "
+                                    in c["message"] for c in schema), schema
 
 
 def test_frontend_tokenizer_with_another_id_for_a_parser_token_is_refused(tmp_path: Path) -> None:

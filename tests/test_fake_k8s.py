@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -221,3 +222,55 @@ def test_prestop_delay_only_for_a_running_container(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(fake_k8s.time, "sleep", lambda s: calls.append(f"preStop {s:g}") if s else None)
     fake_k8s._restart_container(_StepBackend(running, calls), None, fake_k8s.ContainerLog(Path(os.devnull)))
     assert calls == expected
+
+
+class _SlowBootBackend:
+    """A process handle whose start takes ``boot_s`` (a real dynamo.vllm worker takes minutes) and that records how
+    many stop/start sequences ran on it at once."""
+
+    pre_stop_s = 0.0
+
+    def __init__(self, log_file: Path, boot_s: float) -> None:
+        self.log_file, self.boot_s = log_file, boot_s
+        self.running, self.busy, self.overlaps, self.starts = True, 0, 0, 0
+        self._lock = threading.Lock()
+        log_file.write_text("")
+
+    def alive(self) -> bool:
+        return self.running
+
+    def _enter(self) -> None:
+        with self._lock:
+            self.busy += 1
+            self.overlaps += self.busy > 1
+
+    def stop(self) -> None:
+        self._enter()
+        self.running = False
+
+    def start(self) -> None:
+        time.sleep(self.boot_s)
+        self.starts += 1
+        self.running = True
+        with self._lock:
+            self.busy -= 1
+
+
+def test_pod_deleted_while_its_crashed_process_restarts_in_place_is_replaced_after_that_restart(
+        tmp_path: Path) -> None:
+    """The kubelet race of ``-m restart`` on real workers: a worker crashes (the kubelet restarts it in place,
+    minutes for real dynamo.vllm) and its pod is deleted meanwhile. The replacement's stop/start waits for the
+    restart in place; two never run on the same process at once."""
+    backend = _SlowBootBackend(tmp_path / "w.log", boot_s=1.0)
+    with FakeKubeAPI() as api:
+        api.add_dgd(NS, DGD, {"components": [{"name": "w", "type": "worker", "replicas": 1}]})
+        pod = api.add_pod(NS, "Worker", {LABEL_DGD: DGD, LABEL_TYPE: "worker"}, {"main": backend})
+        backend.running = False   # crashed: the watchdog starts the restart in place
+        deadline = time.monotonic() + 10
+        while not pod.busy and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pod.busy, "the kubelet did not notice the crash"
+        api.delete_pod(NS, pod.name)
+        api.wait_settled(timeout=20)
+        time.sleep(0.3)   # a watchdog pass after settling must not restart it again
+    assert backend.overlaps == 0 and backend.starts == 2 and backend.running
