@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import pytest
 
 from pytest_ml4.realdynamo import disagg
 from pytest_ml4.realdynamo.deploy import plan_workers
+from pytest_ml4.sim.orphans import group_members
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,6 +32,30 @@ def test_prefill_and_decode_args_carry_their_nixl_role_and_the_longer_lease() ->
         assert config["kv_connector"] == "NixlConnector" and config["kv_role"] == kv_role
         assert config["kv_buffer_device"] == "cpu"
         assert config["kv_connector_extra_config"]["kv_lease_duration"] > 30   # vLLM's default lost first pulls
+        assert config["kv_connector_extra_config"]["num_threads"] == 1        # vLLM's 4 busy-poll an idle core
+
+
+def test_engine_processes_yield_to_the_dynamo_runtime_that_keeps_the_worker_registered() -> None:
+    """The group leader (dynamo.vllm's main process, whose runtime renews the discovery lease) keeps its priority;
+    every thread of the processes it spawned (EngineCore, Worker) is lowered."""
+    child_code = ("import subprocess, sys, threading, time; "
+                  "threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); "
+                  "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)")
+    leader = subprocess.Popen([sys.executable, "-c", child_code], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while len(group_members(leader.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert disagg.lower_engine_priority(leader.pid, leader.pid) >= 1
+        nice = disagg.settings()["engine_nice"]
+        assert nice > 0
+        for member in group_members(leader.pid):
+            threads = [int(t.name) for t in Path(f"/proc/{member.pid}/task").iterdir()]
+            want = 0 if member.pid == leader.pid else nice
+            assert [os.getpriority(os.PRIO_PROCESS, t) for t in threads] == [want] * len(threads), member
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
 
 
 def test_each_worker_gets_its_side_channel_port_and_a_core_of_its_own() -> None:

@@ -129,6 +129,8 @@ class RealDynamoWorker(DynamoWorker):
 
     def start(self, timeout: float = START_TIMEOUT_S) -> None:
         super().start(timeout)
+        if disagg.is_disagg_role(self.role) and self._proc is not None:
+            disagg.lower_engine_priority(self._proc.pid, self._proc.pid)
 
     def before_start(self) -> None:
         super().before_start()

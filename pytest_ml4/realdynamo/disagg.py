@@ -5,8 +5,11 @@ it); this module turns them into a worker's arguments and environment, and warms
 Why each setting exists (runs on this 2-core machine, load 30-36): vLLM's ``auto`` OpenMP binding puts both
 workers' threads on the same cores and the decode crawled at 0.2 tok/s; a fresh worker's first forward pass and
 the first NIXL handshake cost 16-79 s once, which the prefill's 30 s KV lease did not always cover (the
-reference's "first-request stall"). The reference's file-discovery key expiry came with that stall and did not
-recur with the own-core binding (docs/ARCHITECTURE.md, Decisions, "Real disaggregated workers on CPU").
+reference's "first-request stall"). Idle, a disaggregated worker's engine still busy-polls NIXL/UCX (0.6 core each,
+against 0.01 for an aggregated one), which starved the Dynamo runtime past its 10 s file-discovery lease: the
+keys expired and the model vanished (the reference's key expiry). Fewer NIXL threads and a lower priority for
+the engine processes than for the Dynamo runtime remove that (docs/ARCHITECTURE.md, Decisions, "Real
+disaggregated workers on CPU").
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ class DisaggError(RuntimeError):
 def settings(path: Path = SETTINGS_FILE) -> dict[str, Any]:
     data = yaml.safe_load(path.read_text())
     missing = [k for k in ("env", "roles", "kv_connector", "kv_buffer_device", "kv_lease_duration_s", "warm_up",
-                           "max_workers_per_role")
+                           "max_workers_per_role", "nixl_num_threads", "engine_nice")
                if k not in (data or {})]
     if missing:
         raise ValueError(f"{path}: missing {', '.join(missing)}")
@@ -66,7 +69,8 @@ def worker_args(role: str) -> list[str]:
     s = settings()
     spec = s["roles"][role]
     config = {"kv_connector": s["kv_connector"], "kv_role": spec["kv_role"], "kv_buffer_device": s["kv_buffer_device"],
-              "kv_connector_extra_config": {"kv_lease_duration": int(s["kv_lease_duration_s"])}}
+              "kv_connector_extra_config": {"kv_lease_duration": int(s["kv_lease_duration_s"]),
+                                            "num_threads": int(s["nixl_num_threads"])}}
     return ["--disaggregation-mode", spec["mode"], "--kv-transfer-config", json.dumps(config)]
 
 
@@ -80,6 +84,26 @@ def worker_env(side_channel_port: int, position: int, cores: int | None = None) 
     if s.get("omp_bind_own_core"):
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(own_core(position, cores))
     return env
+
+
+def lower_engine_priority(pgid: int, leader: int) -> int:
+    """Every thread of the worker's engine processes (its group but the ``dynamo.vllm`` main process, whose Dynamo
+    runtime keeps the discovery keys alive and answers the request plane) at ``engine_nice``; returns how many
+    threads were changed. Linux keeps a nice value per thread, so each ``/proc/<pid>/task`` entry is set."""
+    from pytest_ml4.sim.orphans import group_members
+
+    nice = int(settings()["engine_nice"])
+    changed = 0
+    for member in group_members(pgid):
+        if member.pid == leader:
+            continue
+        for task in Path(f"/proc/{member.pid}/task").glob("*"):
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
+            except (OSError, ValueError):   # the thread ended meanwhile
+                continue
+            changed += 1
+    return changed
 
 
 def own_core(position: int, cores: int | None = None) -> int:
