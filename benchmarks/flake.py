@@ -1,5 +1,5 @@
 """Does the gate cry wolf under load?  Runs the main job and the restart suite N times back to back with every core
-kept busy by a load generator, and prints the failures per test (issue 15 item 3; goal: 0 in 10).
+kept busy by a load generator, and prints the failures per test (goal: 0 in 10).
 
     python benchmarks/flake.py [--runs 10] [--targets rtxpro6000-tp8,gb300-disagg] [--jobs main,restart]
                                [--load-procs N] [--timeout 1800] [--json PATH]

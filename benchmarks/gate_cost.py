@@ -1,5 +1,5 @@
 """What does the gate spend?  Per suite: the requests, prompt and output tokens and the wall time it costs the
-endpoint, read from the simulator's own counters (issue 15 item 7).
+endpoint, read from the simulator's own counters.
 
     python benchmarks/gate_cost.py [--target rtxpro6000-tp8] [--suites smoke,tools,...] [--json PATH]
 
@@ -46,7 +46,7 @@ from flake import (  # benchmarks/ is on sys.path
 SUITE_FILES = {"smoke": "test_smoke.py", "tools": "test_tools.py", "reasoning": "test_reasoning.py",
                "osl": "test_osl.py", "kv": "test_kv_cache.py", "restart": "test_restart.py", "perf": "test_perf.py",
                "preflight": "test_preflight.py", "accuracy": "test_accuracy.py",
-               # the perf suite's open-loop gates on their own (issue 24): what each adds to the perf suite
+               # the perf suite's open-loop gates on their own: what each adds to the perf suite
                "goodput": "test_perf.py", "capacity": "test_perf.py", "sessions": "test_perf.py"}
 SUITES = tuple(SUITE_FILES)
 #: Extra pytest arguments per suite (the perf suite's short CI profile, the main job's BFCL sample size).

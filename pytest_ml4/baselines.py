@@ -7,7 +7,7 @@ Every baseline file carries::
                    "deployment": str, "model": str, "image": str, "date": str, "command": str, ...}
     "conditions": {<what the figure depends on: isl, osl, duration_s, prompts, max_tokens, size, seed, ...>}
 
-Two rules follow (issue 23 item 11, issue 26 item 3):
+Two rules follow:
 
 * a baseline the simulator made never judges a live run (:func:`usable_on`): asked for explicitly it is refused
   with one line (:class:`BaselineRefused`); found by default it counts as no baseline for that deployment, and the
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 #: Provenance kinds: made by the simulator; recorded on a real deployment by this tool; transcribed from a seed's
 #: real measurement (seed 000's perf table).
 KINDS = ("simulator", "deployment", "seed")
-#: The fields a deployment-recorded baseline states (issue 23 item 11).
+#: The fields a deployment-recorded baseline states.
 DEPLOYMENT_FIELDS = ("deployment", "model", "image", "date", "command")
 
 

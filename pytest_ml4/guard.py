@@ -1,7 +1,7 @@
 """The guarded transport under every client the suites use: deadlines, no cross-origin redirect, bounded bodies.
 
-A hostile or broken endpoint must end a check in bounded time with one assertion naming the URL (issue 23
-items 3, 5, 6, 7). The guard sits at the httpx transport, so the raw httpx client, the stream probe and the
+A hostile or broken endpoint must end a check in bounded time with one assertion naming the URL.
+The guard sits at the httpx transport, so the raw httpx client, the stream probe and the
 openai SDK (given an httpx client built here) all get the same rules:
 
 * four deadlines per request (:class:`Deadlines`): connect, first byte (response headers), idle (no progress;

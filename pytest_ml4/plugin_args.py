@@ -1,4 +1,4 @@
-"""Path-valued options given space-separated must not move pytest's rootdir (issue 17).
+"""Path-valued options given space-separated must not move pytest's rootdir.
 
 pytest determines its rootdir and ini file from the free arguments of a first parse that knows none of the
 plugins' options: in ``--ml4-log-file /tmp/rd/engine.log`` the value is taken for a test path, the rootdir becomes

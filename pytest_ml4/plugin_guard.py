@@ -43,7 +43,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
-    """Cut an oversized failure message before pytest and Allure render it (issue 23 item 6)."""
+    """Cut an oversized failure message before pytest and Allure render it."""
     if call.excinfo is not None:
         bound_message(call.excinfo.value)
 

@@ -238,7 +238,7 @@ def ml4_perf_settings(pytestconfig: pytest.Config, ml4_target: Target) -> SweepS
 @pytest.fixture(scope="session")
 def ml4_perf_baseline(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Any) -> Baseline | None:
     """``--perf-baseline`` or the target's ``perf.baseline``; None when neither names one. A baseline without
-    provenance, or one the simulator made on a live run, is refused with one line (issue 23 item 11)."""
+    provenance, or one the simulator made on a live run, is refused with one line."""
     path = _opt(pytestconfig, "ml4_perf_baseline", "ml4_perf_baseline") or ml4_target.perf.baseline
     if not path:
         return None

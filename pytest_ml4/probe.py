@@ -490,7 +490,7 @@ class _ProbeRun:
 
     def data(self, chunk: bytes) -> None:
         """Bytes off the wire, split into lines and decoded strictly: httpx's own line reader replaces invalid
-        UTF-8 silently, and a stream that is not UTF-8 is a violation (issue 23 item 7)."""
+        UTF-8 silently, and a stream that is not UTF-8 is a violation."""
         self.received += len(chunk)
         if b"\n" not in chunk:  # a body without line breaks (a huge non-SSE answer) must not be re-split each time
             self.pending.extend(chunk)
@@ -515,7 +515,7 @@ class _ProbeRun:
             self.pending.clear()
 
     def http_error(self, raw: bytes) -> None:
-        # Kept for the transcript and the message: bounded, with the size stated when cut (issue 23 item 6).
+        # Kept for the transcript and the message: bounded, with the size stated when cut.
         text = raw[:_ERROR_BODY_KEPT].decode("utf-8", errors="replace")
         if len(raw) > _ERROR_BODY_KEPT:
             text += f"\n... ({len(raw):,} bytes in all)"

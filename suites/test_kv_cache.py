@@ -221,8 +221,8 @@ def engine_metrics(ml4_endpoint: Any, ml4_target: Target) -> EngineMetrics:
 @pytest.fixture(scope="module")
 def kv_metrics(engine_metrics: EngineMetrics) -> MetricsRead:
     """One scrape of each engine's /metrics after boot, with the errors of those that could not be read (never
-    swallowed: a cross-check that silently drops out is a check that passes for the wrong reason, issue 14 item
-    12)."""
+    swallowed: a cross-check that silently drops out is a check that passes for the wrong reason
+    in silence)."""
     return MetricsRead.of(engine_metrics.engine_urls)
 
 

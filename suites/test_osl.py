@@ -154,7 +154,7 @@ def test_perf_configs_never_use_ignore_eos(ml4_target: Any,
     """The target's manifests and the user's ``--perf-extra-input`` never hold the length with ignore_eos.
 
     (The suite's own aiperf spec is checked where it is built, ``tests/test_perf_core.py``: a spec this test
-    built itself says nothing about the deployment, issue 14 item 11.)"""
+    built itself says nothing about the deployment.)"""
     manifests = [ml4_target.resolve(m) for m in ml4_target.manifests]
     uses = ignore_eos_in_files(manifests)
     assert not uses, explain(uses)

@@ -101,9 +101,9 @@ def test_baseline(ml4_perf_sweep: Any) -> None:
 def test_decode_concurrency_saturates_at_max_num_seqs(ml4_perf_sweep: Any) -> None:
     """Past ``max_num_seqs`` the decode concurrency p50 is the cap; below it at least half the concurrency runs
     together. The lower bound is what makes the gate bite where the sweep never passes the cap (Dynamo: 64 >
-    every sweep concurrency, issue 14 item 6): an engine capped lower than the target states fails it. The figure
+    every sweep concurrency): an engine capped lower than the target states fails it. The figure
     is the engine's own ``vllm:num_requests_running`` when aiperf scraped one engine's /metrics (the client-side
-    decode concurrency also counts prefill and proxy lag, which grow with the client's load: issue 15), else the
+    decode concurrency also counts prefill and proxy lag, which grow with the client's load), else the
     client-side ``effective_decode_concurrency``; the message names which (``pytest_ml4.perf.gates``)."""
     results = ml4_perf_sweep.verdict.by_gate("saturation")
     assert results
@@ -113,8 +113,8 @@ def test_decode_concurrency_saturates_at_max_num_seqs(ml4_perf_sweep: Any) -> No
 def test_latency_knee(ml4_perf_sweep: Any, ml4_target: Any) -> None:
     """The knee (first TTFT p99 over ``gates.ttft_p99_knee_s``) comes no earlier than the target's stated bound
     (``gates.knee_not_before``) or the stored baseline's knee; with neither it fails: a knee judged against
-    nothing used to pass on every Dynamo target (issue 14 item 5). A sweep with no point below the bound cannot
-    see a knee before it: not judged (issue 22 item 8: a c32-only sweep against a c32 bound passed every time)."""
+    nothing used to pass on every Dynamo target. A sweep with no point below the bound cannot
+    see a knee before it: not judged (a c32-only sweep against a c32 bound passed every time)."""
     unseen = knee_unseen(ml4_perf_sweep.settings.concurrencies,
                          knee_bound(ml4_target, ml4_perf_sweep.baseline, ml4_target.gates.ttft_p99_knee_s))
     if unseen:
@@ -171,7 +171,7 @@ def test_agentic_trace_replay(ml4_target: Any, ml4_perf_client: Any, ml4_run_dir
     assert not failures(results), _fail_lines(failures(results))
 
 
-# ------------------------------------------------------------------------- goodput, capacity, sessions (issue 24)
+# ------------------------------------------------------------------------------------ goodput, capacity, sessions
 def _workload(target: Any, name: str) -> Any:
     w = target.perf.workloads.get(name)
     if w is None:

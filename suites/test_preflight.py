@@ -1,4 +1,4 @@
-"""Preflight suite: lint the target's deployment configs, one test per rule (issue 6).
+"""Preflight suite: lint the target's deployment configs, one test per rule.
 
 Runs without any endpoint: ``pytest --target NAME -m preflight suites/``.  Each rule is one test (the Allure
 report shows its message, fix and seed source) covering all of the target's manifests at once, so cross-file

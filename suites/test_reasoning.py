@@ -1,4 +1,4 @@
-"""Reasoning through the Mistral reasoning parser (issue 3; reference vllm.md §2, §3, §3.1).
+"""Reasoning through the Mistral reasoning parser (reference vllm.md §2, §3, §3.1).
 
 Every check runs non-streamed (openai SDK) and streamed (stream probe, grammar checked); streamed answers must
 assemble to exactly the non-streamed one. Reasoning may arrive as ``reasoning`` (vLLM >= 0.16) or the legacy

@@ -41,7 +41,7 @@ def test_health(ml4_target: Target, ml4_endpoint: Any) -> None:
 
     A LiteLLM proxy's liveness answers 200 while the engine behind it is dead (EngineDeadError makes vLLM's
     /health answer 503), so a proxied target is judged by the engine's health, reached at the engine's server
-    (the target's metrics URL names it): that is what "the deployment is up" means (issue 14 item 12)."""
+    (the target's metrics URL names it): that is what "the deployment is up" means."""
     path = DATA["health_path"][ml4_target.serving.stack]
     resp = httpx.get(ml4_endpoint.root_url + path, headers=ml4_endpoint.auth_headers(), timeout=10)
     assert resp.status_code == 200, f"GET {path} answered HTTP {resp.status_code}: {resp.text[:200]!r}"

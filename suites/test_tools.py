@@ -1,4 +1,4 @@
-"""Tool calling through the Mistral tool parser (issue 3; reference vllm.md §4).
+"""Tool calling through the Mistral tool parser (reference vllm.md §4).
 
 Every check runs non-streamed (openai SDK) and streamed (stream probe, grammar checked); the streamed variant
 also asks the same question non-streamed and requires the same tool names, arguments, content, reasoning and
@@ -269,7 +269,7 @@ def test_invalid_tool_requests_are_rejected(ml4_target: Target, ml4_endpoint: En
     Through LiteLLM (``drop_params``) a request without tools loses its ``tool_choice`` and is served: the proxy's
     documented answer is accepted there, but a 200 proves nothing about the deployment's validation, so the
     same request is then sent to the engine behind the proxy, which must refuse it in the engine's words
-    (issue 14 item 12)."""
+    (the proxy's 200 alone would pass a deployment that validates nothing)."""
     spec = DATA["errors"]["cases"][case]
     body: dict[str, Any] = {"model": ml4_endpoint.model, "messages": user("What is the weather in Paris?"),
                             "max_tokens": 64, **{k: v for k, v in spec.items() if k != "tools_from"}}

@@ -1,4 +1,4 @@
-"""The kill-matrix harness (issue 14, reworked for issue 22): matrix files, suite runs, and how a run is judged.
+"""The kill-matrix harness: matrix files, suite runs, and how a run is judged.
 
 ``tests/test_kill_matrix.py`` holds the tests; ``tests/test_kill_matrix_harness.py`` proves the harness itself.
 Kept apart from the tests so the harness's tests can drive it on a doctored copy of ``suites/``.

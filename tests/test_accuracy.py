@@ -38,7 +38,7 @@ def test_drop_z_hand_values() -> None:
 
 
 def test_items_needed_for_a_5_point_drop() -> None:
-    # (1.6449*sqrt(2*.875*.125) + 0.8416*sqrt(.09 + .1275))^2 / .05^2 = 539.9 (docs/notes/h16-bfcl.md).
+    # (1.6449*sqrt(2*.875*.125) + 0.8416*sqrt(.09 + .1275))^2 / .05^2 = 539.9 (ARCHITECTURE.md, BFCL decision).
     assert items_needed(0.90, 0.05) == 540
     assert items_needed(0.50, 0.05) > items_needed(0.90, 0.05)
 
@@ -126,7 +126,7 @@ def test_suite_passes_vs_stored_baseline_and_fails_under_accuracy_drop(pytester:
     saved = tmp_path / "baseline.json"
     ok = _run(pytester, tmp_path / "r1", "--accuracy-save", str(saved))
     # fixtures/baselines/accuracy-rtxpro6000-tp8.json was measured on 200 items per category: not this run's 40,
-    # so it does not judge it (issue 26 item 3) and the gate says so, naming the command that records one.
+    # so it does not judge it and the gate says so, naming the command that records one.
     assert _outcomes(ok) == {"passed": 2, "not_judged": 1}
     ok.stdout.fnmatch_lines([("NOT JUDGED *test_accuracy_vs_baseline: accuracy (figures in accuracy-summary.json): "
                               "accuracy not compared with "
@@ -167,7 +167,7 @@ def _accuracy_run(baseline: Path | None, size: int = 200) -> Any:
 
 
 def test_a_live_run_is_never_judged_by_the_simulators_baseline() -> None:
-    """Issue 23 item 11: the stored accuracy baselines are the simulator's; on a live run the default one is no
+    """The stored accuracy baselines are the simulator's; on a live run the default one is no
     baseline (not judged, naming the command that records one), a named one is refused with one line, and on a
     simulator run the default one judges (control)."""
     from pytest_ml4.plugin_accuracy import judge_against_baseline

@@ -1,4 +1,4 @@
-"""allure-pytest's own flags work with the plugin's Allure handling (issue 15 item 1).
+"""allure-pytest's own flags work with the plugin's Allure handling.
 
 Run as the allure-pytest docs show (``pytest --alluredir=DIR``, ``--alluredir DIR``, ``--clean-alluredir``): the
 exit code is the tests' alone (allure-pytest's cleanup used to raise ``AssertionError: one of name or plugin needs

@@ -1,4 +1,4 @@
-"""Gates that could not fail before issue 14 (items 5, 6, 9): each case here passed on the old code.
+"""Gates that once could not fail: each case here passed on the old code.
 
 Item 5: the latency-knee gate passed whenever there was no baseline (every Dynamo target). Item 6: below
 ``max_num_seqs`` the saturation gate only required ``p50 <= concurrency``, which no engine can violate, so on the
@@ -62,7 +62,7 @@ def _unstamped(line: str) -> str:
 
 
 def test_grammar_kill_fault_ends_the_request_as_real_vllm_does(tmp_path: Path, rtx_api_key: str) -> None:
-    """Caught: the fault wrote a grammar-kill line while the request was served in full (issue 22 finding 3).
+    """Caught: the fault wrote a grammar-kill line while the request was served in full.
     Real vLLM logs two EngineCore lines and the client gets HTTP 500; the next request is served."""
     target = load_target("rtxpro6000-tp8")
     log = tmp_path / "engine.log"
@@ -117,7 +117,7 @@ def test_osl_engine_counter_is_read_on_a_live_endpoint(pytester: pytest.Pytester
 
 
 def test_a_sweep_without_a_point_under_the_knee_bound_cannot_judge_it() -> None:
-    """Caught (issue 22 item 8): gb300-agg's CI sweep was c32 alone against the bound c32, so the knee gate passed
+    """Caught: gb300-agg's CI sweep was c32 alone against the bound c32, so the knee gate passed
     whatever the knee; such a sweep is now named as unable to judge it."""
     assert "start at or above the bound c32" in (gates.knee_unseen([32], 32) or "")
     assert "start at or above the bound c16" in (gates.knee_unseen([64, 16], 16) or "")

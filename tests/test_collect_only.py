@@ -1,4 +1,4 @@
-"""``--collect-only`` runs nothing, so it leaves no run folder behind (issue 23 item 9): ``ml4-report latest``
+"""``--collect-only`` runs nothing, so it leaves no run folder behind: ``ml4-report latest``
 would otherwise name an empty run and ``ml4-report generate`` fail on it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The suites' Dynamo expectations (issue 12 items 6, 8; issue 14 items 2, 3), checked against the recorded real
+"""The suites' Dynamo expectations, checked against the recorded real
 Dynamo 1.6.1 answers (fixtures/transcripts/dynamo-1.6.1/, copied from the reference) and small scripted
 transports.
 
@@ -95,7 +95,7 @@ def test_the_verified_efforts_are_the_real_frontends_enum() -> None:
 
 def test_stale_instance_answers_are_the_recorded_real_ones() -> None:
     """Each answer of the stale-instance table occurs in the real after-SIGKILL requests, then the empty 404; the
-    string 'No instances available' does not occur there (issue 21)."""
+    string 'No instances available' does not occur there."""
     text = (REF / "dynamo-vllm-kv-after-kill-requests.txt").read_text()
     stale = StaleInstances.for_dynamo("1.6.1")
     for answer in stale.answers:
@@ -335,8 +335,8 @@ def test_no_cause_where_the_version_parses_the_v11_form() -> None:
 
 @pytest.mark.parametrize("version", ["1.6.1", "1.7.0-mistral-large-4-dev.1"])
 def test_tools_failure_names_the_parser_the_workers_run_not_the_version(version: str) -> None:
-    """With the workers on the ``hermes`` parser the cause is that parser, whatever the release (issue 21: the
-    suite blamed 1.6.1's mistral parser for a hermes deployment)."""
+    """With the workers on the ``hermes`` parser the cause is that parser, whatever the release (the
+    suite once blamed 1.6.1's mistral parser for a hermes deployment)."""
     message, finish = _dropped_v11_message()
     cause = tool_call_drop_cause(version, "hermes")
     assert cause is not None
@@ -449,7 +449,7 @@ def test_kv_cross_checks_read_the_workers_and_name_the_missing_field() -> None:
     assert vllm.urls == ("http://e:8000/metrics",) and vllm.missing is None
 
 
-# --------------------------------------------------- session affinity and prefix reuse (issue 14 items 2, 3)
+# ------------------------------------------------------------------- session affinity and prefix reuse
 class FakeFrontend:
     """A Dynamo frontend in front of two workers, as far as the affinity and prefix checks can see it: KV routing
     by cached-prefix overlap (4-word blocks, hashes chained like a KV cache), optional session affinity, the
@@ -747,7 +747,7 @@ def test_restart_identity_without_evidence_is_not_judged() -> None:
         check_recovery(run, limit_s=10)
 
 
-# ------------------------------------------------------------- OSL engine counter on live runs (issue 14 item 4)
+# --------------------------------------------------------------------------- OSL engine counter on live runs
 def test_osl_engine_counter_runs_on_a_live_endpoint(pytester: pytest.Pytester, tmp_path: Path,
                                                     rtx_api_key: str) -> None:
     """``--endpoint`` at a running engine (no ``--sim``, no metrics variable): the counter is still read, at the

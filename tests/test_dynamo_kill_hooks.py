@@ -1,4 +1,4 @@
-"""The small hooks the gb300-agg kill matrix needs on the Dynamo path (w2-killmatrix-dynamo): how many workers
+"""The small hooks the gb300-agg kill matrix needs on the Dynamo path: how many workers
 DynamoSim starts under ``workers_down``, the context a worker registers under ``served_max_model_len``, and a
 perf sweep whose every request failed still writing its plots (so the checks that judge the failure run)."""
 

@@ -1,11 +1,11 @@
-"""The simulated-engine Dynamo deployment against the real one (issue 21 item 4): one request set
+"""The simulated-engine Dynamo deployment against the real one: one request set
 (``fixtures/dynamo/conformance.yaml``) sent to the real 1.6.1 frontend in front of one simulated worker, then in
 front of one real ``dynamo.vllm`` worker; every shape the suites read must agree (status codes, body keys, null vs
 absent, value types, each stream chunk kind, finish reasons, error message/type/code, the worker's ``vllm:*``
 metric families and the log signatures its log matches), except the differences the fixture lists with a reason.
 
 Before each deployment is torn down its worker is SIGKILLed under a stream (migration off): on the real worker that
-proves in CI what issue 21 item 7 asks (1.6.1's in-band error event, the orphaned EngineCore/Worker found and ended).
+proves in CI what a worker crash shows (1.6.1's in-band error event, the orphaned EngineCore/Worker found and ended).
 
 CI cost: one real worker (vr200-agg, ~3.7 GiB) booting once, 1-6 min on 2 loaded cores, plus a simulated worker
 for seconds; the two deployments run one after the other, never together.
@@ -146,7 +146,7 @@ def test_the_request_set_exercises_what_the_suites_read(observed: dict[str, dict
 
 def test_real_worker_killed_under_a_stream_gives_dynamos_error_and_leaves_its_engine_processes(
         deployments: dict[str, dict[str, Any]]) -> None:
-    """Issue 21 item 7 on a real worker, in CI: SIGKILL of ``dynamo.vllm`` mid-stream without migration ends the
+    """A worker crash on a real worker, in CI: SIGKILL of ``dynamo.vllm`` mid-stream without migration ends the
     stream with 1.6.1's in-band 503 event and ``[DONE]``; its EngineCore and Worker outlive it and are found, ended
     and named. The simulated worker's stream ends the same way (it leaves no process behind)."""
     real: CrashRun = deployments["real"]["crash"]

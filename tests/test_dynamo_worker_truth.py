@@ -1,4 +1,4 @@
-"""The simulated Dynamo worker does what real ``dynamo.vllm`` 1.6.1 does where the suites read it (issue 21 item 6):
+"""The simulated Dynamo worker does what real ``dynamo.vllm`` 1.6.1 does where the suites read it:
 
 * a decode worker copies the prefill worker's ``prompt_tokens_details`` into its answer (real
   ``dynamo/vllm/handlers.py``: ``prefill_prompt_tokens_details``), so the disagg prefix-reuse check judges the

@@ -1,4 +1,4 @@
-"""The session's own lines leak no secret and tell what happened (issue 23 items 1 and 8): a refused key echoed
+"""The session's own lines leak no secret and tell what happened: a refused key echoed
 back by the endpoint is masked in the exit line, whatever its shape; a key in ``engine.extra_args`` stays out of
 the run folder and the simulator's command line; a slow ``/models`` is not called unreachable."""
 

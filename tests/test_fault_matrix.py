@@ -1,4 +1,4 @@
-"""Fault-detection matrix (issue 3): the tool and reasoning suites bite.
+"""Fault-detection matrix: the tool and reasoning suites bite.
 
 For each simulator fault, the suites run (through pytester, in a subprocess) against the simulator started with
 that fault, directly (``--endpoint``), and a few cases again behind the real LiteLLM proxy of the target's

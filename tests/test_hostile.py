@@ -1,4 +1,4 @@
-"""Hostile endpoints end a check in bounded time with one assertion naming the URL (issue 23 items 3-7).
+"""Hostile endpoints end a check in bounded time with one assertion naming the URL.
 
 The answers are data (``fixtures/bad_input/hostile.yaml``), served over real sockets by ``tests/ml4_http_stub.py``
 and met by each client the checks use: the openai SDK, the guarded httpx client, the stream probe. Deadlines are
@@ -188,7 +188,7 @@ def _smoke(pytester: pytest.Pytester, srv: StubServer, *args: str) -> tuple[pyte
 
 def test_a_stalled_deployment_fails_the_smoke_checks_within_the_deadline(
         pytester: pytest.Pytester, smoke_copy: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 23 Done-when: a stalled endpoint fails its first check within the documented deadline (here set
+    """A stalled endpoint fails its first check within the documented deadline (here set
     small by --ml4-deadlines), naming the URL and how long it waited; a login page on /health fails test_health."""
     monkeypatch.setenv("LLM_API_KEY", "sk-not-used-0123456789")
     with StubServer({"/v1/models": Scripted(200, "application/json", [MODELS]),
@@ -223,7 +223,7 @@ def _completion(content: str) -> Scripted:
 def test_a_huge_wrong_answer_stays_a_bounded_failure(pytester: pytest.Pytester, smoke_copy: None,
                                                      monkeypatch: pytest.MonkeyPatch, answer: str, says: str) -> None:
     """A huge answer becomes a message of a few KB on the console and in the Allure results, the total size
-    stated (issue 23 item 6; was: 100 MB of console and two 100 MB Allure results for a 50 MB answer)."""
+    stated (was: 100 MB of console and two 100 MB Allure results for a 50 MB answer)."""
     monkeypatch.setenv("LLM_API_KEY", "sk-not-used-0123456789")
     script = _completion("y" * 3_000_000) if answer == "3 MB" else hostile("huge")
     with StubServer({"/v1/models": Scripted(200, "application/json", [MODELS]),
@@ -251,7 +251,7 @@ def test_wrong_key_through_litellm_without_a_db_stops_the_session_in_one_line(
 
 
 def test_attachments_are_capped_with_the_total_size_stated(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An 8 MB transcript or stream is cut in the report, saying how big it was (issue 23 item 6)."""
+    """An 8 MB transcript or stream is cut in the report, saying how big it was."""
     import allure
 
     from pytest_ml4.report import attach as attach_mod

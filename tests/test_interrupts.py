@@ -1,4 +1,4 @@
-"""A run that is stopped leaves nothing running and a summary saying so (issue 23 item 2).
+"""A run that is stopped leaves nothing running and a summary saying so.
 
 Each test starts pytest as a user does, waits for a *state* (aiperf running, LiteLLM starting), takes the pids of
 every process below pytest at that moment, signals, and then checks by pid that none of them is alive and that

@@ -1,4 +1,4 @@
-"""The kill-matrix harness judges a kill by the check's failure message only (issue 22, build 1).
+"""The kill-matrix harness judges a kill by the check's failure message only.
 
 A regex that matched the traceback (which holds the check's source) would be satisfied by any failure after the
 line holding its literal; a weakened check would still look killed. These tests prove neither can happen.

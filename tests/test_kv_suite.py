@@ -133,7 +133,7 @@ def test_spec_decode_within_the_seed_ranges(rtx: Target) -> None:
 
 
 def test_spec_decode_floor_is_a_one_sided_wilson_bound(rtx: Target) -> None:
-    """Issue 14 item 12: z = 3 on a normal stderr passed position-0 acceptance 0.42 over 60 drafts (floor 0.61)."""
+    """Caught: z = 3 on a normal stderr passed position-0 acceptance 0.42 over 60 drafts (floor 0.61)."""
     view = LogView(records_from_text("x"))
     low = judge_spec_decode(view, rtx, SpecCounts(drafts=60, accepted=60, accepted_per_pos=(25.2, 21, 13.8)))
     assert not low.ok and "too few drafts to judge per-position acceptance" in low.message
@@ -163,8 +163,8 @@ def run_suite(pytester: pytest.Pytester, tmp_path: Path, target: str) -> pytest.
 
 
 def test_stable_unit_passes_and_reports_its_pool(pytester: pytest.Pytester, tmp_path: Path, rtx: Target) -> None:
-    """The stable unit passes: seed 000 ran it "0 errors" with the pool above open item 1's 256,000 (issue 14
-    item 10: the expected figure used to come from the same memory model that wrote the simulator's boot log)."""
+    """The stable unit passes: seed 000 ran it "0 errors" with the pool above open item 1's 256,000 (the
+    expected figure used to come from the same memory model that wrote the simulator's boot log)."""
     result = run_suite(pytester, tmp_path, "rtxpro6000-tp8")
     result.assert_outcomes(passed=5)
     result.stdout.fnmatch_lines(["kv_pool: PASS - KV pool * tokens >= required 256,000*"])
@@ -183,8 +183,8 @@ def test_crashing_variant_fails_with_the_seeds_oom_line(pytester: pytest.Pyteste
 
 def test_seqs32_variant_reports_pool_and_verdict(pytester: pytest.Pytester, tmp_path: Path) -> None:
     """The verdict follows seed 000's rule (>= 256,000 tokens) applied to the pool the suite reports from the
-    engine's boot line, not a figure the test derives from the memory model that wrote that line (issue 14
-    item 10)."""
+    engine's boot line, not a figure the test derives from the memory model that wrote that line (which
+    would agree with itself)."""
     result = run_suite(pytester, tmp_path, str(VARIANTS / "rtxpro6000-tp8-seqs32.yaml"))
     found = re.search(r"kv_pool: (PASS|FAIL) - KV pool ([\d,]+) tokens (>=|<) required 256,000", result.stdout.str())
     assert found, result.stdout.str()[-3000:]

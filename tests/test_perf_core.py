@@ -312,7 +312,7 @@ def _legends(folder: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def test_plots_draw_the_baseline_only_under_its_conditions(tmp_path: Path) -> None:
-    """Issue 26 item 2: under the baseline's own conditions every baseline figure is drawn, its legend naming
+    """Under the baseline's own conditions every baseline figure is drawn, its legend naming
     them; under a short run's only what the gate compares (per-token rates), and TTFT says why it has none."""
     base = Baseline.load(BASELINE)
     write_plots(seed_points(), tmp_path / "same", "seed", base, {"isl": 512, "osl": 4096, "duration_s": 300})
@@ -334,7 +334,7 @@ def test_plots_draw_the_baseline_only_under_its_conditions(tmp_path: Path) -> No
 
 
 def test_a_simulator_perf_baseline_is_refused_on_a_live_run(tmp_path: Path) -> None:
-    """Issue 23 item 11: a perf baseline made by the simulator (``--perf-save`` under ``--sim``) judges simulator
+    """A perf baseline made by the simulator (``--perf-save`` under ``--sim``) judges simulator
     runs only; seed 000's own table (provenance ``seed``) judges live runs; one without provenance is refused."""
     from pytest_ml4.plugin_perf import load_perf_baseline
 

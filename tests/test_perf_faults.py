@@ -58,7 +58,7 @@ def test_five_percent_errors_fail_the_error_gate_only(tmp_path: Path) -> None:
     # re-send a failed request, which is what they are for, so the client would not see the 500s.
     rtx = load_target("rtxpro6000-tp8")
     base = Baseline.load(rtx.resolve(str(rtx.perf.baseline)))
-    # A deterministic schedule (every 20th request: 5 %), not a random rate that can miss (issue 14 item 7).
+    # A deterministic schedule (every 20th request: 5 %), not a random rate that can miss.
     fig = run_point(rtx, ("error_every=20",), tmp_path, concurrency=4, osl=128, requests=40)
     assert fig.errors > 0 and fig.error_rate_pct is not None and fig.error_rate_pct > 0
     assert not gates.error_gate(fig, rtx.gates.request_error_rate_max).passed

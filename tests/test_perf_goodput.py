@@ -1,5 +1,5 @@
 """The goodput gate against the simulator: a fault that slows only the tail fails it while the P50 gates pass, and
-the healthy deployment (the control) passes it (issue 24 "Done when").
+the healthy deployment (the control) passes it.
 
 The fault ``tail_slow=0.1`` makes every 10th request an engine admits decode 4x slower: its ITL leaves the SLO, the
 median request is untouched. Both runs use the suite's own workload spec (Poisson arrivals at the target's

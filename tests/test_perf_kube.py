@@ -1,4 +1,4 @@
-"""``--perf-kube N`` (issue 24 item 4) without a cluster: the JobSet the real ``aiperf kube generate --no-operator``
+"""``--perf-kube N`` without a cluster: the JobSet the real ``aiperf kube generate --no-operator``
 renders for a target (golden), the preflight lint over it, and the submit -> follow -> fetch -> judge loop against
 the project's fake Kubernetes API (``tests/fake_k8s.py``), whose JobSet runner runs aiperf against the simulator as
 the pods would. The fetched export is judged by the suite's own goodput gate.

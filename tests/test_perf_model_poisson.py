@@ -1,5 +1,5 @@
-"""The simulator's engine under Poisson arrivals and multi-turn prefix reuse, against seed 000's table (issue 24
-item 5): the open-loop figures the goodput and capacity gates read must follow what the seed measured.
+"""The simulator's engine under Poisson arrivals and multi-turn prefix reuse, against seed 000's table:
+the open-loop figures the goodput and capacity gates read must follow what the seed measured.
 
 The seed's numbers come from its table as stored in ``fixtures/baselines/rtxpro6000-tp8.json`` (the seed's rows,
 with provenance); every expected value below is derived from those rows and textbook queueing, never from the

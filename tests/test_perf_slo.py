@@ -1,5 +1,5 @@
 """SLO fields of the targets, the goodput gate, the capacity statistics and search, and the aiperf flags they use
-(issue 24), without a deployment: cheap unit tests."""
+without a deployment: cheap unit tests."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ def test_rtx_short_profile_passes_and_writes_outputs(pytester: pytest.Pytester, 
     assert "ESTIMATE" in sweep["roofline"]["label"]
     for rel in sweep["plots"]:
         assert (run_dir / rel).stat().st_size > 1000
-    # Issue 26 items 2-3: the seed's baseline (ISL 512, OSL 4096, 300 s) is drawn only for the per-token rates the
+    # The seed's baseline (ISL 512, OSL 4096, 300 s) is drawn only for the per-token rates the
     # gate compares, each legend entry naming its conditions; TTFT says why it has no baseline line.
     plots = json.loads((run_dir / Path(sweep["plots"][0]).parent / "plots.json").read_text())["plots"]
     drawn = [lab for panels in plots.values() for panel in panels for lab in panel["legend"] if "baseline" in lab]
@@ -81,11 +81,11 @@ def test_dynamo_short_profile_with_trace_replay(pytester: pytest.Pytester, tmp_p
 
 @pytest.mark.nightly
 def test_gb300_disagg_goodput_capacity_sessions_through_perf_kube(pytester: pytest.Pytester, tmp_path: Path) -> None:
-    """Issue 24 "Done when": the perf suite on gb300-disagg in the short profile runs and passes the goodput,
+    """The perf suite on gb300-disagg in the short profile runs and passes the goodput,
     capacity and sessions checks, here with ``--perf-kube 4``: each workload rendered as aiperf's JobSet, submitted
     to the fake Kubernetes API, run there as a local 4-worker aiperf, fetched and judged by the same gates.
     Only the open-loop checks: the sweep's checks on this target are the CI tests' concern (its client-side
-    saturation figure at c32 depends on the machine's load, issue 15). Nightly: ~4 min on 2 cores."""
+    saturation figure at c32 depends on the machine's load). Nightly: ~4 min on 2 cores."""
     reports = tmp_path / "reports"
     result = pytester.runpytest_subprocess(SUITES[1], "--target", "gb300-disagg", "--sim", "-m", "perf",
                                            "--perf-short", "--perf-kube", "4", "-k", "not (" + OPEN_LOOP + ")",

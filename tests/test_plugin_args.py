@@ -1,4 +1,4 @@
-"""Path-valued options given space-separated cannot silently move pytest's rootdir (issue 17).
+"""Path-valued options given space-separated cannot silently move pytest's rootdir.
 
 For every option of ``fixtures/plugin/path_options.yaml``: ``--opt PATH`` with a path outside the project stops
 with one line naming the option and ``--opt=PATH``; ``--opt=PATH`` runs with the project's rootdir and config.
@@ -103,7 +103,7 @@ def test_space_form_with_a_path_inside_the_project_is_harmless(project: pytest.P
 
 
 def test_the_issue_command_line_on_the_project(tmp_path: Path) -> None:
-    """The command of issue 17, run on this repository: the space form stops, the = form keeps the project's
+    """The rootdir-moving command line on this repository: the space form stops, the = form keeps the project's
     pyproject.toml (testpaths = suites)."""
     log = tmp_path / "rd" / "engine.log"
     log.parent.mkdir()

@@ -1,4 +1,4 @@
-"""Bad input fails fast with one clear line naming the URL, file, field or variable (issue 15 item 5).
+"""Bad input fails fast with one clear line naming the URL, file, field or variable.
 
 The cases the README promises are data (``fixtures/bad_input/cases.yaml``), each run as a user would run it, in
 the project folder; the HTML endpoint and Ctrl-C during the perf sweep need a scripted server or a signal and

@@ -1,4 +1,4 @@
-"""Preflight without known hardware (issue 15 item 4): every rule that does not depend on it still runs, the
+"""Preflight without known hardware: every rule that does not depend on it still runs, the
 others are listed as not applied with the flag that would apply them, and only errors found fail the run."""
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def _target_report(name: str):  # type: ignore[no-untyped-def]
 ])
 def test_another_familys_rule_is_not_applied_on_a_known_family(target: str, rule_id: str, family: str) -> None:
     """Caught: on gb300-agg's own DGD the VR200 and RTX PRO rules judged it and passed (nothing of theirs to
-    flag), so the suite counted a pass that judged nothing (issue 14 item 12). Now not applied, without a flag."""
+    flag), so the suite counted a pass that judged nothing. Now not applied, without a flag."""
     skipped = _target_report(target).skipped(rule_id)
     assert skipped is not None and skipped.judged == 0 and skipped.paths
     assert skipped.reason.startswith(f"{family} hardware only") and skipped.flag is None

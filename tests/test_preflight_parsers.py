@@ -1,5 +1,5 @@
 """Preflight parsers and rule edge cases: shell/systemd command lines, vLLM flags, DGD shapes, LiteLLM retries,
-aiperf runs, hardware mapping (issue 6)."""
+aiperf runs, hardware mapping."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Preflight rules against their fixtures, the shipped target manifests and the ``ml4-preflight`` CLI (issue 6).
+"""Preflight rules against their fixtures, the shipped target manifests and the ``ml4-preflight`` CLI.
 
 Every rule has ``fixtures/preflight/<rule-id>/broken/`` (which it must flag with an error) and ``clean/``
 (which no rule may flag with an error).

@@ -1,4 +1,4 @@
-"""The registry of owned process groups (issue 23 item 2): what a group leaves behind is ended, each session ends
+"""The registry of owned process groups: what a group leaves behind is ended, each session ends
 what it started and nothing else, and the signal handlers turn SIGTERM into an interrupt and a second signal into
 "kill now". Processes are checked by pid; nothing here waits for a time to pass, only for a state."""
 

@@ -1,4 +1,4 @@
-"""The reasoning share (issue 26 item 1, issue 23 item 11): measured on natural answers at a length that does not
+"""The reasoning share: measured on natural answers at a length that does not
 cut the reasoning, judged only against a baseline recorded on the same deployment under the same conditions.
 
 Core rules first (no endpoint); then the reasoning suite against the simulator started directly and reached with
@@ -72,7 +72,7 @@ def test_truncation_is_a_length_finish_without_content() -> None:
 
 
 def test_every_stored_baseline_states_its_provenance_and_conditions() -> None:
-    """Issue 23 item 11: each file says whether the simulator made it or which deployment, model, image, date and
+    """Each file says whether the simulator made it or which deployment, model, image, date and
     command recorded it; the reasoning-share and perf ones say what they were measured under."""
     for path in sorted((FIXTURES_DIR / "baselines").glob("*.json")):
         data = json.loads(path.read_text())
@@ -161,7 +161,7 @@ def test_a_model_reasoning_past_the_old_cap_passes_against_its_own_baseline(
     bad = {name: r for name, r in second.items()
            if r[0] != "passed" and not (r[0] == "skipped" and "not judged: " not in r[1])}
     assert len(second) >= 20 and not bad, bad
-    # Issue 26 item 3: the judged figure carries its conditions into summary.json.
+    # The judged figure carries its conditions into summary.json.
     judged = [c for p in (tmp_path / "reports").glob("*/summary.json") for c in json.loads(p.read_text())["checks"]
               if c["nodeid"].endswith("::test_reasoning_share_of_output_is_measured[nonstream]")
               and c["outcome"] == "passed"]

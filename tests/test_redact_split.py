@@ -1,5 +1,5 @@
 """A key split across SSE chunks is redacted after the stream is assembled, and ``ml4-report scan`` finds it
-(issue 23 item 1): chunk by chunk no piece is long enough to look like a key, joined they are one."""
+(chunk by chunk no piece is long enough to look like a key, joined they are one)."""
 
 from __future__ import annotations
 

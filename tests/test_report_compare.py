@@ -173,7 +173,7 @@ def test_short_runs_meet_the_baseline_only_on_short_run_figures_and_unlike_runs_
 
 
 def _empty_run(root: Path, name: str, started: float) -> Path:
-    """A run whose start failed or was interrupted: a summary with no check judged (issue 23 item 9)."""
+    """A run whose start failed or was interrupted: a summary with no check judged."""
     run = root / name
     run.mkdir(parents=True)
     write_summary(run, build_summary(run_dir=run, target="rtxpro6000-tp8", simulated=True, faults=(), versions={},
@@ -212,7 +212,7 @@ def test_control_compare_with_an_earlier_run_compares(tmp_path: Path, capsys: py
     assert "previous run: 20261101-a" in capsys.readouterr().out
 
 def test_comparisons_across_conditions_are_refused_with_one_line() -> None:
-    """Issue 26 item 3: a baseline of other conditions that lists no figure comparable across run lengths, or an
+    """A baseline of other conditions that lists no figure comparable across run lengths, or an
     accuracy of another sample, is not compared: one row says why, naming both conditions."""
     from pytest_ml4.report.compare import (
         Baseline,

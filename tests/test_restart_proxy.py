@@ -67,7 +67,7 @@ def test_with_the_targets_retries_every_request_succeeds_and_retries_are_counted
                                                                                  tmp_path: Path) -> None:
     # The target's own 3 retries (attempts at +0, +0.5, +1.5, +3.5 s) bridge its modelled outage
     # (sim.restart_outage_s) however busy the machine is: the simulator prepares the next engine before the port
-    # closes (issue 15: 3 of 21 requests failed when the box's speed set the outage).
+    # closes (3 of 21 requests once failed when the box's speed set the outage).
     run, window = _restart_through(sim, key, None, tmp_path)
     assert run.restart is not None, run.report()
     assert window.num_retries == TARGET.serving.proxy.num_retries  # type: ignore[union-attr]

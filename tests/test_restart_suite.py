@@ -22,7 +22,7 @@ def run_suite(pytester: pytest.Pytester, tmp_path: Path, *extra: str, target: st
 
 def test_rtxpro_suite_passes_through_the_proxy_with_retries(pytester: pytest.Pytester, tmp_path: Path) -> None:
     # The target's own 3 retries: the simulated outage is the target's modelled figure (sim.restart_outage_s), not
-    # the machine's speed, so they bridge it on a busy CI box too (issue 15 item 2).
+    # the machine's speed, so they bridge it on a busy CI box too.
     result = run_suite(pytester, tmp_path)
     out = result.stdout.str()
     result.assert_outcomes(passed=6, skipped=4)   # 4: the Dynamo-only and disagg-only checks

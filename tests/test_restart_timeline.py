@@ -1,5 +1,5 @@
-"""Restart measured from what the engines did (issue 14 item 1) and judged against the proxy's retry window
-(issue 15 item 2): recovery never counts an answer of the old engine, the simulator's outage is the target's
+"""Restart measured from what the engines did and judged against the proxy's retry window
+(LiteLLM's backoff): recovery never counts an answer of the old engine, the simulator's outage is the target's
 modelled figure, and the no-client-error message sets the outage beside what LiteLLM's retries bridge."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pytest_ml4.sim import SimServer
 from pytest_ml4.targets import load_target
 
 #: The modelled outage and the stop delay of the scenario below: the old engine serves 0.3 s after the trigger
-#: (systemd's stop delay), then the port stays closed 4 s (issue 14: "recovery 0.70 s" for "about 4 s of outage").
+#: (systemd's stop delay), then the port stays closed 4 s (once reported: "recovery 0.70 s" for "about 4 s of outage").
 OUTAGE_S = 4.0
 STOP_DELAY_S = 0.3
 TARGET = load_target("rtxpro6000-tp8", overrides={"sim": {"restart_outage_s": OUTAGE_S}})

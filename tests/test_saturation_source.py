@@ -1,4 +1,4 @@
-"""The saturation gate judges the engine's own running-sequence count, not a load-dependent client figure (issue 15).
+"""The saturation gate judges the engine's own running-sequence count, not a load-dependent client figure.
 
 The flake benchmark found ``test_decode_concurrency_saturates_at_max_num_seqs`` failing on a healthy simulator
 under load: aiperf's client-side ``effective_decode_concurrency`` at c32 read p50 12.0 (max 22) while the engine,

@@ -67,7 +67,7 @@ def test_deadline_stops_the_process_and_names_the_url() -> None:
     assert cleaned and proc.poll() is not None
 
 
-# ---------------------------------------------------------------------- progress (issue 23 item 10)
+# --------------------------------------------------------------------------------------- progress
 # The wait is driven by what the probes return, counted in polls, not by the clock of a loaded machine: a start
 # that shows progress on every poll must outlive `timeout`; one that shows none fails naming what is missing.
 @pytest.fixture

@@ -1,6 +1,6 @@
-"""The tool fixtures the tools suite sends exercise every schema shape issue 3 lists.
+"""The tool fixtures the tools suite sends exercise every schema shape the tool parser must handle.
 
-Moved from ``suites/test_tools.py`` (issue 14 item 11): it checks the repository's data, not the deployment, so
+Moved from ``suites/test_tools.py``: it checks the repository's data, not the deployment, so
 it belongs with the project's own tests."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What each serving stack answers to a bad request, as data (issue 12 item 6).
+"""What each serving stack answers to a bad request, as data.
 
 The suites' error checks read their expectations from ``fixtures/`` (``smoke/smoke.yaml``, ``prompts/tools.yaml``,
 ``prompts/reasoning.yaml``), one row per stack and case::

@@ -123,7 +123,7 @@ class Assembled:
         ``lenient_tool_finish``: with tool calls present, ``stop`` and ``tool_calls`` count as the same finish
         reason (a LiteLLM proxy rewrites a named choice's ``stop`` to ``tool_calls`` only when not streaming).
 
-        Reasoning is compared by presence, not text (issue 14 item 12): at temperature 0 an engine with batching
+        Reasoning is compared by presence, not text: at temperature 0 an engine with batching
         and speculative decoding does not guarantee the same thinking tokens run to run, and the reasoning text
         is not what a client acts on; whether the parser separated reasoning at all must agree, and the answer
         (content, tool calls, finish reason) must be the same.

@@ -1,4 +1,4 @@
-"""A Dynamo worker crashing under a running stream (core, no pytest; issue 21 item 7).
+"""A Dynamo worker crashing under a running stream (core, no pytest).
 
 A pod deletion SIGTERMs the worker, which deregisters and drains its streams; a crash (OOM kill, node loss) is a
 SIGKILL: no deregistration, no drain. What a client then sees is the frontend's doing

@@ -33,7 +33,7 @@ from pytest_ml4.targets import Target
 Z_TOLERANCE = 3.0
 #: Per-position acceptance is a binomial rate: it is outside its range when the one-sided 99 % Wilson bound on the
 #: near side lies beyond the range (significantly below the floor at the 1 % level). z = 3 on a normal stderr let
-#: 0.42 over 60 drafts pass a 0.61 floor (issue 14 item 12); 99 % (not 95 %) because seed 000's own stable windows
+#: 0.42 over 60 drafts pass a 0.61 floor; 99 % (not 95 %) because seed 000's own stable windows
 #: aggregate to 0.568 over 500 drafts at position 2, whose 95 % bound (0.604) would already fail the seed's floor.
 Z_RATE_ONE_SIDED = 2.326
 #: Fewer drafts than this cannot show a rate 0.1 under the floor (0.51 vs 0.61 needs ~135 at 99 %): too few to judge.

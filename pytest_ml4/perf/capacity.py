@@ -1,5 +1,5 @@
 """Capacity: the highest request rate whose goodput meets the floor, by a bounded bisection over aiperf runs
-(issue 24 item 2), the core without pytest.
+(repeated runs pooled per rate), the core without pytest.
 
 Each rate is judged from pooled repeated runs with a one-sided 95 % Wilson bound on the share of good requests,
 as the accuracy gate judges its pass rates (:mod:`pytest_ml4.accuracy.stats`): the rate **meets** the floor when

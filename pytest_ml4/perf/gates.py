@@ -8,7 +8,7 @@
   decode concurrency has p50 = 16.0") - past the cap its p50 is the cap, and never above it;
 * ``knee``: the latency knee is the first concurrency whose TTFT p99 exceeds ``ttft_p99_knee_s``; it must not come
   before ``gates.knee_not_before`` (the target's stated bound) nor before the stored baseline's knee; with
-  neither the gate fails (an unjudged knee is not a pass, issue 14 item 5);
+  neither the gate fails (an unjudged knee is not a pass);
 * ``baseline``: figures within tolerance of the stored baseline (:mod:`pytest_ml4.perf.baseline`).
 """
 
@@ -98,7 +98,7 @@ def saturation_gate(fig: PointFigures, max_num_seqs: int) -> GateResult:
         ok = abs(p50 - total_cap) <= 1.0 + 1e-9 and not over
         rule = f": past the cap the p50 must be {total_cap}" + (" and the engine never above it" if engine else "")
         return GateResult("saturation", fig.concurrency, ok, why + rule + client)
-    # Below the cap the engine must run what it is sent together (issue 14 item 6: on Dynamo targets every sweep
+    # Below the cap the engine must run what it is sent together (on Dynamo targets every sweep
     # concurrency is below max_num_seqs 64, and "p50 <= c" alone can never fail). Seed 000 measured p50 = c
     # up to the cap with the average lower from prefill contention (c16: avg 12.4); half the concurrency leaves
     # that margin and still catches an engine capped lower than the target states (a hidden cap, a serialising
@@ -120,7 +120,7 @@ def latency_knee(points: Sequence[PointFigures], limit_s: float) -> int | None:
 
 def knee_unseen(concurrencies: Sequence[int], not_before: int | None) -> str | None:
     """Why a sweep cannot fail the knee gate (no concurrency under the bound: a knee before it is never seen), or
-    None. A c32-only sweep against a c32 bound passed every time (issue 22 item 8)."""
+    None. A c32-only sweep against a c32 bound passed every time."""
     swept = sorted(concurrencies)
     if not_before is None or not swept or swept[0] < not_before:
         return None

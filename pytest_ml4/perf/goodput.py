@@ -1,4 +1,4 @@
-"""Goodput under SLOs at the production request rate (issue 24 item 1), the core without pytest.
+"""Goodput under SLOs at the production request rate, the core without pytest.
 
 A workload of the target (``perf.workloads``: ``chat`` single-turn, ``sessions`` multi-turn with a shared system
 prompt) is sent at its production ``request_rate`` with Poisson arrivals; aiperf's own ``--goodput`` counts the

@@ -1,4 +1,4 @@
-"""``--perf-kube N``: load from more than one host through aiperf's Kubernetes mode (issue 24 item 4), no pytest.
+"""``--perf-kube N``: load from more than one host through aiperf's Kubernetes mode, no pytest.
 
 * **render**: ``aiperf kube generate --no-operator`` with the same flags as the local run (Namespace/RBAC,
   a ConfigMap holding ``run_config.json``, a JobSet of one controller and ``N`` worker pods of

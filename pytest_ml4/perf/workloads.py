@@ -1,4 +1,4 @@
-"""Run the target's workloads at Poisson request rates and judge goodput and capacity (issue 24), without pytest.
+"""Run the target's workloads at Poisson request rates and judge goodput and capacity, without pytest.
 
 One :class:`WorkloadRunner` per run folder: every aiperf run goes to ``<root>/<workload>/<label>``, and each
 result is cached in a JSON file beside it (:func:`pytest_ml4.perf.sweep.cached_json`), so the goodput, capacity and

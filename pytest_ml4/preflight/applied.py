@@ -1,4 +1,4 @@
-"""Which rules a lint run could apply, and for the rest why not and what would apply them (issue 15 item 4).
+"""Which rules a lint run could apply, and for the rest why not and what would apply them.
 
 A rule is applied to a document of its kinds when the document has what the rule needs
 (``fixtures/preflight/rule_needs.yaml``: its hardware, its target). A rule applied to no document is no pass:

@@ -1,5 +1,5 @@
-"""Real ``dynamo.vllm`` workers in a disaggregated deployment on CPU: prefill -> decode over NIXL/UCX on loopback
-(issue 21 item 3). The settings are data (``fixtures/dynamo_vllm/disagg.yaml``, each with the evidence that set
+"""Real ``dynamo.vllm`` workers in a disaggregated deployment on CPU: prefill -> decode over NIXL/UCX on loopback.
+The settings are data (``fixtures/dynamo_vllm/disagg.yaml``, each with the evidence that set
 it); this module turns them into a worker's arguments and environment, and warms the deployment up once.
 
 Why each setting exists (runs on this 2-core machine, load 30-36): vLLM's ``auto`` OpenMP binding puts both

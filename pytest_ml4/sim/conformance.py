@@ -1,6 +1,6 @@
 """What the suites read from a Dynamo deployment, reduced to shapes and compared between two deployments: the
 simulated-engine workers (:mod:`pytest_ml4.sim.dynamo_worker`) and real ``dynamo.vllm`` workers, both behind the
-real 1.6.1 frontend (issue 21 item 4). Core, no pytest.
+real 1.6.1 frontend. Core, no pytest.
 
 A response becomes an :class:`Observation`: its status code and a *merged shape* (keys, value types, null kept
 distinct from absent; for a stream one merged shape per chunk kind: role, content, reasoning, tool, finish, usage,

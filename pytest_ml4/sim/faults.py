@@ -63,7 +63,7 @@ _DEFINITIONS: tuple[Fault, ...] = (
     Fault("error_rate", "fraction P of requests answered 500 with vLLM's engine error body (default 0.2)",
           "suites/test_perf.py (request error rate gate), suites/test_smoke.py (parallel burst)",
           default=0.2, takes_value=True),
-    # --- issue 14 (kill matrix): deterministic or log-level faults, so each suite check has a killer that
+    # --- kill matrix: deterministic or log-level faults, so each suite check has a killer that
     # fails it on every run (no probabilistic miss) and the matrix test can name the defect.
     Fault("error_every", "every K-th chat request (1st, K+1th, ...) answered 500 with vLLM's engine error body "
           "(default 2): a deterministic error schedule", "suites/test_smoke.py (parallel burst), suites/test_perf.py "
@@ -113,7 +113,7 @@ _DEFINITIONS: tuple[Fault, ...] = (
 
 FAULTS: dict[str, Fault] = {f.name: f for f in _DEFINITIONS}
 
-# Issue 16 (accuracy gate): answer-level, applied in the responder so every serving stack shows it.
+# Accuracy gate: answer-level, applied in the responder so every serving stack shows it.
 FAULTS["accuracy_drop"] = Fault(
     "accuracy_drop", "a deterministic fraction P of answers is wrong (a call's argument value altered, or a "
     "spurious call where none belongs; default 0.2)", "suites/test_accuracy.py (BFCL accuracy vs baseline)",
@@ -174,7 +174,7 @@ def describe() -> str:
     return "\n".join(f"{f.name.ljust(width)}  {f.description}  [caught by: {f.caught_by}]" for f in FAULTS.values())
 
 
-# Restart timeline (issue 14 item 1): the old engine keeps serving S seconds after the restart is triggered,
+# Restart timeline: the old engine keeps serving S seconds after the restart is triggered,
 # as under systemd's stop delay or a rolling pod replacement. Applied by SimServer.restart (the controller
 # side), not by the engine; recovery measured from the trigger's first success would count the old engine.
 register(Fault("delayed_stop", "a restart waits S seconds before stopping the engine, which serves meanwhile "
@@ -183,33 +183,33 @@ register(Fault("delayed_stop", "a restart waits S seconds before stopping the en
                default=0.3, takes_value=True))
 
 
-# Restart (issue 14, w2): a defect only the engine booted by a restart has, as when the restart picks up a broken
+# Restart: a defect only the engine booted by a restart has, as when the restart picks up a broken
 # image or config while the running engine was healthy. The standby start (``--hold-file``) is that engine.
 register(Fault("error_after_restart", "the engine booted by the N-th restart (default 1) and later ones answer "
                "every chat request 500 (EngineDeadError body) while /health answers 200; earlier engines are healthy",
                "suites/test_restart.py (smoke chat after the restart)", default=1.0, takes_value=True))
 
-# Spec decode (issue 14, w2): the draft model drifted from the target model (a stale MTP head, another checkpoint).
+# Spec decode: the draft model drifted from the target model (a stale MTP head, another checkpoint).
 register(Fault("spec_accept_scale", "every draft position's acceptance rate times F (default 0.5: position 0 "
                "0.93 -> 0.47, under seed 000's 0.61 floor)", "suites/test_kv_cache.py (spec-decode acceptance)",
                default=0.5, takes_value=True))
 
-# Reasoning share (issue 14 item 12, w2): the same prompts think for a different part of a fixed-length answer.
+# Reasoning share: the same prompts think for a different part of a fixed-length answer.
 register(Fault("reasoning_share_shift", "the reasoning share of fixed-length answers moves by D (default 0.2: "
                "58 % -> 78 %)", "suites/test_reasoning.py (reasoning share vs its stored baseline)",
                default=0.2, takes_value=True))
 
-# Long reasoning (issue 26): not a defect but a healthy model that thinks at length before it answers (as with
+# Long reasoning: not a defect but a healthy model that thinks at length before it answers (as with
 # reasoning_effort and a hard question), longer than a gate's output cap would allow; 0: a model that never reasons.
 register(Fault("reasoning_len", "the model reasons N tokens (default 1024) before it answers; 0: it does not reason",
                "suites/test_reasoning.py (a cut reasoning is reported truncated, never judged as a share; no "
                "reasoning fails naming that)", default=1024.0, takes_value=True))
 
-# Dynamo deployment shape (w2-killmatrix-dynamo): applied by DynamoSim when it spawns the workers, so the real
+# Dynamo deployment shape: applied by DynamoSim when it spawns the workers, so the real
 # frontend sees fewer instances than the target declares (a worker pod that never registered).
 register(Fault("workers_down", "N of the target's aggregated Dynamo workers never start (default 1)",
                "suites/test_smoke.py (health: every worker registered)", default=1.0, takes_value=True))
-# The same for one role of a disaggregated deployment (s4-kill-disagg): a prefill or decode pod that never
+# The same for one role of a disaggregated deployment: a prefill or decode pod that never
 # registered. At least one worker of the role starts, so the model is still served and /health's count of that
 # role is what fails (a role with none would hide the model from /v1/models: every check would fail).
 register(Fault("prefill_workers_down", "N of the target's Dynamo prefill workers never start (default 1; at least "
@@ -219,20 +219,20 @@ register(Fault("decode_workers_down", "N of the target's Dynamo decode workers n
                "one starts)", "suites/test_smoke.py (health: the decode workers registered)", default=1.0,
                takes_value=True))
 
-# Guided decoding (s2-engine-kills): tool_choice required/named reach the engine as a structured-output grammar
+# Guided decoding: tool_choice required/named reach the engine as a structured-output grammar
 # (Dynamo 1.6.1: sampling_options.guided_decoding.json; vLLM: its structured-outputs backend). An engine that does
 # not enforce it writes what the model would write under auto: text where no tool matches, its own tool-call form.
 register(Fault("guided_decoding_ignored", "the engine ignores the guided-decoding grammar of tool_choice "
                "required/named (structured outputs off): the model answers as under tool_choice auto",
                "suites/test_tools.py (tool_choice required/named obeyed)"))
 
-# Dynamo KV routing (s2-restart-kills): the workers publish no KV events (a worker started without its event
+# Dynamo KV routing: the workers publish no KV events (a worker started without its event
 # publisher / --kv-events-config): the router knows no cached prefix, so it routes nothing by prefix and reports
 # kv_hit_rate 0 while the engine itself still reuses its prefix cache.
 register(Fault("kv_events_off", "the Dynamo workers publish no KV events: the KV router sees no cached prefix",
                "suites/test_restart.py (prefix reuse by the router's figures)"))
 
-# Dynamo context enforcement (s2-frontend-faults): the frontend refuses an over-long prompt only when the workers
+# Dynamo context enforcement: the frontend refuses an over-long prompt only when the workers
 # publish a token budget (real-dynamo.md "Context length"; transcripts python-worker/44 vs 45).
 register(Fault("token_budget_missing", "the Dynamo workers register no token budget (reject_prompt_overflow): the "
                "frontend hands an over-long prompt to a worker, which serves it", "suites/test_smoke.py (over-long "

@@ -173,7 +173,7 @@ class PerfModel:
 
     def decode_every(self, admitted: int) -> int:
         """Engine steps per decode step of the ``admitted``-th request: TAIL_SLOW_FACTOR for the tail_slow share,
-        1 otherwise. A fixed schedule, not a random draw, so a short run holds the share exactly (issue 14 item 7)."""
+        1 otherwise. A fixed schedule, not a random draw, so a short run holds the share exactly."""
         return TAIL_SLOW_FACTOR if self.tail_every and admitted % self.tail_every == 0 else 1
 
     def sequence_scale(self, rng: random.Random) -> float:

@@ -222,7 +222,7 @@ class SimServer(ServerLifecycle):
         The next process is prepared in standby (:meth:`prepare_restart`) while the old one still serves; after
         ``delayed_stop`` (fault) the old one gets SIGTERM and drains; once it has exited the standby is released
         to bind at ``stop + sim.restart_outage_s``. So the port is closed for the modelled figure (plus the
-        drain), not for however long this machine takes to start Python (issue 15: 6.3 s on a busy box).
+        drain), not for however long this machine takes to start Python (that once made a 6.3 s outage on a busy box).
         """
         outage_s, delay_s = self.restart_profile()
         self.prepare_restart(timeout)
