@@ -318,13 +318,21 @@ def _refuse_bad_json(plan: _Plan, response: httpx.Response) -> None:
                         f"{ctype or 'none'}): {quote_bytes(response.content)}")
 
 
+#: The connection pool of every client: httpx's defaults but an idle connection reused for at most 2 s. uvicorn
+#: (LiteLLM's proxy, vLLM) closes an idle keep-alive connection after 5 s, which is also httpx's default expiry, so a
+#: request sent on a pooled connection just as the server closes it is reset before it is served (2 of 456 BFCL
+#: requests through LiteLLM once). The suite never retries (a retry would hide a real reset), so it must not reuse a
+#: connection at the server's limit.
+POOL_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=2.0)
+
+
 class GuardedTransport(httpx.BaseTransport):
     """An httpx transport applying :class:`Deadlines`, the redirect rule and the size cap (see the module doc)."""
 
     def __init__(self, deadlines: Deadlines, *, validate_json: bool = False,
                  inner: httpx.BaseTransport | None = None) -> None:
         self.deadlines, self.validate_json = deadlines, validate_json
-        self.inner = inner or httpx.HTTPTransport()
+        self.inner = inner or httpx.HTTPTransport(limits=POOL_LIMITS)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         plan = _Plan.of(request, self.deadlines)
@@ -356,7 +364,7 @@ class AsyncGuardedTransport(httpx.AsyncBaseTransport):
     def __init__(self, deadlines: Deadlines, *, validate_json: bool = False,
                  inner: httpx.AsyncBaseTransport | None = None) -> None:
         self.deadlines, self.validate_json = deadlines, validate_json
-        self.inner = inner or httpx.AsyncHTTPTransport()
+        self.inner = inner or httpx.AsyncHTTPTransport(limits=POOL_LIMITS)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         plan = _Plan.of(request, self.deadlines)

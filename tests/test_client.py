@@ -62,6 +62,21 @@ def test_factories_use_no_retries_and_a_short_connect_timeout() -> None:
     assert isinstance(http._transport, GuardedTransport) and http._transport.deadlines.first_byte_s == 30
 
 
+#: uvicorn's default ``timeout_keep_alive`` (LiteLLM's proxy and vLLM's API server run on uvicorn without changing it).
+UVICORN_KEEP_ALIVE_S = 5.0
+
+
+def test_every_client_drops_an_idle_connection_before_uvicorn_closes_it() -> None:
+    """A pooled connection reused at the server's keep-alive limit is reset before the request is served; the
+    suite never retries, so its clients must give idle connections up first."""
+    ep = Endpoint("http://127.0.0.1:9/v1", api_key=SECRET)
+    transports = [make_openai(ep)._client._transport, make_async_openai(ep)._client._transport,
+                  make_httpx(ep)._transport]
+    for transport in transports:
+        pool = transport.inner._pool
+        assert pool._keepalive_expiry < UVICORN_KEEP_ALIVE_S, type(transport).__name__
+
+
 def test_unreachable_endpoint_is_one_line_within_seconds() -> None:
     ep = Endpoint(f"http://127.0.0.1:{_free_port()}/v1", api_key=SECRET)
     problem = check_reachable(ep)  # bounded by the connect timeout; the line is asserted, not the time
