@@ -129,6 +129,11 @@ class RealDynamoWorker(DynamoWorker):
 
     def start(self, timeout: float = START_TIMEOUT_S) -> None:
         super().start(timeout)
+
+    def wait_ready(self, timeout: float, cap: float | None = None) -> None:
+        """Ready (every start path ends here), then a disaggregated worker's engine processes yield to its Dynamo
+        runtime (:func:`~pytest_ml4.realdynamo.disagg.lower_engine_priority`)."""
+        super().wait_ready(timeout, cap)
         if disagg.is_disagg_role(self.role) and self._proc is not None:
             disagg.lower_engine_priority(self._proc.pid, self._proc.pid)
 
