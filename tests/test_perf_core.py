@@ -71,7 +71,7 @@ def test_seed_baseline_file_is_the_seed_table() -> None:
     assert b.points[32]["out_tok_s"] == 409.6 and b.points[1]["itl_p50_ms"] == 11.7
     assert b.conditions["osl"] == 4096 and b.conditions["duration_s"] == 300
     assert b.tolerances["ttft_p50_s"] == 0.20 and b.tolerances["itl_p50_ms"] == 0.10
-    assert "seed" in b.provenance["source"]
+    assert "seed" in b.provenance.fields["source"]
     assert sum(int(r["requests"]) for r in b.points.values()) == 155  # "155 requests total across the seven runs"
 
 

@@ -47,7 +47,7 @@ TIME_SCALE = 10.0
 def seed_rows() -> dict[int, dict[str, float]]:
     data = json.loads(SEED_TABLE.read_text())
     assert data["provenance"]["kind"] == "seed", f"{SEED_TABLE} is not the seed's table"
-    return {int(p["concurrency"]): p for p in data["points"]}
+    return {int(p["concurrency"]): p for p in data["figures"]}
 
 
 def seed_prefill_s(rows: dict[int, dict[str, float]]) -> float:

@@ -155,7 +155,7 @@ def test_a_model_reasoning_past_the_old_cap_passes_against_its_own_baseline(
         assert "was made by the simulator, not recorded on this deployment" in text and RECORD in text, text
     doc = json.loads(saved.read_text())
     assert doc["provenance"]["kind"] == "deployment" and doc["conditions"]["min_tokens"] is None
-    assert all(s > 0.9 for s in doc["shares"].values()), doc["shares"]   # it did reason past the old cap
+    assert all(s > 0.9 for s in doc["figures"].values()), doc["figures"]   # it did reason past the old cap
     # A plain skip is a check that does not apply to this target (e.g. the no-effort check on a stack whose other
     # checks already send no effort); a not-judged one is a skip whose reason says so, and fails here.
     bad = {name: r for name, r in second.items()
