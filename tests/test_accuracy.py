@@ -173,7 +173,9 @@ def test_a_live_run_is_never_judged_by_the_simulators_baseline() -> None:
     from pytest_ml4.plugin_accuracy import judge_against_baseline
 
     target = load_target("rtxpro6000-tp8")
-    default = Path(__file__).resolve().parent.parent / "fixtures" / "baselines" / "accuracy-rtxpro6000-tp8.json"
+    from pytest_ml4.baselines import default_baseline
+
+    default = default_baseline("accuracy", "rtxpro6000-tp8")
     live = _accuracy_run(None)
     judge_against_baseline(live, target, live=True)
     assert live.baseline is None and not live.baseline_refused

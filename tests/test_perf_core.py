@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from pytest_ml4.baselines import default_baseline
 from pytest_ml4.perf import gates
 from pytest_ml4.perf.baseline import (
     Baseline,
@@ -45,7 +46,7 @@ from pytest_ml4.perf.summary import update_summary
 from pytest_ml4.perf.sweep import grace_for, settings_from_target, short_trace
 from pytest_ml4.targets import REPO_ROOT, load_target
 
-BASELINE = REPO_ROOT / "fixtures" / "baselines" / "rtxpro6000-tp8.json"
+BASELINE = default_baseline("perf", "rtxpro6000-tp8")
 AIPERF = REPO_ROOT / "fixtures" / "aiperf"
 TRACE = REPO_ROOT / "fixtures" / "traces" / "agentic-mooncake.jsonl"
 

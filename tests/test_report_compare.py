@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ml4.baselines import direction
+from pytest_ml4.baselines import default_baseline, direction
 from pytest_ml4.perf.baseline import Baseline
 from pytest_ml4.perf.summary import update_summary
 from pytest_ml4.report.cli import main
@@ -24,8 +24,7 @@ from pytest_ml4.report.summary import (
     write_summary,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-BASELINE = REPO / "fixtures" / "baselines" / "rtxpro6000-tp8.json"
+BASELINE = default_baseline("perf", "rtxpro6000-tp8")
 
 
 def _points(scale_itl: float = 1.0, scale_tok: float = 1.0) -> list[dict[str, float]]:
