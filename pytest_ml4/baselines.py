@@ -1,11 +1,22 @@
-"""Where a stored baseline came from and what it was measured under: one block shared by the perf, accuracy and
-reasoning-share baselines (``fixtures/baselines/*.json``).
+"""The one baseline store: the file format of the perf, accuracy and reasoning-share baselines
+(``fixtures/baselines/*.json``), where they came from, what they were measured under, and which direction of each
+figure is better.
 
-Every baseline file carries::
+Every baseline file is::
 
-    "provenance": {"kind": "simulator" | "deployment" | "seed",
-                   "deployment": str, "model": str, "image": str, "date": str, "command": str, ...}
-    "conditions": {<what the figure depends on: isl, osl, duration_s, prompts, max_tokens, size, seed, ...>}
+    {"format": "ml4-baseline/1", "kind": "perf" | "accuracy" | "reasoning-share", "target": str,
+     "provenance": {"kind": "simulator" | "deployment" | "seed",
+                    "deployment": str, "model": str, "image": str, "date": str, "command": str, ...},
+     "conditions": {<what the figures depend on: isl, osl, duration_s, prompts, max_tokens, size, seed, ...>},
+     "tolerances": {<figure>: number},
+     "figures": <the kind's figures: perf a list of points per concurrency, accuracy per-category counts,
+                 reasoning-share per-prompt shares>,
+     <the kind's own comparison settings, e.g. perf's "value_max_concurrency" and "short_run_metrics">}
+
+:func:`read_baseline` reads any of them and refuses, with one line naming the file, one without provenance, of an
+older layout or of another kind; :func:`write_baseline` writes them. The kinds' own classes
+(:class:`pytest_ml4.perf.baseline.Baseline`, :class:`pytest_ml4.accuracy.gate.AccuracyBaseline`,
+:class:`pytest_ml4.checks.reasoning.ShareBaseline`) interpret ``figures``.
 
 Two rules follow:
 
@@ -21,13 +32,41 @@ Core code: no pytest.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from pytest_ml4.targets import FIXTURES_DIR
+
 if TYPE_CHECKING:
     from pytest_ml4.targets import Target
+
+#: The layout every baseline file states (``"format"``); a file without it predates the one store.
+FORMAT = "ml4-baseline/1"
+#: What a baseline measures, and the file a target's baseline of that kind has in :func:`baselines_dir` when no
+#: option names one (perf: the target file's ``perf.baseline`` names it).
+BASELINE_FILES: dict[str, str] = {
+    "perf": "{target}.json",
+    "accuracy": "accuracy-{target}.json",
+    "reasoning-share": "reasoning-share-{target}.json",
+}
+#: Which direction is better for each perf figure a gate or ``ml4-report compare`` judges: +1 higher is better, -1
+#: lower is better. A figure not listed has no better direction (a count of requests describes the run, not the
+#: deployment). Accuracy (a drop, tested for significance) and the reasoning share (a band either way) are judged by
+#: their own rules.
+DIRECTION: dict[str, int] = {
+    "out_tok_s": +1, "tok_s_user": +1, "tok_s_user_p50": +1,
+    "ttft_p50_s": -1, "ttft_p99_s": -1, "itl_p50_ms": -1, "itl_p99_ms": -1,
+    "decode_conc_avg": +1, "error_rate_pct": -1,
+}
+
+
+def direction(figure: str) -> int:
+    """+1 when higher is better, -1 when lower is better, 0 when the figure has no better direction."""
+    return DIRECTION.get(figure, 0)
+
 
 #: Provenance kinds: made by the simulator; recorded on a real deployment by this tool; transcribed from a seed's
 #: real measurement (seed 000's perf table).
@@ -75,6 +114,75 @@ def usable_on(prov: Provenance, path: str | Path, *, live: bool, explicit: bool)
         raise BaselineRefused(f"baseline {path} was made by the simulator and cannot judge a live deployment: "
                               "record one on this deployment")
     return False
+
+
+def baselines_dir() -> Path:
+    """Where the repository's stored baselines live (the one place that says so)."""
+    return FIXTURES_DIR / "baselines"
+
+
+def default_baseline(kind: str, target: str) -> Path:
+    """The stored baseline of ``kind`` for ``target`` when no option names one."""
+    return baselines_dir() / BASELINE_FILES[kind].format(target=target)
+
+
+@dataclass(frozen=True)
+class StoredBaseline:
+    """One baseline file as read: the common block; ``figures`` and ``extra`` are the kind's to interpret."""
+
+    path: Path
+    kind: str
+    target: str
+    provenance: Provenance
+    conditions: dict[str, Any]
+    tolerances: dict[str, float]
+    figures: Any
+    extra: dict[str, Any]
+
+
+_COMMON = ("format", "kind", "target", "provenance", "conditions", "tolerances", "figures")
+
+
+def read_baseline(path: str | Path, kind: str) -> StoredBaseline:
+    """A baseline file of ``kind``; :class:`BaselineRefused` (one line naming the file) when it is missing, not
+    JSON, states no provenance, predates :data:`FORMAT`, is of another kind or lacks its figures."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BaselineRefused(f"{kind} baseline {p} does not exist") from None
+    except (OSError, ValueError) as err:
+        raise BaselineRefused(f"{kind} baseline {p} is not readable JSON: {err}") from None
+    if not isinstance(doc, dict):
+        raise BaselineRefused(f"{kind} baseline {p} is not a JSON object")
+    prov = provenance_of(doc, p)
+    if doc.get("format") != FORMAT:
+        raise BaselineRefused(f"{kind} baseline {p} is in an older layout (no \"format\": \"{FORMAT}\"): record it "
+                              "again with this version's save option")
+    if doc.get("kind") != kind:
+        raise BaselineRefused(f"baseline {p} is a {doc.get('kind')!r} baseline, not a {kind!r} one")
+    tolerances, figures = doc.get("tolerances") or {}, doc.get("figures")
+    if not isinstance(tolerances, dict) or not all(isinstance(v, (int, float)) for v in tolerances.values()):
+        raise BaselineRefused(f"{kind} baseline {p}: 'tolerances' must map figures to numbers")
+    if not figures:
+        raise BaselineRefused(f"{kind} baseline {p} has no 'figures'")
+    return StoredBaseline(p, kind, str(doc.get("target") or p.stem), prov, dict(doc.get("conditions") or {}),
+                          {k: float(v) for k, v in tolerances.items()}, figures,
+                          {k: v for k, v in doc.items() if k not in _COMMON})
+
+
+def write_baseline(path: str | Path, kind: str, target: str, provenance: Mapping[str, Any],
+                   conditions: Mapping[str, Any], tolerances: Mapping[str, float], figures: Any,
+                   **extra: Any) -> Path:
+    """Write a baseline file of ``kind`` (the save options of the perf, accuracy and reasoning-share suites)."""
+    if kind not in BASELINE_FILES:
+        raise ValueError(f"unknown baseline kind {kind!r}; known: {', '.join(BASELINE_FILES)}")
+    doc = {"format": FORMAT, "kind": kind, "target": target, "provenance": dict(provenance),
+           "conditions": dict(conditions), "tolerances": dict(tolerances), **extra, "figures": figures}
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return p
 
 
 class _HasProvenance(Protocol):

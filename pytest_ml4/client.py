@@ -205,12 +205,6 @@ def make_httpx(ep: Endpoint, timeout: float | None = None) -> httpx.Client:
                         transport=GuardedTransport(d))
 
 
-def make_async_httpx(ep: Endpoint, timeout: float | None = None) -> httpx.AsyncClient:
-    d = _deadlines(ep, timeout)
-    return httpx.AsyncClient(base_url=ep.base_url + "/", headers=ep.auth_headers(), timeout=_httpx_timeout(d),
-                             transport=AsyncGuardedTransport(d))
-
-
 def check_reachable(ep: Endpoint, timeout: float = CONNECT_TIMEOUT_S, key_source: str | None = None) -> str | None:
     """None when the endpoint answers HTTP and takes the session's key, else one line naming the URL and the error.
 

@@ -27,9 +27,14 @@ from pytest_ml4.accuracy.gate import (
     summarize,
 )
 from pytest_ml4.accuracy.score import ItemResult
-from pytest_ml4.baselines import BaselineRefused, deployment_provenance, pick_baseline
+from pytest_ml4.baselines import (
+    BaselineRefused,
+    default_baseline,
+    deployment_provenance,
+    pick_baseline,
+)
 from pytest_ml4.plugin_common import simulator_answers
-from pytest_ml4.targets import FIXTURES_DIR, Target
+from pytest_ml4.targets import Target
 
 SUMMARY_FILE = "accuracy-summary.json"
 #: How a deployment's accuracy baseline is recorded (named by the gate when it cannot judge without one).
@@ -152,9 +157,9 @@ class AccuracyRun:
 def judge_against_baseline(run: AccuracyRun, target: Target, live: bool) -> None:
     """Pick the baseline that may judge this run (never the simulator's on a live deployment, never one of other
     conditions) and compare; otherwise say why not (``baseline_missing``) or refuse (``baseline_refused``)."""
-    default = FIXTURES_DIR / "baselines" / f"accuracy-{target.name}.json"
     try:
-        base, run.baseline_missing = pick_baseline(run.options.baseline, default, load_baseline, live=live,
+        base, run.baseline_missing = pick_baseline(run.options.baseline, default_baseline("accuracy", target.name),
+                                                   load_baseline, live=live,
                                                    record=RECORD_COMMAND.format(target=target.name),
                                                    other_conditions=lambda b: b.refusal(run.conditions))
     except BaselineRefused as err:
@@ -186,7 +191,7 @@ def run_accuracy(config: pytest.Config, target: Target, declared: Target, endpoi
         run.conditions = run_conditions(api.version, opts.size, opts.seed)
         judge_against_baseline(run, target, live=not simulator_answers(config, endpoint))
         if opts.save is not None:
-            save_baseline(opts.save, run.scores, {"target": target.name}, run.conditions,
+            save_baseline(opts.save, run.scores, target.name, run.conditions,
                           deployment_provenance(target, endpoint.model, sys.argv,
                                                 bool(getattr(endpoint, "simulated", False))))
     (run_dir / SUMMARY_FILE).write_text(json.dumps(run.summary(), indent=2) + "\n")

@@ -21,7 +21,6 @@ import pytest
 from pytest_ml4.baselines import (
     BaselineRefused,
     deployment_provenance,
-    provenance_of,
     usable_on,
 )
 from pytest_ml4.perf.baseline import Baseline, BaselineError, parse_compare_fail
@@ -253,8 +252,8 @@ def load_perf_baseline(path: Path, live: bool) -> Baseline:
     simulator for a live run."""
     try:
         baseline = Baseline.load(path)
-        usable_on(provenance_of({"provenance": baseline.provenance}, path), path, live=live, explicit=True)
-    except (BaselineError, BaselineRefused) as err:
+        usable_on(baseline.provenance, path, live=live, explicit=True)
+    except BaselineRefused as err:
         raise pytest.UsageError(f"--perf-baseline: {err}") from None
     return baseline
 

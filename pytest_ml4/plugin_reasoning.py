@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ml4.baselines import BaselineRefused, pick_baseline
+from pytest_ml4.baselines import BaselineRefused, default_baseline, pick_baseline
 from pytest_ml4.checks.reasoning import ShareBaseline
 from pytest_ml4.plugin_common import simulator_answers
-from pytest_ml4.targets import FIXTURES_DIR, Target
+from pytest_ml4.targets import Target
 
 #: How a deployment's reasoning-share baseline is recorded (named by a check that could not judge without one).
 RECORD_COMMAND = ("pytest --target {target} -m reasoning -k share_of_output "
@@ -43,7 +43,7 @@ class ShareBaselineChoice:
 def ml4_share_baseline(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: object) -> ShareBaselineChoice:
     given = pytestconfig.getoption("ml4_reasoning_share_baseline")
     save = pytestconfig.getoption("ml4_reasoning_share_save")
-    default = FIXTURES_DIR / "baselines" / f"reasoning-share-{ml4_target.name}.json"
+    default = default_baseline("reasoning-share", ml4_target.name)
     record = RECORD_COMMAND.format(target=ml4_target.name)
     common = {"save": Path(save) if save else None, "explicit": bool(given), "record": record}
     try:

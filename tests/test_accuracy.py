@@ -135,7 +135,7 @@ def test_suite_passes_vs_stored_baseline_and_fails_under_accuracy_drop(pytester:
                               "rtxpro6000-tp8 -m accuracy --accuracy-save=*")])
     ok.stdout.fnmatch_lines(["*[[]ml4 accuracy[]] 80/80 items*"])
     doc = json.loads(saved.read_text())
-    assert set(doc["categories"]) == {"irrelevance", "live_irrelevance"} and doc["conditions"]["size"] == 40
+    assert set(doc["figures"]) == {"irrelevance", "live_irrelevance"} and doc["conditions"]["size"] == 40
     assert doc["provenance"]["kind"] == "simulator" and "--accuracy-save" in doc["provenance"]["command"]
     bad = _run(pytester, tmp_path / "r2", "--accuracy-baseline", str(saved), "--ml4-fault", "accuracy_drop=0.5")
     bad.assert_outcomes(passed=2, failed=1)
@@ -173,7 +173,9 @@ def test_a_live_run_is_never_judged_by_the_simulators_baseline() -> None:
     from pytest_ml4.plugin_accuracy import judge_against_baseline
 
     target = load_target("rtxpro6000-tp8")
-    default = Path(__file__).resolve().parent.parent / "fixtures" / "baselines" / "accuracy-rtxpro6000-tp8.json"
+    from pytest_ml4.baselines import default_baseline
+
+    default = default_baseline("accuracy", "rtxpro6000-tp8")
     live = _accuracy_run(None)
     judge_against_baseline(live, target, live=True)
     assert live.baseline is None and not live.baseline_refused

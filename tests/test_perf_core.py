@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from pytest_ml4.baselines import default_baseline
 from pytest_ml4.perf import gates
 from pytest_ml4.perf.baseline import (
     Baseline,
@@ -45,7 +46,7 @@ from pytest_ml4.perf.summary import update_summary
 from pytest_ml4.perf.sweep import grace_for, settings_from_target, short_trace
 from pytest_ml4.targets import REPO_ROOT, load_target
 
-BASELINE = REPO_ROOT / "fixtures" / "baselines" / "rtxpro6000-tp8.json"
+BASELINE = default_baseline("perf", "rtxpro6000-tp8")
 AIPERF = REPO_ROOT / "fixtures" / "aiperf"
 TRACE = REPO_ROOT / "fixtures" / "traces" / "agentic-mooncake.jsonl"
 
@@ -71,7 +72,7 @@ def test_seed_baseline_file_is_the_seed_table() -> None:
     assert b.points[32]["out_tok_s"] == 409.6 and b.points[1]["itl_p50_ms"] == 11.7
     assert b.conditions["osl"] == 4096 and b.conditions["duration_s"] == 300
     assert b.tolerances["ttft_p50_s"] == 0.20 and b.tolerances["itl_p50_ms"] == 0.10
-    assert "seed" in b.provenance["source"]
+    assert "seed" in b.provenance.fields["source"]
     assert sum(int(r["requests"]) for r in b.points.values()) == 155  # "155 requests total across the seven runs"
 
 

@@ -32,13 +32,14 @@ from dataclasses import dataclass
 
 import pytest
 
+from pytest_ml4.baselines import default_baseline
 from pytest_ml4.sim.engine import Engine, Sequence, block_hashes
 from pytest_ml4.sim.perfmodel import TIME_SCALE_ENV, PerfModel
 from pytest_ml4.sim.promstats import SimMetrics
-from pytest_ml4.targets import FIXTURES_DIR, load_target
+from pytest_ml4.targets import load_target
 
 TARGET = "rtxpro6000-tp8"
-SEED_TABLE = FIXTURES_DIR / "baselines" / f"{TARGET}.json"
+SEED_TABLE = default_baseline("perf", TARGET)
 #: The seed's measured input length ("Measured input sequence length averaged ≈549 tokens").
 SEED_ISL = 549
 TIME_SCALE = 10.0
@@ -47,7 +48,7 @@ TIME_SCALE = 10.0
 def seed_rows() -> dict[int, dict[str, float]]:
     data = json.loads(SEED_TABLE.read_text())
     assert data["provenance"]["kind"] == "seed", f"{SEED_TABLE} is not the seed's table"
-    return {int(p["concurrency"]): p for p in data["points"]}
+    return {int(p["concurrency"]): p for p in data["figures"]}
 
 
 def seed_prefill_s(rows: dict[int, dict[str, float]]) -> float:

@@ -15,18 +15,24 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ml4.baselines import BaselineRefused, pick_baseline, provenance_of
+from pytest_ml4.baselines import (
+    BaselineRefused,
+    baselines_dir,
+    default_baseline,
+    pick_baseline,
+    provenance_of,
+)
 from pytest_ml4.checks.reasoning import (
     ShareBaseline,
     cut_inside_reasoning,
     share_baseline_drift,
 )
 from pytest_ml4.sim import SimServer
-from pytest_ml4.targets import FIXTURES_DIR, load_target
+from pytest_ml4.targets import load_target
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = "rtxpro6000-tp8"
-SIM_BASELINE = FIXTURES_DIR / "baselines" / f"reasoning-share-{TARGET}.json"
+SIM_BASELINE = default_baseline("reasoning-share", TARGET)
 BASELINE = ShareBaseline.load(SIM_BASELINE)
 PROMPTS = list(BASELINE.shares)
 CONDITIONS = dict(BASELINE.conditions)
@@ -74,7 +80,7 @@ def test_truncation_is_a_length_finish_without_content() -> None:
 def test_every_stored_baseline_states_its_provenance_and_conditions() -> None:
     """Each file says whether the simulator made it or which deployment, model, image, date and
     command recorded it; the reasoning-share and perf ones say what they were measured under."""
-    for path in sorted((FIXTURES_DIR / "baselines").glob("*.json")):
+    for path in sorted(baselines_dir().glob("*.json")):
         data = json.loads(path.read_text())
         prov = provenance_of(data, path)
         if prov.kind == "deployment":
@@ -155,7 +161,7 @@ def test_a_model_reasoning_past_the_old_cap_passes_against_its_own_baseline(
         assert "was made by the simulator, not recorded on this deployment" in text and RECORD in text, text
     doc = json.loads(saved.read_text())
     assert doc["provenance"]["kind"] == "deployment" and doc["conditions"]["min_tokens"] is None
-    assert all(s > 0.9 for s in doc["shares"].values()), doc["shares"]   # it did reason past the old cap
+    assert all(s > 0.9 for s in doc["figures"].values()), doc["figures"]   # it did reason past the old cap
     # A plain skip is a check that does not apply to this target (e.g. the no-effort check on a stack whose other
     # checks already send no effort); a not-judged one is a skip whose reason says so, and fails here.
     bad = {name: r for name, r in second.items()

@@ -7,29 +7,28 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ml4.baselines import default_baseline, direction
+from pytest_ml4.perf.baseline import Baseline
 from pytest_ml4.perf.summary import update_summary
 from pytest_ml4.report.cli import main
 from pytest_ml4.report.compare import (
     compare_runs,
-    direction,
     format_table,
-    load_baseline,
-    stored_runs,
     trend_png,
 )
 from pytest_ml4.report.summary import (
     CheckRecord,
     build_summary,
     perf_points,
+    stored_runs,
     write_summary,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-BASELINE = REPO / "fixtures" / "baselines" / "rtxpro6000-tp8.json"
+BASELINE = default_baseline("perf", "rtxpro6000-tp8")
 
 
 def _points(scale_itl: float = 1.0, scale_tok: float = 1.0) -> list[dict[str, float]]:
-    base = {c["concurrency"]: c for c in json.loads(BASELINE.read_text())["points"]}
+    base = {c["concurrency"]: c for c in json.loads(BASELINE.read_text())["figures"]}
     return [{"concurrency": c, "itl_p50_ms": p["itl_p50_ms"] * scale_itl, "tok_s_user": p["tok_s_user"] * scale_tok,
              "ttft_p50_s": p["ttft_p50_s"], "out_tok_s": p["out_tok_s"] * scale_tok, "requests": p["requests"]}
             for c, p in sorted(base.items())]
@@ -85,12 +84,12 @@ def test_itl_regression_beyond_tolerance_is_flagged_vs_previous_and_baseline(tmp
     _run(tmp_path, "20261101-a", points=_points(), started=1.0e9)
     _run(tmp_path, "20261102-a", points=_points(scale_itl=1.25), started=1.1e9)
     runs = stored_runs(tmp_path, "rtxpro6000-tp8")
-    comp = compare_runs(runs, load_baseline(BASELINE), tolerance=0.10)
+    comp = compare_runs(runs, Baseline.load(BASELINE), tolerance=0.10)
     bad = {(r.scope, r.subject) for r in comp.regressions}
     assert ("vs previous", "c16 itl_p50_ms") in bad
     assert ("vs baseline", "c16 itl_p50_ms") in bad
     assert not any("tok_s" in s or "requests" in s for _, s in bad)
-    # TTFT past c16 is queueing (baseline: ttft_value_max_concurrency 16): never judged by value.
+    # TTFT past c16 is queueing (baseline: value_max_concurrency {"ttft": 16}): never judged by value.
     assert not any(r.subject in ("c32 ttft_p50_s", "c64 ttft_p50_s") for r in comp.rows if r.scope == "vs baseline")
     table = format_table(comp)
     assert "REGRESSION" in table and "+25.0%" in table and "regression(s) beyond tolerance" in table
@@ -108,7 +107,7 @@ def test_small_drift_within_tolerance_and_verdict_changes(tmp_path: Path) -> Non
 def test_trend_png_draws_the_key_figures(tmp_path: Path) -> None:
     for i, scale in enumerate((1.0, 1.02, 0.97)):
         _run(tmp_path, f"2026110{i + 1}-a", points=_points(scale_itl=scale), started=1.0e9 + i)
-    out = trend_png(stored_runs(tmp_path), tmp_path / "trend.png", load_baseline(BASELINE))
+    out = trend_png(stored_runs(tmp_path), tmp_path / "trend.png", Baseline.load(BASELINE))
     assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out.stat().st_size > 10_000
     assert trend_png([{"run_id": "x", "perf": {}}], tmp_path / "none.png") is None
@@ -164,7 +163,7 @@ def test_short_runs_meet_the_baseline_only_on_short_run_figures_and_unlike_runs_
     short = {"isl": 512, "osl": 256, "duration_s": 5, "short": True}
     _run(tmp_path, "20261101-a", points=_points(), started=1.0e9)
     _run(tmp_path, "20261102-a", points=_points(scale_tok=0.5), started=1.1e9, settings=short)
-    comp = compare_runs(stored_runs(tmp_path), load_baseline(BASELINE), tolerance=0.10)
+    comp = compare_runs(stored_runs(tmp_path), Baseline.load(BASELINE), tolerance=0.10)
     against_base = {r.subject.split()[1] for r in comp.rows if r.scope == "vs baseline"}
     assert against_base == {"tok_s_user", "itl_p50_ms"}, "the baseline's short_run_metrics only"
     assert {r.subject for r in comp.regressions} == {f"c{c} tok_s_user" for c in (1, 2, 4, 8, 16, 32, 64)}
@@ -214,14 +213,11 @@ def test_control_compare_with_an_earlier_run_compares(tmp_path: Path, capsys: py
 def test_comparisons_across_conditions_are_refused_with_one_line() -> None:
     """A baseline of other conditions that lists no figure comparable across run lengths, or an
     accuracy of another sample, is not compared: one row says why, naming both conditions."""
-    from pytest_ml4.report.compare import (
-        Baseline,
-        compare_accuracy,
-        compare_with_baseline,
-    )
+    from pytest_ml4.baselines import Provenance
+    from pytest_ml4.report.compare import compare_accuracy, compare_with_baseline
 
-    base = Baseline({1: {"tok_s_user": 90.0}}, {}, {}, "b.json", conditions={"isl": 512, "osl": 4096,
-                                                                              "duration_s": 300})
+    base = Baseline("b", {1: {"tok_s_user": 90.0}}, {}, Provenance("seed", {}), path=Path("b.json"),
+                    conditions={"isl": 512, "osl": 4096, "duration_s": 300})
     (row,) = compare_with_baseline(base, {1: {"tok_s_user": 50.0}}, {"isl": 128, "osl": 256, "duration_s": 5}, 0.1)
     assert not row.regressed and "\n" not in row.change
     assert row.change == ("perf figures not compared with b.json: measured under other conditions (baseline vs this "

@@ -6,7 +6,6 @@ A category regresses when its accuracy fell by more than the tolerance AND the f
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,15 +17,10 @@ from pytest_ml4.baselines import (
     BaselineRefused,
     Provenance,
     conditions_differ,
-    provenance_of,
+    read_baseline,
     refusal_line,
+    write_baseline,
 )
-
-BASELINE_SCHEMA = 1
-
-
-class BaselineError(BaselineRefused):
-    """A baseline file that cannot be read; the message names the file and what is wrong."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +77,8 @@ def run_conditions(bfcl_eval: str, size: int | None, seed: int) -> dict[str, Any
 
 @dataclass(frozen=True)
 class AccuracyBaseline:
-    """``fixtures/baselines/accuracy-<target>.json``: per-category scores, their conditions and provenance."""
+    """``fixtures/baselines/accuracy-<target>.json``: per-category scores, their conditions and provenance
+    (:mod:`pytest_ml4.baselines`)."""
 
     path: Path
     provenance: Provenance
@@ -96,35 +91,24 @@ class AccuracyBaseline:
         return refusal_line("accuracy", self.path, differ) if differ else None
 
 
-def save_baseline(path: Path, scores: dict[str, CategoryScore], meta: dict[str, Any],
-                  conditions: dict[str, Any], provenance: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"schema": BASELINE_SCHEMA, **meta, "provenance": provenance, "conditions": conditions,
-           "categories": {c: s.as_dict() for c, s in scores.items()}}
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+def save_baseline(path: Path, scores: dict[str, CategoryScore], target: str, conditions: dict[str, Any],
+                  provenance: dict[str, Any]) -> None:
+    write_baseline(path, "accuracy", target, provenance, conditions, {},
+                   {c: s.as_dict() for c, s in scores.items()})
 
 
 def load_baseline(path: Path) -> AccuracyBaseline:
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BaselineError(f"accuracy baseline {path} does not exist (write one with --accuracy-save)") from None
-    except json.JSONDecodeError as e:
-        raise BaselineError(f"accuracy baseline {path} is not JSON: {e}") from None
-    if not isinstance(doc, dict) or doc.get("schema") != BASELINE_SCHEMA or not isinstance(doc.get("categories"),
-                                                                                          dict):
-        raise BaselineError(f"accuracy baseline {path}: expected schema {BASELINE_SCHEMA} with a 'categories' map")
+    """An accuracy baseline (the one format, kind ``accuracy``; ``figures`` maps each category to its counts)."""
+    stored = read_baseline(path, "accuracy")
+    if not isinstance(stored.figures, dict):
+        raise BaselineRefused(f"accuracy baseline {path}: 'figures' must map categories to counts")
     out: dict[str, CategoryScore] = {}
-    for cat, fig in doc["categories"].items():
+    for cat, fig in stored.figures.items():
         try:
             out[cat] = CategoryScore(cat, int(fig["n"]), int(fig["passed"]))
         except (KeyError, TypeError, ValueError):
-            raise BaselineError(f"accuracy baseline {path}: categories.{cat} needs integer 'n' and 'passed'") from None
-    try:
-        prov = provenance_of(doc, path)
-    except BaselineRefused as err:
-        raise BaselineError(str(err)) from None
-    return AccuracyBaseline(path, prov, dict(doc.get("conditions") or {}), out)
+            raise BaselineRefused(f"accuracy baseline {path}: figures.{cat} needs integer 'n' and 'passed'") from None
+    return AccuracyBaseline(stored.path, stored.provenance, stored.conditions, out)
 
 
 def compare(now: dict[str, CategoryScore], base: dict[str, CategoryScore], tolerance: float,

@@ -6,7 +6,6 @@ output is measured (seed 000 saw 50-68 %).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +15,9 @@ from pytest_ml4.baselines import (
     BaselineRefused,
     Provenance,
     conditions_differ,
-    provenance_of,
+    read_baseline,
     refusal_line,
+    write_baseline,
 )
 from pytest_ml4.client import quote_body
 from pytest_ml4.recount import LOCAL_SLACK_FRACTION, TokenCounter
@@ -132,25 +132,23 @@ class ShareBaseline:
 
     @classmethod
     def load(cls, path: Path) -> ShareBaseline:
+        """The one baseline format, kind ``reasoning-share``: ``figures`` maps each prompt to its share,
+        ``tolerances.share`` is the absolute tolerance."""
+        stored = read_baseline(path, "reasoning-share")
         try:
-            data = json.loads(path.read_text())
-            return cls(path, provenance_of(data, path), dict(data["conditions"]), float(data["tolerance"]),
-                       {str(k): float(v) for k, v in data["shares"].items()})
-        except (OSError, KeyError, TypeError, ValueError, AttributeError) as err:
-            if isinstance(err, BaselineRefused):
-                raise
-            raise BaselineRefused(f"reasoning-share baseline {path} is unreadable: {err!r} (needs provenance, "
-                                  "conditions, tolerance, shares)") from None
+            return cls(path, stored.provenance, stored.conditions, stored.tolerances["share"],
+                       {str(k): float(v) for k, v in stored.figures.items()})
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise BaselineRefused(f"reasoning-share baseline {path} is unreadable: {err!r} (needs tolerances.share "
+                                  "and figures mapping prompts to shares)") from None
 
 
 def save_share_baseline(path: Path, rows: list[Mapping[str, Any]], conditions: Mapping[str, Any],
                         provenance: Mapping[str, Any], tolerance: float) -> Path:
-    """Write the measured shares as a baseline (``--reasoning-share-save``)."""
-    doc = {"provenance": dict(provenance), "conditions": dict(conditions), "tolerance": tolerance,
-           "shares": {r["prompt"]: r["share"] for r in rows}}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2) + "\n")
-    return path
+    """Write the measured shares as a baseline (``--reasoning-share-save``); the target is the deployment the
+    provenance names."""
+    return write_baseline(path, "reasoning-share", str(provenance.get("deployment", "")), provenance, conditions, {"share": tolerance},
+                          {r["prompt"]: r["share"] for r in rows})
 
 
 def share_baseline_drift(rows: list[Mapping[str, Any]], baseline: ShareBaseline, conditions: Mapping[str, Any],

@@ -14,16 +14,14 @@ still running after ``grace_s``), and from that the aggregate throughput and the
 tolerance, comparisons use the implied value and say so (:meth:`Baseline.reference`); the printed value stays in the
 file. Seed 000's c1 row is such a case: 7 requests at 67.9 tok/s with decode concurrency 1.0 cannot all hold.
 
-File layout::
-
-    {"name", "provenance": {...}, "conditions": {"isl", "osl", "duration_s", ...},
-     "tolerances": {figure: fraction}, "ttft_value_max_concurrency": int, "short_run_metrics": [figure, ...],
-     "points": [{"concurrency": int, figure: number, ...}, ...]}
+The file is the one baseline format (:mod:`pytest_ml4.baselines`), kind ``perf``: ``figures`` is a list of points
+``{"concurrency": int, figure: number, ...}``, ``tolerances`` the relative tolerance per figure, and two comparison
+settings: ``value_max_concurrency`` (figure prefix -> the highest concurrency at which its value is comparable; TTFT
+past the knee is queueing) and ``short_run_metrics``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,45 +29,68 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_ml4.perf.figures import DIRECTION, PointFigures
+from pytest_ml4.baselines import (
+    DIRECTION,
+    BaselineRefused,
+    Provenance,
+    direction,
+    read_baseline,
+    write_baseline,
+)
+from pytest_ml4.perf.figures import PointFigures
 
-TTFT_FIGURES = ("ttft_p50_s", "ttft_p99_s")
 #: The c1 figures that follow from TTFT, ITL and the run window (see :func:`sequential_run`).
 SEQUENTIAL_FIGURES = ("out_tok_s", "decode_conc_avg")
 
 
 class BaselineError(ValueError):
-    """A baseline file is missing or malformed."""
+    """A ``--perf-compare-fail`` expression that names no known figure or limit."""
 
 
 @dataclass(frozen=True)
 class Baseline:
+    """Reference perf figures per concurrency: the one perf baseline, read by the sweep's gate, its plots and
+    ``ml4-report compare``."""
+
     name: str
     points: Mapping[int, Mapping[str, float]]
     tolerances: Mapping[str, float]
+    provenance: Provenance
     conditions: Mapping[str, Any] = field(default_factory=dict)
-    provenance: Mapping[str, Any] = field(default_factory=dict)
-    ttft_value_max_concurrency: int | None = None
+    #: figure prefix -> highest concurrency at which its value is comparable (TTFT past the knee is queueing and
+    #: depends on the run's length: compared by shape elsewhere).
+    value_max_concurrency: Mapping[str, int] = field(default_factory=dict)
+    #: Figures that stay comparable when a run is short (small OSL, seconds per point).
     short_run_metrics: tuple[str, ...] = ()
     path: Path | None = None
 
     @classmethod
     def load(cls, path: str | Path) -> Baseline:
-        p = Path(path)
-        if not p.is_file():
-            raise BaselineError(f"baseline not found: {p}")
+        """Read a perf baseline; :class:`BaselineRefused` (one line naming the file) when it cannot serve."""
+        stored = read_baseline(path, "perf")
         try:
-            data = json.loads(p.read_text())
             points = {int(pt["concurrency"]): {k: float(v) for k, v in pt.items() if k != "concurrency"
-                                                and isinstance(v, (int, float))}
-                      for pt in data["points"]}
-            return cls(name=str(data.get("name", p.stem)), points=points,
-                       tolerances={k: float(v) for k, v in (data.get("tolerances") or {}).items()},
-                       conditions=data.get("conditions") or {}, provenance=data.get("provenance") or {},
-                       ttft_value_max_concurrency=data.get("ttft_value_max_concurrency"),
-                       short_run_metrics=tuple(data.get("short_run_metrics") or ()), path=p)
-        except (KeyError, TypeError, ValueError) as err:
-            raise BaselineError(f"malformed baseline {p}: {err}") from None
+                                                and isinstance(v, (int, float)) and not isinstance(v, bool)}
+                      for pt in stored.figures}
+            limits = {str(k): int(v) for k, v in (stored.extra.get("value_max_concurrency") or {}).items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise BaselineRefused(f"perf baseline {stored.path}: 'figures' must be a list of points with a "
+                                  f"'concurrency' ({err!r})") from None
+        undirected = sorted(set(stored.tolerances) - set(DIRECTION))
+        if undirected:
+            raise BaselineRefused(f"perf baseline {stored.path}: tolerances for figures with no better direction: "
+                                  f"{', '.join(undirected)} (known: {', '.join(sorted(DIRECTION))})")
+        return cls(name=stored.target, points=points, tolerances=stored.tolerances, conditions=stored.conditions,
+                   provenance=stored.provenance, value_max_concurrency=limits,
+                   short_run_metrics=tuple(str(m) for m in stored.extra.get("short_run_metrics") or ()),
+                   path=stored.path)
+
+    def tolerance(self, figure: str, default: float) -> float:
+        return float(self.tolerances.get(figure, default))
+
+    def comparable(self, figure: str, concurrency: int) -> bool:
+        """Whether the figure's value at this concurrency may be compared (``value_max_concurrency``)."""
+        return all(concurrency <= c for prefix, c in self.value_max_concurrency.items() if figure.startswith(prefix))
 
     def same_conditions(self, osl: int | None, duration_s: float | None) -> bool:
         """Whether a run is comparable figure by figure (same OSL and window as the baseline)."""
@@ -77,9 +98,7 @@ class Baseline:
 
     def comparable_figures(self, concurrency: int, full_run: bool) -> list[str]:
         names = list(self.tolerances) if full_run else [m for m in self.short_run_metrics if m in self.tolerances]
-        if self.ttft_value_max_concurrency is not None and concurrency > self.ttft_value_max_concurrency:
-            names = [n for n in names if n not in TTFT_FIGURES]  # queueing: compared by shape elsewhere
-        return [n for n in names if n in self.points.get(concurrency, {})]
+        return [n for n in names if n in self.points.get(concurrency, {}) and self.comparable(n, concurrency)]
 
     def implied(self, concurrency: int) -> SequentialRun | None:
         """What the row's own TTFT p50 and ITL p50 imply for a c1 run under the baseline's conditions."""
@@ -161,7 +180,7 @@ class Deviation:
     @property
     def regression(self) -> float:
         """How much worse (positive) or better (negative) than the baseline, relative."""
-        return self.change * -DIRECTION.get(self.figure, -1)
+        return -self.change * direction(self.figure)
 
     @property
     def within_band(self) -> bool:
@@ -229,9 +248,5 @@ def save_baseline(path: str | Path, name: str, points: Iterable[PointFigures], c
         row: dict[str, Any] = {"concurrency": fig.concurrency}
         row.update({k: round(v, 4) for k in keep if (v := fig.get(k)) is not None})
         rows.append(row)
-    data = {"name": name, "provenance": dict(provenance), "conditions": dict(conditions),
-            "tolerances": dict(tolerances), "short_run_metrics": ["tok_s_user", "itl_p50_ms"], "points": rows}
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(data, indent=2) + "\n")
-    return p
+    return write_baseline(path, "perf", name, provenance, conditions, tolerances, rows,
+                          short_run_metrics=["tok_s_user", "itl_p50_ms"])

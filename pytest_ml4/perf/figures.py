@@ -21,14 +21,6 @@ from pytest_ml4.perf.export import (
 #: batches"), as aiperf scraped it from the engine's /metrics during the profiling phase.
 ENGINE_RUNNING_GAUGE = "vllm:num_requests_running"
 
-#: Which direction is better for each figure: +1 higher is better, -1 lower is better.
-DIRECTION: dict[str, int] = {
-    "out_tok_s": +1, "tok_s_user": +1, "tok_s_user_p50": +1,
-    "ttft_p50_s": -1, "ttft_p99_s": -1, "itl_p50_ms": -1, "itl_p99_ms": -1,
-    "decode_conc_avg": +1, "error_rate_pct": -1,
-}
-
-
 @dataclass(frozen=True)
 class PointFigures:
     concurrency: int
@@ -119,32 +111,3 @@ def figures_from_export(ex: ProfileExport, concurrency: int) -> PointFigures:
         engine_running_max=running_max,
         engine_running_engines=running_engines,
     )
-
-
-TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
-    # (field, header, format)
-    ("concurrency", "conc", "{:>4.0f}"),
-    ("requests", "req", "{:>4.0f}"),
-    ("out_tok_s", "agg tok/s", "{:>9.1f}"),
-    ("tok_s_user", "user tok/s", "{:>10.1f}"),
-    ("ttft_p50_s", "TTFT p50", "{:>8.2f}"),
-    ("ttft_p99_s", "TTFT p99", "{:>8.2f}"),
-    ("itl_p50_ms", "ITL p50", "{:>7.1f}"),
-    ("itl_p99_ms", "ITL p99", "{:>7.1f}"),
-    ("decode_conc_avg", "dec conc", "{:>8.1f}"),
-    ("reasoning_share", "reason", "{:>6.0%}"),
-)
-
-
-def format_row(values: dict[str, Any]) -> str:
-    cells = []
-    for name, header, fmt in TABLE_COLUMNS:
-        v = values.get(name)
-        width = max(len(header), len(fmt.format(0)) if v is not None else len(header))
-        cells.append(fmt.format(v) if v is not None else "-".rjust(width))
-    return "  ".join(cells)
-
-
-def format_header() -> str:
-    widths = [max(len(h), len(f.format(0))) for _, h, f in TABLE_COLUMNS]
-    return "  ".join(h.rjust(w) for (_, h, _), w in zip(TABLE_COLUMNS, widths))

@@ -125,7 +125,7 @@ def write_plots(points: Sequence[PointFigures], out_dir: Path, title: str, basel
     sidecar: dict[str, Any] = {"run_conditions": dict(run_conditions or {}), "plots": {},
                                "baseline": None if baseline is None else {
                                    "path": str(baseline.path) if baseline.path else baseline.name,
-                                   "conditions": dict(baseline.conditions), "provenance": dict(baseline.provenance),
+                                   "conditions": dict(baseline.conditions), "provenance": baseline.provenance.as_dict(),
                                    "drawn": sorted(overlay.drawn) if overlay else [],
                                    "why_not": overlay.why_not if overlay else ""}}
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -16,21 +16,21 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pytest_ml4.baselines import BaselineRefused
+from pytest_ml4.perf.baseline import Baseline
 from pytest_ml4.report.compare import (
     compare_runs,
     format_table,
-    load_baseline,
-    stored_runs,
     trend_png,
 )
 from pytest_ml4.report.history import (
     REPORT_DIRNAME,
     RESULTS_DIRNAME,
     previous_run,
-    runs_in,
 )
 from pytest_ml4.report.redact import DEFAULT as REDACTOR
 from pytest_ml4.report.redact import Redactor, register_secret_env
+from pytest_ml4.report.summary import run_target, runs_in, stored_runs
 from pytest_ml4.targets import REPO_ROOT, TargetError, load_target
 from pytest_ml4.tools import ToolMissing
 
@@ -69,7 +69,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from pytest_ml4.report.history import run_target
     from pytest_ml4.report.html import ReportError, generate_report, render_report
 
     run_dir = args.run_dir.resolve()
@@ -121,7 +120,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
             if not path.is_file():
                 print(f"ml4-report compare: baseline {path} not found", file=sys.stderr)
                 return EXIT_USAGE
-            baseline = load_baseline(path)
+            try:
+                baseline = Baseline.load(path)
+            except BaselineRefused as err:
+                print(f"ml4-report compare: {err}", file=sys.stderr)
+                return EXIT_USAGE
     comp = compare_runs(runs, baseline, tolerance)
     if comp.previous is None and comp.baseline is None:
         print(f"ml4-report compare: nothing to compare: run {comp.latest} of target {target_name} has no earlier "

@@ -1,33 +1,29 @@
 """Nightly regression: compare the latest run with the previous one and with the stored baseline.
 
-Inputs are the runs' ``summary.json`` files (:mod:`pytest_ml4.report.summary`) under one reports root and a
-baseline file (the target's ``perf.baseline`` or any file with per-concurrency perf points). A perf figure
-regresses when it is worse than the reference by more than the tolerance (relative; the direction — lower or
-higher is better — comes from the metric's name). A check or gate that passed in the previous run and fails now
-is a regression too. :func:`trend_png` draws the key perf figures over all stored runs.
+Inputs are the runs' ``summary.json`` files (:mod:`pytest_ml4.report.summary`) under one reports root and the
+perf baseline (:class:`pytest_ml4.perf.baseline.Baseline`, by default the target's ``perf.baseline``). A perf
+figure regresses when it is worse than the reference by more than the tolerance (relative; which direction is
+worse is the store's table, :data:`pytest_ml4.baselines.DIRECTION`). A check or gate that passed in the previous
+run and fails now is a regression too. :func:`trend_png` draws the key perf figures over all stored runs.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pytest_ml4.accuracy.gate import CONDITION_KEYS
-from pytest_ml4.baselines import conditions_differ, refusal_line
-from pytest_ml4.report.summary import SUMMARY_NAME, has_results, load_summary, perf_points
+from pytest_ml4.baselines import DIRECTION, conditions_differ, direction, refusal_line
+from pytest_ml4.perf.baseline import Baseline
+from pytest_ml4.report.summary import perf_points
 
-#: The figures compared and drawn: the seed results table's columns plus the error rate (pytest_ml4.perf.figures).
-#: Other numbers in a perf summary (request counts, run durations, decode-concurrency maxima) describe the run,
-#: not the deployment, and are not judged.
-KEY_FIGURES = ("out_tok_s", "tok_s_user", "tok_s_user_p50", "ttft_p50_s", "ttft_p99_s", "itl_p50_ms", "itl_p99_ms",
-               "decode_conc_avg", "error_rate_pct")
-# Checked in order: "error" must win over "tok_s" in e.g. "error_tok_s".
-_LOWER_BETTER = re.compile(r"(?i)error|fail|ttft|itl|tpot|latency|e2e|duration|time_to")
-_HIGHER_BETTER = re.compile(r"(?i)tok_s|tokens_per_s|throughput|tps|per_user|goodput|req(uest)?s_per_s|rps|decode_conc")
+#: The figures compared and drawn: those with a better direction (the seed results table's columns plus the error
+#: rate). Other numbers in a perf summary (request counts, run durations, decode-concurrency maxima) describe the
+#: run, not the deployment, and are not judged.
+KEY_FIGURES = tuple(DIRECTION)
 #: Metrics drawn in the trend, by preference (first matching regex per panel).
 TREND_PATTERNS = (r"(?i)ttft.*p50|p50.*ttft", r"(?i)per_user|tok_s_user",
                   r"(?i)itl.*p50|p50.*itl", r"(?i)^(out(put)?_)?(throughput|tok_s|tokens_per_s)")
@@ -60,15 +56,6 @@ class Comparison:
         return [r for r in self.rows if r.regressed]
 
 
-def direction(metric: str) -> int:
-    """-1 when lower is better, +1 when higher is better, 0 when the name does not say."""
-    if _LOWER_BETTER.search(metric):
-        return -1
-    if _HIGHER_BETTER.search(metric):
-        return 1
-    return 0
-
-
 def judge(metric: str, reference: float, latest: float, tolerance: float) -> tuple[str, bool]:
     """(change text, regressed?) for one figure."""
     sign = direction(metric)
@@ -78,29 +65,6 @@ def judge(metric: str, reference: float, latest: float, tolerance: float) -> tup
     rel = (latest - reference) / abs(reference)
     worse = (sign < 0 and rel > tolerance) or (sign > 0 and rel < -tolerance)
     return f"{rel:+.1%}", worse
-
-
-@dataclass(frozen=True)
-class Baseline:
-    """Reference perf figures per concurrency, with optional per-metric tolerances and value limits."""
-
-    points: Mapping[int, Mapping[str, float]]
-    tolerances: Mapping[str, float]
-    # metric prefix -> highest concurrency at which its value is comparable (e.g. TTFT past the knee is queueing
-    # and depends on the run's length; the perf baseline says so with "ttft_value_max_concurrency").
-    value_max_concurrency: Mapping[str, int]
-    name: str = ""
-    # Figures that stay comparable when a run is short (small OSL, seconds per point); the perf baseline lists them.
-    short_run_metrics: tuple[str, ...] = ()
-    # What the figures were measured under (isl, osl, duration_s, ...); empty when the file does not say.
-    conditions: Mapping[str, Any] = field(default_factory=dict)
-
-    def tolerance(self, metric: str, default: float) -> float:
-        return float(self.tolerances.get(metric, default))
-
-    def comparable(self, metric: str, concurrency: int) -> bool:
-        limits = [c for prefix, c in self.value_max_concurrency.items() if metric.startswith(prefix)]
-        return all(concurrency <= c for c in limits)
 
 
 def compare_perf(scope: str, reference: Mapping[int, Mapping[str, float]],
@@ -135,30 +99,6 @@ def compare_verdicts(previous: Mapping[str, Any], latest: Mapping[str, Any]) -> 
         if before is True and gate["passed"] is False:
             rows.append(Row("vs previous", f"gate {gate['name']}", "passed", "failed", "now failing", True))
     return rows
-
-
-def stored_runs(root: Path, target: str | None = None) -> list[dict[str, Any]]:
-    """Summaries of all runs under ``root`` (optionally of one target), oldest first."""
-    docs = []
-    for path in sorted(root.glob(f"*/{SUMMARY_NAME}")):
-        try:
-            doc = load_summary(path)
-        except (OSError, ValueError):
-            continue  # a run still in progress or from an older schema is not part of the trend
-        if has_results(doc) and (target is None or doc.get("target") == target):
-            docs.append(doc)  # a run that judged nothing (its start failed or was interrupted) has no figures
-    return sorted(docs, key=lambda d: (d.get("started") or "", d.get("run_id") or ""))
-
-
-def load_baseline(path: Path) -> Baseline:
-    """A baseline file: a perf baseline fixture (``fixtures/baselines/<target>.json``) or a run's summary.json."""
-    data = json.loads(path.read_text(encoding="utf-8"))
-    tolerances = {k: float(v) for k, v in (data.get("tolerances") or {}).items() if isinstance(v, (int, float))}
-    limits = {k.removesuffix("_value_max_concurrency"): int(v) for k, v in data.items()
-              if k.endswith("_value_max_concurrency") and isinstance(v, int)}
-    short = tuple(m for m in data.get("short_run_metrics") or () if isinstance(m, str))
-    cond = data.get("conditions") or (data.get("sweep") or {}).get("conditions") or data.get("perf_settings") or {}
-    return Baseline(perf_points(data), tolerances, limits, str(path), short, dict(cond))
 
 
 def compare_accuracy(scope: str, reference: Mapping[str, Any] | None,
@@ -208,7 +148,7 @@ def compare_runs(runs: Sequence[Mapping[str, Any]], baseline: Baseline | None, t
     if baseline is not None:
         rows += compare_with_baseline(baseline, latest_perf, settings, tolerance)
     return Comparison(latest["run_id"], previous["run_id"] if previous else None,
-                      baseline.name if baseline is not None else None, tolerance, rows)
+                      _where(baseline) if baseline is not None else None, tolerance, rows)
 
 
 _SETTING_KEYS = ("isl", "osl", "duration_s", "short", "min_tokens")
@@ -225,9 +165,14 @@ def compare_with_baseline(baseline: Baseline, latest: Mapping[int, Mapping[str, 
     if not differ:
         return compare_perf("vs baseline", baseline.points, latest, tolerance, baseline, KEY_FIGURES)
     if not baseline.short_run_metrics or not baseline.conditions or not settings:
-        return [Row("vs baseline", "perf", None, None, refusal_line("perf figures", baseline.name, differ), False)]
+        return [Row("vs baseline", "perf", None, None, refusal_line("perf figures", _where(baseline), differ),
+                    False)]
     figures = tuple(f for f in KEY_FIGURES if f in baseline.short_run_metrics)
     return compare_perf("vs baseline", baseline.points, latest, tolerance, baseline, figures)
+
+
+def _where(baseline: Baseline) -> str:
+    return str(baseline.path) if baseline.path is not None else baseline.name
 
 
 def _comparable_settings(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

@@ -4,18 +4,18 @@ Allure 2 reads ``<results>/history/*.json`` (written by the previous report) whe
 report has no ``history/`` folder; its files are embedded as ``d('history/NAME','BASE64')`` calls in
 ``index.html``, so :func:`extract_history` reads either form.
 
-Run folders sit side by side under one reports root (``<root>/<stamp>-<target>-<hex>/``, chosen by the
-plugin); :func:`previous_run` finds the newest earlier run of the same target that has a report.
+Run folders sit side by side under one reports root (``<root>/<stamp>-<target>-<hex>/``, chosen by the plugin;
+:func:`pytest_ml4.report.summary.runs_in` lists them); :func:`previous_run` finds the newest earlier run of the same
+target that has a report.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import re
 from pathlib import Path
 
-from pytest_ml4.report.summary import SUMMARY_NAME, has_results
+from pytest_ml4.report.summary import run_order, run_target, runs_in
 
 REPORT_DIRNAME = "allure-report"
 RESULTS_DIRNAME = "allure-results"
@@ -49,43 +49,12 @@ def seed_history(results_dir: Path, previous_report: Path | None) -> list[str]:
     return sorted(files)
 
 
-def _summary(run_dir: Path) -> dict:
-    try:
-        return json.loads((run_dir / SUMMARY_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-
-
-def run_target(run_dir: Path) -> str | None:
-    """The target a run folder belongs to, from its ``summary.json`` (None when it has none)."""
-    return _summary(run_dir).get("target")
-
-
-def _run_order(run_dir: Path) -> tuple[str, str]:
-    # The start time the summary recorded; the folder name (the plugin's names start with a timestamp) breaks ties
-    # and orders folders whose summary lacks it (explicit --ml4-run-dir names need not sort by time).
-    return (_summary(run_dir).get("started") or "", run_dir.name)
-
-
-def runs_in(root: Path, target: str | None = None, *, with_results: bool = False) -> list[Path]:
-    """Run folders (those with a ``summary.json``) under ``root``, optionally of one target and only those that
-    judged a check (``with_results``), oldest first."""
-    if not root.is_dir():
-        return []
-    runs = [p for p in root.iterdir() if p.is_dir() and (p / SUMMARY_NAME).is_file()]
-    if with_results:
-        runs = [p for p in runs if has_results(_summary(p))]
-    if target is not None:
-        runs = [p for p in runs if run_target(p) == target]
-    return sorted(runs, key=_run_order)
-
-
 def previous_run(run_dir: Path, *, with_report: bool = True) -> Path | None:
     """The newest run before ``run_dir`` of the same target (having a generated report when ``with_report``)."""
     run_dir = run_dir.resolve()
     target = run_target(run_dir)
-    me = _run_order(run_dir)
-    earlier = [p for p in runs_in(run_dir.parent) if _run_order(p) < me and p.resolve() != run_dir]
+    me = run_order(run_dir)
+    earlier = [p for p in runs_in(run_dir.parent) if run_order(p) < me and p.resolve() != run_dir]
     for cand in reversed(earlier):
         if target is not None and run_target(cand) != target:
             continue

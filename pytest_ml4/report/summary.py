@@ -7,8 +7,7 @@ read from ``<run_dir>/perf-summary.json`` when the perf suite wrote one.
 ``perf-summary.json`` is the perf suite's file (schema ``ml4-perf-summary/1``, :mod:`pytest_ml4.perf.summary`):
 ``{"sweep": {"points": [{"concurrency": 16, <figure>: number|null, ...}], "gates": [{"gate", "concurrency",
 "passed", "detail"}], "baseline": {...}}, "trace": {"point": {...}, "gates": [...]}}``. Points are also accepted
-at the top level (``"points"`` as a list, or a mapping ``{"16": {...}}``), which is what baselines and older
-summaries use. Every numeric field of a point is a figure; nulls (absent metrics) are left out.
+at the top level (``"points"`` as a list, or a mapping ``{"16": {...}}``), which is what older summaries use. Every numeric field of a point is a figure; nulls (absent metrics) are left out.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ class CheckRecord:
 
 
 def perf_points(data: Mapping[str, Any]) -> dict[int, dict[str, float]]:
-    """Numeric perf figures per concurrency from a perf summary or baseline in any of the accepted shapes."""
+    """Numeric perf figures per concurrency from a perf summary in any of the accepted shapes."""
     raw: Any = None
     sweep = data.get("sweep")
     if isinstance(sweep, Mapping) and "points" in sweep:
@@ -208,3 +207,49 @@ def load_summary(run_dir_or_file: Path) -> dict[str, Any]:
     if doc.get("schema") != SCHEMA_VERSION:
         raise ValueError(f"{path}: summary schema {doc.get('schema')!r}, expected {SCHEMA_VERSION}")
     return doc
+
+
+# ------------------------------------------------------------------------------------------------- the stored runs
+def _summary_or_empty(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / SUMMARY_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def run_target(run_dir: Path) -> str | None:
+    """The target a run folder belongs to, from its ``summary.json`` (None when it has none)."""
+    return _summary_or_empty(run_dir).get("target")
+
+
+def run_order(run_dir: Path) -> tuple[str, str]:
+    """Sort key of a run folder: the start time its summary recorded; the folder name (the plugin's names start
+    with a timestamp) breaks ties and orders folders whose summary lacks it (explicit ``--ml4-run-dir`` names need
+    not sort by time)."""
+    return (_summary_or_empty(run_dir).get("started") or "", run_dir.name)
+
+
+def runs_in(root: Path, target: str | None = None, *, with_results: bool = False) -> list[Path]:
+    """Run folders (those with a ``summary.json``) under ``root``, optionally of one target and only those that
+    judged a check (``with_results``), oldest first: the one run listing (Allure history, ``ml4-report``)."""
+    if not root.is_dir():
+        return []
+    runs = [p for p in root.iterdir() if p.is_dir() and (p / SUMMARY_NAME).is_file()]
+    if with_results:
+        runs = [p for p in runs if has_results(_summary_or_empty(p))]
+    if target is not None:
+        runs = [p for p in runs if run_target(p) == target]
+    return sorted(runs, key=run_order)
+
+
+def stored_runs(root: Path, target: str | None = None) -> list[dict[str, Any]]:
+    """Summaries of the runs under ``root`` (optionally of one target) that judged a check, oldest first. A run
+    still in progress or of an older summary schema is not part of the trend; one that judged nothing (its start
+    failed or was interrupted) has no figures."""
+    docs = []
+    for run in runs_in(root, target, with_results=True):
+        try:
+            docs.append(load_summary(run))
+        except (OSError, ValueError):
+            continue
+    return docs
