@@ -29,12 +29,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from pytest_ml4.locations import data_file
 from pytest_ml4.perf.baseline import Baseline
 from pytest_ml4.perf.figures import PointFigures, figures_from_export
 from pytest_ml4.perf.runner import AiperfSpec, run_aiperf
-from pytest_ml4.targets import REPO_ROOT, load_target
+from pytest_ml4.targets import load_target
 
-SEED = REPO_ROOT / "fixtures" / "baselines" / "rtxpro6000-tp8.json"
+SEED = data_file("baselines", "rtxpro6000-tp8.json")
 RATE_FIGURES = ("out_tok_s", "tok_s_user", "tok_s_user_p50")
 LATENCY_FIGURES = ("ttft_p50_s", "ttft_p99_s", "itl_p50_ms", "itl_p99_ms", "duration_s")
 SHOWN = ("requests", "out_tok_s", "tok_s_user", "ttft_p50_s", "ttft_p99_s", "itl_p50_ms", "itl_p99_ms",

@@ -1,5 +1,5 @@
 """Where a stored baseline came from and what it was measured under: one block shared by the perf, accuracy and
-reasoning-share baselines (``fixtures/baselines/*.json``).
+reasoning-share baselines (``pytest_ml4/data/baselines/*.json``).
 
 Every baseline file carries::
 

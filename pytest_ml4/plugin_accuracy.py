@@ -28,12 +28,13 @@ from pytest_ml4.accuracy.gate import (
 )
 from pytest_ml4.accuracy.score import ItemResult
 from pytest_ml4.baselines import BaselineRefused, deployment_provenance, pick_baseline
+from pytest_ml4.locations import baselines_dir
 from pytest_ml4.plugin_common import simulator_answers
-from pytest_ml4.targets import FIXTURES_DIR, Target
+from pytest_ml4.targets import Target
 
 SUMMARY_FILE = "accuracy-summary.json"
 #: How a deployment's accuracy baseline is recorded (named by the gate when it cannot judge without one).
-RECORD_COMMAND = "pytest --target {target} -m accuracy --accuracy-save=fixtures/baselines/accuracy-{target}.json"
+RECORD_COMMAND = "pytest --target {target} -m accuracy --accuracy-save=pytest_ml4/data/baselines/accuracy-{target}.json"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -43,10 +44,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="BFCL items per category (seeded sample; default: every item, the nightly run) "
              "(ini: ml4_accuracy_size)")
     add("--accuracy-categories", dest="ml4_accuracy_categories", default=None, metavar="A,B,...",
-        help="BFCL categories to run (default: every single-turn one in fixtures/accuracy/categories.yaml) "
+        help="BFCL categories to run (default: every single-turn one in pytest_ml4/data/accuracy/categories.yaml) "
              "(ini: ml4_accuracy_categories)")
     add("--accuracy-baseline", dest="ml4_accuracy_baseline", default=None, metavar="PATH",
-        help="accuracy baseline to compare against (default: fixtures/baselines/accuracy-<target>.json when "
+        help="accuracy baseline to compare against (default: pytest_ml4/data/baselines/accuracy-<target>.json when "
              "it exists) (ini: ml4_accuracy_baseline)")
     add("--accuracy-save", dest="ml4_accuracy_save", default=None, metavar="PATH",
         help="write this run's per-category accuracy as a baseline file")
@@ -152,7 +153,7 @@ class AccuracyRun:
 def judge_against_baseline(run: AccuracyRun, target: Target, live: bool) -> None:
     """Pick the baseline that may judge this run (never the simulator's on a live deployment, never one of other
     conditions) and compare; otherwise say why not (``baseline_missing``) or refuse (``baseline_refused``)."""
-    default = FIXTURES_DIR / "baselines" / f"accuracy-{target.name}.json"
+    default = baselines_dir(target.root) / f"accuracy-{target.name}.json"
     try:
         base, run.baseline_missing = pick_baseline(run.options.baseline, default, load_baseline, live=live,
                                                    record=RECORD_COMMAND.format(target=target.name),

@@ -1,9 +1,9 @@
 """The simulator's engine under Poisson arrivals and multi-turn prefix reuse, against seed 000's table (issue 24
 item 5): the open-loop figures the goodput and capacity gates read must follow what the seed measured.
 
-The seed's numbers come from its table as stored in ``fixtures/baselines/rtxpro6000-tp8.json`` (the seed's rows,
+The seed's numbers come from its table as stored in ``pytest_ml4/data/baselines/rtxpro6000-tp8.json`` (the seed's rows,
 with provenance); every expected value below is derived from those rows and textbook queueing, never from the
-simulator's calibration (``fixtures/perfmodel/profiles.yaml``) or its code:
+simulator's calibration (``pytest_ml4/data/perfmodel/profiles.yaml``) or its code:
 
 * prefill of one ~549-token prompt occupies the engine ``S = (TTFT p99 at c16 - TTFT p50 at c1) / 15`` seconds
   (the seed's c16 burst: the 16th request waits for 15 prompts' prefill);
@@ -32,13 +32,14 @@ from dataclasses import dataclass
 
 import pytest
 
+from pytest_ml4.locations import data_file
 from pytest_ml4.sim.engine import Engine, Sequence, block_hashes
 from pytest_ml4.sim.perfmodel import TIME_SCALE_ENV, PerfModel
 from pytest_ml4.sim.promstats import SimMetrics
-from pytest_ml4.targets import FIXTURES_DIR, load_target
+from pytest_ml4.targets import load_target
 
 TARGET = "rtxpro6000-tp8"
-SEED_TABLE = FIXTURES_DIR / "baselines" / f"{TARGET}.json"
+SEED_TABLE = data_file("baselines", f"{TARGET}.json")
 #: The seed's measured input length ("Measured input sequence length averaged ≈549 tokens").
 SEED_ISL = 549
 TIME_SCALE = 10.0

@@ -21,12 +21,13 @@ from pytest_ml4.checks.reasoning import (
     cut_inside_reasoning,
     share_baseline_drift,
 )
+from pytest_ml4.locations import data_file
 from pytest_ml4.sim import SimServer
-from pytest_ml4.targets import FIXTURES_DIR, load_target
+from pytest_ml4.targets import load_target
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = "rtxpro6000-tp8"
-SIM_BASELINE = FIXTURES_DIR / "baselines" / f"reasoning-share-{TARGET}.json"
+SIM_BASELINE = data_file("baselines", f"reasoning-share-{TARGET}.json")
 BASELINE = ShareBaseline.load(SIM_BASELINE)
 PROMPTS = list(BASELINE.shares)
 CONDITIONS = dict(BASELINE.conditions)
@@ -74,7 +75,7 @@ def test_truncation_is_a_length_finish_without_content() -> None:
 def test_every_stored_baseline_states_its_provenance_and_conditions() -> None:
     """Issue 23 item 11: each file says whether the simulator made it or which deployment, model, image, date and
     command recorded it; the reasoning-share and perf ones say what they were measured under."""
-    for path in sorted((FIXTURES_DIR / "baselines").glob("*.json")):
+    for path in sorted(data_file("baselines").glob("*.json")):
         data = json.loads(path.read_text())
         prov = provenance_of(data, path)
         if prov.kind == "deployment":

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ml4.locations import data_file
 from pytest_ml4.perf.summary import update_summary
 from pytest_ml4.report.cli import main
 from pytest_ml4.report.compare import (
@@ -24,8 +25,7 @@ from pytest_ml4.report.summary import (
     write_summary,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-BASELINE = REPO / "fixtures" / "baselines" / "rtxpro6000-tp8.json"
+BASELINE = data_file("baselines", "rtxpro6000-tp8.json")
 
 
 def _points(scale_itl: float = 1.0, scale_tok: float = 1.0) -> list[dict[str, float]]:

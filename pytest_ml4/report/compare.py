@@ -18,7 +18,12 @@ from typing import Any
 
 from pytest_ml4.accuracy.gate import CONDITION_KEYS
 from pytest_ml4.baselines import conditions_differ, refusal_line
-from pytest_ml4.report.summary import SUMMARY_NAME, has_results, load_summary, perf_points
+from pytest_ml4.report.summary import (
+    SUMMARY_NAME,
+    has_results,
+    load_summary,
+    perf_points,
+)
 
 #: The figures compared and drawn: the seed results table's columns plus the error rate (pytest_ml4.perf.figures).
 #: Other numbers in a perf summary (request counts, run durations, decode-concurrency maxima) describe the run,
@@ -151,7 +156,7 @@ def stored_runs(root: Path, target: str | None = None) -> list[dict[str, Any]]:
 
 
 def load_baseline(path: Path) -> Baseline:
-    """A baseline file: a perf baseline fixture (``fixtures/baselines/<target>.json``) or a run's summary.json."""
+    """A baseline file: a perf baseline fixture (``pytest_ml4/data/baselines/<target>.json``) or a run's summary.json."""
     data = json.loads(path.read_text(encoding="utf-8"))
     tolerances = {k: float(v) for k, v in (data.get("tolerances") or {}).items() if isinstance(v, (int, float))}
     limits = {k.removesuffix("_value_max_concurrency"): int(v) for k, v in data.items()
@@ -212,7 +217,7 @@ def compare_runs(runs: Sequence[Mapping[str, Any]], baseline: Baseline | None, t
 
 
 _SETTING_KEYS = ("isl", "osl", "duration_s", "short", "min_tokens")
-#: The run conditions a perf baseline's figures depend on (as ``fixtures/baselines/<target>.json`` states them).
+#: The run conditions a perf baseline's figures depend on (as ``pytest_ml4/data/baselines/<target>.json`` states them).
 _BASELINE_KEYS = ("isl", "osl", "duration_s")
 
 
