@@ -62,7 +62,7 @@ def _team_repository(where: Path) -> Path:
 @pytest.mark.nightly
 def test_the_pip_installed_suite_runs_a_teams_own_target_from_its_repository(tmp_path: Path) -> None:
     """Caught: the package found its tables, targets and suites only through the checkout (``REPO_ROOT``).
-    Nightly: it takes about 100 s on two busy cores (a wheel build, an install, LiteLLM and the simulator
+    Nightly: it takes about two minutes on two busy cores (a wheel build, an install, LiteLLM and the simulator
     starting), over CI's budget for one test."""
     python = _fresh_venv(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "ML4_TARGET")}
