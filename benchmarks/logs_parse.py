@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from pytest_ml4.logs import LogView, records_from_text
 from pytest_ml4.logs.signatures import last_boot_start
-from pytest_ml4.targets import FIXTURES_DIR
+
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"  # the checkout's recordings
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--copies", type=int, default=500, help="how many times the excerpts are repeated")
     args = ap.parse_args()
-    text = "".join(p.read_text() for p in sorted((FIXTURES_DIR / "logs").glob("*.log"))) * args.copies
+    text = "".join(p.read_text() for p in sorted(LOGS.glob("*.log"))) * args.copies
     t0 = time.perf_counter()
     records = records_from_text(text)
     t1 = time.perf_counter()

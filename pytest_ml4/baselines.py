@@ -1,5 +1,5 @@
 """The one baseline store: the file format of the perf, accuracy and reasoning-share baselines
-(``fixtures/baselines/*.json``), where they came from, what they were measured under, and which direction of each
+(``pytest_ml4/data/baselines/*.json``, or a team's ``baselines/`` beside its ``targets/``), where they came from, what they were measured under, and which direction of each
 figure is better.
 
 Every baseline file is::
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from pytest_ml4.targets import FIXTURES_DIR
+from pytest_ml4 import locations
 
 if TYPE_CHECKING:
     from pytest_ml4.targets import Target
@@ -116,14 +116,17 @@ def usable_on(prov: Provenance, path: str | Path, *, live: bool, explicit: bool)
     return False
 
 
-def baselines_dir() -> Path:
-    """Where the repository's stored baselines live (the one place that says so)."""
-    return FIXTURES_DIR / "baselines"
+def baselines_dir(root: Path | None = None) -> Path:
+    """Where stored baselines live (the one place that says so): a team's ``baselines/`` beside the ``targets/``
+    folder under ``root`` (a target's :attr:`~pytest_ml4.targets.Target.root`), else the project's own."""
+    if root is None:
+        return locations.DATA_DIR / locations.BASELINES_FOLDER
+    return locations.baselines_dir(root)
 
 
-def default_baseline(kind: str, target: str) -> Path:
+def default_baseline(kind: str, target: str, root: Path | None = None) -> Path:
     """The stored baseline of ``kind`` for ``target`` when no option names one."""
-    return baselines_dir() / BASELINE_FILES[kind].format(target=target)
+    return baselines_dir(root) / BASELINE_FILES[kind].format(target=target)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -34,6 +33,7 @@ from pytest_ml4.guard import (
     is_html,
     json_problem,
 )
+from pytest_ml4.locations import data_file
 
 #: Connect timeout: an unreachable endpoint must be reported within seconds, not minutes.
 CONNECT_TIMEOUT_S = 5.0
@@ -229,7 +229,7 @@ def check_reachable(ep: Endpoint, timeout: float = CONNECT_TIMEOUT_S, key_source
     return None
 
 
-REFUSALS_FILE = Path(__file__).resolve().parent.parent / "fixtures" / "bad_input" / "refused_keys.yaml"
+REFUSALS_FILE = data_file("bad_input", "refused_keys.yaml")
 
 
 @functools.cache
@@ -238,7 +238,7 @@ def _refusals() -> tuple[dict[str, Any], ...]:
 
 
 def key_refusal(status: int, body: str) -> str | None:
-    """The stack whose recorded way of refusing a key this answer is (``fixtures/bad_input/refused_keys.yaml``)."""
+    """The stack whose recorded way of refusing a key this answer is (``pytest_ml4/data/bad_input/refused_keys.yaml``)."""
     for row in _refusals():
         codes = row["status"] if isinstance(row["status"], list) else [row["status"]]
         if status in codes and row.get("body_contains", "") in body:

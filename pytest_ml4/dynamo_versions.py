@@ -1,4 +1,4 @@
-"""What a Dynamo version does with Mistral Large 4's output: the table in ``fixtures/dynamo/versions.yaml``.
+"""What a Dynamo version does with Mistral Large 4's output: the table in ``pytest_ml4/data/dynamo/versions.yaml``.
 
 Works without pytest::
 
@@ -20,9 +20,9 @@ from typing import Any
 
 import yaml
 
-from pytest_ml4.targets import FIXTURES_DIR
+from pytest_ml4.locations import data_file
 
-VERSIONS_FILE = FIXTURES_DIR / "dynamo" / "versions.yaml"
+VERSIONS_FILE = data_file("dynamo", "versions.yaml")
 
 
 class DynamoVersionError(ValueError):
@@ -183,7 +183,7 @@ def tool_call_drop_cause(version: str, parser: str | None = ROW_PARSER) -> str |
     parsed = [v for v, r in load_table().items() if r.mistral_v11_tool_calls_parsed]
     return (f"Dynamo {version}'s `mistral` tool parser silently drops Mistral Large 4's "
             f"[TOOL_CALLS]name[ARGS]{{...}} form (no tool_calls; content null or the raw markup, finish_reason stop; "
-            f"fixtures/dynamo/versions.yaml mistral_v11_tool_calls_parsed: false, {row.status}); serve it with a "
+            f"pytest_ml4/data/dynamo/versions.yaml mistral_v11_tool_calls_parsed: false, {row.status}); serve it with a "
             f"Dynamo that parses that form ({', '.join(parsed) or 'none known'})")
 
 
@@ -233,7 +233,7 @@ def emulated_grammar_reason(declared: str, running: str | None, engine: str = ""
         return None
     return (f"the run's workers are dynamo.vllm {running}{engine} emulating Dynamo {declared}: their guided-JSON "
             f"grammar refuses {list(have.guided_json_refused_keywords) or 'no keyword'}, Dynamo {declared}'s row "
-            f"({want.status}) {list(want.guided_json_refused_keywords) or 'no keyword'} (fixtures/dynamo/versions.yaml "
+            f"({want.status}) {list(want.guided_json_refused_keywords) or 'no keyword'} (pytest_ml4/data/dynamo/versions.yaml "
             f"guided_json_refused_keywords), so whether {declared} accepts the tools' schemas cannot be seen on this "
             f"run; judge it against a {declared} deployment")
 
@@ -261,7 +261,7 @@ def guided_refusal_cause(version: str, tool_choice: object, tools: list[dict[str
     else:
         return None
     seen = (f"engine log: 'Grammar error: Unimplemented keys: {list(keys)}'" if keys else
-            f"fixtures/dynamo/versions.yaml guided_json_refused_keywords of {version}; the engine log showed no "
+            f"pytest_ml4/data/dynamo/versions.yaml guided_json_refused_keywords of {version}; the engine log showed no "
             f"grammar error")
     return (f"cause: Dynamo {version} passes the raw tool schemas into the guided-JSON grammar of tool_choice "
             f"{tool_choice!r}, and its grammar backend refuses the keyword `{keyword}` (tool "

@@ -7,7 +7,7 @@ at util 0.98 with 8192 batched tokens only 751.25 MiB is free, so the engine die
 start because the free memory (93.94 GiB) is below the budget (94.11 GiB).
 
 :func:`plan_memory` reproduces that per GPU from a target's hardware and engine flags. Its constants live in
-``fixtures/memory/calibration.yaml`` next to the seed line each comes from; plans for hardware the seed never ran on
+``pytest_ml4/data/memory/calibration.yaml`` next to the seed line each comes from; plans for hardware the seed never ran on
 (GB300, VR200) or for another KV dtype are marked ``estimate=True``.
 
 Works without pytest::
@@ -27,12 +27,13 @@ from typing import Any, Literal
 
 import yaml
 
-from pytest_ml4.targets import FIXTURES_DIR, Engine, Hardware
+from pytest_ml4.locations import data_file
+from pytest_ml4.targets import Engine, Hardware
 
 GIB = 1 << 30
 MIB = 1 << 20
 KIB = 1 << 10
-CALIBRATION_FILE = FIXTURES_DIR / "memory" / "calibration.yaml"
+CALIBRATION_FILE = data_file("memory", "calibration.yaml")
 
 Outcome = Literal["ok", "startup_refused", "oom_first_step", "no_kv_memory"]
 

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import pytest
 
 from pytest_ml4 import process_groups
+from pytest_ml4.locations import targets_dir
 from pytest_ml4.plugin_common import STATE_KEY, get_state, int_opt, session_deadlines
 from pytest_ml4.plugin_common import opt as _opt
 from pytest_ml4.report.redact import redact, register_secret_env
@@ -85,7 +86,11 @@ _WI_SIM = "ml4_sim_info"
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("ml4", "pytest-ml4: Mistral Large 4 deployment acceptance")
     group.addoption("--target", dest="ml4_target", default=None, metavar="NAME|PATH",
-                    help="deployment target: a name from targets/ or a path to a target YAML (ini: ml4_target)")
+                    help="deployment target: a name from the targets directory or a path to a target YAML "
+                         "(ini: ml4_target)")
+    group.addoption("--target-dir", dest="ml4_target_dir", default=None, metavar="DIR",
+                    help="where --target names are looked up (default: the rootdir's targets/ when it has one, else "
+                         "the targets the package carries; ini: ml4_target_dir)")
     group.addoption("--sim", dest="ml4_sim", action="store_true", default=None,
                     help="run against the embedded vLLM/Dynamo simulator started on a free loopback port (ini: ml4_sim)")
     group.addoption("--endpoint", dest="ml4_endpoint", default=None, metavar="URL",
@@ -119,6 +124,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "(ini: ml4_sim_engine)")
     parser.addini("ml4_sim_engine", "engine behind --sim: sim | vllm (see --sim-engine)", default="sim")
     parser.addini("ml4_target", "default deployment target (name or path)", default=None)
+    parser.addini("ml4_target_dir", "where target names are looked up (see --target-dir)", default=None)
     parser.addini("ml4_sim", "use the embedded simulator by default", type="bool", default=False)
     parser.addini("ml4_reports", "folder for per-run artifact folders", default="reports")
     parser.addini("ml4_no_proxy", "bypass the target's proxy (see --ml4-no-proxy)", type="bool", default=False)
@@ -146,6 +152,7 @@ class Ml4State:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.target: Target | None = None
+        self.targets_dir: Path = targets_dir(_opt(config, "ml4_target_dir", "ml4_target_dir"), config.rootpath)
         self.overrides: dict[str, Any] = {}
         self.use_sim: bool = False
         self.sim_engine: str = "sim"    # --sim-engine: the simulator or real vLLM
@@ -197,11 +204,11 @@ class Ml4State:
             name = os.environ["ML4_TARGET"]
         if name:
             try:
-                self.target = load_target(name, overrides=self.overrides or None)
+                self.target = load_target(name, self.targets_dir, overrides=self.overrides or None)
             except TargetError as err:
                 raise pytest.UsageError(f"--target: {err}") from None
         elif self.use_sim:
-            raise pytest.UsageError(f"--sim needs --target; known targets: {', '.join(known_targets())}")
+            raise pytest.UsageError(f"--sim needs --target; known targets: {', '.join(known_targets(self.targets_dir))}")
         self.dynamo_bridge = _dynamo_bridge(config, self)
         self.declared_target = self.target
         if self.sim_engine == "vllm" and self.target is not None and self.target.is_dynamo:
@@ -475,7 +482,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     state = get_state(config)
     if state.target is None:
-        return [f"ml4: no target (use --target; known: {', '.join(known_targets())})"]
+        return [f"ml4: no target (use --target; known: {', '.join(known_targets(state.targets_dir))})"]
     t = state.target
     direct = ", engine direct (--ml4-no-proxy)" if state.bypasses_proxy else ""
     if state.use_sim:
@@ -530,7 +537,7 @@ def skip_reason(target: Target, marker_names: set[str]) -> str | None:
 
 
 def real_vllm_skip_reason(nodeid: str, marker_names: set[str]) -> str | None:
-    """Why a test does not apply to the tiny real-vLLM deployment (``fixtures/vllm/scale_checks.yaml``)."""
+    """Why a test does not apply to the tiny real-vLLM deployment (``pytest_ml4/data/vllm/scale_checks.yaml``)."""
     from pytest_ml4.realvllm.model import scale_check_reason
 
     if "sim_only" in marker_names:
@@ -574,7 +581,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def ml4_target(pytestconfig: pytest.Config) -> Target:
     state = get_state(pytestconfig)
     if state.target is None:
-        raise pytest.UsageError(f"this test needs --target; known targets: {', '.join(known_targets())}")
+        raise pytest.UsageError(f"this test needs --target; known targets: "
+                                f"{', '.join(known_targets(state.targets_dir))}")
     return state.target
 
 

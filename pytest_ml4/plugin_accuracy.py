@@ -38,7 +38,7 @@ from pytest_ml4.targets import Target
 
 SUMMARY_FILE = "accuracy-summary.json"
 #: How a deployment's accuracy baseline is recorded (named by the gate when it cannot judge without one).
-RECORD_COMMAND = "pytest --target {target} -m accuracy --accuracy-save=fixtures/baselines/accuracy-{target}.json"
+RECORD_COMMAND = "pytest --target {target} -m accuracy --accuracy-save=pytest_ml4/data/baselines/accuracy-{target}.json"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -48,10 +48,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="BFCL items per category (seeded sample; default: every item, the nightly run) "
              "(ini: ml4_accuracy_size)")
     add("--accuracy-categories", dest="ml4_accuracy_categories", default=None, metavar="A,B,...",
-        help="BFCL categories to run (default: every single-turn one in fixtures/accuracy/categories.yaml) "
+        help="BFCL categories to run (default: every single-turn one in pytest_ml4/data/accuracy/categories.yaml) "
              "(ini: ml4_accuracy_categories)")
     add("--accuracy-baseline", dest="ml4_accuracy_baseline", default=None, metavar="PATH",
-        help="accuracy baseline to compare against (default: fixtures/baselines/accuracy-<target>.json when "
+        help="accuracy baseline to compare against (default: pytest_ml4/data/baselines/accuracy-<target>.json when "
              "it exists) (ini: ml4_accuracy_baseline)")
     add("--accuracy-save", dest="ml4_accuracy_save", default=None, metavar="PATH",
         help="write this run's per-category accuracy as a baseline file")
@@ -158,7 +158,7 @@ def judge_against_baseline(run: AccuracyRun, target: Target, live: bool) -> None
     """Pick the baseline that may judge this run (never the simulator's on a live deployment, never one of other
     conditions) and compare; otherwise say why not (``baseline_missing``) or refuse (``baseline_refused``)."""
     try:
-        base, run.baseline_missing = pick_baseline(run.options.baseline, default_baseline("accuracy", target.name),
+        base, run.baseline_missing = pick_baseline(run.options.baseline, default_baseline("accuracy", target.name, target.root),
                                                    load_baseline, live=live,
                                                    record=RECORD_COMMAND.format(target=target.name),
                                                    other_conditions=lambda b: b.refusal(run.conditions))

@@ -12,6 +12,7 @@ a path that does not exist yet) nothing happened and the run goes on.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,13 +22,13 @@ from _pytest.config.findpaths import (
     determine_setup,  # pytest's own rule, so the comparison is exact
 )
 
-from pytest_ml4.targets import REPO_ROOT
+from pytest_ml4.locations import BUNDLED_SUITES_DIR, data_file
 
-PATH_OPTIONS_FILE = REPO_ROOT / "fixtures" / "plugin" / "path_options.yaml"
+PATH_OPTIONS_FILE = data_file("plugin", "path_options.yaml")
 
 
 def path_options(path: Path = PATH_OPTIONS_FILE) -> tuple[str, ...]:
-    """The option names of the table (``fixtures/plugin/path_options.yaml``)."""
+    """The option names of the table (``pytest_ml4/data/plugin/path_options.yaml``)."""
     doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     names = doc.get("options")
     if not isinstance(names, list) or not all(isinstance(n, str) and n.startswith("--") for n in names):
@@ -75,3 +76,12 @@ def pytest_load_initial_conftests(early_config: pytest.Config, args: list[str]) 
     # --rootdir is no fix: pytest still looks for the config file from the free arguments.
     raise pytest.UsageError(f"{opt} {value}: pytest took this path for a test path ({changed}); "
                             f"write {opt}={value}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A team runs the installed suite from its own repository: given a target and no test path (and no
+    ``testpaths``), the run collects the suites the package carries instead of the team's folder."""
+    if config.args_source is not pytest.Config.ArgsSource.INVOCATION_DIR or not BUNDLED_SUITES_DIR.is_dir():
+        return
+    if config.getoption("ml4_target") or config.getini("ml4_target") or os.environ.get("ML4_TARGET"):
+        config.args = [str(BUNDLED_SUITES_DIR)]

@@ -15,14 +15,14 @@ from pytest_ml4.targets import Target
 
 #: How a deployment's reasoning-share baseline is recorded (named by a check that could not judge without one).
 RECORD_COMMAND = ("pytest --target {target} -m reasoning -k share_of_output "
-                  "--reasoning-share-save=fixtures/baselines/reasoning-share-{target}.json")
+                  "--reasoning-share-save=pytest_ml4/data/baselines/reasoning-share-{target}.json")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("ml4")
     group.addoption("--reasoning-share-baseline", dest="ml4_reasoning_share_baseline", default=None,
                     metavar="PATH", help="reasoning-share baseline to compare against (default: "
-                    "fixtures/baselines/reasoning-share-<target>.json when it was recorded on this deployment)")
+                    "pytest_ml4/data/baselines/reasoning-share-<target>.json when it was recorded on this deployment)")
     group.addoption("--reasoning-share-save", dest="ml4_reasoning_share_save", default=None, metavar="PATH",
                     help="write this run's reasoning shares as a baseline file (with its provenance and conditions)")
 
@@ -43,7 +43,7 @@ class ShareBaselineChoice:
 def ml4_share_baseline(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: object) -> ShareBaselineChoice:
     given = pytestconfig.getoption("ml4_reasoning_share_baseline")
     save = pytestconfig.getoption("ml4_reasoning_share_save")
-    default = default_baseline("reasoning-share", ml4_target.name)
+    default = default_baseline("reasoning-share", ml4_target.name, ml4_target.root)
     record = RECORD_COMMAND.format(target=ml4_target.name)
     common = {"save": Path(save) if save else None, "explicit": bool(given), "record": record}
     try:

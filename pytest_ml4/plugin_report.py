@@ -512,7 +512,7 @@ ENVIRONMENT_KEYS = {"dynamo_behaviour": "Dynamo behaviour", "dynamo_worker": "Dy
 def real_worker_versions(worker_engine: dict[str, Any] | None) -> dict[str, str]:
     """What real ``dynamo.vllm`` workers (``--sim-engine vllm`` on a Dynamo target) add to ``summary.json``'s
     versions and the Allure environment: their versions, a deployment reduced to this machine's memory, and the
-    declared Dynamo version's emulation on 1.6.1 (``fixtures/dynamo/versions.yaml``)."""
+    declared Dynamo version's emulation on 1.6.1 (``pytest_ml4/data/dynamo/versions.yaml``)."""
     if not worker_engine:
         return {}
     out = {"dynamo_worker": f"dynamo.vllm {worker_engine['dynamo.vllm']}", "dynamo_worker_vllm": worker_engine["vllm"]}

@@ -28,8 +28,9 @@ from typing import Any
 
 import pytest
 
+from pytest_ml4.locations import PACKAGE_PARENT
 from pytest_ml4.plugin_common import get_state as _state
-from pytest_ml4.targets import REPO_ROOT, Target
+from pytest_ml4.targets import Target
 
 #: Namespace of the simulated DGD when the target names none in the environment.
 SIM_NAMESPACE = "ml4-sim"
@@ -72,7 +73,7 @@ def load_fake_k8s() -> ModuleType:
     """``tests/fake_k8s.py`` (the fake API server is test infrastructure, kept with the tests)."""
     if "fake_k8s" in sys.modules:
         return sys.modules["fake_k8s"]
-    path = REPO_ROOT / "tests" / "fake_k8s.py"
+    path = PACKAGE_PARENT / "tests" / "fake_k8s.py"  # a checkout's; the deployment package will own it
     spec = importlib.util.spec_from_file_location("fake_k8s", path)
     if spec is None or spec.loader is None:
         raise pytest.UsageError(f"ml4: the fake Kubernetes API server is missing ({path})")

@@ -36,6 +36,7 @@ import httpx
 import yaml
 
 from pytest_ml4 import process_groups
+from pytest_ml4.locations import data_file
 from pytest_ml4.targets import Target
 from pytest_ml4.tools import tools_dir, venv_executable
 
@@ -255,7 +256,7 @@ def attempted_retries(headers: Mapping[str, str]) -> int | None:
 
 # ----------------------------------------------------------------------------------------------- retry window
 #: The router's backoff constants per LiteLLM version (read in the installed package; see the file's comments).
-RETRY_TABLE = Path(__file__).resolve().parent.parent / "fixtures" / "restart" / "litellm-retry.yaml"
+RETRY_TABLE = data_file("restart", "litellm-retry.yaml")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Token re-counts for usage checks: the deployment's own ``POST /tokenize`` where its stack serves one (vLLM,
-its engine root; fixtures/vllm/versions.yaml ``tokenize_endpoint``), else the local Tekken tokenizer.
+its engine root; pytest_ml4/data/vllm/versions.yaml ``tokenize_endpoint``), else the local Tekken tokenizer.
 
 The local fallback is mistral-common's bundled vocabulary relabelled, not the deployed checkpoint's
 ``tekken.json``: some words may split differently, so checks allow a relative slack for it and say so.

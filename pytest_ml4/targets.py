@@ -22,10 +22,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-#: Repository root (the folder holding ``targets/`` and ``fixtures/``); overridable for installed use.
-REPO_ROOT = Path(os.environ.get("ML4_ROOT", Path(__file__).resolve().parent.parent))
-TARGETS_DIR = REPO_ROOT / "targets"
-FIXTURES_DIR = REPO_ROOT / "fixtures"
+from pytest_ml4.locations import BUNDLED_TARGETS_DIR, resolve_from, target_root
 
 HardwareFamily = Literal["rtxpro", "gb300", "vr200"]
 TopologyKind = Literal["single_node", "agg", "disagg"]
@@ -118,7 +115,7 @@ class Serving(_Strict):
     dynamo_router: Literal["kv", "round_robin", "random"] | None = None
     session_affinity: bool = False
     migration_limit: int | None = None
-    #: The Dynamo release the deployment runs (its image tag); a row of fixtures/dynamo/versions.yaml.
+    #: The Dynamo release the deployment runs (its image tag); a row of pytest_ml4/data/dynamo/versions.yaml.
     dynamo_version: str | None = None
 
     @model_validator(mode="after")
@@ -139,7 +136,7 @@ class Serving(_Strict):
             raise ValueError("stack dynamo+vllm needs dynamo_version (the image tag, e.g. "
                              "1.7.0-mistral-large-4-dev.1)")
         if behaviour(self.dynamo_version) is None:
-            raise ValueError(f"dynamo_version {self.dynamo_version!r} is not in fixtures/dynamo/versions.yaml "
+            raise ValueError(f"dynamo_version {self.dynamo_version!r} is not in pytest_ml4/data/dynamo/versions.yaml "
                              f"(known: {', '.join(known_versions())})")
         return self
 
@@ -351,14 +348,18 @@ class Target(_Strict):
             "engine_served_model_name": None})
         return self.model_copy(update={"serving": serving})
 
+    @property
+    def root(self) -> Path:
+        """The folder the YAML's relative paths start from (``locations.target_root``)."""
+        return target_root(Path(self.path)) if self.path else BUNDLED_TARGETS_DIR.parent
+
     def resolve(self, relpath: str) -> Path:
-        """A path from the YAML, relative to the repo root (or absolute)."""
-        p = Path(relpath)
-        return p if p.is_absolute() else REPO_ROOT / p
+        """A path from the YAML: absolute, or under :attr:`root`, else under the package's data."""
+        return resolve_from(self.root, relpath)
 
 
 def known_targets(directory: Path | None = None) -> list[str]:
-    d = directory or TARGETS_DIR
+    d = directory or BUNDLED_TARGETS_DIR
     return sorted(p.stem for p in d.glob("*.yaml"))
 
 
@@ -384,7 +385,7 @@ def load_target(name_or_path: str | os.PathLike[str], directory: Path | None = N
                 overrides: dict[str, Any] | None = None) -> Target:
     """Load a target by name (``targets/<name>.yaml``) or by path; ``overrides`` is a nested dict merged on top."""
     text = str(name_or_path)
-    d = directory or TARGETS_DIR
+    d = directory or BUNDLED_TARGETS_DIR
     candidate = Path(text)
     if text.endswith((".yaml", ".yml")) or os.sep in text or candidate.is_file():
         path = candidate

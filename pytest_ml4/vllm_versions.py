@@ -1,4 +1,4 @@
-"""Per-vLLM-version wire behaviour (``fixtures/vllm/versions.yaml``), read by the simulator and the checks."""
+"""Per-vLLM-version wire behaviour (``pytest_ml4/data/vllm/versions.yaml``), read by the simulator and the checks."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import yaml
 
-from pytest_ml4.targets import FIXTURES_DIR
+from pytest_ml4.locations import data_file
 
-VERSIONS_FILE = FIXTURES_DIR / "vllm" / "versions.yaml"
+VERSIONS_FILE = data_file("vllm", "versions.yaml")
 
 
 @dataclass(frozen=True)

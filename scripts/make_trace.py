@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate ``fixtures/traces/agentic-mooncake.jsonl``: a deterministic agentic ``mooncake_trace`` for aiperf.
+"""Generate ``pytest_ml4/data/traces/agentic-mooncake.jsonl``: a deterministic agentic ``mooncake_trace`` for aiperf.
 
 Shape (an estimate of an agent workload, not a recording): ``--sessions`` agent sessions start at random times;
 each makes several turns whose context grows by the previous answer and a tool result, so consecutive turns share
@@ -26,7 +26,7 @@ from pathlib import Path
 
 BLOCK = 512
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "fixtures" / "traces" / "agentic-mooncake.jsonl"
+DEFAULT_OUT = ROOT / "pytest_ml4" / "data" / "traces" / "agentic-mooncake.jsonl"
 TOOL_PREFIX_BLOCKS = 6          # ~3k tokens of system prompt + tool schemas shared by every session
 
 

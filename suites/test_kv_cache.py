@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from pytest_ml4.checks.verdict import not_judged
+from pytest_ml4.locations import data_file
 from pytest_ml4.logs import LogReader, LogView, StatsLine, quote
 from pytest_ml4.logs.kv import (
     SpecCounts,
@@ -37,11 +38,11 @@ from pytest_ml4.logs.kv import (
 )
 from pytest_ml4.metrics import MetricsError, MetricsSnapshot, scrape
 from pytest_ml4.report.redact import redact
-from pytest_ml4.targets import FIXTURES_DIR, Target
+from pytest_ml4.targets import Target
 
 pytestmark = pytest.mark.kv
 
-LOAD: dict[str, Any] = yaml.safe_load((FIXTURES_DIR / "kv" / "load.yaml").read_text())
+LOAD: dict[str, Any] = yaml.safe_load((data_file("kv", "load.yaml")).read_text())
 
 
 @dataclass

@@ -7,7 +7,7 @@ concurrencies, ISL/OSL and duration from the target's ``perf:`` section, shorten
 * every point is a usable aiperf run (complete, not cancelled, no request dropped after the grace period);
 * zero errors (seed 000: "0 errors, 0 cancels");
 * the Dynamo gate: decode tok/s/user P50 > 50 and TTFT P50 < 2 s (seed 002) at every point;
-* the stored baseline within tolerance (RTX PRO: seed 000's table, ``fixtures/baselines/``), ``--perf-compare-fail``;
+* the stored baseline within tolerance (RTX PRO: seed 000's table, ``pytest_ml4/data/baselines/``), ``--perf-compare-fail``;
 * decode concurrency saturating at ``max_num_seqs`` (and running together below it); the latency knee (first
   TTFT p99 over the target's limit) not before ``gates.knee_not_before`` or the baseline's knee;
 * plots and ``perf-summary.json`` (with the roofline ESTIMATE, reported, not gated) in the run folder.

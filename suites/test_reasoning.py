@@ -2,7 +2,7 @@
 
 Every check runs non-streamed (openai SDK) and streamed (stream probe, grammar checked); streamed answers must
 assemble to exactly the non-streamed one. Reasoning may arrive as ``reasoning`` (vLLM >= 0.16) or the legacy
-``reasoning_content`` (<= 0.15); both are accepted, neither counted twice. Data: ``fixtures/prompts/reasoning.yaml``.
+``reasoning_content`` (<= 0.15); both are accepted, neither counted twice. Data: ``pytest_ml4/data/prompts/reasoning.yaml``.
 """
 
 from __future__ import annotations
@@ -36,12 +36,13 @@ from pytest_ml4.checks.reasoning import (
 from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.client import Endpoint
 from pytest_ml4.dynamo_versions import target_row
-from pytest_ml4.targets import FIXTURES_DIR, Target
+from pytest_ml4.locations import data_file
+from pytest_ml4.targets import Target
 from pytest_ml4.vllm_versions import for_version
 
 pytestmark = pytest.mark.reasoning
 
-REASONING_FILE = FIXTURES_DIR / "prompts" / "reasoning.yaml"
+REASONING_FILE = data_file("prompts", "reasoning.yaml")
 DATA = yaml.safe_load(REASONING_FILE.read_text())
 STREAM = pytest.mark.parametrize("stream", [False, True], ids=["nonstream", "stream"])
 #: Token rounding when comparing a measured share with the gate band (shares are ratios of small integers).
@@ -59,7 +60,7 @@ def defaults_for(target: Target) -> dict[str, Any]:
 
 def accepted_efforts(target: Target) -> tuple[str, ...]:
     """The efforts the endpoint serves: through Dynamo the frontend's (its row; no vLLM-side check applies),
-    else the engine's vLLM version's (``fixtures/vllm/versions.yaml``)."""
+    else the engine's vLLM version's (``pytest_ml4/data/vllm/versions.yaml``)."""
     row = target_row(target)
     return row.reasoning_efforts if row is not None else tuple(for_version(target.engine.version).reasoning_efforts)
 
@@ -93,8 +94,8 @@ def test_reasoning_token_count_agrees_with_usage(chat: ChatSession, ml4_token_co
 def test_each_reasoning_effort_is_accepted(chat: ChatSession, ml4_target: Target, ml4_endpoint: Endpoint,
                                            http_client: httpx.Client, ml4_token_counter: Any, effort: str,
                                            stream: bool) -> None:
-    """Each effort the endpoint accepts answers (the target's vLLM version, fixtures/vllm/versions.yaml; through
-    Dynamo the frontend's, fixtures/dynamo/versions.yaml); the others are refused with vLLM's 400 naming the
+    """Each effort the endpoint accepts answers (the target's vLLM version, pytest_ml4/data/vllm/versions.yaml; through
+    Dynamo the frontend's, pytest_ml4/data/dynamo/versions.yaml); the others are refused with vLLM's 400 naming the
     supported values."""
     q = DATA["question"]
     accepted = accepted_efforts(ml4_target)
@@ -145,7 +146,7 @@ def test_no_think_markup_for_clients_that_omit_the_effort(ml4_target: Target, ml
 @pytest.mark.parametrize("case", sorted(DATA["errors"]["cases"]))
 def test_invalid_reasoning_requests_are_rejected(ml4_target: Target, ml4_endpoint: Endpoint,
                                                  http_client: httpx.Client, case: str, stream: bool) -> None:
-    """Each stack answers these in its own words (``fixtures/prompts/reasoning.yaml`` errors.expect): vLLM refuses
+    """Each stack answers these in its own words (``pytest_ml4/data/prompts/reasoning.yaml`` errors.expect): vLLM refuses
     both; the Dynamo chat processor refuses the unknown effort and serves ``chat_template_kwargs`` (served: a
     stream that fails after its 200 is not)."""
     extra = DATA["errors"]["cases"][case]
@@ -208,7 +209,7 @@ def test_reasoning_share_of_output_is_measured(chat: ChatSession, ml4_target: Ta
     forces the model to keep writing) each answer must reason, keep the reasoning apart and answer after it. What a
     release must not do is move the share of the *same* prompts under the *same* conditions (a template, parser or
     effort default changed): each prompt's share must stay within the tolerance of the baseline recorded on this
-    deployment (``fixtures/baselines/reasoning-share-<target>.json``, ``--reasoning-share-save``). A baseline of
+    deployment (``pytest_ml4/data/baselines/reasoning-share-<target>.json``, ``--reasoning-share-save``). A baseline of
     other conditions is refused; without one for this deployment (a live run and the simulator's file) the share is
     not judged. Seed 000's 50-68 % is a figure of its own workload: see ``test_reasoning_share_at_seed_conditions``."""
     spec = DATA["share"]

@@ -2,7 +2,7 @@
 
 Health and model list, a non-streaming and a streaming chat with a known answer, stream grammar, usage
 consistency (re-tokenised with Tekken), the error answers of the target's serving stack, and a parallel burst.
-Data (the question, the per-stack error shapes) lives in ``fixtures/smoke/smoke.yaml``.
+Data (the question, the per-stack error shapes) lives in ``pytest_ml4/data/smoke/smoke.yaml``.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ from pytest_ml4.checks.protocol import assert_stream_clean
 from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.client import decode_json, display_url, quote_body, refuse_html
 from pytest_ml4.control.dynamo import role_instance_ids, worker_instance_ids
-from pytest_ml4.targets import FIXTURES_DIR, Target
+from pytest_ml4.locations import data_file
+from pytest_ml4.targets import Target
 
 pytestmark = pytest.mark.smoke
 
-SMOKE_FILE = FIXTURES_DIR / "smoke" / "smoke.yaml"
+SMOKE_FILE = data_file("smoke", "smoke.yaml")
 DATA = yaml.safe_load(SMOKE_FILE.read_text())
 QUESTION = DATA["question"]
 # Real vLLM counts the EOS token and, for reasoning models, the [THINK]/[/THINK] markers that the client never

@@ -2,7 +2,7 @@
 
 Every check runs non-streamed (openai SDK) and streamed (stream probe, grammar checked); the streamed variant
 also asks the same question non-streamed and requires the same tool names, arguments, content, reasoning and
-finish_reason. Data: ``fixtures/prompts/tools.yaml`` and the schemas in ``fixtures/tools/``.
+finish_reason. Data: ``pytest_ml4/data/prompts/tools.yaml`` and the schemas in ``pytest_ml4/data/tools/``.
 """
 
 from __future__ import annotations
@@ -41,17 +41,18 @@ from pytest_ml4.dynamo_versions import (
     tool_call_drop_cause,
     within_every_release,
 )
+from pytest_ml4.locations import data_file
 from pytest_ml4.logs import GrammarSchemaRefused, LogView
 from pytest_ml4.probe import StreamResult
-from pytest_ml4.targets import FIXTURES_DIR, Target
+from pytest_ml4.targets import Target
 
 pytestmark = pytest.mark.tools
 
-TOOLS_FILE = FIXTURES_DIR / "prompts" / "tools.yaml"
+TOOLS_FILE = data_file("prompts", "tools.yaml")
 DATA = yaml.safe_load(TOOLS_FILE.read_text())
 TOOLSET = load_tools(DATA["toolset"])
 #: What tool_choice required/named does is judged on tools every known release's guided-JSON grammar accepts
-#: (fixtures/dynamo/versions.yaml guided_json_refused_keywords); whether the whole toolset's schemas are accepted
+#: (pytest_ml4/data/dynamo/versions.yaml guided_json_refused_keywords); whether the whole toolset's schemas are accepted
 #: is its own check (test_tool_schemas_are_accepted_under_guided_decoding), so one refused keyword is named once
 #: and does not read as a broken tool_choice.
 GUIDED_TOOLSET = within_every_release(TOOLSET)
@@ -62,7 +63,7 @@ class ToolChat(ChatSession):
     """A chat that knows why the stack might return no tool call (the deployment's tool parser, or a Dynamo
     release whose ``mistral`` parser drops Mistral Large 4's ``[TOOL_CALLS]name[ARGS]{...}`` form) and why a
     guided tool choice may be refused (a schema keyword the release's grammar refuses), from
-    ``fixtures/dynamo/versions.yaml`` and the engine log."""
+    ``pytest_ml4/data/dynamo/versions.yaml`` and the engine log."""
 
     no_call_cause: str | None = None
     conventions: ToolConventions = VLLM_TOOLS
@@ -263,7 +264,7 @@ def test_round_trip_answer_uses_the_tool_result(chat: ToolChat, stream: bool) ->
 @pytest.mark.parametrize("case", sorted(DATA["errors"]["cases"]))
 def test_invalid_tool_requests_are_rejected(ml4_target: Target, ml4_endpoint: Endpoint, http_client: httpx.Client,
                                             case: str, stream: bool) -> None:
-    """Each stack refuses these requests in its own words (``fixtures/prompts/tools.yaml`` errors.expect); a stack
+    """Each stack refuses these requests in its own words (``pytest_ml4/data/prompts/tools.yaml`` errors.expect); a stack
     whose row says it accepts one must at least not call a tool it was never given.
 
     Through LiteLLM (``drop_params``) a request without tools loses its ``tool_choice`` and is served: the proxy's

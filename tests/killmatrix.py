@@ -25,10 +25,12 @@ from typing import Any
 
 import yaml
 
+from pytest_ml4.locations import BUNDLED_TARGETS_DIR
+
 REPO = Path(__file__).resolve().parent.parent
 MATRIX_DIR = REPO / "fixtures" / "killmatrix"
 #: Every target the project ships: a target without a matrix file fails ``test_matrix_names_every_suite_test``.
-ALL_TARGETS = sorted(p.stem for p in (REPO / "targets").glob("*.yaml"))
+ALL_TARGETS = sorted(p.stem for p in BUNDLED_TARGETS_DIR.glob("*.yaml"))
 TARGETS = [t for t in ALL_TARGETS if (MATRIX_DIR / f"{t}.yaml").is_file()]
 RUN_TIMEOUT_S = 600
 VERDICT_KEYS = ("killed_by", "measurement", "skipped", "pending")

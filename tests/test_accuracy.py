@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from checkout import FIXTURES_DIR, REPO_ROOT
 
 from pytest_ml4.accuracy.bfcl import CategoryError, load, resolve_categories
 from pytest_ml4.accuracy.data import Item
@@ -16,7 +17,7 @@ from pytest_ml4.accuracy.score import score_reply
 from pytest_ml4.accuracy.stats import drop_z, items_needed, wilson
 from pytest_ml4.sim.faults import ActiveFaults
 from pytest_ml4.sim.responder import plan_response
-from pytest_ml4.targets import FIXTURES_DIR, REPO_ROOT, load_target
+from pytest_ml4.targets import load_target
 from pytest_ml4.tools import ToolMissing, bfcl_site
 
 SUITE = str(REPO_ROOT / "suites" / "test_accuracy.py")
@@ -125,7 +126,7 @@ def test_suite_passes_vs_stored_baseline_and_fails_under_accuracy_drop(pytester:
                                                                        tmp_path: Path) -> None:
     saved = tmp_path / "baseline.json"
     ok = _run(pytester, tmp_path / "r1", "--accuracy-save", str(saved))
-    # fixtures/baselines/accuracy-rtxpro6000-tp8.json was measured on 200 items per category: not this run's 40,
+    # pytest_ml4/data/baselines/accuracy-rtxpro6000-tp8.json was measured on 200 items per category: not this run's 40,
     # so it does not judge it and the gate says so, naming the command that records one.
     assert _outcomes(ok) == {"passed": 2, "not_judged": 1}
     ok.stdout.fnmatch_lines([("NOT JUDGED *test_accuracy_vs_baseline: accuracy (figures in accuracy-summary.json): "
@@ -180,7 +181,7 @@ def test_a_live_run_is_never_judged_by_the_simulators_baseline() -> None:
     judge_against_baseline(live, target, live=True)
     assert live.baseline is None and not live.baseline_refused
     assert "was made by the simulator, not recorded on this deployment; record one with: pytest --target " \
-           "rtxpro6000-tp8 -m accuracy --accuracy-save=fixtures/baselines/accuracy-rtxpro6000-tp8.json" \
+           "rtxpro6000-tp8 -m accuracy --accuracy-save=pytest_ml4/data/baselines/accuracy-rtxpro6000-tp8.json" \
            in live.baseline_missing
     named = _accuracy_run(default)
     judge_against_baseline(named, target, live=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from checkout import FIXTURES_DIR
 
 from pytest_ml4.sim.conformance import (
     ConformanceData,
@@ -17,7 +18,6 @@ from pytest_ml4.sim.conformance import (
     log_signatures,
     metric_families,
 )
-from pytest_ml4.targets import FIXTURES_DIR
 
 REAL = FIXTURES_DIR / "transcripts" / "dynamo-vllm-1.6.1" / "kv" / "nomigration-sigkill-stream.txt"
 

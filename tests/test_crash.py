@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from checkout import FIXTURES_DIR
 
 from pytest_ml4.checks.verdict import NotJudged
 from pytest_ml4.control.crash import Crash, CrashRun, check_crash
@@ -20,7 +21,6 @@ from pytest_ml4.control.scenario import load_requests
 from pytest_ml4.probe import parse_sse_lines
 from pytest_ml4.sim.dynamo import DynamoProcess
 from pytest_ml4.sim.orphans import end_group, group_members
-from pytest_ml4.targets import FIXTURES_DIR
 
 KV = FIXTURES_DIR / "transcripts" / "dynamo-vllm-1.6.1" / "kv"
 SPEC = load_requests()["crash"]

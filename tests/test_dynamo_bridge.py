@@ -31,8 +31,7 @@ def test_guided_form_is_what_the_frontends_required_schema_allows() -> None:
     frontend; the worker's output must satisfy it (no ``[TOOL_CALLS]`` token, ``parameters``), else 1.6.1 streams
     two finish chunks (the same capture, BEFORE/AFTER)."""
     import jsonschema
-
-    from pytest_ml4.targets import FIXTURES_DIR
+    from checkout import FIXTURES_DIR
 
     text = (FIXTURES_DIR / "transcripts/dynamo-1.6.1/ml4-90_required_stream_guided.txt").read_text()
     schema = json.loads(text.split("=== guided_decoding\n", 1)[1].split("\n", 1)[0])["json"]

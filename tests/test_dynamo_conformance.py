@@ -17,10 +17,11 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from checkout import FIXTURES_DIR
 
 from pytest_ml4.sim.conformance import chunk_kind
 from pytest_ml4.sim.dynamo import DynamoSim
-from pytest_ml4.targets import FIXTURES_DIR, load_target
+from pytest_ml4.targets import load_target
 from pytest_ml4.tools import ToolMissing, dynamo_python
 
 try:

@@ -1,5 +1,5 @@
 """Real dynamo.vllm workers in a disaggregated deployment (pytest_ml4/realdynamo/disagg.py, data in
-fixtures/dynamo_vllm/disagg.yaml): each role's arguments and environment, one core per worker, the plan capped to
+pytest_ml4/data/dynamo_vllm/disagg.yaml): each role's arguments and environment, one core per worker, the plan capped to
 one worker per role and saying so, and the warm-up request that must come back prefilled and decoded on two
 different workers. The real prefill -> decode run is nightly (two real workers, minutes)."""
 

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from checkout import FIXTURES_DIR, REPO_ROOT
 
 from pytest_ml4.checks.expected import (
     Expected,
@@ -58,11 +59,12 @@ from pytest_ml4.dynamo_versions import (
     tool_call_drop_cause,
     within_every_release,
 )
+from pytest_ml4.locations import data_file
 from pytest_ml4.logs import FileLogReader, GrammarSchemaRefused, LogView
 from pytest_ml4.probe import parse_sse_lines
 from pytest_ml4.report.environment import read_environment
 from pytest_ml4.sim.gateway import Gateway
-from pytest_ml4.targets import FIXTURES_DIR, REPO_ROOT, TargetError, load_target
+from pytest_ml4.targets import TargetError, load_target
 
 DYNAMO_TARGETS = ("gb300-agg", "gb300-disagg", "vr200-agg", "vr200-disagg")
 
@@ -168,7 +170,7 @@ def test_dynamo_targets_state_the_image_version_of_their_manifests(name: str) ->
 def test_dynamo_version_is_required_and_known() -> None:
     with pytest.raises(TargetError, match="needs dynamo_version"):
         load_target("gb300-agg", overrides={"serving": {"dynamo_version": None}})
-    with pytest.raises(TargetError, match=r"dynamo_version '9\.9' is not in fixtures/dynamo/versions\.yaml"):
+    with pytest.raises(TargetError, match=r"dynamo_version '9\.9' is not in pytest_ml4/data/dynamo/versions\.yaml"):
         load_target("gb300-agg", overrides={"serving": {"dynamo_version": "9.9"}})
     with pytest.raises(TargetError, match="only for stack dynamo"):
         load_target("rtxpro6000-tp8", overrides={"serving": {"dynamo_version": "1.6.1"}})
@@ -219,8 +221,8 @@ def row(file: Path, stack: str, case: str) -> Expected:
     return expected_for(table, stack, case, file)
 
 
-SMOKE, TOOLS, REASONING = (FIXTURES_DIR / "smoke" / "smoke.yaml", FIXTURES_DIR / "prompts" / "tools.yaml",
-                           FIXTURES_DIR / "prompts" / "reasoning.yaml")
+SMOKE, TOOLS, REASONING = (data_file("smoke", "smoke.yaml"), data_file("prompts", "tools.yaml"),
+                           data_file("prompts", "reasoning.yaml"))
 # What real Dynamo 1.6.1 said (transcripts), or its validation texts (reference/real-dynamo.md, the 1.6.1 binary).
 DYNAMO_ANSWERS = [
     (SMOKE, "unknown_model", lambda: recorded("mocker-14_bad_model.txt")),
@@ -544,7 +546,7 @@ class FakeFrontend:
             "nvext": {"worker_id": ids, "timing": {"kv_hit_rate": rate}}})
 
 
-RESTART = yaml.safe_load((FIXTURES_DIR / "restart" / "requests.yaml").read_text())
+RESTART = yaml.safe_load((data_file("restart", "requests.yaml")).read_text())
 FRONT = Endpoint("http://fe:8000/v1", model="mistral-large-4")
 
 

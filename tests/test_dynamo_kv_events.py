@@ -32,7 +32,7 @@ try:
 except ToolMissing as err:  # the install step is part of scripts/install.sh; CI always has it
     pytest.skip(str(err), allow_module_level=True)
 
-SPEC = yaml.safe_load((Path(__file__).resolve().parents[1] / "fixtures/restart/requests.yaml").read_text())
+SPEC = yaml.safe_load((Path(__file__).resolve().parents[1] / "pytest_ml4/data/restart/requests.yaml").read_text())
 
 
 def _deploy(target: Target, folder: Path) -> Iterator[Endpoint]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from checkout import FIXTURES_DIR
 
 from pytest_ml4.client import Endpoint
 from pytest_ml4.control.crash import CrashRun, check_crash, run_crash
@@ -31,7 +32,7 @@ from pytest_ml4.sim.conformance import (
     metric_families,
 )
 from pytest_ml4.sim.dynamo import DynamoSim
-from pytest_ml4.targets import FIXTURES_DIR, deep_merge, load_target
+from pytest_ml4.targets import deep_merge, load_target
 from pytest_ml4.tools import (
     DYNAMO_VLLM_ENGINE_VERSION,
     ToolMissing,

@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 import pytest
+from checkout import FIXTURES_DIR, REPO_ROOT
 
 from pytest_ml4.checks.tools import load_tools
 from pytest_ml4.dynamo_versions import behaviour
@@ -35,7 +36,7 @@ from pytest_ml4.sim.dynamo_worker import (
     refused_schema_keyword,
 )
 from pytest_ml4.sim.faults import ActiveFaults
-from pytest_ml4.targets import FIXTURES_DIR, REPO_ROOT, Target, load_target
+from pytest_ml4.targets import Target, load_target
 
 FAST = {"sim": {"ttft_s": 0.001, "itl_ms": 0.1}}
 SET_ALARM = load_tools(["set_alarm"])[0]

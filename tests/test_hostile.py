@@ -139,7 +139,7 @@ def test_the_sdk_still_raises_its_own_errors_for_json_refusals() -> None:
 
 @pytest.mark.parametrize(("answer", "status"), [("litellm_no_db", 400), (None, 401)])
 def test_a_refused_key_stops_with_one_line_naming_the_variable(answer: str | None, status: int) -> None:
-    """LiteLLM's 400 ``No connected db.`` is a refused key as much as vLLM's 401 (fixtures/bad_input/refused_keys)."""
+    """LiteLLM's 400 ``No connected db.`` is a refused key as much as vLLM's 401 (pytest_ml4/data/bad_input/refused_keys.yaml)."""
     script = hostile(answer) if answer else Scripted(401, "application/json", [b'{"error":"Unauthorized"}'])
     with StubServer({"/v1/models": script}) as srv:
         problem = check_reachable(Endpoint(srv.base_url, api_key="sk-wrong-0123456789"), key_source="LLM_API_KEY")

@@ -10,7 +10,9 @@ import re
 from pathlib import Path
 
 import pytest
+from checkout import FIXTURES_DIR, REPO_ROOT
 
+from pytest_ml4.locations import BUNDLED_TARGETS_DIR
 from pytest_ml4.logs import FileLogReader, KvCacheSize, LogView, records_from_text
 from pytest_ml4.logs.kv import (
     SpecCounts,
@@ -22,11 +24,11 @@ from pytest_ml4.logs.kv import (
     judge_spec_decode,
     required_pool,
 )
-from pytest_ml4.targets import FIXTURES_DIR, REPO_ROOT, Target, load_target
+from pytest_ml4.targets import Target, load_target
 
 LOGS = FIXTURES_DIR / "logs"
 SUITE = REPO_ROOT / "suites" / "test_kv_cache.py"
-VARIANTS = REPO_ROOT / "targets" / "variants"
+VARIANTS = BUNDLED_TARGETS_DIR / "variants"
 SEED_OOM = ("MemoryError: CUDA out of memory. Tried to allocate 792.00 MiB. GPU 0 has a total capacity of 95.06 GiB "
             "of which 751.25 MiB is free.")
 

@@ -12,10 +12,16 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from checkout import FIXTURES_DIR
 
-from pytest_ml4.logs import CudaOom, JournaldLogReader, KvCacheSize, LogReadError, LogView
+from pytest_ml4.logs import (
+    CudaOom,
+    JournaldLogReader,
+    KvCacheSize,
+    LogReadError,
+    LogView,
+)
 from pytest_ml4.logs.journald import journal_export, journald_tool, write_journal
-from pytest_ml4.targets import FIXTURES_DIR
 
 UNIT = "vllm-ml4.service"
 BOOT_ID = "6f0c0d1e2a3b4c5d6e7f8091a2b3c4d5"

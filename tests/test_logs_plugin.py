@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from pytest_ml4.targets import FIXTURES_DIR
+from checkout import FIXTURES_DIR
 
 STABLE = FIXTURES_DIR / "logs" / "rtxpro-stable.log"
 
@@ -64,7 +63,7 @@ def test_attach_log_writes_the_excerpt_into_allure_results(pytester: pytest.Pyte
 
 @pytest.mark.parametrize("target, expect", [
     ("rtxpro6000-tp8", "KV pool 263,923 tokens, 1.03x at 256,000, headroom 2.85 GiB/GPU; calibrated on seed 000"),
-    ("targets/variants/rtxpro6000-tp8-crashing.yaml", "dies on the first step of >= 7,913 tokens"),
+    ("pytest_ml4/data/targets/variants/rtxpro6000-tp8-crashing.yaml", "dies on the first step of >= 7,913 tokens"),
     ("gb300-agg", "estimate: no seed measured this hardware/KV dtype"),
 ])
 def test_memory_model_header(target: str, expect: str) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from checkout import FIXTURES_DIR
 
 from pytest_ml4.logs import (
     FileLogReader,
@@ -20,7 +21,7 @@ from pytest_ml4.logs import (
     start_failure_summary,
 )
 from pytest_ml4.logs.records import LogRecord, line_time
-from pytest_ml4.targets import FIXTURES_DIR, load_target
+from pytest_ml4.targets import load_target
 
 LOGS = FIXTURES_DIR / "logs"
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import yaml
+from checkout import FIXTURES_DIR
 
 from pytest_ml4.logs import (
     AvailableKvMemory,
@@ -29,7 +29,6 @@ from pytest_ml4.logs import (
     records_from_text,
 )
 from pytest_ml4.logs.signatures import CatalogueError, parse_catalogue
-from pytest_ml4.targets import FIXTURES_DIR
 
 LOGS = FIXTURES_DIR / "logs"
 EXPECTED: dict[str, dict[str, int]] = yaml.safe_load((LOGS / "expected.yaml").read_text())
@@ -228,6 +227,7 @@ def test_malformed_catalogue_is_rejected_with_the_field(bad: object, needle: str
 
 
 def test_catalogue_file_is_package_data() -> None:
+    from pytest_ml4.locations import DATA_DIR
     from pytest_ml4.logs.signatures import CATALOGUE_FILE
 
-    assert CATALOGUE_FILE.parent == Path(__import__("pytest_ml4.logs").logs.__file__).parent
+    assert CATALOGUE_FILE.is_file() and CATALOGUE_FILE.is_relative_to(DATA_DIR), CATALOGUE_FILE

@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from checkout import REPO_ROOT
 
 from pytest_ml4.baselines import default_baseline
+from pytest_ml4.locations import data_file
 from pytest_ml4.perf import gates
 from pytest_ml4.perf.baseline import (
     Baseline,
@@ -44,11 +46,11 @@ from pytest_ml4.perf.runner import (
 )
 from pytest_ml4.perf.summary import update_summary
 from pytest_ml4.perf.sweep import grace_for, settings_from_target, short_trace
-from pytest_ml4.targets import REPO_ROOT, load_target
+from pytest_ml4.targets import load_target
 
 BASELINE = default_baseline("perf", "rtxpro6000-tp8")
 AIPERF = REPO_ROOT / "fixtures" / "aiperf"
-TRACE = REPO_ROOT / "fixtures" / "traces" / "agentic-mooncake.jsonl"
+TRACE = data_file("traces", "agentic-mooncake.jsonl")
 
 
 def seed_points() -> list[PointFigures]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from checkout import REPO_ROOT
 from fake_k8s import FakeKubeAPI
 
 from pytest_ml4.control.k8s import api_client
@@ -21,7 +22,7 @@ from pytest_ml4.perf.goodput import goodput_gate, goodput_of, workload_spec
 from pytest_ml4.perf.runner import run_aiperf
 from pytest_ml4.preflight.lint import lint_paths
 from pytest_ml4.sim import SimServer
-from pytest_ml4.targets import REPO_ROOT, load_target
+from pytest_ml4.targets import load_target
 
 GOLDEN = REPO_ROOT / "fixtures" / "aiperf" / "kube" / "gb300-disagg-chat-4pods.json"
 TARGET = "gb300-disagg"

@@ -1,9 +1,9 @@
 """The simulator's engine under Poisson arrivals and multi-turn prefix reuse, against seed 000's table:
 the open-loop figures the goodput and capacity gates read must follow what the seed measured.
 
-The seed's numbers come from its table as stored in ``fixtures/baselines/rtxpro6000-tp8.json`` (the seed's rows,
+The seed's numbers come from its table as stored in ``pytest_ml4/data/baselines/rtxpro6000-tp8.json`` (the seed's rows,
 with provenance); every expected value below is derived from those rows and textbook queueing, never from the
-simulator's calibration (``fixtures/perfmodel/profiles.yaml``) or its code:
+simulator's calibration (``pytest_ml4/data/perfmodel/profiles.yaml``) or its code:
 
 * prefill of one ~549-token prompt occupies the engine ``S = (TTFT p99 at c16 - TTFT p50 at c1) / 15`` seconds
   (the seed's c16 burst: the 16th request waits for 15 prompts' prefill);

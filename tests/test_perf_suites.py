@@ -10,8 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from pytest_ml4.targets import REPO_ROOT
+from checkout import REPO_ROOT
 
 SUITES = [str(REPO_ROOT / "suites" / "test_osl.py"), str(REPO_ROOT / "suites" / "test_perf.py")]
 

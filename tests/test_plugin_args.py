@@ -1,6 +1,6 @@
 """Path-valued options given space-separated cannot silently move pytest's rootdir.
 
-For every option of ``fixtures/plugin/path_options.yaml``: ``--opt PATH`` with a path outside the project stops
+For every option of ``pytest_ml4/data/plugin/path_options.yaml``: ``--opt PATH`` with a path outside the project stops
 with one line naming the option and ``--opt=PATH``; ``--opt=PATH`` runs with the project's rootdir and config.
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ml4.locations import BUNDLED_TARGETS_DIR
 from pytest_ml4.plugin_args import path_options, space_separated
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,12 +38,12 @@ def _registered_options(pytester: pytest.Pytester) -> dict[str, str]:
 def test_every_path_valued_ml4_option_is_in_the_table(pytester: pytest.Pytester) -> None:
     registered = _registered_options(pytester)
     unknown = [o for o in OPTIONS if o not in registered]
-    assert not unknown, f"fixtures/plugin/path_options.yaml lists options that do not exist: {unknown}"
+    assert not unknown, f"pytest_ml4/data/plugin/path_options.yaml lists options that do not exist: {unknown}"
     pathlike = {name for name, metavar in registered.items()
                 if _PATHLIKE.search(metavar) and name.startswith(("--ml4", "--perf", "--preflight", "--target",
                                                                   "--accuracy", "--sim"))}
     missing = sorted(pathlike - set(OPTIONS))
-    assert not missing, f"path-valued options missing from fixtures/plugin/path_options.yaml: {missing}"
+    assert not missing, f"path-valued options missing from pytest_ml4/data/plugin/path_options.yaml: {missing}"
 
 
 def test_space_separated_finds_only_the_table_options() -> None:
@@ -63,7 +64,7 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
 def _outside_value(option: str, where: Path) -> Path:
     """An existing path outside the project that the option accepts."""
     if option == "--target":
-        shutil.copy(REPO / "targets" / "rtxpro6000-tp8.yaml", where / "my-target.yaml")
+        shutil.copy(BUNDLED_TARGETS_DIR / "rtxpro6000-tp8.yaml", where / "my-target.yaml")
         return where / "my-target.yaml"
     if option in ("--ml4-log-file", "--perf-baseline", "--perf-save", "--preflight-path"):
         (where / "file.txt").write_text("x\n")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pytest_ml4.locations import BUNDLED_TARGETS_DIR
 from pytest_ml4.plugin import skip_reason
 from pytest_ml4.targets import TargetError, known_targets, load_target, parse_override
 
@@ -42,7 +43,7 @@ def test_unknown_target_lists_the_known_ones() -> None:
     ],
 )
 def test_bad_target_file_names_file_and_field(tmp_path: Path, mutate, field: str) -> None:
-    data = yaml.safe_load((REPO / "targets" / "rtxpro6000-tp8.yaml").read_text())
+    data = yaml.safe_load((BUNDLED_TARGETS_DIR / "rtxpro6000-tp8.yaml").read_text())
     mutate(data)
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(data))
@@ -119,7 +120,7 @@ def test_unknown_target_is_a_usage_error(pytester: pytest.Pytester) -> None:
 
 def test_target_path_and_bad_file(pytester: pytest.Pytester) -> None:
     bad = pytester.path / "variant.yaml"
-    data = yaml.safe_load((REPO / "targets" / "rtxpro6000-tp8.yaml").read_text())
+    data = yaml.safe_load((BUNDLED_TARGETS_DIR / "rtxpro6000-tp8.yaml").read_text())
     data["engine"]["gpu_memory_utilization"] = 1.5
     bad.write_text(yaml.safe_dump(data))
     pytester.makepyfile("def test_x(ml4_target): pass")

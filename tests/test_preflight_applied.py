@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ml4.locations import BUNDLED_TARGETS_DIR
 from pytest_ml4.preflight import RULES, Severity, lint_documents, load_paths
 from pytest_ml4.preflight.applied import rule_needs
 from pytest_ml4.preflight.cli import main
 from pytest_ml4.preflight.model import UNKNOWN_HARDWARE
 
 REPO = Path(__file__).resolve().parent.parent
-SEED_UNIT = REPO / "targets" / "rtxpro6000-tp8" / "vllm-ml4.service"  # the seed's stable unit
+SEED_UNIT = BUNDLED_TARGETS_DIR / "rtxpro6000-tp8" / "vllm-ml4.service"  # the seed's stable unit
 CASES = REPO / "fixtures" / "preflight"
 
 
@@ -102,7 +103,7 @@ def test_the_needs_table_matches_what_each_rule_does_without_hardware(rule_id: s
         assert skipped is not None and skipped.judged == 0 and skipped.paths
     else:
         assert errors, (f"{rule_id} finds nothing on its broken case without hardware: list what it needs in "
-                        "fixtures/preflight/rule_needs.yaml")
+                        "pytest_ml4/data/preflight/rule_needs.yaml")
         assert report.skipped(rule_id) is None
 
 
@@ -110,7 +111,7 @@ def _target_report(name: str):  # type: ignore[no-untyped-def]
     from pytest_ml4.targets import load_target
 
     target = load_target(name)
-    return lint_documents(load_paths([REPO / m for m in target.manifests], target))
+    return lint_documents(load_paths([target.resolve(m) for m in target.manifests], target))
 
 
 @pytest.mark.parametrize(("target", "rule_id", "family"), [

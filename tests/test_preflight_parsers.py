@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ml4.locations import BUNDLED_TARGETS_DIR
 from pytest_ml4.preflight import Severity, lint_paths
 from pytest_ml4.preflight.args import parse_flags
 from pytest_ml4.preflight.loader import load_file
@@ -18,7 +19,7 @@ from pytest_ml4.preflight.shell import (
     parse_script,
     split_words,
 )
-from pytest_ml4.targets import REPO_ROOT, load_target
+from pytest_ml4.targets import load_target
 
 RTX = "# ml4-target: rtxpro6000-tp8\n"
 
@@ -144,7 +145,7 @@ def test_rtx_rules_need_the_95gib_card(tmp_path: Path) -> None:
 
 
 def test_shipped_unit_maps_to_its_target_without_a_comment() -> None:
-    (doc,) = load_file(REPO_ROOT / "targets" / "rtxpro6000-tp8" / "vllm-ml4.service")
+    (doc,) = load_file(BUNDLED_TARGETS_DIR / "rtxpro6000-tp8" / "vllm-ml4.service")
     assert doc.target is not None and doc.target.name == "rtxpro6000-tp8"
     assert doc.engine.get("api-key") == "${VLLM_API_KEY}" and doc.env_files == ["/etc/vllm/ml4.env"]
 
@@ -201,7 +202,7 @@ def test_name_prefix_respects_namespaces(tmp_path: Path) -> None:
 
 def test_session_affinity_from_the_target(tmp_path: Path) -> None:
     # gb300-agg's clients send session ids (serving.session_affinity: true): a frontend without TTL fails.
-    text = (REPO_ROOT / "targets" / "gb300-agg" / "deploy.yaml").read_text()
+    text = (BUNDLED_TARGETS_DIR / "gb300-agg" / "deploy.yaml").read_text()
     p = write(tmp_path, "d.yaml", text.replace('"3600"', '"0"'))
     report = lint_paths([p], load_target("gb300-agg"))
     assert any("outside 1..31536000" in f.message for f in report.by_rule("session-affinity-ttl"))
@@ -209,7 +210,7 @@ def test_session_affinity_from_the_target(tmp_path: Path) -> None:
 
 
 def test_vr200_agg_needs_no_nixl_settings_and_accepts_env_switch(tmp_path: Path) -> None:
-    text = (REPO_ROOT / "targets" / "vr200-agg" / "deploy.yaml").read_text()
+    text = (BUNDLED_TARGETS_DIR / "vr200-agg" / "deploy.yaml").read_text()
     p = write(tmp_path, "d.yaml", text.replace(', "disable_eagle_block_drop": true', ""))
     (f,) = lint_paths([p]).by_rule("vr200-stability")
     assert "disable_eagle_block_drop" in f.message and "NIXL" not in f.message.split("missing")[-1]
@@ -220,7 +221,7 @@ def test_vr200_agg_needs_no_nixl_settings_and_accepts_env_switch(tmp_path: Path)
 
 
 def test_synthetic_acceptance_on_one_disagg_role_also_mismatches(tmp_path: Path) -> None:
-    text = (REPO_ROOT / "targets" / "gb300-disagg" / "deploy.yaml").read_text()
+    text = (BUNDLED_TARGETS_DIR / "gb300-disagg" / "deploy.yaml").read_text()
     first = '{"method": "dspark", "num_speculative_tokens": 3}'
     synthetic = text.replace(first, '{"method": "dspark", "num_speculative_tokens": 3, "synthetic_acceptance_rate": 0.6}', 1)
     hits = {f.rule_id for f in lint_paths([write(tmp_path, "deploy.yaml", synthetic)]).errors()}
@@ -324,25 +325,25 @@ def test_url_password_is_a_literal_secret(tmp_path: Path) -> None:
 
 def test_drift_against_another_target() -> None:
     # The GB300 aggregated recipe checked against the disaggregated target: name, roles and flags differ.
-    report = lint_paths([REPO_ROOT / "targets" / "gb300-agg" / "deploy.yaml"], load_target("gb300-disagg"))
+    report = lint_paths([BUNDLED_TARGETS_DIR / "gb300-agg" / "deploy.yaml"], load_target("gb300-disagg"))
     text = " ".join(f.message for f in report.by_rule("target-manifest-drift"))
     assert "DGD name mistral-large-4-agg-gb300 vs control.dgd mistral-large-4-disagg-gb300" in text
     assert "--kv-offloading-size 200 vs None" in text
 
 
 def test_unit_and_proxy_alias_drift(tmp_path: Path) -> None:
-    unit = (REPO_ROOT / "targets" / "rtxpro6000-tp8" / "vllm-ml4.service").read_text()
+    unit = (BUNDLED_TARGETS_DIR / "rtxpro6000-tp8" / "vllm-ml4.service").read_text()
     renamed = write(tmp_path, "vllm-other.service", RTX + unit)
     (f,) = lint_paths([renamed]).by_rule("target-manifest-drift")
     assert "unit file vllm-other.service vs target unit vllm-ml4.service" in f.message
-    proxy = (REPO_ROOT / "targets" / "rtxpro6000-tp8" / "litellm.yaml").read_text()
+    proxy = (BUNDLED_TARGETS_DIR / "rtxpro6000-tp8" / "litellm.yaml").read_text()
     other = write(tmp_path, "litellm.yaml", RTX + proxy.replace("model_name: ml4", "model_name: ml4-beta"))
     (g,) = lint_paths([other]).by_rule("target-manifest-drift")
     assert "proxy.model_alias ml4" in g.message
 
 
 def test_perf_job_drift_from_the_target_perf_section(tmp_path: Path) -> None:
-    text = (REPO_ROOT / "targets" / "gb300-agg" / "perf.yaml").read_text()
+    text = (BUNDLED_TARGETS_DIR / "gb300-agg" / "perf.yaml").read_text()
     p = write(tmp_path, "perf.yaml", text.replace('value: "16"}', 'value: "12"}').replace("3600 --bench", "600 --bench"))
     (f,) = lint_paths([p], load_target("gb300-agg")).by_rule("target-manifest-drift")
     assert "--concurrency 12 not in perf.concurrencies" in f.message

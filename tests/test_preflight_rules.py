@@ -11,10 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from checkout import FIXTURES_DIR, REPO_ROOT
 
+from pytest_ml4.locations import BUNDLED_TARGETS_DIR
 from pytest_ml4.preflight import RULES, Severity, lint_paths
 from pytest_ml4.preflight.cli import main
-from pytest_ml4.targets import FIXTURES_DIR, REPO_ROOT, known_targets, load_target
+from pytest_ml4.targets import known_targets, load_target
 
 CASES = FIXTURES_DIR / "preflight"
 
@@ -63,7 +65,7 @@ def test_shipped_target_manifests_are_clean(name: str) -> None:
 
 def test_all_targets_linted_together_are_clean() -> None:
     # Cross-file rules (DGD name prefixes, perf Job -> DGD) see all four Dynamo deployments at once.
-    report = lint_paths(sorted(REPO_ROOT.glob("targets/*/")))
+    report = lint_paths(sorted(BUNDLED_TARGETS_DIR.glob("*/")))
     assert report.ok, "\n".join(f.format() for f in report.errors())
     assert {d.kind for d in report.documents} >= {"systemd", "litellm", "dgd", "perf-job"}
 
@@ -92,7 +94,7 @@ def test_cli_json_and_target_option(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_console_script_on_targets_and_a_broken_fixture(tmp_path: Path) -> None:
     exe = Path(sys.executable).with_name("ml4-preflight")
-    ok = subprocess.run([str(exe), *sorted(str(p) for p in REPO_ROOT.glob("targets/*/"))], cwd=REPO_ROOT, check=False,
+    ok = subprocess.run([str(exe), *sorted(str(p) for p in BUNDLED_TARGETS_DIR.glob("*/"))], cwd=REPO_ROOT, check=False,
                         capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     bad = subprocess.run([str(exe), str(CASES / "aiperf-ignore-eos" / "broken")], cwd=REPO_ROOT, check=False,
@@ -113,5 +115,5 @@ def test_literal_secret_value_never_printed(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_cli_notes_a_file_with_nothing_to_lint(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([str(REPO_ROOT / "targets" / "gb300-agg.yaml")]) == 0
+    assert main([str(BUNDLED_TARGETS_DIR / "gb300-agg.yaml")]) == 0
     assert "no vLLM launch, DGD, LiteLLM config or aiperf run found" in capsys.readouterr().err

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from checkout import FIXTURES_DIR
 
 from pytest_ml4.realvllm.scripted import (
     parallel_from_grammar,
@@ -16,7 +17,6 @@ from pytest_ml4.realvllm.scripted import (
     tool_choice_from_grammar,
 )
 from pytest_ml4.sim import wire
-from pytest_ml4.targets import FIXTURES_DIR
 from pytest_ml4.tokenizer import SPECIAL_TOKENS, get_tokenizer
 from pytest_ml4.vllm_versions import for_version
 

@@ -1,6 +1,6 @@
 """A Dynamo role with ONE replica cannot restart without client errors: the no-client-error check derives that
 from the topology (pytest_ml4.control.scenario.SingleReplicaOutage) and then requires Dynamo's documented answers
-(fixtures/dynamo/single-replica-outage.yaml) and recovery. No processes (recorded bodies)."""
+(pytest_ml4/data/dynamo/single-replica-outage.yaml) and recovery. No processes (recorded bodies)."""
 
 from __future__ import annotations
 

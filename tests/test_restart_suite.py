@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from pytest_ml4.targets import REPO_ROOT
+from checkout import REPO_ROOT
 
 SUITE = REPO_ROOT / "suites" / "test_restart.py"
 

@@ -8,6 +8,7 @@ import statistics
 
 import pytest
 
+from pytest_ml4.locations import data_file
 from pytest_ml4.sim.engine import Engine, Sequence, block_hashes
 from pytest_ml4.sim.perfmodel import PerfModel, QueueState
 from pytest_ml4.sim.promstats import SimMetrics
@@ -110,13 +111,12 @@ def test_engine_waits_for_kv_room() -> None:
 
 def test_cache_config_info_matches_reference_for_same_config() -> None:
     """Configured like the reference harness (fp8, block 16, util 0.9, 12345 blocks) the series is byte-identical."""
-    from test_sim_support import TRANSCRIPTS
 
     target = load_target("gb300-agg", overrides={"engine": {
         "max_model_len": 131072, "block_size": 16, "kv_cache_dtype": "fp8", "gpu_memory_utilization": 0.9,
         "kv_offloading_size_gib": None}})
     text = SimMetrics(target, "mistral-large-4", 12345).render().decode()
-    ref = (TRANSCRIPTS / "metrics.txt").read_text()
+    ref = data_file("vllm", "metrics-0.33.txt").read_text()
 
     def info(t: str) -> str:
         return next(line for line in t.splitlines() if line.startswith("vllm:cache_config_info"))

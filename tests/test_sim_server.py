@@ -12,8 +12,9 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from test_sim_support import FAST, TRANSCRIPTS, stream_lines
+from test_sim_support import FAST, stream_lines
 
+from pytest_ml4.locations import data_file
 from pytest_ml4.sim import SimServer, SimServerError
 from pytest_ml4.targets import load_target
 
@@ -80,9 +81,9 @@ def test_metrics_families_match_reference(keyed: SimServer) -> None:
     httpx.post(keyed.base_url + "/chat/completions", json=CHAT, headers=_auth())
     r = httpx.get(keyed.url + "/metrics")
     assert r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
-    ref = _families((TRANSCRIPTS / "metrics.txt").read_text())
+    ref = _families(data_file("vllm", "metrics-0.33.txt").read_text())
     assert _families(r.text) == ref
-    ref_order = [l for l in (TRANSCRIPTS / "metrics.txt").read_text().splitlines() if l.startswith("# TYPE vllm:")]
+    ref_order = [l for l in data_file("vllm", "metrics-0.33.txt").read_text().splitlines() if l.startswith("# TYPE vllm:")]
     assert [l for l in r.text.splitlines() if l.startswith("# TYPE vllm:")] == ref_order
 
 

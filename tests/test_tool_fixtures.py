@@ -8,12 +8,12 @@ from __future__ import annotations
 import yaml
 
 from pytest_ml4.checks.tools import load_tools, tool_name
-from pytest_ml4.targets import FIXTURES_DIR
+from pytest_ml4.locations import data_file
 
 
 def test_fixture_tools_cover_the_schema_shapes() -> None:
     """Flat, nested objects, enums, arrays, integers, numbers, booleans, optionals."""
-    toolset = load_tools(yaml.safe_load((FIXTURES_DIR / "prompts" / "tools.yaml").read_text())["toolset"])
+    toolset = load_tools(yaml.safe_load((data_file("prompts", "tools.yaml")).read_text())["toolset"])
     text = yaml.safe_dump([t["function"]["parameters"] for t in toolset])
     for shape in ("type: object", "enum:", "type: array", "type: integer", "type: number", "type: boolean"):
         assert shape in text, f"no tool fixture has {shape!r}"

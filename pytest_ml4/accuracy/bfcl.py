@@ -21,10 +21,10 @@ from typing import Any
 
 import yaml
 
-from pytest_ml4.targets import FIXTURES_DIR
+from pytest_ml4.locations import data_file
 from pytest_ml4.tools import bfcl_site
 
-CATEGORIES_FILE = FIXTURES_DIR / "accuracy" / "categories.yaml"
+CATEGORIES_FILE = data_file("accuracy", "categories.yaml")
 #: The name the checker is told; the stub maps every name to ``underscore_to_dot=True`` because the tools are
 #: converted for an OpenAI-style endpoint (``convert_to_tool`` with ``ModelStyle.OPENAI_COMPLETIONS``).
 CHECKER_MODEL = "pytest-ml4"

@@ -77,7 +77,7 @@ def run_conditions(bfcl_eval: str, size: int | None, seed: int) -> dict[str, Any
 
 @dataclass(frozen=True)
 class AccuracyBaseline:
-    """``fixtures/baselines/accuracy-<target>.json``: per-category scores, their conditions and provenance
+    """``pytest_ml4/data/baselines/accuracy-<target>.json`` (or a team's ``baselines/``): per-category scores, their conditions and provenance
     (:mod:`pytest_ml4.baselines`)."""
 
     path: Path

@@ -16,7 +16,11 @@ from typing import Any, ClassVar
 import httpx
 import openai
 
-from pytest_ml4.checks.protocol import Assembled, assert_stream_clean, assert_stream_equals_non_stream
+from pytest_ml4.checks.protocol import (
+    Assembled,
+    assert_stream_clean,
+    assert_stream_equals_non_stream,
+)
 from pytest_ml4.client import explain_openai_error, quote_body
 from pytest_ml4.probe import StreamResult, probe_chat_stream
 from pytest_ml4.report.redact import redact

@@ -100,7 +100,7 @@ def reasoning_share(usage: Mapping[str, Any] | None) -> float | None:
 
 # ------------------------------------------------------------------------ reasoning share vs a stored baseline
 #: What a reasoning share depends on besides the deployment: a share is compared only with one measured under the
-#: same values (fixtures/prompts/reasoning.yaml ``share``; the request defaults).
+#: same values (pytest_ml4/data/prompts/reasoning.yaml ``share``; the request defaults).
 SHARE_CONDITION_KEYS = ("prompts", "max_tokens", "min_tokens", "reasoning_effort", "temperature")
 
 
@@ -121,7 +121,7 @@ def share_row(prompt: str, usage: Mapping[str, Any] | None, where: str) -> dict[
 
 @dataclass(frozen=True)
 class ShareBaseline:
-    """``fixtures/baselines/reasoning-share-<target>.json``: per-prompt shares, the conditions they were measured
+    """``pytest_ml4/data/baselines/reasoning-share-<target>.json``: per-prompt shares, the conditions they were measured
     under and where they came from (:mod:`pytest_ml4.baselines`)."""
 
     path: Path

@@ -1,7 +1,7 @@
 """Tool-calling checks (reference ``vllm.md`` §4): Mistral call ids, arguments against the tool's JSON schema,
 which tool ``tool_choice`` should produce, and the ``finish_reason`` / ``content`` rules that go with it.
 
-Tool schemas are data: ``fixtures/tools/<name>.json`` in OpenAI ``tools`` form.
+Tool schemas are data: ``pytest_ml4/data/tools/<name>.json`` in OpenAI ``tools`` form.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from pytest_ml4.client import quote_body
-from pytest_ml4.targets import FIXTURES_DIR
+from pytest_ml4.locations import data_file
 
-TOOLS_DIR = FIXTURES_DIR / "tools"
+TOOLS_DIR = data_file("tools")
 
 
 def load_tool(name: str, directory: Path = TOOLS_DIR) -> dict[str, Any]:
-    """One tool definition (``{"type": "function", "function": {...}}``) from ``fixtures/tools/<name>.json``."""
+    """One tool definition (``{"type": "function", "function": {...}}``) from ``pytest_ml4/data/tools/<name>.json``."""
     path = directory / f"{name}.json"
     tool = json.loads(path.read_text())
     Draft202012Validator.check_schema(tool["function"]["parameters"])  # a broken fixture is our bug, say so early
@@ -46,7 +46,7 @@ def is_mistral_tool_id(value: Any) -> bool:
 class ToolConventions:
     """What a serving stack does with tool calls where the OpenAI contract leaves it open: the id format and a named
     ``tool_choice``'s finish_reason and content. Defaults: vLLM 0.33 (vllm.md §4.4); other stacks' rows live in
-    ``fixtures/prompts/tools.yaml`` ``conventions``."""
+    ``pytest_ml4/data/prompts/tools.yaml`` ``conventions``."""
 
     id_pattern: str = r"[A-Za-z0-9]{9}"
     id_what: str = "Mistral ids (9 ASCII letters/digits)"

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from itertools import pairwise
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any, Protocol
 
 import httpx
@@ -27,7 +27,7 @@ from pytest_ml4.client import Endpoint, make_httpx
 from pytest_ml4.probe import StreamResult, parse_sse_lines
 
 #: The fields of the in-band error event compared with the one real Dynamo 1.6.1 sends when a stream's worker dies
-#: and migration is off (fixtures/restart/requests.yaml ``crash.unmigrated_error``, from
+#: and migration is off (pytest_ml4/data/restart/requests.yaml ``crash.unmigrated_error``, from
 #: real-dynamo-vllm-1.6.1-transcripts/kv/nomigration-sigkill-stream.txt).
 ERROR_KEYS = ("message", "type", "code")
 

@@ -34,13 +34,13 @@ import yaml
 from pytest_ml4.checks.verdict import NotJudged
 from pytest_ml4.client import Endpoint, make_httpx, quote_body
 from pytest_ml4.control.base import Controller, Progress, RestartResult
+from pytest_ml4.locations import data_file
 from pytest_ml4.probe import StreamResult, probe_chat_stream
 from pytest_ml4.proxy import RetryWindow, attempted_retries
-from pytest_ml4.targets import FIXTURES_DIR
 
-REQUESTS_FILE = FIXTURES_DIR / "restart" / "requests.yaml"
-STALE_FILE = FIXTURES_DIR / "restart" / "stale-instances.yaml"
-OUTAGE_FILE = FIXTURES_DIR / "dynamo" / "single-replica-outage.yaml"
+REQUESTS_FILE = data_file("restart", "requests.yaml")
+STALE_FILE = data_file("restart", "stale-instances.yaml")
+OUTAGE_FILE = data_file("dynamo", "single-replica-outage.yaml")
 #: Worker roles of a topology kind -> the Topology field holding its replica count.
 TOPOLOGY_ROLES: dict[str, dict[str, str]] = {"disagg": {"prefill": "prefill_workers", "decode": "decode_workers"}}
 DEFAULT_ROLES = {"worker": "workers"}
@@ -414,7 +414,7 @@ def _version_row(path: Path, version: str | None) -> tuple[str, dict[str, Any]]:
 
 @dataclass(frozen=True)
 class StaleInstances:
-    """A Dynamo frontend's stale-instance window (``fixtures/restart/stale-instances.yaml``, per version): the
+    """A Dynamo frontend's stale-instance window (``pytest_ml4/data/restart/stale-instances.yaml``, per version): the
     answers while a gone worker is still listed, and what follows once no worker of the model is left."""
 
     version: str
@@ -449,7 +449,7 @@ class StaleInstances:
 class SingleReplicaOutage:
     """A Dynamo target with a worker role of ONE replica: a rolling restart of that role is an outage by
     construction (no peer to route or migrate to; the model is unlisted), so "no client error" cannot hold. What
-    can: every failure is one of the frontend's documented answers (``fixtures/dynamo/single-replica-outage.yaml``,
+    can: every failure is one of the frontend's documented answers (``pytest_ml4/data/dynamo/single-replica-outage.yaml``,
     per version) and the deployment answers again once the restart is done."""
 
     version: str

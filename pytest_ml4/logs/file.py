@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_ml4.logs.records import LogReader, LogRecord, Since, filter_since, records_from_text
+from pytest_ml4.logs.records import (
+    LogReader,
+    LogRecord,
+    Since,
+    filter_since,
+    records_from_text,
+)
 
 
 class FileLogReader(LogReader):

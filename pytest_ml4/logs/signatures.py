@@ -1,4 +1,4 @@
-"""The signature catalogue (``signatures.yaml`` next to this file): named regexes over engine log lines.
+"""The signature catalogue (``pytest_ml4/data/logs/signatures.yaml``): named regexes over engine log lines.
 
 Each signature names the typed event it becomes, its severity, what it means and the seed/reference line it comes
 from. :func:`load_catalogue` reads and compiles it; :meth:`Catalogue.matches` finds every signature in a list of
@@ -17,9 +17,10 @@ from typing import Any, Literal
 
 import yaml
 
+from pytest_ml4.locations import data_file
 from pytest_ml4.logs.records import LogRecord
 
-CATALOGUE_FILE = Path(__file__).with_name("signatures.yaml")
+CATALOGUE_FILE = data_file("logs", "signatures.yaml")
 Severity = Literal["critical", "error", "warning", "info"]
 SEVERITIES: tuple[str, ...] = ("critical", "error", "warning", "info")
 _REQUIRED = ("name", "event", "severity", "regex", "meaning", "source")

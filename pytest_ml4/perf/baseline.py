@@ -1,4 +1,4 @@
-"""Stored perf baselines (``fixtures/baselines/*.json``) and regression comparison.
+"""Stored perf baselines (``pytest_ml4/data/baselines/*.json``) and regression comparison.
 
 A baseline holds, per concurrency, the figures of :class:`pytest_ml4.perf.figures.PointFigures` plus the
 conditions it was measured under and a relative tolerance per figure. Comparison is direction-aware (throughput

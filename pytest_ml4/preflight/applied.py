@@ -1,7 +1,7 @@
 """Which rules a lint run could apply, and for the rest why not and what would apply them.
 
 A rule is applied to a document of its kinds when the document has what the rule needs
-(``fixtures/preflight/rule_needs.yaml``: its hardware, its target). A rule applied to no document is no pass:
+(``pytest_ml4/data/preflight/rule_needs.yaml``: its hardware, its target). A rule applied to no document is no pass:
 it is reported "not applied" with the reason and the flag (``--target NAME``) that would apply it.
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from pytest_ml4.locations import data_file
 from pytest_ml4.preflight.model import (
     DgdDocument,
     Document,
@@ -22,9 +23,9 @@ from pytest_ml4.preflight.model import (
     Rule,
     VllmLaunch,
 )
-from pytest_ml4.targets import REPO_ROOT, known_targets
+from pytest_ml4.targets import known_targets
 
-NEEDS_FILE = REPO_ROOT / "fixtures" / "preflight" / "rule_needs.yaml"
+NEEDS_FILE = data_file("preflight", "rule_needs.yaml")
 
 #: The document classes a rule kind stands for.
 KIND_CLASSES: dict[str, type[Document]] = {"vllm": VllmLaunch, "dgd": DgdDocument, "litellm": LiteLLMConfig,
@@ -47,7 +48,7 @@ def _family_only(family: str, name: str) -> Need:
                 f"{name} hardware only; the document runs on other hardware")
 
 
-#: need -> Need; the names are what fixtures/preflight/rule_needs.yaml lists.
+#: need -> Need; the names are what pytest_ml4/data/preflight/rule_needs.yaml lists.
 NEEDS: dict[str, Need] = {
     "hardware": Need(lambda d: d.hardware.family is not None, "depends on the hardware, which is unknown", True),
     "target": Need(lambda d: d.target is not None,

@@ -228,7 +228,7 @@ class DgdComponent:
     resources: dict[str, Any] = field(default_factory=dict)
     shared_memory: str | None = None
     line: int | None = None
-    #: The main container's image reference (its tag is the Dynamo release, fixtures/dynamo/versions.yaml).
+    #: The main container's image reference (its tag is the Dynamo release, pytest_ml4/data/dynamo/versions.yaml).
     image: str | None = None
 
 

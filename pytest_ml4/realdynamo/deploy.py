@@ -124,7 +124,7 @@ class RealDynamoWorker(DynamoWorker):
         super().__init__(owner, role, index, log_file, target_file, overrides, faults)
         self.name = f"dynamo.vllm {role} worker #{index}"
         self.kv_events_port = free_system_port()
-        #: NIXL's side channel of a prefill/decode worker (fixtures/dynamo_vllm/disagg.yaml).
+        #: NIXL's side channel of a prefill/decode worker (pytest_ml4/data/dynamo_vllm/disagg.yaml).
         self.side_channel_port = free_system_port()
 
     def start(self, timeout: float = START_TIMEOUT_S) -> None:

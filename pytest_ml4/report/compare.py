@@ -152,7 +152,7 @@ def compare_runs(runs: Sequence[Mapping[str, Any]], baseline: Baseline | None, t
 
 
 _SETTING_KEYS = ("isl", "osl", "duration_s", "short", "min_tokens")
-#: The run conditions a perf baseline's figures depend on (as ``fixtures/baselines/<target>.json`` states them).
+#: The run conditions a perf baseline's figures depend on (as ``pytest_ml4/data/baselines/<target>.json`` states them).
 _BASELINE_KEYS = ("isl", "osl", "duration_s")
 
 

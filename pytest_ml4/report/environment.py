@@ -20,15 +20,18 @@ from typing import Any
 
 import httpx
 
+from pytest_ml4.locations import PACKAGE_PARENT
 from pytest_ml4.report.redact import redact
-from pytest_ml4.targets import REPO_ROOT, Target
+from pytest_ml4.targets import Target
 
 
-def git_sha(repo: Path = REPO_ROOT) -> str:
+def git_sha(repo: Path = PACKAGE_PARENT) -> str:
     """Commit of the suite's checkout (``unknown`` outside a git checkout), ``+dirty`` when modified."""
     env_sha = os.environ.get("ML4_GIT_SHA")  # set by the container build, which has no .git
     if env_sha:
         return env_sha
+    if not (repo / ".git").exists():
+        return "unknown"  # an installed copy: a git repository above site-packages is not the suite's
     try:
         sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()

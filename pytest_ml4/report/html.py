@@ -29,7 +29,7 @@ import httpx
 import websocket  # websocket-client, installed with the kubernetes client
 
 from pytest_ml4.report.history import seed_history
-from pytest_ml4.report.tools import (
+from pytest_ml4.tools import (
     allure_executable,
     chromium_executable,
     java_executable,

@@ -1,7 +1,7 @@
 """Allure labels and titles for the checks, in terms a release manager reads.
 
 * epic = the deployment target (``rtxpro6000-tp8``), feature = the suite ("Tool calling"), story = the check
-  ("Parallel tool calls are returned in order"), severity = what a failure blocks (``fixtures/report/suites.yaml``).
+  ("Parallel tool calls are returned in order"), severity = what a failure blocks (``pytest_ml4/data/report/suites.yaml``).
 * Titles come from the test's docstring (first line), else from its name made readable.
 
 Plain functions over marker names and test names so they work without pytest; ``plugin_report`` applies them.
@@ -19,9 +19,9 @@ from typing import Any
 
 import yaml
 
-from pytest_ml4.targets import FIXTURES_DIR
+from pytest_ml4.locations import data_file
 
-SUITES_FILE = FIXTURES_DIR / "report" / "suites.yaml"
+SUITES_FILE = data_file("report", "suites.yaml")
 SEVERITIES = ("blocker", "critical", "normal", "minor", "trivial")
 
 

@@ -175,7 +175,7 @@ def metric_families(text: str, prefix: str = "vllm:") -> set[str]:
 
 
 def log_signatures(text: str) -> set[str]:
-    """The names of the log-signature catalogue entries (pytest_ml4/logs/signatures.yaml) a log matches."""
+    """The names of the log-signature catalogue entries (pytest_ml4/data/logs/signatures.yaml) a log matches."""
     records = [LogRecord(text=line) for line in text.splitlines()]
     return {m.signature.name for m in load_catalogue().matches(records)}
 

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from pytest_ml4 import process_groups
+from pytest_ml4.locations import PACKAGE_PARENT
 from pytest_ml4.server_lifecycle import (
     PROGRESS_CAP_FACTOR,
     answers_200,
@@ -471,8 +472,7 @@ class DynamoSim:
         kv = self.folder / "discovery"
         home.mkdir(exist_ok=True)
         kv.mkdir(exist_ok=True)
-        checkout = str(Path(__file__).resolve().parents[2])
-        path = [checkout, *[p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]]
+        path = [str(PACKAGE_PARENT), *[p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]]
         env = {**base, **LOOPBACK_ENV, "HOME": str(home), "DYN_FILE_KV": str(kv),
                "PYTHONPATH": os.pathsep.join(path), **behaviour(self.bridge).frontend_env}
         env.pop("VIRTUAL_ENV", None)

@@ -105,7 +105,7 @@ def tool_choice_of(request: dict[str, Any], tools: list[Any], faults: ActiveFaul
 
 def refused_schema_keyword(guided: dict[str, Any] | None, row: DynamoBehaviour | None) -> str | None:
     """The JSON-schema keyword of the guided-JSON grammar that the emulated release's grammar backend refuses
-    (``guided_json_refused_keywords`` of its ``fixtures/dynamo/versions.yaml`` row; 1.6.1 passes the tools' raw
+    (``guided_json_refused_keywords`` of its ``pytest_ml4/data/dynamo/versions.yaml`` row; 1.6.1 passes the tools' raw
     schemas into that grammar), or None."""
     if guided is None or row is None:
         return None

@@ -17,7 +17,7 @@ All timing maths of the simulator lives here; the engine (``engine.py``) calls e
   ``spec_position_rates[i] x scale`` (a low-discrepancy draw, so short log windows show steady rates); ``sequence_scale(rng)`` draws a request's scale (mean 1,
   ``acceptance_spread``), which spreads per-request ITL the way seed 000's ITL p99 sits above its p50.
 
-Calibration data per target: ``fixtures/perfmodel/profiles.yaml`` (rtxpro6000-tp8 reproduces seed 000's sweep, see
+Calibration data per target: ``pytest_ml4/data/perfmodel/profiles.yaml`` (rtxpro6000-tp8 reproduces seed 000's sweep, see
 ``benchmarks/seed_sweep.py``; the Dynamo targets sit just inside the seed-002 gate). ``target.sim.extra`` keys of the
 same names override the file. ``ML4_SIM_TIME_SCALE=K`` divides every duration by K (time-compressed benchmark runs).
 """
@@ -35,9 +35,10 @@ from typing import Any
 
 import yaml
 
-from pytest_ml4.targets import FIXTURES_DIR, Target
+from pytest_ml4.locations import data_file
+from pytest_ml4.targets import Target
 
-PROFILES = FIXTURES_DIR / "perfmodel" / "profiles.yaml"
+PROFILES = data_file("perfmodel", "profiles.yaml")
 TIME_SCALE_ENV = "ML4_SIM_TIME_SCALE"
 # Without a profile: ITL grows by 11.3 % of the c1 value per extra running sequence (seed 000: 11.7 ms at c1 ->
 # 31.5 ms at c16), TTFT does not depend on load.

@@ -1,7 +1,7 @@
 """The simulator's ``/metrics``: vLLM 0.33's Prometheus series, driven by the engine loop.
 
 The metric catalogue (names, types, HELP texts, label sets, histogram buckets) is read from the reference
-exposition ``fixtures/transcripts/metrics.txt`` (vllm-0.33-transcripts), so the simulator exposes exactly the
+exposition ``pytest_ml4/data/vllm/metrics-0.33.txt`` (vllm-0.33-transcripts), so the simulator exposes exactly the
 families real 0.33 exposes.  Values come from real traffic.  Rendering goes through ``prometheus_client`` in
 single-process mode, which also yields the ``*_created`` gauges and the python/process collectors.
 """
@@ -26,9 +26,10 @@ from prometheus_client import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from pytest_ml4.targets import FIXTURES_DIR, Target
+from pytest_ml4.locations import data_file
+from pytest_ml4.targets import Target
 
-REFERENCE_METRICS = FIXTURES_DIR / "transcripts" / "metrics.txt"
+REFERENCE_METRICS = data_file("vllm", "metrics-0.33.txt")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _BASE_LABELS = ("model_name", "engine")
 # Histograms whose buckets are vLLM's build_1_2_5_buckets(max_model_len) (the reference used 131072).
@@ -48,8 +49,8 @@ class _Family:
 
 
 #: The real vLLM 0.32 exposition (shared/reference/real-vllm-0.32-cpu-transcripts/get_metrics.txt): the source of
-#: the families a version adds (``metrics_families_extra`` in fixtures/vllm/versions.yaml).
-EXTRA_METRICS = FIXTURES_DIR / "vllm" / "metrics-0.32.txt"
+#: the families a version adds (``metrics_families_extra`` in pytest_ml4/data/vllm/versions.yaml).
+EXTRA_METRICS = data_file("vllm", "metrics-0.32.txt")
 
 
 def _catalogue(path: Path, only: tuple[str, ...] | None = None) -> list[_Family]:

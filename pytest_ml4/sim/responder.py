@@ -3,7 +3,7 @@
 It answers simple arithmetic correctly, answers from tool results when the conversation ends with ``tool``
 messages, calls the best-matching tool when tools are offered, and otherwise replies with a readiness sentence.
 Unless ``reasoning_effort`` is ``"none"`` it thinks first, longer for higher effort.  Texts come from
-``fixtures/sim/responder.json``.
+``pytest_ml4/data/sim/responder.json``.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from pytest_ml4.locations import data_file
 from pytest_ml4.sim import toolgen
 from pytest_ml4.sim.faults import ActiveFaults
-from pytest_ml4.targets import FIXTURES_DIR
 from pytest_ml4.tokenizer import message_text
 
-RESPONDER_DATA = FIXTURES_DIR / "sim" / "responder.json"
+RESPONDER_DATA = data_file("sim", "responder.json")
 
 _ARITH = re.compile(r"(-?\d+(?:\.\d+)?)\s*(\+|-|\*|/|x|×|÷|plus|minus|times|multiplied by|divided by)\s*(-?\d+(?:\.\d+)?)",
                     re.IGNORECASE)

@@ -111,7 +111,7 @@ class Context:
     served_names: list[str]
     max_model_len: int
     mistral_tokenizer: bool = True
-    #: ``reasoning_effort`` values this vLLM version accepts (fixtures/vllm/versions.yaml).
+    #: ``reasoning_effort`` values this vLLM version accepts (pytest_ml4/data/vllm/versions.yaml).
     reasoning_efforts: tuple[str, ...] = REASONING_EFFORTS
 
 

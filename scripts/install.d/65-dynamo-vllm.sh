@@ -23,7 +23,7 @@ patchfile="$here/fixtures/dynamo_vllm/torchvision-cpu.patch"
 # The venv is keyed by the lock file, the model dir by the code and data that generate it.
 venv_key="$(sha1sum "$lock" | cut -c1-12)"
 [ -f "$front/tokenizer.json" ] || bash "$here/scripts/install.d/50-dynamo.sh"
-model_key="$(cat "$here/fixtures/vllm/tiny_model.yaml" "$here/fixtures/vllm/versions.yaml" \
+model_key="$(cat "$here/pytest_ml4/data/vllm/tiny_model.yaml" "$here/pytest_ml4/data/vllm/versions.yaml" \
   "$here/pytest_ml4/tokenizer.py" "$here/pytest_ml4/realdynamo/model.py" "$front/chat_template.jinja" \
   | sha1sum | cut -c1-12)"
 model_stamp="$dest/model/.ml4-model-$model_key"

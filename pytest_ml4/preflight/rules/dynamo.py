@@ -302,7 +302,7 @@ def _mistral_parser_sites(doc: DgdDocument) -> list[str]:
       "the frontend sets DYN_PARSER_VERSION=2 with the workers' mistral parsers on a Dynamo image that has no "
       "Mistral v2 parser: the model is never served (every request 404 with an empty body; frontend log 'the "
       "configured parser pair has no compatible unified v2 implementation')",
-      "run an image whose Dynamo has a Mistral v2 parser (fixtures/dynamo/versions.yaml mistral_parser_v2: true, "
+      "run an image whose Dynamo has a Mistral v2 parser (pytest_ml4/data/dynamo/versions.yaml mistral_parser_v2: true, "
       "e.g. the seed's vllm-runtime:1.7.0-mistral-large-4-dev.1); on a public 1.6.x image unset "
       "DYN_PARSER_VERSION instead, knowing 1.6.x then drops Mistral Large 4's [TOOL_CALLS]name[ARGS] calls",
       "reference/real-dynamo.md 'Mistral parsing in 1.6.1' (DYN_PARSER_VERSION=2 column: 'model never served: every "

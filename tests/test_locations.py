@@ -1,0 +1,76 @@
+"""Where things are (``pytest_ml4.locations``): the package's data, the targets directory a run looks names up
+in, and where a team's target finds the files its YAML names. Cheap (no process, one in-process pytester run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pytest_ml4.locations import (
+    BUNDLED_TARGETS_DIR,
+    DATA_DIR,
+    baselines_dir,
+    resolve_from,
+    target_root,
+    targets_dir,
+)
+from pytest_ml4.targets import known_targets, load_target
+
+
+def _team(tmp_path: Path, name: str = "team-rtx") -> Path:
+    """A team repository holding one target: the RTX PRO seed's YAML under another name."""
+    (tmp_path / "targets").mkdir()
+    data = yaml.safe_load((BUNDLED_TARGETS_DIR / "rtxpro6000-tp8.yaml").read_text())
+    data["name"] = name
+    (tmp_path / "targets" / f"{name}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return tmp_path
+
+
+def test_the_targets_directory_is_the_given_one_then_the_rootdirs_then_the_bundled(tmp_path: Path) -> None:
+    assert targets_dir("mine", tmp_path) == tmp_path / "mine"
+    assert targets_dir(tmp_path / "abs", Path("/elsewhere")) == tmp_path / "abs"
+    assert targets_dir(None, tmp_path) == BUNDLED_TARGETS_DIR  # no targets/ in the rootdir
+    _team(tmp_path)
+    assert targets_dir(None, tmp_path) == tmp_path / "targets"
+    assert known_targets(targets_dir(None, tmp_path)) == ["team-rtx"]
+
+
+def test_a_targets_relative_paths_start_at_the_folder_holding_its_targets_folder(tmp_path: Path) -> None:
+    assert target_root(tmp_path / "targets" / "a.yaml") == tmp_path
+    assert target_root(tmp_path / "targets" / "variants" / "a.yaml") == tmp_path
+    assert target_root(tmp_path / "loose" / "a.yaml") == tmp_path / "loose"
+    assert load_target("rtxpro6000-tp8").root == DATA_DIR
+
+
+def test_a_teams_file_wins_then_the_package_data_then_the_teams_path_is_named(tmp_path: Path) -> None:
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "own.jsonl").write_text("{}\n")
+    assert resolve_from(tmp_path, "traces/own.jsonl") == tmp_path / "traces" / "own.jsonl"
+    assert resolve_from(tmp_path, "traces/agentic-mooncake.jsonl") == DATA_DIR / "traces" / "agentic-mooncake.jsonl"
+    assert resolve_from(tmp_path, "traces/missing.jsonl") == tmp_path / "traces" / "missing.jsonl"
+    assert resolve_from(tmp_path, "/abs/x.yaml") == Path("/abs/x.yaml")
+
+
+def test_a_teams_copy_of_a_bundled_target_reaches_the_bundled_proxy_config(tmp_path: Path) -> None:
+    team = _team(tmp_path)
+    target = load_target("team-rtx", team / "targets")
+    assert target.root == team
+    assert target.resolve(target.serving.proxy.config) == BUNDLED_TARGETS_DIR / "rtxpro6000-tp8" / "litellm.yaml"
+
+
+def test_stored_baselines_are_the_teams_when_it_keeps_them_else_the_projects(tmp_path: Path) -> None:
+    assert baselines_dir(tmp_path) == DATA_DIR / "baselines"
+    assert (DATA_DIR / "baselines" / "rtxpro6000-tp8.json").is_file()
+    (tmp_path / "baselines").mkdir()
+    assert baselines_dir(tmp_path) == tmp_path / "baselines"
+
+
+def test_target_dir_option_looks_names_up_in_the_teams_folder(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    team = _team(tmp_path)
+    pytester.makepyfile("def test_x(ml4_target):\n    assert ml4_target.name == 'team-rtx'\n")
+    pytester.runpytest(f"--target-dir={team / 'targets'}", "--target", "team-rtx").assert_outcomes(passed=1)
+    result = pytester.runpytest("--target", "team-rtx")  # pytester's rootdir has no targets/: the bundled ones
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*unknown target 'team-rtx'; known targets: gb300-agg, *(in {BUNDLED_TARGETS_DIR})"])
