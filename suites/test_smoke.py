@@ -18,7 +18,8 @@ import yaml
 from pytest_ml4.checks.expected import Expected, check_answer, expected_for
 from pytest_ml4.checks.protocol import assert_stream_clean
 from pytest_ml4.checks.verdict import not_judged
-from pytest_ml4.client import decode_json, display_url, quote_body, refuse_html
+from pytest_ml4.client import decode_json, quote_body, refuse_html
+from pytest_ml4.urls import display_url
 from pytest_ml4.control.dynamo import role_instance_ids, worker_instance_ids
 from pytest_ml4.targets import FIXTURES_DIR, Target
 
