@@ -10,7 +10,7 @@ Two restarts per session (module fixtures, in order):
    proxy's retry window; recovery (trigger to the first answer of the *new* engine, per request evidence of which
    engine answered) must stay under ``gates.recovery_time_s_max``.
 
-Afterwards: a fresh boot in the engine log, the KV pool and the no-OOM verdicts of ``pytest_ml4.logs.kv`` again,
+Afterwards: a fresh boot in the engine log, the KV pool and the no-OOM verdicts of ``pytest_ml4.checks.kv`` again,
 and a smoke chat. Dynamo targets add session affinity, prefix reuse, and for disagg the prefill -> decode handoff
 and the model leaving and returning to ``/v1/models`` while the prefill pods are gone (dynamo.md §3, §5).
 """
@@ -21,6 +21,11 @@ from typing import Any
 
 import pytest
 
+from pytest_ml4.checks.kv import (
+    kv_pool_verdict,
+    max_concurrency_verdict,
+    no_failures_verdict,
+)
 from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.client import make_httpx
 from pytest_ml4.control.base import RestartError
@@ -38,7 +43,6 @@ from pytest_ml4.control.scenario import (
     send_probe,
 )
 from pytest_ml4.logs import LogView, ServerStart
-from pytest_ml4.logs.kv import judge_kv_pool, judge_max_concurrency, judge_no_failures
 from pytest_ml4.proxy import ProxySettings, RetryWindow
 from pytest_ml4.report.attach import attach_text
 from pytest_ml4.targets import Target
@@ -72,9 +76,9 @@ def kv_before(ml4_restart_logs: Any, ml4_target: Target) -> dict[str, bool]:
     """The KV verdicts of the running engines before any restart (a restart must not make them worse)."""
     verdicts = {}
     for view, runs in _views(ml4_restart_logs, ml4_target):
-        verdicts["kv_pool"] = verdicts.get("kv_pool", True) and judge_kv_pool(view, runs).ok
+        verdicts["kv_pool"] = verdicts.get("kv_pool", True) and kv_pool_verdict(view, runs).ok
         verdicts["kv_max_concurrency"] = (verdicts.get("kv_max_concurrency", True)
-                                          and judge_max_concurrency(view, runs).ok)
+                                          and max_concurrency_verdict(view, runs).ok)
     return verdicts
 
 
@@ -170,11 +174,11 @@ def test_fresh_boot_in_logs(requests_run: RestartRun, ml4_restart_logs: Any, ml4
 
 def test_kv_pool_and_no_oom_after_restart(requests_run: RestartRun, ml4_restart_logs: Any, ml4_target: Target,
                                           kv_before: dict[str, bool]) -> None:
-    """The KV verdicts of ``pytest_ml4.logs.kv`` after the restart: no failure line, no verdict worse than before."""
+    """The KV verdicts of ``pytest_ml4.checks.kv`` after the restart: no failure line, no verdict worse than before."""
     check_restart_finished(requests_run)
     problems = []
     for view, runs in _views(ml4_restart_logs, ml4_target):
-        for verdict in (judge_no_failures(view), judge_kv_pool(view, runs), judge_max_concurrency(view, runs)):
+        for verdict in (no_failures_verdict(view), kv_pool_verdict(view, runs), max_concurrency_verdict(view, runs)):
             print(f"[{view.source}] {verdict.name}: {'ok' if verdict.ok else 'FAIL'}: {verdict.message}")
             if not verdict.ok and kv_before.get(verdict.name, True):
                 problems.append(f"[{view.source}] {verdict.name}: {verdict.message}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +57,7 @@ from pytest_ml4.dynamo_versions import (
     tool_call_drop_cause,
     within_every_release,
 )
+from pytest_ml4.kv_load import EngineMetrics
 from pytest_ml4.logs import FileLogReader, GrammarSchemaRefused, LogView
 from pytest_ml4.probe import parse_sse_lines
 from pytest_ml4.report.environment import read_environment
@@ -422,30 +422,18 @@ def test_seed_manifests_on_a_public_1_6_image_are_never_served(name: str, tmp_pa
 
 
 # ------------------------------------------------------------------------ vllm:* metrics live on the workers
-def _kv_suite() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ml4_kv_suite", REPO_ROOT / "suites" / "test_kv_cache.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_kv_cross_checks_read_the_workers_and_name_the_missing_field() -> None:
-    kv = _kv_suite()
     disagg = load_target("gb300-disagg")
     live = Endpoint("http://fe:8000/v1", worker_metrics_urls={"prefill": ("http://p:1/metrics",),
                                                               "decode": ("http://d0:1/metrics", "http://d1:1/metrics")})
-    m = kv.EngineMetrics.of(live, disagg)
+    m = EngineMetrics.of(live, disagg)
     assert m.missing is None and "http://fe:8000/metrics" not in m.urls
     assert set(m.urls) == {"http://p:1/metrics", "http://d0:1/metrics", "http://d1:1/metrics"}
     assert m.engine_urls == ("http://d0:1/metrics", "http://d1:1/metrics")
-    unknown = kv.EngineMetrics.of(Endpoint("http://fe:8000/v1"), disagg)
+    unknown = EngineMetrics.of(Endpoint("http://fe:8000/v1"), disagg)
     assert unknown.urls == () and "ML4_GB300_DISAGG_DECODE_METRICS" in unknown.missing
     assert "endpoint.worker_metrics_url_env" in unknown.missing
-    vllm = kv.EngineMetrics.of(Endpoint("http://e:8000/v1"), load_target("rtxpro6000-tp8"))
+    vllm = EngineMetrics.of(Endpoint("http://e:8000/v1"), load_target("rtxpro6000-tp8"))
     assert vllm.urls == ("http://e:8000/metrics",) and vllm.missing is None
 
 
