@@ -96,6 +96,12 @@ class Endpoint:
     def effective_metrics_url(self) -> str:
         return self.metrics_url or f"{self.root_url}/metrics"
 
+    @property
+    def engine_root_url(self) -> str:
+        """The root of the server the metrics URL names: behind a proxy the engine's own server (its ``/health``,
+        ``/v1/models``); the endpoint's own root when no other metrics URL is set."""
+        return self.effective_metrics_url.rsplit("/metrics", 1)[0]
+
     def all_worker_metrics_urls(self) -> tuple[str, ...]:
         """Every worker's /metrics URL, roles in a fixed order (empty when none is known)."""
         return tuple(u for role in sorted(self.worker_metrics_urls) for u in self.worker_metrics_urls[role])
