@@ -34,6 +34,7 @@ from pytest_ml4.guard import (
     json_problem,
 )
 from pytest_ml4.locations import data_file
+from pytest_ml4.urls import display_url, strip_userinfo
 
 #: Connect timeout: an unreachable endpoint must be reported within seconds, not minutes.
 CONNECT_TIMEOUT_S = 5.0
@@ -74,7 +75,7 @@ class Endpoint:
 
     def __post_init__(self) -> None:
         if not self.base_url.rstrip("/").endswith("/v1"):
-            raise EndpointConfigError(f"endpoint base URL must end in /v1, got {_strip_userinfo(self.base_url)}")
+            raise EndpointConfigError(f"endpoint base URL must end in /v1, got {strip_userinfo(self.base_url)}")
         object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
 
     def __repr__(self) -> str:
@@ -94,6 +95,12 @@ class Endpoint:
     @property
     def effective_metrics_url(self) -> str:
         return self.metrics_url or f"{self.root_url}/metrics"
+
+    @property
+    def engine_root_url(self) -> str:
+        """The root of the server the metrics URL names: behind a proxy the engine's own server (its ``/health``,
+        ``/v1/models``); the endpoint's own root when no other metrics URL is set."""
+        return self.effective_metrics_url.rsplit("/metrics", 1)[0]
 
     def all_worker_metrics_urls(self) -> tuple[str, ...]:
         """Every worker's /metrics URL, roles in a fixed order (empty when none is known)."""
@@ -126,21 +133,6 @@ def worker_metrics_urls_from_env(role_vars: Mapping[str, str],
         if urls:
             out[role] = urls
     return out
-
-
-def _strip_userinfo(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc += f":{parts.port}"
-    return parts._replace(netloc=netloc).geturl()
-
-
-def display_url(url: str) -> str:
-    """A URL fit for a message: no userinfo, no query string (keys sometimes travel as ``?api_key=``)."""
-    return _strip_userinfo(url).split("?", 1)[0]
 
 
 def _deadlines(ep: Endpoint, timeout: float | None) -> Deadlines:

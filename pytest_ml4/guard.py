@@ -27,6 +27,8 @@ from urllib.parse import urljoin
 
 import httpx
 
+from pytest_ml4.urls import display_url
+
 #: Below these a healthy deployment can fail a check: a single request may queue behind a long prefill
 #: (256k-token prompts) or a batch being preempted, so the floors are generous and the options can raise them.
 CONNECT_S = 5.0
@@ -129,8 +131,6 @@ def quote_bytes(data: bytes, total: int | None = None, limit: int = QUOTE_BYTES)
 
 
 def _shown(url: Any) -> str:
-    from pytest_ml4.client import display_url
-
     return display_url(str(url))
 
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from .client import display_url, quote_body
+from .client import quote_body
+from .urls import display_url
 
 
 class MetricsError(RuntimeError):

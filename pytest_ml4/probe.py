@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from pytest_ml4.client import display_url
+from pytest_ml4.urls import display_url
 
 #: How much of an odd payload a violation quotes.
 _QUOTE = 200

@@ -17,8 +17,9 @@ from typing import Any
 
 import httpx
 
+from pytest_ml4.checks.dynamo import assert_session_affinity
 from pytest_ml4.client import Endpoint
-from pytest_ml4.control.dynamo import check_affinity, run_affinity_probe
+from pytest_ml4.control.dynamo import run_affinity_probe
 from pytest_ml4.control.scenario import load_requests
 from pytest_ml4.sim.dynamo import DynamoSim
 from pytest_ml4.targets import load_target
@@ -66,9 +67,9 @@ def affinity_probe(sim: DynamoSim, title: str, say: Callable[[str], None]) -> No
     for turn in probe.turns:
         say(turn.line())
     try:
-        say(f"check_affinity: ok, session kept prefill worker {check_affinity(probe)}")
+        say(f"assert_session_affinity: ok, session kept prefill worker {assert_session_affinity(probe)}")
     except AssertionError as err:
-        say(f"check_affinity: FAILED {type(err).__name__}: {str(err).splitlines()[0]}")
+        say(f"assert_session_affinity: FAILED {type(err).__name__}: {str(err).splitlines()[0]}")
 
 
 def main() -> int:

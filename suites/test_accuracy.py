@@ -13,7 +13,11 @@ import pytest
 
 from pytest_ml4.accuracy.gate import failed_items, table
 from pytest_ml4.accuracy.guard import refusal
-from pytest_ml4.checks.verdict import not_judged
+from pytest_ml4.checks.accuracy import (
+    assert_every_request_answered,
+    assert_no_significant_drop,
+    assert_no_synthetic_acceptance,
+)
 from pytest_ml4.report.attach import attach_json, attach_text
 
 pytestmark = pytest.mark.accuracy
@@ -27,15 +31,12 @@ def _measured(run):  # type: ignore[no-untyped-def]
 
 def test_no_synthetic_acceptance(ml4_accuracy) -> None:  # type: ignore[no-untyped-def]
     """The deployment runs real speculative acceptance, so its accuracy can be certified"""
-    assert not ml4_accuracy.refused, refusal(ml4_accuracy.refused)
+    assert_no_synthetic_acceptance(ml4_accuracy.refused)
 
 
 def test_every_request_answered(ml4_accuracy) -> None:  # type: ignore[no-untyped-def]
     """Every BFCL request got a chat completion (an error would be scored as a wrong answer)"""
-    run = _measured(ml4_accuracy)
-    errors = [r for r in run.results if r.error_type.startswith(("http_error", "bad_response"))]
-    assert not errors, (f"{len(errors)}/{len(run.results)} BFCL requests failed, e.g. {errors[0].id}: "
-                        f"{errors[0].error_type} {errors[0].errors[0][:200]}")
+    assert_every_request_answered(_measured(ml4_accuracy).results)
 
 
 def test_accuracy_vs_baseline(ml4_accuracy) -> None:  # type: ignore[no-untyped-def]
@@ -47,9 +48,5 @@ def test_accuracy_vs_baseline(ml4_accuracy) -> None:  # type: ignore[no-untyped-
     print(text)
     if run.baseline_refused:
         pytest.fail(run.baseline_refused, pytrace=False)
-    if run.baseline is None:
-        not_judged(f"accuracy (figures in accuracy-summary.json): {run.baseline_missing}")
-    o = run.options
-    assert not run.drops, (
-        f"accuracy regression vs baseline {run.baseline.path} (tolerance {o.tolerance * 100:g} points, "
-        f"alpha {o.alpha:g}): " + "; ".join(d.describe() for d in run.drops))
+    assert_no_significant_drop(run.drops, run.baseline.path if run.baseline else None, run.baseline_missing,
+                               run.options.tolerance, run.options.alpha)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ml4.client import display_url
+from pytest_ml4.urls import display_url
 from pytest_ml4.metrics import STACK_TOKEN_COUNTER, generated_tokens
 from pytest_ml4.perf.export import read_records
 from pytest_ml4.perf.methodology import (

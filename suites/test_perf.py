@@ -22,17 +22,18 @@ from typing import Any
 import pytest
 
 from pytest_ml4.baselines import describe_conditions
+from pytest_ml4.checks.perf import assert_gate_passed, assert_gates_pass
 from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.perf.capacity import capacity_gate
 from pytest_ml4.perf.evaluate import knee_bound, write_trace_outputs
-from pytest_ml4.perf.gates import dynamo_gates, error_gate, failures, knee_unseen
+from pytest_ml4.perf.gates import dynamo_gates, error_gate, knee_unseen
 from pytest_ml4.perf.runner import trace_rows
 from pytest_ml4.perf.summary import SCHEMA, SUMMARY_NAME, update_summary
 from pytest_ml4.perf.sweep import run_trace, short_trace
 from pytest_ml4.perf.workloads import (
     PREFIX_COUNTERS,
     CapacityRunFailed,
-    judge_goodput,
+    goodput_verdict,
     keeps_sessions_together,
     prefix_reuse_floor,
 )
@@ -50,10 +51,6 @@ def _attach(name: str, body: str | bytes, kind: str = "TEXT", extension: str | N
     allure.attach(body, name=name, attachment_type=getattr(allure.attachment_type, kind), extension=extension)
 
 
-def _fail_lines(results: list[Any]) -> str:
-    return "\n".join(str(r) for r in results)
-
-
 def test_every_point_is_a_usable_aiperf_run(ml4_perf_sweep: Any) -> None:
     bad = [p for p in ml4_perf_sweep.points if not p.ok]
     for p in bad:
@@ -62,9 +59,7 @@ def test_every_point_is_a_usable_aiperf_run(ml4_perf_sweep: Any) -> None:
 
 
 def test_zero_errors(ml4_perf_sweep: Any) -> None:
-    results = ml4_perf_sweep.verdict.by_gate("errors")
-    assert results, "no point produced figures"
-    assert not failures(results), _fail_lines(failures(results))
+    assert_gates_pass(ml4_perf_sweep.verdict.by_gate("errors"), none="no point produced figures")
 
 
 def test_fixed_output_length_in_every_point(ml4_perf_sweep: Any) -> None:
@@ -81,8 +76,8 @@ def test_fixed_output_length_in_every_point(ml4_perf_sweep: Any) -> None:
 @pytest.mark.dynamo
 def test_dynamo_gate(ml4_perf_sweep: Any, ml4_target: Any) -> None:
     results = ml4_perf_sweep.verdict.by_gate("decode_tok_s_user_p50") + ml4_perf_sweep.verdict.by_gate("ttft_p50")
-    assert results, f"target {ml4_target.name} defines no Dynamo gate (gates.decode_tok_s_user_p50_min, ttft_p50_s_max)"
-    assert not failures(results), _fail_lines(failures(results))
+    assert_gates_pass(results, none=f"target {ml4_target.name} defines no Dynamo gate (gates.decode_tok_s_user_p50_min, "
+                                    f"ttft_p50_s_max)")
 
 
 def test_baseline(ml4_perf_sweep: Any) -> None:
@@ -94,8 +89,7 @@ def test_baseline(ml4_perf_sweep: Any) -> None:
     compared = "every figure" if ml4_perf_sweep.verdict.full_run else "the per-token rates only (other run length)"
     _attach("baseline comparison", f"this run: {describe_conditions(run)}\nbaseline {ml4_perf_sweep.baseline.name}: "
             f"{describe_conditions(base)}\ncompared: {compared}\n" + "\n".join(d.describe() for d in devs))
-    results = ml4_perf_sweep.verdict.by_gate("baseline")
-    assert not failures(results), _fail_lines(failures(results))
+    assert_gates_pass(ml4_perf_sweep.verdict.by_gate("baseline"))
 
 
 def test_decode_concurrency_saturates_at_max_num_seqs(ml4_perf_sweep: Any) -> None:
@@ -105,9 +99,7 @@ def test_decode_concurrency_saturates_at_max_num_seqs(ml4_perf_sweep: Any) -> No
     is the engine's own ``vllm:num_requests_running`` when aiperf scraped one engine's /metrics (the client-side
     decode concurrency also counts prefill and proxy lag, which grow with the client's load), else the
     client-side ``effective_decode_concurrency``; the message names which (``pytest_ml4.perf.gates``)."""
-    results = ml4_perf_sweep.verdict.by_gate("saturation")
-    assert results
-    assert not failures(results), _fail_lines(failures(results))
+    assert_gates_pass(ml4_perf_sweep.verdict.by_gate("saturation"), none="no point produced figures")
 
 
 def test_latency_knee(ml4_perf_sweep: Any, ml4_target: Any) -> None:
@@ -121,7 +113,7 @@ def test_latency_knee(ml4_perf_sweep: Any, ml4_target: Any) -> None:
         not_judged(unseen)
     [knee] = ml4_perf_sweep.verdict.by_gate("knee")
     print(knee)
-    assert knee.passed, str(knee)
+    assert_gate_passed(knee)
 
 
 def test_plots_and_summary_written(ml4_perf_sweep: Any, ml4_run_dir: Path) -> None:
@@ -168,7 +160,7 @@ def test_agentic_trace_replay(ml4_target: Any, ml4_perf_client: Any, ml4_run_dir
     assert ex.request_count == rows, f"{ex.request_count} of {rows} trace rows completed in the measured window"
     assert ex.warmup_metrics, "no warmup phase: the measured window must follow a warmup"
     assert point.extra.get("replay_sched_lag_p99") is not None, "not replayed on the trace's fixed schedule"
-    assert not failures(results), _fail_lines(failures(results))
+    assert_gates_pass(results)
 
 
 # ------------------------------------------------------------------------------------ goodput, capacity, sessions
@@ -190,12 +182,12 @@ def test_goodput_at_production_rate(workload: str, ml4_perf_workloads: Any, ml4_
     if not run.ok:
         _attach(f"aiperf log ({workload})", run.log_tail)
     assert run.ok, f"{workload}: {'; '.join(run.problems)} ({run.out_dir})"
-    verdict = judge_goodput(ml4_target, run, ml4_run_dir, bool(ml4_endpoint.simulated))
+    verdict = goodput_verdict(ml4_target, run, ml4_run_dir, bool(ml4_endpoint.simulated))
     if verdict.gate is None:
         not_judged(f"goodput of {workload}: {verdict.why}")
     _attach(verdict.plot.name, verdict.plot.read_bytes(), "PNG")
     print(verdict.gate)
-    assert verdict.gate.passed, str(verdict.gate)
+    assert_gate_passed(verdict.gate)
 
 
 def test_capacity_at_least_declared(ml4_perf_workloads: Any, ml4_target: Any, ml4_run_dir: Path,
@@ -217,7 +209,7 @@ def test_capacity_at_least_declared(ml4_perf_workloads: Any, ml4_target: Any, ml
                    f"above nor below the floor after its repeats (noise or a rate right at the limit): "
                    f"{found.describe()}")
     print(gate)
-    assert gate.passed, str(gate)
+    assert_gate_passed(gate)
 
 
 def test_sessions_reuse_the_shared_prefix(ml4_perf_workloads: Any, ml4_target: Any) -> None:

@@ -22,7 +22,11 @@ from pytest_ml4.baselines import (
     describe_conditions,
 )
 from pytest_ml4.checks.chat import ChatSession, attach, send_raw, user
-from pytest_ml4.checks.expected import assert_served, check_answer, expected_for
+from pytest_ml4.checks.expected import (
+    assert_answer_expected,
+    assert_served,
+    expected_for,
+)
 from pytest_ml4.checks.protocol import assert_no_control_tokens, assert_rejected
 from pytest_ml4.checks.reasoning import (
     assert_reasoning_separated,
@@ -154,7 +158,7 @@ def test_invalid_reasoning_requests_are_rejected(ml4_target: Target, ml4_endpoin
     expected = expected_for(DATA["errors"]["expect"], ml4_target.serving.stack, case, REASONING_FILE)
     what = f"{extra} ({'streamed' if stream else 'non-streamed'})"
     answer = send_raw(http_client, body, stream)
-    check_answer(answer, expected, what)
+    assert_answer_expected(answer, expected, what)
     if expected.accepted:   # the stack serves it: a stream failing after its 200 is not that
         assert_served(answer, what)
 

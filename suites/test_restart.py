@@ -10,7 +10,7 @@ Two restarts per session (module fixtures, in order):
    proxy's retry window; recovery (trigger to the first answer of the *new* engine, per request evidence of which
    engine answered) must stay under ``gates.recovery_time_s_max``.
 
-Afterwards: a fresh boot in the engine log, the KV pool and the no-OOM verdicts of ``pytest_ml4.logs.kv`` again,
+Afterwards: a fresh boot in the engine log, the KV pool and the no-OOM verdicts of ``pytest_ml4.checks.kv`` again,
 and a smoke chat. Dynamo targets add session affinity, prefix reuse, and for disagg the prefill -> decode handoff
 and the model leaving and returning to ``/v1/models`` while the prefill pods are gone (dynamo.md §3, §5).
 """
@@ -21,6 +21,17 @@ from typing import Any
 
 import pytest
 
+from pytest_ml4.checks.kv import (
+    kv_pool_verdict,
+    max_concurrency_verdict,
+    no_failures_verdict,
+)
+from pytest_ml4.checks.restart import (
+    assert_client_errors_as_allowed,
+    assert_in_flight_streams_ended_detectably,
+    assert_recovery_within_limit,
+    assert_restart_finished,
+)
 from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.client import make_httpx
 from pytest_ml4.control.base import RestartError
@@ -28,17 +39,12 @@ from pytest_ml4.control.scenario import (
     RestartRun,
     SingleReplicaOutage,
     StaleInstances,
-    check_client_errors,
-    check_recovery,
-    check_restart_finished,
-    check_streams,
     load_requests,
     probe_body,
     retries_seen,
     send_probe,
 )
 from pytest_ml4.logs import LogView, ServerStart
-from pytest_ml4.logs.kv import judge_kv_pool, judge_max_concurrency, judge_no_failures
 from pytest_ml4.proxy import ProxySettings, RetryWindow
 from pytest_ml4.report.attach import attach_text
 from pytest_ml4.targets import Target
@@ -72,9 +78,9 @@ def kv_before(ml4_restart_logs: Any, ml4_target: Target) -> dict[str, bool]:
     """The KV verdicts of the running engines before any restart (a restart must not make them worse)."""
     verdicts = {}
     for view, runs in _views(ml4_restart_logs, ml4_target):
-        verdicts["kv_pool"] = verdicts.get("kv_pool", True) and judge_kv_pool(view, runs).ok
+        verdicts["kv_pool"] = verdicts.get("kv_pool", True) and kv_pool_verdict(view, runs).ok
         verdicts["kv_max_concurrency"] = (verdicts.get("kv_max_concurrency", True)
-                                          and judge_max_concurrency(view, runs).ok)
+                                          and max_concurrency_verdict(view, runs).ok)
     return verdicts
 
 
@@ -103,8 +109,8 @@ def requests_run(streams_run: RestartRun, ml4_restart_controller: Any, ml4_resta
 def test_in_flight_streams_end_detectably(streams_run: RestartRun, record_property: Any) -> None:
     """Streams running when the restart begins complete or end with an error the client can see."""
     attach_text(streams_run.report(), "restart with streams in flight")
-    result = check_restart_finished(streams_run)
-    counts = check_streams(streams_run)
+    result = assert_restart_finished(streams_run)
+    counts = assert_in_flight_streams_ended_detectably(streams_run)
     record_property("restart_in_flight_streams", counts)
     print(f"in-flight streams during the restart: {counts} ({result.summary()})")
     for s in streams_run.streams:
@@ -123,16 +129,16 @@ def test_new_requests_during_restart(requests_run: RestartRun, ml4_target: Targe
                                      ml4_proxy: Any, record_property: Any) -> None:
     """New requests during the restart succeed where the target allows no client error (a proxy retries them)."""
     attach_text(requests_run.report(), "restart with new requests")
-    check_restart_finished(requests_run)
+    assert_restart_finished(requests_run)
     allowed = ml4_target.gates.restart_client_errors_allowed
     bypassed = ml4_target.serving.bypassed_proxy
     if bypassed is not None and not allowed:
         not_judged(f"--ml4-no-proxy: the target's no-client-error gate counts on its {bypassed.kind} proxy retrying "
                    f"across the restart, and this run goes around the proxy")
-    failed = check_client_errors(requests_run, allowed, retry_window=_retry_window(ml4_target, ml4_proxy),
-                                 stale=StaleInstances.for_dynamo(getattr(ml4_target.serving, "dynamo_version", None))
-                                 if ml4_target.is_dynamo else None,
-                                 outage=SingleReplicaOutage.for_target(ml4_target))
+    stale = (StaleInstances.for_dynamo(getattr(ml4_target.serving, "dynamo_version", None))
+             if ml4_target.is_dynamo else None)
+    failed = assert_client_errors_as_allowed(requests_run, allowed, retry_window=_retry_window(ml4_target, ml4_proxy),
+                                             stale=stale, outage=SingleReplicaOutage.for_target(ml4_target))
     retries = retries_seen(requests_run)
     record_property("restart_requests", len(requests_run.requests))
     record_property("restart_requests_failed", len(failed))
@@ -148,8 +154,8 @@ def test_new_requests_during_restart(requests_run: RestartRun, ml4_target: Targe
 def test_recovery_time(requests_run: RestartRun, ml4_target: Target, record_property: Any) -> None:
     """Trigger to the first answer of a new engine (never one of the old engine) within the target's limit."""
     attach_text(requests_run.timeline_report(), "restart timeline: old engine's last answer, new engine's first")
-    check_restart_finished(requests_run)
-    took = check_recovery(requests_run, ml4_target.gates.recovery_time_s_max)
+    assert_restart_finished(requests_run)
+    took = assert_recovery_within_limit(requests_run, ml4_target.gates.recovery_time_s_max)
     record_property("restart_recovery_s", round(took, 2))
     if requests_run.timeline and requests_run.timeline.outage_s is not None:
         record_property("restart_outage_s", round(requests_run.timeline.outage_s, 2))
@@ -158,7 +164,7 @@ def test_recovery_time(requests_run: RestartRun, ml4_target: Target, record_prop
 
 def test_fresh_boot_in_logs(requests_run: RestartRun, ml4_restart_logs: Any, ml4_target: Target) -> None:
     """Every engine's log shows a boot that started after the restart began."""
-    check_restart_finished(requests_run)
+    assert_restart_finished(requests_run)
     for view, _ in _views(ml4_restart_logs, ml4_target):
         start = view.first(ServerStart)
         assert start is not None, f"no server-start line since the last boot of {view.source}:\n{view.tail(15)}"
@@ -170,11 +176,11 @@ def test_fresh_boot_in_logs(requests_run: RestartRun, ml4_restart_logs: Any, ml4
 
 def test_kv_pool_and_no_oom_after_restart(requests_run: RestartRun, ml4_restart_logs: Any, ml4_target: Target,
                                           kv_before: dict[str, bool]) -> None:
-    """The KV verdicts of ``pytest_ml4.logs.kv`` after the restart: no failure line, no verdict worse than before."""
-    check_restart_finished(requests_run)
+    """The KV verdicts of ``pytest_ml4.checks.kv`` after the restart: no failure line, no verdict worse than before."""
+    assert_restart_finished(requests_run)
     problems = []
     for view, runs in _views(ml4_restart_logs, ml4_target):
-        for verdict in (judge_no_failures(view), judge_kv_pool(view, runs), judge_max_concurrency(view, runs)):
+        for verdict in (no_failures_verdict(view), kv_pool_verdict(view, runs), max_concurrency_verdict(view, runs)):
             print(f"[{view.source}] {verdict.name}: {'ok' if verdict.ok else 'FAIL'}: {verdict.message}")
             if not verdict.ok and kv_before.get(verdict.name, True):
                 problems.append(f"[{view.source}] {verdict.name}: {verdict.message}")
@@ -183,7 +189,7 @@ def test_kv_pool_and_no_oom_after_restart(requests_run: RestartRun, ml4_restart_
 
 def test_smoke_chat_after_restart(requests_run: RestartRun, ml4_restart_endpoint: Any,
                                   restart_spec: dict[str, Any]) -> None:
-    check_restart_finished(requests_run)
+    assert_restart_finished(requests_run)
     probe = restart_spec["probe"]
     with make_httpx(ml4_restart_endpoint) as http:
         reply = send_probe(http, probe_body(ml4_restart_endpoint.model, probe), probe["expect_substring"])
@@ -197,20 +203,16 @@ def test_smoke_chat_after_restart(requests_run: RestartRun, ml4_restart_endpoint
 def test_session_affinity_and_prefix_reuse(requests_run: RestartRun, ml4_restart_endpoint: Any, ml4_target: Target,
                                            restart_spec: dict[str, Any]) -> None:
     """A session stays on its worker even where KV routing would move it, and a continuation reuses the cached
-    prefix by the router's own figures (pytest_ml4.control.dynamo)."""
-    from pytest_ml4.control.dynamo import (
-        check_affinity,
-        check_prefix_reuse,
-        run_affinity_probe,
-        run_conversation,
-    )
+    prefix by the router's own figures (pytest_ml4.checks.dynamo)."""
+    from pytest_ml4.checks.dynamo import assert_prefix_reused, assert_session_affinity
+    from pytest_ml4.control.dynamo import run_affinity_probe, run_conversation
 
-    cached = check_prefix_reuse(run_conversation(ml4_restart_endpoint, restart_spec["conversation"]),
-                                ml4_target.engine.block_size)
+    cached = assert_prefix_reused(run_conversation(ml4_restart_endpoint, restart_spec["conversation"]),
+                                  ml4_target.engine.block_size)
     probe = run_affinity_probe(ml4_restart_endpoint, restart_spec["affinity"], topology=ml4_target.topology.kind)
     if probe.not_applicable:
         not_judged(f"continuation reused {cached} cached tokens; affinity not observable: {probe.not_applicable}")
-    worker = check_affinity(probe)
+    worker = assert_session_affinity(probe)
     print(f"session pinned to worker {worker} against its cached prefix on {probe.other_worker}; continuation "
           f"reused {cached} cached tokens")
 
@@ -218,15 +220,12 @@ def test_session_affinity_and_prefix_reuse(requests_run: RestartRun, ml4_restart
 @pytest.mark.disagg
 def test_disagg_prefill_decode_handoff(requests_run: RestartRun, ml4_restart_endpoint: Any,
                                        restart_spec: dict[str, Any]) -> None:
-    from pytest_ml4.control.dynamo import (
-        check_handoff,
-        frontend_instances,
-        run_conversation,
-    )
+    from pytest_ml4.checks.dynamo import assert_prefill_decode_handoff
+    from pytest_ml4.control.dynamo import frontend_instances, run_conversation
 
     turns = run_conversation(ml4_restart_endpoint, restart_spec["conversation"])
     assert turns and not turns[0].error, f"request failed: {turns[0].line() if turns else 'no turn'}"
-    prefill, decode = check_handoff(turns[0], frontend_instances(ml4_restart_endpoint.root_url))
+    prefill, decode = assert_prefill_decode_handoff(turns[0], frontend_instances(ml4_restart_endpoint.root_url))
     print(f"prefilled on instance {prefill}, decoded on instance {decode}")
 
 
@@ -256,8 +255,9 @@ def test_worker_crash_under_a_stream(requests_run: RestartRun, ml4_dynamo_sim: A
     error event; the processes the killed worker leaves behind are found, ended and named in the timeline.
     Not on an aggregated target of one worker (vr200-agg): there is no other worker to continue on, the crash is
     the single-replica outage test_new_requests_during_restart judges."""
+    from pytest_ml4.checks.restart import assert_stream_survives_worker_crash
     from pytest_ml4.checks.verdict import NotJudged
-    from pytest_ml4.control.crash import check_crash, run_crash
+    from pytest_ml4.control.crash import run_crash
 
     if ml4_target.topology_kind == "agg" and ml4_target.topology.workers == 1:
         pytest.skip(f"does not apply: {ml4_target.name} has one aggregated worker, so a crashed stream has no "
@@ -272,4 +272,4 @@ def test_worker_crash_under_a_stream(requests_run: RestartRun, ml4_dynamo_sim: A
     if run.crash is not None:
         record_property("crash_killed_worker", f"{run.crash.worker} pid {run.crash.pid}")
         record_property("crash_leftover_processes", run.crash.leftovers)
-    print(check_crash(run))
+    print(assert_stream_survives_worker_crash(run))

@@ -15,13 +15,18 @@ import httpx
 import pytest
 import yaml
 
-from pytest_ml4.checks.expected import Expected, check_answer, expected_for
+from pytest_ml4.checks.expected import Expected, assert_answer_expected, expected_for
+from pytest_ml4.checks.health import (
+    assert_dynamo_workers_registered,
+    assert_endpoint_healthy,
+    assert_engine_behind_proxy_healthy,
+)
 from pytest_ml4.checks.protocol import assert_stream_clean
 from pytest_ml4.checks.verdict import not_judged
-from pytest_ml4.client import decode_json, display_url, quote_body, refuse_html
-from pytest_ml4.control.dynamo import role_instance_ids, worker_instance_ids
+from pytest_ml4.client import decode_json, quote_body
 from pytest_ml4.locations import data_file
 from pytest_ml4.targets import Target
+from pytest_ml4.urls import display_url
 
 pytestmark = pytest.mark.smoke
 
@@ -38,43 +43,15 @@ def _chat_body(target: Target, prompt: str, **extra: Any) -> dict[str, Any]:
 
 
 def test_health(ml4_target: Target, ml4_endpoint: Any) -> None:
-    """The endpoint's health and, behind a proxy, the engine's own ``/health``.
-
-    A LiteLLM proxy's liveness answers 200 while the engine behind it is dead (EngineDeadError makes vLLM's
-    /health answer 503), so a proxied target is judged by the engine's health, reached at the engine's server
-    (the target's metrics URL names it): that is what "the deployment is up" means."""
+    """The endpoint's health; on Dynamo every worker listed; behind a proxy, the engine's own ``/health`` (a
+    proxy's liveness answers 200 while the engine behind it is dead)."""
     path = DATA["health_path"][ml4_target.serving.stack]
-    resp = httpx.get(ml4_endpoint.root_url + path, headers=ml4_endpoint.auth_headers(), timeout=10)
-    assert resp.status_code == 200, f"GET {path} answered HTTP {resp.status_code}: {resp.text[:200]!r}"
-    refuse_html(resp, f"GET {path}")  # a login portal's 200 is not a healthy deployment
+    resp = assert_endpoint_healthy(ml4_endpoint, path)
     if ml4_target.is_dynamo:
-        # Real Dynamo's /health says "healthy" with zero workers: ready means the workers are listed too.
-        body = decode_json(resp, f"GET {path}")
-        assert body.get("status") in ("healthy", "ready"), f"Dynamo frontend not healthy: {body}"
-        workers = worker_instance_ids(body)
-        assert workers, (f"the Dynamo frontend is up but serves no worker: /health lists no 'generate' "
-                         f"instance ({body})")
-        if ml4_target.topology_kind != "disagg":
-            want = ml4_target.topology.workers
-            assert len(workers) >= want, (f"/health lists {len(workers)} worker instance(s) {sorted(workers)}, the "
-                                          f"target has {want} workers: not every worker registered")
-        else:   # each role on its own: a missing prefill worker is not made up for by a spare decode one
-            listed = role_instance_ids(body)
-            short = [f"{len(listed[role])} {role} worker instance(s) {sorted(listed[role], key=str)}, the target "
-                     f"has {want}" for role, want in (("prefill", ml4_target.topology.prefill_workers),
-                                                      ("decode", ml4_target.topology.decode_workers))
-                     if len(listed[role]) < want]
-            assert not short, f"/health lists {'; '.join(short)}: not every worker registered"
+        assert_dynamo_workers_registered(resp, path, ml4_target)
     if ml4_target.has_proxy:
-        engine_root = ml4_endpoint.effective_metrics_url.rsplit("/metrics", 1)[0]
-        assert engine_root != ml4_endpoint.root_url, (
-            f"cannot reach the engine behind the {ml4_target.serving.proxy.kind} proxy to check its health: set "
-            f"{ml4_target.endpoint.metrics_url_env} to the engine's /metrics URL")
-        engine_path = DATA["health_path"][ml4_target.serving.stack.split("+", 1)[0]]
-        resp = httpx.get(engine_root + engine_path, headers=ml4_endpoint.auth_headers(), timeout=10)
-        assert resp.status_code == 200, (f"engine GET {engine_path} behind the proxy answered HTTP "
-                                         f"{resp.status_code} (the proxy's liveness said 200): engine not healthy")
-        refuse_html(resp, f"engine GET {engine_path}")
+        engine_stack = ml4_target.serving.stack.split("+", 1)[0]
+        assert_engine_behind_proxy_healthy(ml4_endpoint, ml4_target, DATA["health_path"][engine_stack])
 
 
 def test_models_lists_served_name(ml4_target: Target, http_client: httpx.Client) -> None:
@@ -89,7 +66,7 @@ def test_models_lists_served_name(ml4_target: Target, http_client: httpx.Client)
 
 def _engine_card(ml4_target: Target, ml4_endpoint: Any) -> dict[str, Any] | None:
     """The engine's own model card behind a proxy, found through the engine's metrics URL (same server)."""
-    root = ml4_endpoint.effective_metrics_url.rsplit("/metrics", 1)[0]
+    root = ml4_endpoint.engine_root_url
     if root == ml4_endpoint.root_url:
         return None
     resp = httpx.get(root + "/v1/models", headers=ml4_endpoint.auth_headers(), timeout=10)
@@ -165,14 +142,14 @@ def _expect(target: Target, case: str) -> Expected:
 def test_unknown_model_is_refused(ml4_target: Target, http_client: httpx.Client) -> None:
     resp = http_client.post("/chat/completions",
                             json={**_chat_body(ml4_target, "hi", max_tokens=8), "model": "no-such-model"})
-    check_answer(resp, _expect(ml4_target, "unknown_model"), "unknown model")
+    assert_answer_expected(resp, _expect(ml4_target, "unknown_model"), "unknown model")
 
 
 def test_over_long_prompt_is_refused(ml4_target: Target, http_client: httpx.Client) -> None:
     # "hello " is one Tekken token; 10% over max_model_len guarantees the prompt alone exceeds the context.
     prompt = "hello " * int(ml4_target.engine.max_model_len * 1.1)
     resp = http_client.post("/chat/completions", json=_chat_body(ml4_target, prompt, max_tokens=8), timeout=120)
-    check_answer(resp, _expect(ml4_target, "prompt_too_long"), "over-long prompt")
+    assert_answer_expected(resp, _expect(ml4_target, "prompt_too_long"), "over-long prompt")
 
 
 def test_wrong_api_key_is_refused(ml4_target: Target, ml4_endpoint: Any) -> None:
@@ -180,7 +157,7 @@ def test_wrong_api_key_is_refused(ml4_target: Target, ml4_endpoint: Any) -> None
         pytest.skip(f"target {ml4_target.name} requires no API key ({ml4_target.serving.stack})")
     resp = httpx.post(ml4_endpoint.base_url + "/chat/completions", json=_chat_body(ml4_target, "hi", max_tokens=8),
                       headers={"Authorization": "Bearer wrong-key-for-smoke-test"}, timeout=30)
-    check_answer(resp, _expect(ml4_target, "bad_api_key"), "wrong API key")
+    assert_answer_expected(resp, _expect(ml4_target, "bad_api_key"), "wrong API key")
 
 
 def test_parallel_burst_all_succeed(ml4_target: Target, async_openai_client: Any) -> None:

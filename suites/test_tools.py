@@ -22,7 +22,7 @@ from pytest_ml4.checks.chat import (
     served_by_litellm,
     user,
 )
-from pytest_ml4.checks.expected import check_answer, expected_for
+from pytest_ml4.checks.expected import assert_answer_expected, expected_for
 from pytest_ml4.checks.protocol import assert_no_control_tokens
 from pytest_ml4.checks.tools import (
     VLLM_TOOLS,
@@ -279,13 +279,13 @@ def test_invalid_tool_requests_are_rejected(ml4_target: Target, ml4_endpoint: En
     expected = expected_for(DATA["errors"]["expect"], ml4_target.serving.stack, case, TOOLS_FILE)
     resp = send_raw(http_client, body, stream)
     what = f"{case} ({'streamed' if stream else 'non-streamed'})"
-    check_answer(resp, expected, what)
+    assert_answer_expected(resp, expected, what)
     if expected.accepted and not body.get("tools"):
         message = (resp.message() if isinstance(resp, StreamResult)
                    else decode_json(resp, what)["choices"][0]["message"])
         assert not message.get("tool_calls"), f"{what}: no tools were sent yet the model called {message}"
     if expected.accepted and served_by_litellm(resp.headers):
-        engine_root = ml4_endpoint.effective_metrics_url.rsplit("/metrics", 1)[0]
+        engine_root = ml4_endpoint.engine_root_url
         assert engine_root != ml4_endpoint.root_url, (
             f"{what}: the proxy served it; to check the engine refuses it set {ml4_target.endpoint.metrics_url_env} "
             f"to the engine's /metrics URL")
@@ -294,4 +294,4 @@ def test_invalid_tool_requests_are_rejected(ml4_target: Target, ml4_endpoint: En
         engine_body = {**body, "model": ml4_target.serving.engine_served_model_name or body["model"]}
         with httpx.Client(base_url=engine_root + "/v1/", headers=ml4_endpoint.auth_headers(), timeout=60) as engine:
             resp = send_raw(engine, engine_body, stream)
-        check_answer(resp, engine_expected, f"{what} at the engine behind the proxy")
+        assert_answer_expected(resp, engine_expected, f"{what} at the engine behind the proxy")

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from checkout import FIXTURES_DIR
 
+from pytest_ml4.checks.restart import assert_stream_survives_worker_crash
 from pytest_ml4.checks.verdict import NotJudged
-from pytest_ml4.control.crash import Crash, CrashRun, check_crash
+from pytest_ml4.control.crash import Crash, CrashRun
 from pytest_ml4.control.scenario import load_requests
 from pytest_ml4.probe import parse_sse_lines
 from pytest_ml4.sim.dynamo import DynamoProcess
@@ -46,45 +47,45 @@ def recorded_run(name: str, migration_limit: int, migration_log: str | None = MI
 
 
 def test_real_migrated_stream_passes_and_names_the_migration() -> None:
-    verdict = check_crash(recorded_run("migration-sigkill-stream.txt", 3))
+    verdict = assert_stream_survives_worker_crash(recorded_run("migration-sigkill-stream.txt", 3))
     assert verdict.startswith("stream migrated after its worker's SIGKILL: 300/300 tokens")
 
 
 def test_real_unmigrated_stream_passes_with_dynamos_error_event() -> None:
-    verdict = check_crash(recorded_run("nomigration-sigkill-stream.txt", 0))
+    verdict = assert_stream_survives_worker_crash(recorded_run("nomigration-sigkill-stream.txt", 0))
     assert "Service temporarily unavailable" in verdict and "[DONE]" in verdict
 
 
 def test_an_error_event_under_migration_fails() -> None:
     with pytest.raises(AssertionError, match=r"did not continue on another worker although the frontend runs "
                                              r"--migration-limit 3"):
-        check_crash(recorded_run("nomigration-sigkill-stream.txt", 3))
+        assert_stream_survives_worker_crash(recorded_run("nomigration-sigkill-stream.txt", 3))
 
 
 def test_a_completed_stream_without_migration_fails() -> None:
     with pytest.raises(AssertionError, match=r"without migration a stream whose worker was SIGKILLed must end with "
                                              r"an in-band error event"):
-        check_crash(recorded_run("migration-sigkill-stream.txt", 0))
+        assert_stream_survives_worker_crash(recorded_run("migration-sigkill-stream.txt", 0))
 
 
 def test_a_completed_stream_the_frontend_did_not_migrate_fails() -> None:
     with pytest.raises(AssertionError, match=r"the frontend log names no migration off the killed worker "
                                              r"15878461393600149020"):
-        check_crash(recorded_run("migration-sigkill-stream.txt", 3, migration_log=None))
+        assert_stream_survives_worker_crash(recorded_run("migration-sigkill-stream.txt", 3, migration_log=None))
 
 
 def test_another_error_body_than_real_dynamos_fails() -> None:
     run = recorded_run("nomigration-sigkill-stream.txt", 0)
     run.expected_error = {"message": "No instances available", "type": "service_unavailable", "code": 503}
     with pytest.raises(AssertionError, match=r"real Dynamo 1.6.1 sends \{'error': \{'message': 'No instances"):
-        check_crash(run)
+        assert_stream_survives_worker_crash(run)
 
 
 def test_a_stream_that_ended_before_the_kill_is_not_judged() -> None:
     run = recorded_run("migration-sigkill-stream.txt", 3)
     run.crash = None
     with pytest.raises(NotJudged, match=r"nothing was crashed"):
-        check_crash(run)
+        assert_stream_survives_worker_crash(run)
 
 
 def _spawn_parent() -> tuple[subprocess.Popen[bytes], int]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,22 +17,25 @@ import pytest
 import yaml
 from checkout import FIXTURES_DIR, REPO_ROOT
 
+from pytest_ml4.checks.dynamo import (
+    AffinityInconclusive,
+    assert_prefill_decode_handoff,
+    assert_prefix_reused,
+    assert_session_affinity,
+)
 from pytest_ml4.checks.expected import (
     Expected,
+    assert_answer_expected,
     assert_served,
-    check_answer,
     expected_for,
 )
+from pytest_ml4.checks.restart import assert_recovery_within_limit
 from pytest_ml4.checks.tools import assert_tool_choice_obeyed, load_tools, named
 from pytest_ml4.checks.verdict import NotJudged
 from pytest_ml4.client import Endpoint, worker_metrics_urls_from_env
 from pytest_ml4.control.base import Controller
 from pytest_ml4.control.dynamo import (
-    AffinityInconclusive,
     Turn,
-    check_affinity,
-    check_handoff,
-    check_prefix_reuse,
     run_affinity_probe,
     run_conversation,
     worker_instance_ids,
@@ -44,7 +46,6 @@ from pytest_ml4.control.scenario import (
     RestartRun,
     StaleInstances,
     build_timeline,
-    check_recovery,
     missing_identity_evidence,
     probe_body,
 )
@@ -60,6 +61,7 @@ from pytest_ml4.dynamo_versions import (
     within_every_release,
 )
 from pytest_ml4.locations import data_file
+from pytest_ml4.kv_load import EngineMetrics
 from pytest_ml4.logs import FileLogReader, GrammarSchemaRefused, LogView
 from pytest_ml4.probe import parse_sse_lines
 from pytest_ml4.report.environment import read_environment
@@ -240,43 +242,43 @@ DYNAMO_ANSWERS = [
 
 @pytest.mark.parametrize("file, case, answer", DYNAMO_ANSWERS, ids=[f"{f.stem}-{c}" for f, c, _ in DYNAMO_ANSWERS])
 def test_dynamo_rows_accept_what_real_dynamo_answers(file: Path, case: str, answer: Any) -> None:
-    check_answer(answer(), row(file, "dynamo+vllm", case), case)
+    assert_answer_expected(answer(), row(file, "dynamo+vllm", case), case)
 
 
 @pytest.mark.parametrize("file, case, answer", DYNAMO_ANSWERS, ids=[f"{f.stem}-{c}" for f, c, _ in DYNAMO_ANSWERS])
 def test_vllm_rows_refuse_dynamos_answers(file: Path, case: str, answer: Any) -> None:
     """The old false positives: vLLM's wording and shape are not what Dynamo says."""
     with pytest.raises(AssertionError):
-        check_answer(answer(), row(file, "vllm", case), case)
+        assert_answer_expected(answer(), row(file, "vllm", case), case)
 
 
 def test_unknown_model_match_is_case_insensitive_and_the_shape_is_checked() -> None:
     expected = row(SMOKE, "dynamo+vllm", "unknown_model")
-    check_answer(flat(404, "MODEL NOT FOUND", "Not Found"), expected, "x")
+    assert_answer_expected(flat(404, "MODEL NOT FOUND", "Not Found"), expected, "x")
     nested = httpx.Response(404, json={"error": {"message": "Model not found: no-such-model", "type": "Not Found",
                                                  "code": 404}}, request=REQ)
     with pytest.raises(AssertionError, match="flat"):
-        check_answer(nested, expected, "x")
+        assert_answer_expected(nested, expected, "x")
     with pytest.raises(AssertionError, match="HTTP 400, expected 404"):
-        check_answer(flat(400, "Model not found"), expected, "x")
+        assert_answer_expected(flat(400, "Model not found"), expected, "x")
 
 
 def test_over_long_prompt_without_a_token_budget_is_reported_as_that_deviation() -> None:
     expected = row(SMOKE, "dynamo+vllm", "prompt_too_long")
     mocker_500 = flat(500, "Internal server error", "Internal Server Error")
     with pytest.raises(AssertionError, match="no token budget.*the stack said.*Internal server error"):
-        check_answer(mocker_500, expected, "over-long prompt")
+        assert_answer_expected(mocker_500, expected, "over-long prompt")
     with pytest.raises(AssertionError, match="enforced no context length"):
-        check_answer(recorded("python-worker-44_q4_context_length.txt"), expected, "over-long prompt")
+        assert_answer_expected(recorded("python-worker-44_q4_context_length.txt"), expected, "over-long prompt")
 
 
 def test_chat_template_kwargs_is_served_on_dynamo_and_refused_on_vllm() -> None:
     ok = httpx.Response(200, json={"choices": [{"message": {"content": "132"}}]}, request=REQ)
-    check_answer(ok, row(REASONING, "dynamo+vllm", "chat_template_kwargs"), "x")
+    assert_answer_expected(ok, row(REASONING, "dynamo+vllm", "chat_template_kwargs"), "x")
     with pytest.raises(AssertionError, match="accepted"):
-        check_answer(ok, row(REASONING, "vllm", "chat_template_kwargs"), "x")
+        assert_answer_expected(ok, row(REASONING, "vllm", "chat_template_kwargs"), "x")
     with pytest.raises(AssertionError, match="expected 200"):
-        check_answer(flat(400, "nope"), row(REASONING, "dynamo+vllm", "chat_template_kwargs"), "x")
+        assert_answer_expected(flat(400, "nope"), row(REASONING, "dynamo+vllm", "chat_template_kwargs"), "x")
 
 
 def test_an_accepted_stream_that_ends_in_an_error_event_was_not_served() -> None:
@@ -289,7 +291,7 @@ def test_an_accepted_stream_that_ends_in_an_error_event_was_not_served() -> None
                               "data: [DONE]", ""])
     row_ = row(REASONING, "dynamo+vllm", "chat_template_kwargs")
     for answer in (served, failed):
-        check_answer(answer, row_, "x")      # both are a 200: what the row says
+        assert_answer_expected(answer, row_, "x")      # both are a 200: what the row says
     assert_served(served, "x")
     with pytest.raises(AssertionError, match="HTTP 200 but the stream carried an in-band error event.*simulated"):
         assert_served(failed, "x")
@@ -424,30 +426,18 @@ def test_seed_manifests_on_a_public_1_6_image_are_never_served(name: str, tmp_pa
 
 
 # ------------------------------------------------------------------------ vllm:* metrics live on the workers
-def _kv_suite() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ml4_kv_suite", REPO_ROOT / "suites" / "test_kv_cache.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_kv_cross_checks_read_the_workers_and_name_the_missing_field() -> None:
-    kv = _kv_suite()
     disagg = load_target("gb300-disagg")
     live = Endpoint("http://fe:8000/v1", worker_metrics_urls={"prefill": ("http://p:1/metrics",),
                                                               "decode": ("http://d0:1/metrics", "http://d1:1/metrics")})
-    m = kv.EngineMetrics.of(live, disagg)
+    m = EngineMetrics.of(live, disagg)
     assert m.missing is None and "http://fe:8000/metrics" not in m.urls
     assert set(m.urls) == {"http://p:1/metrics", "http://d0:1/metrics", "http://d1:1/metrics"}
     assert m.engine_urls == ("http://d0:1/metrics", "http://d1:1/metrics")
-    unknown = kv.EngineMetrics.of(Endpoint("http://fe:8000/v1"), disagg)
+    unknown = EngineMetrics.of(Endpoint("http://fe:8000/v1"), disagg)
     assert unknown.urls == () and "ML4_GB300_DISAGG_DECODE_METRICS" in unknown.missing
     assert "endpoint.worker_metrics_url_env" in unknown.missing
-    vllm = kv.EngineMetrics.of(Endpoint("http://e:8000/v1"), load_target("rtxpro6000-tp8"))
+    vllm = EngineMetrics.of(Endpoint("http://e:8000/v1"), load_target("rtxpro6000-tp8"))
     assert vllm.urls == ("http://e:8000/metrics",) and vllm.missing is None
 
 
@@ -565,10 +555,10 @@ def test_shared_prefix_turns_stay_together_without_affinity_so_they_prove_nothin
 def test_affinity_check_passes_with_affinity_and_fails_without() -> None:
     http, _ = fake(affinity=True)
     run = run_affinity_probe(FRONT, RESTART["affinity"], http=http)
-    assert check_affinity(run) == run.turns[0].decode_worker
+    assert assert_session_affinity(run) == run.turns[0].decode_worker
     http, _ = fake(affinity=False)
     with pytest.raises(AssertionError, match="session affinity is off") as info:
-        check_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http))
+        assert_session_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http))
     assert not isinstance(info.value, AffinityInconclusive)
 
 
@@ -577,7 +567,7 @@ def test_affinity_check_passes_with_affinity_and_fails_without() -> None:
 def test_affinity_check_says_when_it_cannot_tell(kw: dict[str, bool], why: str) -> None:
     http, _ = fake(**kw)
     with pytest.raises(AffinityInconclusive, match=why):
-        check_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http))
+        assert_session_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http))
 
 
 def test_affinity_needs_two_decode_workers() -> None:
@@ -613,17 +603,17 @@ def test_disagg_affinity_is_judged_on_the_prefill_phase() -> None:
     http, _ = fake(disagg=True)
     run = run_affinity_probe(FRONT, RESTART["affinity"], http=http, topology="disagg")
     assert run.phase.id_field == "prefill_worker_id"
-    assert check_affinity(run) == run.turns[0].prefill_worker in (11, 22)
+    assert assert_session_affinity(run) == run.turns[0].prefill_worker in (11, 22)
     http, _ = fake(disagg=True, affinity=False)
     with pytest.raises(AssertionError, match="served by prefill workers .* session affinity is off") as info:
-        check_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http, topology="disagg"))
+        assert_session_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http, topology="disagg"))
     assert not isinstance(info.value, AffinityInconclusive)
 
 
 def test_disagg_session_must_keep_its_decode_worker_too() -> None:
     http, _ = fake(disagg=True, decode_affinity=False)
     with pytest.raises(AssertionError, match="not its binding of the other phase.*decode_worker_id"):
-        check_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http, topology="disagg"))
+        assert_session_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http, topology="disagg"))
 
 
 def test_the_aggregated_pin_on_a_disagg_deployment_is_a_failed_request_not_missing_ids() -> None:
@@ -632,30 +622,30 @@ def test_the_aggregated_pin_on_a_disagg_deployment_is_a_failed_request_not_missi
     http, _ = fake(disagg=True)
     with pytest.raises(AssertionError, match=r"1 request\(s\) failed \(priming part 2 on decode worker .*HTTP 400") \
             as info:
-        check_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http))
+        assert_session_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http))
     assert "did not get worker ids back" not in str(info.value)
 
 
 def test_prefix_reuse_passes_on_router_figures_and_fails_on_fabricated_ones() -> None:
     http, _ = fake()
     turns = run_conversation(FRONT, RESTART["conversation"], http=http)
-    assert check_prefix_reuse(turns, FakeFrontend.BLOCK) >= turns[0].prompt_tokens - 2 * FakeFrontend.BLOCK
+    assert assert_prefix_reused(turns, FakeFrontend.BLOCK) >= turns[0].prompt_tokens - 2 * FakeFrontend.BLOCK
     http, _ = fake(fabricated=True)
     with pytest.raises(AssertionError, match="never-seen prefix yet reports"):
-        check_prefix_reuse(run_conversation(FRONT, RESTART["conversation"], http=http), FakeFrontend.BLOCK)
+        assert_prefix_reused(run_conversation(FRONT, RESTART["conversation"], http=http), FakeFrontend.BLOCK)
 
 
 def test_prefix_reuse_fails_without_reuse_or_with_a_hit_rate_that_disagrees() -> None:
     cold = Turn(200, "42", {"decode_worker_id": 1}, 782, 0, kv_hit_rate=0.0, label="turn 1")
     # 70_kv_routing.txt: a 782-token prompt again on the same worker: 768 cached, kv_hit_rate 0.92 (12/13 blocks).
     warm = Turn(200, "42", {"decode_worker_id": 1}, 782, 768, kv_hit_rate=0.92, label="turn 2")
-    assert check_prefix_reuse([cold, warm], 64) == 768
+    assert assert_prefix_reused([cold, warm], 64) == 768
     with pytest.raises(AssertionError, match="no prefix reuse"):
-        check_prefix_reuse([cold, Turn(200, "42", {"decode_worker_id": 2}, 800, 0, kv_hit_rate=0.0)], 64)
+        assert_prefix_reused([cold, Turn(200, "42", {"decode_worker_id": 2}, 800, 0, kv_hit_rate=0.0)], 64)
     with pytest.raises(AssertionError, match="kv_hit_rate 0.5 disagrees"):
-        check_prefix_reuse([cold, Turn(200, "42", {"decode_worker_id": 1}, 782, 768, kv_hit_rate=0.5)], 64)
+        assert_prefix_reused([cold, Turn(200, "42", {"decode_worker_id": 1}, 782, 768, kv_hit_rate=0.5)], 64)
     with pytest.raises(AssertionError, match="768 cached tokens of a 700-token prompt"):
-        check_prefix_reuse([cold, Turn(200, "42", {"decode_worker_id": 1}, 700, 768)], 64)
+        assert_prefix_reused([cold, Turn(200, "42", {"decode_worker_id": 1}, 700, 768)], 64)
 
 
 def test_recorded_kv_routing_figures_fit_the_hit_rate_rule() -> None:
@@ -687,10 +677,10 @@ def _through_stripping_ingress(frontend: FakeFrontend) -> httpx.Client:
 def test_affinity_without_nvext_is_not_judged_and_judged_with_it(disagg: bool) -> None:
     topology = "disagg" if disagg else "agg"
     with pytest.raises(NotJudged, match=r"session affinity: .* carry no nvext.worker_id.*DYN_DISABLE_FRONTEND_NVEXT=1"):
-        check_affinity(run_affinity_probe(FRONT, RESTART["affinity"], topology=topology,
+        assert_session_affinity(run_affinity_probe(FRONT, RESTART["affinity"], topology=topology,
                                           http=_through_stripping_ingress(FakeFrontend(disagg=disagg))))
     http, _ = fake(disagg=disagg)
-    assert check_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http, topology=topology)) is not None
+    assert assert_session_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http, topology=topology)) is not None
 
 
 def test_handoff_without_nvext_is_not_judged_and_judged_with_it() -> None:
@@ -698,9 +688,9 @@ def test_handoff_without_nvext_is_not_judged_and_judged_with_it() -> None:
     instances = frontend.health().json()["instances"]
     blind = run_conversation(FRONT, RESTART["conversation"], http=_through_stripping_ingress(frontend))
     with pytest.raises(NotJudged, match=r"prefill -> decode handoff: 1 of 1 answers carry no nvext.worker_id"):
-        check_handoff(blind[0], instances)
+        assert_prefill_decode_handoff(blind[0], instances)
     http, _ = fake(disagg=True)
-    prefill, decode = check_handoff(run_conversation(FRONT, RESTART["conversation"], http=http)[0], instances)
+    prefill, decode = assert_prefill_decode_handoff(run_conversation(FRONT, RESTART["conversation"], http=http)[0], instances)
     assert prefill in (11, 22) and decode in (101, 202)
 
 
@@ -709,10 +699,10 @@ def test_prefix_reuse_without_nvext_is_judged_on_usage_and_not_judged_without_ei
     nothing shows what was reused: not judged, not a failure."""
     turns = run_conversation(FRONT, RESTART["conversation"], http=_through_stripping_ingress(FakeFrontend()))
     assert all(t.worker_id is None and t.kv_hit_rate is None for t in turns)
-    assert check_prefix_reuse(turns, FakeFrontend.BLOCK) >= turns[0].prompt_tokens - 2 * FakeFrontend.BLOCK
+    assert assert_prefix_reused(turns, FakeFrontend.BLOCK) >= turns[0].prompt_tokens - 2 * FakeFrontend.BLOCK
     bare = [Turn(200, "42", None, 782, None, label="turn 1"), Turn(200, "42", None, 800, None, label="turn 2")]
     with pytest.raises(NotJudged, match="prefix reuse: 2 of 2 answers carry no nvext.worker_id"):
-        check_prefix_reuse(bare, 64)
+        assert_prefix_reused(bare, 64)
 
 
 class _Blind(Controller):
@@ -743,10 +733,10 @@ def test_restart_identity_without_evidence_is_not_judged() -> None:
     run = RestartRun("blind", None, None, 0.0, requests=[RequestOutcome(0, 0.5, 0.1, 200, None, None)],
                      recovery_s=0.6)
     run.timeline = build_timeline(None, run.requests)
-    assert check_recovery(run, limit_s=10) == pytest.approx(0.6), "the control: judged where evidence is not missing"
+    assert assert_recovery_within_limit(run, limit_s=10) == pytest.approx(0.6), "the control: judged where evidence is not missing"
     run.evidence_missing = reason
     with pytest.raises(NotJudged, match="restart identity: the answer before the restart named no engine"):
-        check_recovery(run, limit_s=10)
+        assert_recovery_within_limit(run, limit_s=10)
 
 
 # --------------------------------------------------------------------------- OSL engine counter on live runs

@@ -16,13 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pytest_ml4.checks.dynamo import assert_prefix_reused, assert_session_affinity
 from pytest_ml4.client import Endpoint
-from pytest_ml4.control.dynamo import (
-    check_affinity,
-    check_prefix_reuse,
-    run_affinity_probe,
-    run_conversation,
-)
+from pytest_ml4.control.dynamo import run_affinity_probe, run_conversation
 from pytest_ml4.sim.dynamo import DynamoSim
 from pytest_ml4.targets import Target, load_target
 from pytest_ml4.tools import ToolMissing, dynamo_python
@@ -58,7 +54,7 @@ def unpinned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
 
 def test_continuation_reuses_the_prefix_by_the_routers_figures(pinned: Endpoint) -> None:
     turns = run_conversation(pinned, SPEC["conversation"])
-    cached = check_prefix_reuse(turns, load_target("gb300-agg").engine.block_size)
+    cached = assert_prefix_reused(turns, load_target("gb300-agg").engine.block_size)
     assert cached > 0
     # The router's own overlap (from the KV events), not only the engine's usage figure.
     assert turns[1].kv_hit_rate is not None and turns[1].kv_hit_rate > 0, turns[1].line()
@@ -67,10 +63,10 @@ def test_continuation_reuses_the_prefix_by_the_routers_figures(pinned: Endpoint)
 def test_session_stays_on_its_worker_against_kv_routing(pinned: Endpoint) -> None:
     probe = run_affinity_probe(pinned, SPEC["affinity"])
     assert probe.not_applicable is None, probe.not_applicable
-    assert check_affinity(probe) == probe.session_worker
+    assert assert_session_affinity(probe) == probe.session_worker
 
 
 def test_affinity_check_fails_when_affinity_is_off(unpinned: Endpoint) -> None:
     probe = run_affinity_probe(unpinned, SPEC["affinity"])
     with pytest.raises(AssertionError, match="session affinity is off"):
-        check_affinity(probe)
+        assert_session_affinity(probe)

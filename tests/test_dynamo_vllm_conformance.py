@@ -20,8 +20,9 @@ import httpx
 import pytest
 from checkout import FIXTURES_DIR
 
+from pytest_ml4.checks.restart import assert_stream_survives_worker_crash
 from pytest_ml4.client import Endpoint
-from pytest_ml4.control.crash import CrashRun, check_crash, run_crash
+from pytest_ml4.control.crash import CrashRun, run_crash
 from pytest_ml4.control.scenario import load_requests
 from pytest_ml4.realvllm.server import tiny_overrides
 from pytest_ml4.sim.conformance import (
@@ -151,8 +152,8 @@ def test_real_worker_killed_under_a_stream_gives_dynamos_error_and_leaves_its_en
     stream with 1.6.1's in-band 503 event and ``[DONE]``; its EngineCore and Worker outlive it and are found, ended
     and named. The simulated worker's stream ends the same way (it leaves no process behind)."""
     real: CrashRun = deployments["real"]["crash"]
-    assert "Service temporarily unavailable" in check_crash(real), real.report()
+    assert "Service temporarily unavailable" in assert_stream_survives_worker_crash(real), real.report()
     assert real.crash is not None and any("EngineCore" in p for p in real.crash.leftovers), real.report()
     assert any("VLLM::Worker" in p for p in real.crash.leftovers), real.report()
     sim: CrashRun = deployments["sim"]["crash"]
-    assert "Service temporarily unavailable" in check_crash(sim), sim.report()
+    assert "Service temporarily unavailable" in assert_stream_survives_worker_crash(sim), sim.report()

@@ -1,4 +1,4 @@
-"""The KV checks (pytest_ml4.logs.kv) on recorded logs, and the KV suite end to end against the simulator.
+"""The KV checks (pytest_ml4.checks.kv) on recorded logs, and the KV suite end to end against the simulator.
 
 End to end: the stable RTX PRO unit passes; seed 000's crashing flags fail with the seed's OOM line quoted; the
 open-item-1 variant (max_num_seqs 32) reports its pool and the >= 256,000 verdict.
@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 from checkout import FIXTURES_DIR, REPO_ROOT
 
+from pytest_ml4.checks.kv import (
+    cache_info_problems,
+    kv_pool_verdict,
+    max_concurrency_verdict,
+    no_failures_verdict,
+    peak_usage_verdict,
+    required_pool,
+    spec_decode_verdict,
+)
+from pytest_ml4.kv_load import SpecCounts
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR
 from pytest_ml4.logs import FileLogReader, KvCacheSize, LogView, records_from_text
-from pytest_ml4.logs.kv import (
-    SpecCounts,
-    cache_info_problems,
-    judge_kv_pool,
-    judge_max_concurrency,
-    judge_no_failures,
-    judge_peak_usage,
-    judge_spec_decode,
-    required_pool,
-)
 from pytest_ml4.targets import Target, load_target
 
 LOGS = FIXTURES_DIR / "logs"
@@ -46,10 +46,10 @@ def boot_view(name: str) -> LogView:
 # ------------------------------------------------------------------------------------------ checks on recorded logs
 def test_pool_of_the_crashing_boot_passes_the_size_gate_but_not_the_failure_check(rtx: Target) -> None:
     view = boot_view("rtxpro-oom-crashloop.log")
-    pool = judge_kv_pool(view, rtx)
+    pool = kv_pool_verdict(view, rtx)
     assert pool.ok and pool.figures["kv_pool_tokens"] == 274_934
     assert "GPU KV cache size: 274,934 tokens" in pool.message
-    failures = judge_no_failures(view)
+    failures = no_failures_verdict(view)
     assert not failures.ok
     assert SEED_OOM in failures.message and "fused_moe_workspace_oom" in failures.message
     # The cause leads, before the engine-death lines it caused.
@@ -58,14 +58,14 @@ def test_pool_of_the_crashing_boot_passes_the_size_gate_but_not_the_failure_chec
 
 
 def test_concurrency_check_names_a_max_model_len_mismatch(rtx: Target) -> None:
-    verdict = judge_max_concurrency(boot_view("rtxpro-oom-crashloop.log"), rtx)
+    verdict = max_concurrency_verdict(boot_view("rtxpro-oom-crashloop.log"), rtx)
     assert not verdict.ok
     assert "the engine runs max_model_len 262,144, the target says 256,000" in verdict.message
     assert verdict.judged[0].max_concurrency == 1.05
 
 
 def test_refused_boot_quotes_the_refusal(rtx: Target) -> None:
-    verdict = judge_kv_pool(boot_view("rtxpro-startup-refused.log"), rtx)
+    verdict = kv_pool_verdict(boot_view("rtxpro-startup-refused.log"), rtx)
     assert not verdict.ok
     assert "no 'GPU KV cache size' line" in verdict.message
     assert "[startup_refused] ValueError: Free memory on device cuda:0 (93.94/95.06 GiB)" in verdict.message
@@ -73,7 +73,7 @@ def test_refused_boot_quotes_the_refusal(rtx: Target) -> None:
 
 def test_pool_below_requirement_fails_with_the_line(rtx: Target) -> None:
     small = rtx.model_copy(update={"gates": rtx.gates.model_copy(update={"kv_pool_tokens_min": 300_000})})
-    verdict = judge_kv_pool(boot_view("rtxpro-stable.log"), small)
+    verdict = kv_pool_verdict(boot_view("rtxpro-stable.log"), small)
     assert not verdict.ok
     assert verdict.message.startswith("KV pool 263,923 tokens < required 300,000 (gates.kv_pool_tokens_min)")
     assert "judged: [kv_cache_size]" in verdict.message
@@ -95,25 +95,25 @@ def test_cache_config_info_cross_check(rtx: Target) -> None:
     bad = dict(good, gpu_memory_utilization="0.98", num_gpu_blocks="100", kv_cache_size_tokens="5")
     problems = cache_info_problems(kv, rtx, bad)
     assert len(problems) == 3 and any("gpu_memory_utilization=0.98" in p for p in problems)
-    verdict = judge_kv_pool(view, rtx, bad)
+    verdict = kv_pool_verdict(view, rtx, bad)
     assert not verdict.ok and "cross-check with vllm:cache_config_info" in verdict.message
 
 
 def test_peak_usage_from_stats_lines_and_metrics(rtx: Target) -> None:
     view = boot_view("rtxpro-stable.log")
-    ok = judge_peak_usage(view, rtx, metric_peak_pct=None)
+    ok = peak_usage_verdict(view, rtx, metric_peak_pct=None)
     assert ok.ok and ok.figures["peak_pct"] == 15.1  # seed 000: "KV usage never exceeded 15.1%"
-    over = judge_peak_usage(view, rtx, metric_peak_pct=93.0)
+    over = peak_usage_verdict(view, rtx, metric_peak_pct=93.0)
     assert not over.ok and "peak KV usage 93.0% >= 90.0%" in over.message
-    empty = judge_peak_usage(LogView(records_from_text("nothing here")), rtx, None)
+    empty = peak_usage_verdict(LogView(records_from_text("nothing here")), rtx, None)
     assert not empty.ok and "no KV usage to judge" in empty.message
 
 
 def test_spec_decode_within_the_seed_ranges(rtx: Target) -> None:
     view = boot_view("rtxpro-stable.log")
     good = SpecCounts(drafts=1000, accepted=2280, accepted_per_pos=(900, 760, 620))
-    assert judge_spec_decode(view, rtx, good).figures["spec_decode counters"]["mean_acceptance_length"] == 3.28
-    verdict = judge_spec_decode(view, rtx, good)
+    assert spec_decode_verdict(view, rtx, good).figures["spec_decode counters"]["mean_acceptance_length"] == 3.28
+    verdict = spec_decode_verdict(view, rtx, good)
     assert verdict.ok, verdict.message
     lines = verdict.figures["SpecDecoding lines"]
     # Five windows of 100 drafts each, aggregated per position (0.568 over 500 drafts: the 99 % one-sided Wilson
@@ -123,36 +123,36 @@ def test_spec_decode_within_the_seed_ranges(rtx: Target) -> None:
         "(APIServer pid=1) INFO 11-01 20:06:00 [metrics.py:120] SpecDecoding metrics: Mean acceptance length: 1.90, "
         "Accepted throughput: 90.00 tokens/s, Drafted throughput: 300.00 tokens/s, Accepted: 900 tokens, Drafted: "
         "3000 tokens, Per-position acceptance rate: 0.500, 0.300, 0.100, Avg Draft acceptance rate: 30.0%")
-    verdict = judge_spec_decode(LogView(low), rtx, None)
+    verdict = spec_decode_verdict(LogView(low), rtx, None)
     assert not verdict.ok
     assert "SpecDecoding lines: position 0 acceptance 0.500 outside [0.61, 1.0] over 1000 drafts" in verdict.message
     assert "window mean acceptance length 1.90 outside [2.24, 4.0]" in verdict.message
     lines_only = LogView([r for r in view.records if "SpecDecoding" not in r.text])
-    assert judge_spec_decode(lines_only, rtx, good).ok
+    assert spec_decode_verdict(lines_only, rtx, good).ok
     bad = SpecCounts(drafts=5000, accepted=3000, accepted_per_pos=(1500, 1000, 500))
-    verdict = judge_spec_decode(lines_only, rtx, bad)
+    verdict = spec_decode_verdict(lines_only, rtx, bad)
     assert not verdict.ok and "mean acceptance length 1.60 outside [2.24, 4.0]" in verdict.message
 
 
 def test_spec_decode_floor_is_a_one_sided_wilson_bound(rtx: Target) -> None:
     """Caught: z = 3 on a normal stderr passed position-0 acceptance 0.42 over 60 drafts (floor 0.61)."""
     view = LogView(records_from_text("x"))
-    low = judge_spec_decode(view, rtx, SpecCounts(drafts=60, accepted=60, accepted_per_pos=(25.2, 21, 13.8)))
+    low = spec_decode_verdict(view, rtx, SpecCounts(drafts=60, accepted=60, accepted_per_pos=(25.2, 21, 13.8)))
     assert not low.ok and "too few drafts to judge per-position acceptance" in low.message
     # The same rate over the minimum number of drafts fails by the bound.
-    many = judge_spec_decode(view, rtx, SpecCounts(drafts=150, accepted=150, accepted_per_pos=(63, 52.5, 34.5)))
+    many = spec_decode_verdict(view, rtx, SpecCounts(drafts=150, accepted=150, accepted_per_pos=(63, 52.5, 34.5)))
     assert not many.ok and "position 0 acceptance 0.420 outside [0.61, 1.0] over 150 drafts" in many.message
     assert "too few" not in many.message
     # Healthy (the simulator's 0.93/0.81/0.69 profile) over the minimum number of drafts passes.
-    healthy = judge_spec_decode(view, rtx, SpecCounts(drafts=150, accepted=364.5, accepted_per_pos=(139.5, 121.5,
+    healthy = spec_decode_verdict(view, rtx, SpecCounts(drafts=150, accepted=364.5, accepted_per_pos=(139.5, 121.5,
                                                                                                      103.5)))
     assert healthy.ok, healthy.message
-    few = judge_spec_decode(view, rtx, SpecCounts(drafts=40, accepted=97.2, accepted_per_pos=(37.2, 32.4, 27.6)))
+    few = spec_decode_verdict(view, rtx, SpecCounts(drafts=40, accepted=97.2, accepted_per_pos=(37.2, 32.4, 27.6)))
     assert not few.ok and "spec_decode counters 40 (at least 150 in one source)" in few.message
 
 
 def test_spec_decode_without_any_data_fails(rtx: Target) -> None:
-    verdict = judge_spec_decode(LogView(records_from_text("x")), rtx, None)
+    verdict = spec_decode_verdict(LogView(records_from_text("x")), rtx, None)
     assert not verdict.ok and "no SpecDecoding metrics line" in verdict.message
 
 
@@ -200,9 +200,9 @@ def test_with_several_engines_the_weakest_pool_is_judged(rtx: Target) -> None:
                 f"{tokens:,} tokens, Maximum concurrency for 256,000 tokens per request: {conc:.2f}x")
 
     view = LogView(records_from_text("\n".join([line(1, 300_000, 1.17), line(2, 250_000, 0.98)])))
-    pool = judge_kv_pool(view, rtx)
+    pool = kv_pool_verdict(view, rtx)
     assert not pool.ok and "KV pool 250,000 tokens < required 256,000" in pool.message
-    conc = judge_max_concurrency(view, rtx)
+    conc = max_concurrency_verdict(view, rtx)
     assert not conc.ok and "0.98x < 1.00x" in conc.message
 
 

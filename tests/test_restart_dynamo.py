@@ -19,8 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
+from pytest_ml4.checks.restart import assert_stream_survives_worker_crash
 from pytest_ml4.client import Endpoint
-from pytest_ml4.control.crash import check_crash, run_crash
+from pytest_ml4.control.crash import run_crash
 from pytest_ml4.control.dynamo import SESSION_HEADER
 from pytest_ml4.control.scenario import load_requests
 from pytest_ml4.metrics import scrape
@@ -130,7 +131,7 @@ def test_migration_continues_a_stream_whose_worker_was_killed(agg: DynamoSim) ->
     # worker ... is not eligible"), which is Dynamo's behaviour, not the simulator's.
     run = run_crash(_endpoint(agg), agg, CRASH, agg.frontend.migration_limit)
     assert agg.frontend.migration_limit == 3
-    assert check_crash(run).startswith("stream migrated after its worker's SIGKILL"), run.report()
+    assert assert_stream_survives_worker_crash(run).startswith("stream migrated after its worker's SIGKILL"), run.report()
     assert run.crash is not None and run.crash.leftovers == []  # a simulated worker spawns no engine processes
 
 
@@ -138,7 +139,7 @@ def test_without_migration_a_killed_workers_stream_ends_with_dynamos_error_event
     dsim = DynamoSim(AGG, log_file=tmp_path / "engine.log", migration_limit=0, agg_workers=1).start()
     try:
         run = run_crash(_endpoint(dsim), dsim, CRASH, dsim.frontend.migration_limit)
-        assert "Service temporarily unavailable" in check_crash(run), run.report()
+        assert "Service temporarily unavailable" in assert_stream_survives_worker_crash(run), run.report()
         assert run.stream.finish_reason is None and run.stream.usage is None, run.report()
     finally:
         dsim.stop()

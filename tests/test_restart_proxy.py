@@ -8,14 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ml4.checks.restart import assert_client_errors_as_allowed
 from pytest_ml4.client import Endpoint
 from pytest_ml4.control import SimController
-from pytest_ml4.control.scenario import (
-    RestartRun,
-    check_client_errors,
-    retries_seen,
-    run_restart_scenario,
-)
+from pytest_ml4.control.scenario import RestartRun, retries_seen, run_restart_scenario
 from pytest_ml4.proxy import LiteLLMProxy, ProxySettings, RetryWindow
 from pytest_ml4.sim import SimServer
 from pytest_ml4.targets import load_target
@@ -49,7 +45,7 @@ def test_without_retries_the_no_client_error_check_fails_with_the_proxy_error(si
     run, window = _restart_through(sim, key, 0, tmp_path)
     assert run.restart is not None, run.report()
     with pytest.raises(AssertionError) as err:
-        check_client_errors(run, allowed=False, retry_window=window)
+        assert_client_errors_as_allowed(run, allowed=False, retry_window=window)
     message = str(err.value)
     # The outage as the engines lived it, beside what no retries bridge.
     assert "measured outage" in message and "exceeded the proxy's retry window of 0.0 s" in message
@@ -60,7 +56,7 @@ def test_without_retries_the_no_client_error_check_fails_with_the_proxy_error(si
     assert all(r.retries is None for r in run.requests if not r.ok)
     assert key not in message
     # A target that tolerates client errors during a restart accepts the same run.
-    assert check_client_errors(run, allowed=True, retry_window=window)
+    assert assert_client_errors_as_allowed(run, allowed=True, retry_window=window)
 
 
 def test_with_the_targets_retries_every_request_succeeds_and_retries_are_counted(sim: SimServer, key: str,
@@ -72,5 +68,5 @@ def test_with_the_targets_retries_every_request_succeeds_and_retries_are_counted
     assert run.restart is not None, run.report()
     assert window.num_retries == TARGET.serving.proxy.num_retries  # type: ignore[union-attr]
     assert TARGET.sim.restart_outage_s < window.bridged_s
-    assert check_client_errors(run, allowed=False, retry_window=window) == []
+    assert assert_client_errors_as_allowed(run, allowed=False, retry_window=window) == []
     assert retries_seen(run) > 0, run.report()

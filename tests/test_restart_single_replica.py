@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_ml4.checks.restart import assert_client_errors_as_allowed
 from pytest_ml4.control.base import RestartResult
-from pytest_ml4.control.scenario import (
-    RequestOutcome,
-    RestartRun,
-    SingleReplicaOutage,
-    check_client_errors,
-)
+from pytest_ml4.control.scenario import RequestOutcome, RestartRun, SingleReplicaOutage
 from pytest_ml4.targets import load_target
 
 UNLISTED = RequestOutcome(2, 0.6, 0.1, 404, None, "''")
@@ -38,7 +34,7 @@ def test_single_replica_roles_come_from_the_topology(target: str, roles: tuple[s
 
 def test_documented_answers_and_recovery_pass_and_say_why() -> None:
     outage = SingleReplicaOutage.for_target(load_target("vr200-disagg"))
-    assert check_client_errors(_run([FIRST, UNLISTED]), allowed=False, outage=outage) == [FIRST, UNLISTED]
+    assert assert_client_errors_as_allowed(_run([FIRST, UNLISTED]), allowed=False, outage=outage) == [FIRST, UNLISTED]
 
 
 def test_an_undocumented_answer_fails_naming_the_single_replica() -> None:
@@ -46,16 +42,16 @@ def test_an_undocumented_answer_fails_naming_the_single_replica() -> None:
     odd = RequestOutcome(3, 1.0, 0.1, 502, None, "'Bad Gateway'")
     with pytest.raises(AssertionError, match=r"'prefill' and 'decode' roles each have a single replica.*"
                                              r"1 failure\(s\) are not among them.*HTTP 502"):
-        check_client_errors(_run([UNLISTED, odd]), allowed=False, outage=outage)
+        assert_client_errors_as_allowed(_run([UNLISTED, odd]), allowed=False, outage=outage)
 
 
 def test_no_recovery_fails() -> None:
     outage = SingleReplicaOutage.for_target(load_target("vr200-disagg"))
     with pytest.raises(AssertionError, match="did not answer again after the restart"):
-        check_client_errors(_run([UNLISTED], recovered=False), allowed=False, outage=outage)
+        assert_client_errors_as_allowed(_run([UNLISTED], recovered=False), allowed=False, outage=outage)
 
 
 def test_without_a_single_replica_role_any_error_still_fails() -> None:
     assert SingleReplicaOutage.for_target(load_target("gb300-agg")) is None
     with pytest.raises(AssertionError, match="allows no client-visible error"):
-        check_client_errors(_run([UNLISTED]), allowed=False, outage=None)
+        assert_client_errors_as_allowed(_run([UNLISTED]), allowed=False, outage=None)

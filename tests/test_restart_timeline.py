@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ml4.checks.restart import (
+    assert_client_errors_as_allowed,
+    assert_recovery_within_limit,
+)
 from pytest_ml4.client import Endpoint
 from pytest_ml4.control import SimController
 from pytest_ml4.control.scenario import (
@@ -18,8 +22,6 @@ from pytest_ml4.control.scenario import (
     StaleInstances,
     Timeline,
     build_timeline,
-    check_client_errors,
-    check_recovery,
     run_restart_scenario,
 )
 from pytest_ml4.proxy import ProxySettings, RetryWindow
@@ -76,7 +78,7 @@ def test_the_new_engine_boots_after_the_old_one_exits(delayed_run: tuple[Restart
 def test_recovery_over_the_limit_fails_with_the_timeline(delayed_run: tuple[RestartRun, Path]) -> None:
     run, _ = delayed_run
     with pytest.raises(AssertionError, match=r"recovery took .* new engine's first answer.*limit of 1 s") as err:
-        check_recovery(run, limit_s=1.0)
+        assert_recovery_within_limit(run, limit_s=1.0)
     assert "old engine" in str(err.value)
 
 
@@ -121,7 +123,7 @@ def test_client_error_message_says_the_outage_exceeded_the_retry_window() -> Non
     run = _run_with((0.5, 6.5), [RequestOutcome(3, 1.0, 4.0, 500, None, "litellm.InternalServerError: ...")])
     assert run.timeline == Timeline("old", "new", 0.5, 6.5, "per request")
     with pytest.raises(AssertionError) as err:
-        check_client_errors(run, allowed=False, retry_window=_window(3))
+        assert_client_errors_as_allowed(run, allowed=False, retry_window=_window(3))
     msg = str(err.value)
     assert "measured outage 6.00 s" in msg and "exceeded the proxy's retry window of 3.5 s by 2.5 s" in msg
     assert "num_retries=3" in msg
@@ -130,7 +132,7 @@ def test_client_error_message_says_the_outage_exceeded_the_retry_window() -> Non
 def test_client_error_message_says_when_the_outage_was_within_the_window() -> None:
     run = _run_with((0.5, 2.5), [RequestOutcome(3, 1.0, 0.1, 500, None, "litellm.InternalServerError: ...")])
     with pytest.raises(AssertionError, match=r"measured outage 2.00 s .* was within the proxy's retry window of 3.5 s"):
-        check_client_errors(run, allowed=False, retry_window=_window(3))
+        assert_client_errors_as_allowed(run, allowed=False, retry_window=_window(3))
 
 
 # Recorded real 1.6.1 bodies (real-dynamo-vllm-1.6.1-transcripts/kv/after-kill-requests.txt), quoted as the
@@ -146,7 +148,7 @@ def test_dynamo_stale_instance_window_is_named() -> None:
                                  RequestOutcome(4, 0.9, 0.01, 503, None, TEMPORARILY)])
     stale = StaleInstances.for_dynamo("1.6.1")
     with pytest.raises(AssertionError) as err:
-        check_client_errors(run, allowed=False, stale=stale)
+        assert_client_errors_as_allowed(run, allowed=False, stale=stale)
     msg = str(err.value)
     assert ("2 of the failures are Dynamo 1.6.1's stale-instance answers (HTTP 503 'Service temporarily "
             "unavailable', HTTP 503 'is not ready to serve requests yet')") in msg
@@ -154,7 +156,7 @@ def test_dynamo_stale_instance_window_is_named() -> None:
     # A failure of another kind is not blamed on the stale window.
     other = _run_with((0.5, 1.5), [RequestOutcome(3, 0.6, 0.01, 500, None, "engine error")])
     with pytest.raises(AssertionError) as err2:
-        check_client_errors(other, allowed=False, stale=stale)
+        assert_client_errors_as_allowed(other, allowed=False, stale=stale)
     assert "stale-instance" not in str(err2.value)
 
 

@@ -1,8 +1,18 @@
-"""Reusable assertions for the suites: each failure message names the deployment defect it points to.
+"""The verdicts: every function a suite calls to judge the deployment, one module per concern, without pytest.
+
+A verdict is named for what must hold, ``assert_<what must hold>(...)``: it raises AssertionError whose message
+names the deployment defect it points to (the kill matrix matches these messages), or
+:class:`~pytest_ml4.checks.verdict.NotJudged` where the evidence is missing; it returns the figure a report records,
+if any. Where a verdict is reported even when it holds, its pure part is ``<what>_verdict(...)`` beside it. What is
+judged (loads, scenarios, probes, gate results) is computed in the core modules.
 
 * :mod:`.protocol` - control-token leaks, stream grammar, streamed vs non-streamed equality, error bodies;
+* :mod:`.expected` - the per-stack answer to a request (status, error shape, message);
 * :mod:`.tools` - tool-call ids, arguments against the tool's JSON schema, ``tool_choice`` and finish rules;
-* :mod:`.reasoning` - reasoning separation, reasoning-token accounting, reasoning share of the output.
-
-They work on plain dicts (a non-streaming ``message``) and on :class:`pytest_ml4.probe.StreamResult`, without pytest.
+* :mod:`.reasoning` - reasoning separation, reasoning-token accounting, reasoning share of the output;
+* :mod:`.health` - the endpoint's health, Dynamo's registered workers, the engine behind a proxy;
+* :mod:`.kv` - the KV pool, max concurrency, no OOM since boot, peak KV usage, spec-decode acceptance;
+* :mod:`.restart` - in-flight streams, client errors and recovery across a restart, a worker crash;
+* :mod:`.dynamo` - session affinity, prefix reuse, the prefill -> decode handoff;
+* :mod:`.perf` - perf gate results; :mod:`.accuracy` - the BFCL accuracy gate.
 """

@@ -120,7 +120,7 @@ def _answer(resp: httpx.Response | StreamResult, what: str) -> tuple[int, str, A
 
 def assert_served(resp: httpx.Response | StreamResult, what: str) -> None:
     """Where a stack's row says it accepts a request, accepted must mean served: a stream that opened with 200 and
-    then carried an in-band error (a worker failing the request) was not. Not part of :func:`check_answer`: a
+    then carried an in-band error (a worker failing the request) was not. Not part of :func:`assert_answer_expected`: a
     check that only tolerates a proxy's 200 and then asks the engine (tools' invalid requests) is not about it."""
     errors = resp.error_events if isinstance(resp, StreamResult) else []
     assert not errors, (f"{what}: HTTP 200 but the stream carried an in-band error event: accepted, not served: "
@@ -155,7 +155,7 @@ def _shape_problems(body: Any, code: int, shape: str | None) -> list[str]:
     return [] if body.get("code") == code else [f"code {body.get('code')!r} is not the HTTP status {code}"]
 
 
-def check_answer(resp: httpx.Response | StreamResult, expected: Expected, what: str) -> Any:
+def assert_answer_expected(resp: httpx.Response | StreamResult, expected: Expected, what: str) -> Any:
     """Assert ``resp`` is what ``expected`` says the stack answers; returns the decoded error body (None for 200)."""
     code, text, body = _answer(resp, what)
     source = f" ({expected.source})" if expected.source else ""

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from pytest_ml4.checks.expected import Expected, check_answer, error_object
+from pytest_ml4.checks.expected import Expected, assert_answer_expected, error_object
 from pytest_ml4.client import quote_body
 from pytest_ml4.probe import StreamResult
 
@@ -163,5 +163,5 @@ def error_message(body: Any) -> str:
 def assert_rejected(resp: httpx.Response | StreamResult, status: int, message_contains: str, what: str) -> None:
     """The request was refused with ``status`` and a JSON error whose message contains ``message_contains``
     (case-insensitive; a proxy's wrapped JSON text counts). The suites read per-stack rows from fixtures and call
-    :func:`pytest_ml4.checks.expected.check_answer` directly."""
-    check_answer(resp, Expected(statuses=(status,), message_contains=(message_contains,)), what)
+    :func:`pytest_ml4.checks.expected.assert_answer_expected` directly."""
+    assert_answer_expected(resp, Expected(statuses=(status,), message_contains=(message_contains,)), what)

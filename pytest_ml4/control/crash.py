@@ -9,7 +9,8 @@ then ``[DONE]``, no finish and no usage chunk.
 
 :func:`run_crash` streams one fixed-length answer, has a :class:`Crasher` SIGKILL the worker serving it once
 ``kill_after_events`` data events arrived, reads the stream to its end and keeps a timeline;
-:func:`check_crash` judges it against the frontend's migration limit.
+:func:`pytest_ml4.checks.restart.assert_stream_survives_worker_crash` judges it against the frontend's
+migration limit.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from typing import Any, Protocol
 
 import httpx
 
-from pytest_ml4.checks.verdict import NotJudged
 from pytest_ml4.client import Endpoint, make_httpx
 from pytest_ml4.probe import StreamResult, parse_sse_lines
 
@@ -139,7 +139,7 @@ def run_crash(endpoint: Endpoint, crasher: Crasher, spec: dict[str, Any], migrat
         marks = [killed_at, *later]
         gap = max((b - a for a, b in pairwise(marks)), default=None)
     end = times[-1] - t0 if times else time.monotonic() - t0
-    timeline.append((end, _ending(stream)))
+    timeline.append((end, stream_ending(stream)))
     crash = crashes[0][1] if crashes else None
     evidence = crasher.migration_evidence(crash.instance_id) if crash is not None else None
     if crash is not None and recover:
@@ -149,7 +149,7 @@ def run_crash(endpoint: Endpoint, crasher: Crasher, spec: dict[str, Any], migrat
                     expected_error=dict(spec.get("unmigrated_error") or {}))
 
 
-def _ending(stream: StreamResult) -> str:
+def stream_ending(stream: StreamResult) -> str:
     usage = stream.usage or {}
     if stream.error_events:
         return f"stream ended with the in-band error {stream.error_events[0]} (done={stream.done})"
@@ -157,47 +157,3 @@ def _ending(stream: StreamResult) -> str:
             f"{usage.get('completion_tokens')}, prompt_tokens={usage.get('prompt_tokens')}, done={stream.done}")
 
 
-def check_crash(run: CrashRun) -> str:
-    """With migration the stream completes on another worker; without, it ends with Dynamo's own error event and
-    ``[DONE]``. Returns a one-line verdict for the report; raises ``AssertionError`` quoting the timeline."""
-    if run.crash is None:
-        raise NotJudged(f"the stream ended after {len(run.stream.events)} events, before the "
-                        f"{run.events_before_kill} after which its worker was to be killed: nothing was crashed "
-                        f"(the crash spec's max_tokens too small for kill_after_events)")
-    report = run.report()
-    if run.stream.status_code != 200:
-        raise AssertionError(f"the stream was refused before the crash (HTTP {run.stream.status_code})\n{report}")
-    return _check_migrated(run, report) if run.migration_limit > 0 else _check_unmigrated(run, report)
-
-
-def _check_migrated(run: CrashRun, report: str) -> str:
-    want = int(run.stream.request["max_tokens"])
-    got = (run.stream.usage or {}).get("completion_tokens")
-    if run.stream.error_events or not run.stream.done or run.stream.finish_reason is None:
-        raise AssertionError(f"a stream whose worker was SIGKILLed did not continue on another worker although "
-                             f"the frontend runs --migration-limit {run.migration_limit}: {_ending(run.stream)}\n"
-                             f"{report}")
-    if got is None or got < want - run.events_before_kill:
-        raise AssertionError(f"the migrated stream finished with {got} completion tokens of {want}: tokens were "
-                             f"lost in the migration\n{report}")
-    if run.migration_log is None:
-        raise AssertionError(f"the stream completed but the frontend log names no migration off the killed worker "
-                             f"{run.crash.instance_id if run.crash else '?'}: it was not the killed worker's "
-                             f"stream\n{report}")
-    gap = f"{run.longest_gap_after_kill_s:.2f} s" if run.longest_gap_after_kill_s is not None else "?"
-    return f"stream migrated after its worker's SIGKILL: {got}/{want} tokens, longest gap after the kill {gap}"
-
-
-def _check_unmigrated(run: CrashRun, report: str) -> str:
-    if not run.stream.error_events:
-        raise AssertionError(f"without migration a stream whose worker was SIGKILLed must end with an in-band "
-                             f"error event, it ended: {_ending(run.stream)}\n{report}")
-    event = run.stream.error_events[0]
-    error = event.get("error", event) if isinstance(event, dict) else {}
-    wanted = {k: run.expected_error[k] for k in ERROR_KEYS if k in run.expected_error}
-    seen = {k: error.get(k) for k in wanted} if isinstance(error, dict) else {}
-    if seen != wanted or not run.stream.done:
-        raise AssertionError(f"the stream's in-band error after its worker's SIGKILL is {event} (done="
-                             f"{run.stream.done}), real Dynamo 1.6.1 sends {{'error': {wanted}}} then [DONE]\n"
-                             f"{report}")
-    return f"stream ended with Dynamo's error event {error} and [DONE] (migration off)"

@@ -31,12 +31,11 @@ from typing import Any, NamedTuple
 import httpx
 import yaml
 
-from pytest_ml4.checks.verdict import NotJudged
 from pytest_ml4.client import Endpoint, make_httpx, quote_body
 from pytest_ml4.control.base import Controller, Progress, RestartResult
 from pytest_ml4.locations import data_file
 from pytest_ml4.probe import StreamResult, probe_chat_stream
-from pytest_ml4.proxy import RetryWindow, attempted_retries
+from pytest_ml4.proxy import attempted_retries
 
 REQUESTS_FILE = data_file("restart", "requests.yaml")
 STALE_FILE = data_file("restart", "stale-instances.yaml")
@@ -44,7 +43,6 @@ OUTAGE_FILE = data_file("dynamo", "single-replica-outage.yaml")
 #: Worker roles of a topology kind -> the Topology field holding its replica count.
 TOPOLOGY_ROLES: dict[str, dict[str, str]] = {"disagg": {"prefill": "prefill_workers", "decode": "decode_workers"}}
 DEFAULT_ROLES = {"worker": "workers"}
-BAD_VERDICTS = ("silently_truncated",)
 #: The simulator's engine-instance header, and the name LiteLLM gives a provider's response header.
 ENGINE_HEADERS = ("x-ml4-engine-instance", "llm_provider-x-ml4-engine-instance")
 
@@ -363,29 +361,6 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
     return run
 
 
-# ----------------------------------------------------------------------------------------------- checks
-def check_restart_finished(run: RestartRun) -> RestartResult:
-    if run.restart is None:
-        raise AssertionError(f"the restart did not complete: {run.restart_error}\n{run.report()}")
-    return run.restart
-
-
-def check_streams(run: RestartRun) -> dict[str, int]:
-    """Every in-flight stream ended detectably (completed or a detected error); returns verdict counts."""
-    counts: dict[str, int] = {}
-    for s in run.streams:
-        counts[s.verdict] = counts.get(s.verdict, 0) + 1
-    not_in_flight = [s for s in run.streams if not s.in_flight_at_restart]
-    if not_in_flight:
-        raise AssertionError("the scenario is invalid: these streams were not running when the restart began:\n"
-                             + "\n".join(s.line() for s in not_in_flight))
-    bad = [s for s in run.streams if s.verdict in BAD_VERDICTS]
-    if bad:
-        raise AssertionError("in-flight streams ended without a finish_reason, [DONE] or an error the client could "
-                             "detect:\n" + "\n".join(s.line() for s in bad))
-    return counts
-
-
 @dataclass(frozen=True)
 class DynamoAnswer:
     """One answer a Dynamo frontend gives a client: ``status`` and a substring of the body ("" = any body)."""
@@ -470,71 +445,6 @@ class SingleReplicaOutage:
     def documented(self, r: RequestOutcome) -> bool:
         return any(a.matches(r) for a in self.answers)
 
-    def check(self, run: RestartRun, failed: list[RequestOutcome]) -> None:
-        roles = " and ".join(f"'{r}'" for r in self.roles)
-        head = (f"the target's {roles} {'roles each have' if len(self.roles) > 1 else 'role has'} a single replica, so a rolling restart is an outage by construction "
-                f"(Dynamo {self.version} unlists the model); the check requires Dynamo's documented answers and "
-                f"recovery instead of no client error")
-        listing = "\n".join(r.line() for r in run.requests)
-        odd = [r for r in failed if not self.documented(r)]
-        if odd:
-            raise AssertionError(f"{head}, but {len(odd)} failure(s) are not among them (documented: "
-                                 f"{[str(a) for a in self.answers]}); first: HTTP {odd[0].status}: "
-                                 f"{odd[0].error}\n{listing}")
-        if run.restart is None or not max(run.requests, key=lambda r: r.sent_s).ok:
-            raise AssertionError(f"{head}, but the deployment did not answer again after the restart "
-                                 f"({run.restart_error or 'last request failed'})\n{listing}")
-
-
-def check_client_errors(run: RestartRun, allowed: bool, *, retry_window: RetryWindow | None = None,
-                        stale: StaleInstances | None = None,
-                        outage: SingleReplicaOutage | None = None) -> list[RequestOutcome]:
-    """New requests during the restart: with ``allowed`` False every one must succeed; returns the failures.
-
-    A failure message quotes what the client got, e.g. the LiteLLM proxy's
-    ``litellm.InternalServerError ... Cannot connect to host`` body when retries are off, and sets the measured
-    outage beside what the proxy's retries bridge (``retry_window``) saying which exceeded which; with ``stale``
-    (Dynamo targets) it names the frontend's stale-instance window when the failures carry its answer. With
-    ``outage`` (a role of one replica) the failures must be Dynamo's documented answers and the service recover.
-    """
-    if not run.requests:
-        raise AssertionError("no request was sent during the restart: the scenario measured nothing")
-    failed = [r for r in run.requests if not r.ok]
-    if outage is not None and not allowed:
-        outage.check(run, failed)
-    elif failed and not allowed:
-        first = failed[0]
-        took = f"{run.restart.ready_s:.1f} s" if run.restart else f"too long ({run.restart_error})"
-        why = [line for line in (outage_verdict(run, retry_window), stale.explain(failed) if stale else None)
-               if line]
-        raise AssertionError(
-            f"{len(failed)} of {len(run.requests)} requests sent during the restart failed, but the target allows "
-            f"no client-visible error during a restart (gates.restart_client_errors_allowed: false); the restart "
-            f"took {took}.\n" + "".join(f"{line}\n" for line in why) + f"first failure: HTTP {first.status}: "
-            f"{first.error}\n" + "\n".join(r.line() for r in run.requests))
-    wrong = [r for r in run.requests if r.ok and not r.answer_ok]
-    if wrong:
-        raise AssertionError("requests answered 200 during the restart with a wrong answer:\n"
-                             + "\n".join(r.line() for r in wrong))
-    return failed
-
-
-def outage_verdict(run: RestartRun, window: RetryWindow | None) -> str | None:
-    """The measured outage beside the proxy's retry window, saying which exceeded which."""
-    tl = run.timeline
-    outage = tl.outage_s if tl is not None else None
-    seen = (f"measured outage {outage:.2f} s (old engine's last answer {tl.last_old_s or 0:+.2f} s, new engine's "
-            f"first {tl.first_new_s:+.2f} s after the trigger)" if tl is not None and outage is not None
-            else "no answer of a new engine was seen, so the outage is unknown")
-    if window is None:
-        return seen
-    if outage is None:
-        return f"{seen}; {window.describe()}"
-    if outage > window.bridged_s:
-        return (f"{seen} exceeded the proxy's retry window of {window.bridged_s:.1f} s by {outage - window.bridged_s:.1f}"
-                f" s: {window.describe()}; more num_retries (or a shorter outage) would bridge it")
-    return (f"{seen} was within the proxy's retry window of {window.bridged_s:.1f} s ({window.describe()}): the "
-            f"failures are not explained by the outage's length; see what the proxy answered")
 
 
 def retries_seen(run: RestartRun) -> int:
@@ -542,15 +452,3 @@ def retries_seen(run: RestartRun) -> int:
     return sum(r.retries or 0 for r in run.requests if r.ok)
 
 
-def check_recovery(run: RestartRun, limit_s: float) -> float:
-    """Trigger to the first answer of a new engine (an answer of the old one never counts) within the limit;
-    not judged where the answers could not name their engine although the controller asked them to."""
-    if run.evidence_missing:
-        raise NotJudged(f"restart identity: {run.evidence_missing}\n{run.timeline_report()}")
-    if run.recovery_s is None:
-        raise AssertionError(f"no new engine answered within {limit_s:.0f} s of the restart\n{run.report()}")
-    if run.recovery_s > limit_s:
-        raise AssertionError(f"recovery took {run.recovery_s:.1f} s (trigger to the new engine's first answer), over "
-                             f"the target's limit of {limit_s:.0f} s (gates.recovery_time_s_max)\n"
-                             + run.timeline_report())
-    return run.recovery_s

@@ -42,7 +42,8 @@ from pytest_ml4.logs.events import (
 )
 from pytest_ml4.logs.file import FileLogReader
 from pytest_ml4.logs.journald import JournaldLogReader, LogReadError
-from pytest_ml4.logs.records import LogReader, LogRecord, records_from_text
+from pytest_ml4.logs.reader import LogReader
+from pytest_ml4.logs.records import LogRecord, records_from_text
 from pytest_ml4.logs.signatures import Catalogue, Signature, load_catalogue
 from pytest_ml4.targets import Target
 

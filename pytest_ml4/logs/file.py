@@ -4,13 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_ml4.logs.records import (
-    LogReader,
-    LogRecord,
-    Since,
-    filter_since,
-    records_from_text,
-)
+from pytest_ml4.logs.reader import LogReader
+from pytest_ml4.logs.records import LogRecord, Since, filter_since, records_from_text
 
 
 class FileLogReader(LogReader):

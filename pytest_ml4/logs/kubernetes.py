@@ -23,8 +23,8 @@ from kubernetes.client.rest import ApiException
 
 from pytest_ml4.control.k8s import KubeConfigError, api_client, list_pods
 from pytest_ml4.logs.journald import LogReadError
+from pytest_ml4.logs.reader import LogReader
 from pytest_ml4.logs.records import (
-    LogReader,
     LogRecord,
     Since,
     filter_since,

@@ -1,19 +1,12 @@
-"""Log records and the one reader interface every log source implements (file, journald, Kubernetes).
+"""Log records: one line of an engine's log with the time it was written where the source knows it.
 
-A :class:`LogRecord` is one line of an engine's log with the time it was written where the source knows it.
-A :class:`LogReader` returns records oldest first; ``since_last_boot()`` cuts them to the current engine's lines
-so checks judge the engine that is running now, not last week's crash.
-
-Implementing a reader (e.g. ``pytest_ml4.logs.kubernetes``) means writing ``read(since)`` and ``describe()``;
-``records_from_text`` turns raw text into records, and overriding ``boot_groups`` lets a source that knows its
-restarts (journald's invocation id, a pod's container restarts) say where each boot starts.
+``records_from_text`` turns raw text into records; the readers (:mod:`pytest_ml4.logs.reader`) return them.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import re
-from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -115,43 +108,3 @@ def filter_since(records: Sequence[LogRecord], since: Since) -> list[LogRecord]:
     if t is None:
         return list(records)
     return [r for r in records if r.time is None or r.time >= t - 1e-6]
-
-
-class LogReader(ABC):
-    """One source of engine log lines."""
-
-    @abstractmethod
-    def read(self, since: Since = None) -> list[LogRecord]:
-        """Records oldest first; ``since`` (epoch seconds or datetime) drops older ones."""
-
-    @abstractmethod
-    def describe(self) -> str:
-        """Where the lines come from, for failure messages (never a secret)."""
-
-    def boot_groups(self, records: Sequence[LogRecord]) -> list[list[LogRecord]]:
-        """Records split per restart where the source knows its restarts (default: by ``boot_id`` changes)."""
-        groups: list[list[LogRecord]] = [[]]
-        current: str | None = None
-        for r in records:
-            # Lines without an id (a source that does not know) stay with the boot before them.
-            if r.boot_id is not None and r.boot_id != current:
-                if groups[-1] and current is not None:
-                    groups.append([])
-                current = r.boot_id
-            groups[-1].append(r)
-        return [g for g in groups if g]
-
-    def since_last_boot(self, since: Since = None) -> list[LogRecord]:
-        """Only the current engine's lines: the last restart group, cut at its last boot-marker line."""
-        from pytest_ml4.logs.signatures import last_boot_start
-
-        records = self.read(since)
-        groups = self.boot_groups(records)
-        current = groups[-1] if groups else []
-        return current[last_boot_start(current):]
-
-    def tail(self, n: int = 40) -> list[str]:
-        return [r.text for r in self.read()[-n:]]
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.describe()})"

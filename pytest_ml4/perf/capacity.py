@@ -73,7 +73,7 @@ class RatePoint:
 RunAt = Callable[[float], Goodput]
 
 
-def judge_rate(run_at: RunAt, rate: float, floor: float, repeats: int) -> RatePoint:
+def measure_rate(run_at: RunAt, rate: float, floor: float, repeats: int) -> RatePoint:
     """Run ``rate`` until its pooled goodput is conclusive, at most ``repeats`` times."""
     point = RatePoint(rate, floor)
     for _ in range(max(repeats, 1)):
@@ -118,14 +118,14 @@ class Capacity:
 
 def search(run_at: RunAt, declared: float, floor: float, *, repeats: int, probes: int) -> Capacity:
     """Judge the declared rate, then bisect above it for at most ``probes`` rates (none when it did not meet)."""
-    first = judge_rate(run_at, declared, floor, repeats)
+    first = measure_rate(run_at, declared, floor, repeats)
     result = Capacity(declared, floor, [first])
     if first.verdict != "meets":
         return result
     lo, hi = declared, declared * CEILING_FACTOR
     rate = hi
     for _ in range(probes):
-        point = judge_rate(run_at, rate, floor, repeats)
+        point = measure_rate(run_at, rate, floor, repeats)
         result.points.append(point)
         if point.verdict == "meets":
             lo = rate

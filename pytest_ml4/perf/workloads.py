@@ -203,7 +203,7 @@ class GoodputVerdict:
     own_good: int | None = None      # good requests counted from the per-request export (cross-check)
 
 
-def judge_goodput(target: Target, run: WorkloadRun, run_dir: Path, simulated: bool) -> GoodputVerdict:
+def goodput_verdict(target: Target, run: WorkloadRun, run_dir: Path, simulated: bool) -> GoodputVerdict:
     """The goodput gate of one workload run, its plot beside the run, and its ``goodput_<workload>`` summary
     section. Shared by the suite and ``--perf-kube`` (whose fetched export is judged the same way)."""
     w = target.perf.workloads[run.workload]

@@ -15,7 +15,7 @@ from pytest_ml4.preflight.model import (
     PerfRun,
     Severity,
 )
-from pytest_ml4.preflight.rules import RULES, rule
+from pytest_ml4.preflight.rules.registry import RULES, rule
 from pytest_ml4.preflight.rules.common import engine_sites, truthy
 
 DGD = ("dgd",)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from pytest_ml4.memory import MemoryPlan, plan_memory
 from pytest_ml4.preflight.model import Finding, LintContext, Severity, VllmLaunch
-from pytest_ml4.preflight.rules import RULES, rule
+from pytest_ml4.preflight.rules.registry import RULES, rule
 from pytest_ml4.preflight.rules.common import EngineSite, engine_sites, truthy
 
 ANY = ("vllm", "dgd", "litellm", "perf")

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pytest_ml4.preflight.model import Finding, LintContext, LiteLLMConfig, Severity
-from pytest_ml4.preflight.rules import RULES, rule
+from pytest_ml4.preflight.rules.registry import RULES, rule
 
 
 def _retry_settings(cfg: LiteLLMConfig) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pytest_ml4.preflight.model import Finding, LintContext, Severity
-from pytest_ml4.preflight.rules import RULES, rule
+from pytest_ml4.preflight.rules.registry import RULES, rule
 
 
 @rule("literal-secret", Severity.ERROR,

@@ -1,9 +1,12 @@
-"""KV cache checks after boot: judge an engine's log (and its /metrics where exposed) against a target's gates.
+"""KV cache verdicts after boot: an engine's log (and its /metrics where exposed) against a target's gates.
 
-Each ``judge_*`` function returns a :class:`Verdict` whose message quotes the log line(s) it judged, so a failed
-check reads like the seed's own diagnosis ("GPU KV cache size: 272,636 tokens ..."; "MemoryError: CUDA out of
-memory. Tried to allocate 792.00 MiB ..."). The KV suite (``suites/test_kv_cache.py``) asserts on them; nothing here
-needs pytest.
+The suite (``suites/test_kv_cache.py``) calls the ``assert_*`` functions: each raises AssertionError with the
+message a release manager reads, or NotJudged where a cross-check could not run, and reports the judged log lines
+and figures whether the verdict holds or not. The ``*_verdict`` functions under them return a :class:`Verdict`
+whose message quotes the log line(s) judged, so a failed check reads like the seed's own diagnosis ("GPU KV cache
+size: 272,636 tokens ..."; "MemoryError: CUDA out of memory. Tried to allocate 792.00 MiB ..."); the tests on
+recorded logs call those. What is judged (the short load, the /metrics scrapes) is :mod:`pytest_ml4.kv_load`.
+Nothing here needs pytest.
 
 Rates measured over few speculative drafts are noisy, so range checks on acceptance allow three standard errors
 of the measurement before calling a value out of range.
@@ -13,11 +16,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_ml4.accuracy.stats import wilson
+from pytest_ml4.checks.verdict import not_judged
+from pytest_ml4.kv_load import LoadResult, MetricsRead, SpecCounts
 from pytest_ml4.logs.events import (
     EngineFailure,
     KvCacheSize,
@@ -27,6 +32,7 @@ from pytest_ml4.logs.events import (
     StatsLine,
     quote,
 )
+from pytest_ml4.report.redact import redact
 from pytest_ml4.targets import Target
 
 #: Standard errors a measured mean acceptance length may lie outside its range before it counts as outside.
@@ -49,23 +55,6 @@ class Verdict:
     message: str
     judged: list[LogEvent] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class SpecCounts:
-    """Speculative-decoding counters over a window (from /metrics deltas)."""
-
-    drafts: float
-    accepted: float
-    accepted_per_pos: tuple[float, ...]
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        return 1.0 + self.accepted / self.drafts if self.drafts else 0.0
-
-    @property
-    def per_position(self) -> tuple[float, ...]:
-        return tuple(a / self.drafts for a in self.accepted_per_pos) if self.drafts else ()
 
 
 def root_causes_first(events: Sequence[LogEvent]) -> list[LogEvent]:
@@ -121,7 +110,7 @@ def cache_info_problems(size: KvCacheSize, target: Target, labels: Mapping[str, 
     return problems
 
 
-def judge_kv_pool(view: LogView, target: Target, cache_info: Mapping[str, str] | None = None) -> Verdict:
+def kv_pool_verdict(view: LogView, target: Target, cache_info: Mapping[str, str] | None = None) -> Verdict:
     """The KV pool of the current boot holds the target's requirement (seed 000 open item 1: >= 256,000)."""
     name = "kv_pool"
     size = _kv_size(view, name)
@@ -143,7 +132,7 @@ def judge_kv_pool(view: LogView, target: Target, cache_info: Mapping[str, str] |
     return Verdict(name, ok, "\n".join(lines), judged=[size], figures=figures)
 
 
-def judge_max_concurrency(view: LogView, target: Target) -> Verdict:
+def max_concurrency_verdict(view: LogView, target: Target) -> Verdict:
     """Maximum concurrency at the target's max_model_len is at least ``gates.kv_max_concurrency_min``."""
     name = "kv_max_concurrency"
     size = _kv_size(view, name, key="max_concurrency")
@@ -165,7 +154,7 @@ def judge_max_concurrency(view: LogView, target: Target) -> Verdict:
                    figures={"max_concurrency": size.max_concurrency, "max_model_len": size.max_model_len})
 
 
-def judge_no_failures(view: LogView) -> Verdict:
+def no_failures_verdict(view: LogView) -> Verdict:
     """No OOM, start-up refusal, KV shortage or engine death since the last boot."""
     failures = root_causes_first(view.failures())
     if not failures:
@@ -177,7 +166,7 @@ def judge_no_failures(view: LogView) -> Verdict:
                    f"{view.source} ({', '.join(kinds)}):\n{quote(failures)}", judged=failures)
 
 
-def judge_peak_usage(view: LogView, target: Target, metric_peak_pct: float | None) -> Verdict:
+def peak_usage_verdict(view: LogView, target: Target, metric_peak_pct: float | None) -> Verdict:
     """Peak KV usage (periodic stats lines and /metrics samples) stays under ``gates.kv_usage_pct_max``."""
     limit = target.gates.kv_usage_pct_max
     stats = view.all(StatsLine)
@@ -225,7 +214,7 @@ def _spec_from_lines(windows: Sequence[SpecDecodeMetrics]) -> SpecCounts | None:
     return SpecCounts(drafts, accepted, tuple(per_pos)) if drafts else None
 
 
-def judge_spec_decode(view: LogView, target: Target, from_metrics: SpecCounts | None = None) -> Verdict:
+def spec_decode_verdict(view: LogView, target: Target, from_metrics: SpecCounts | None = None) -> Verdict:
     """Mean acceptance length and per-position acceptance (log windows and /metrics) within the target's ranges."""
     g = target.gates
     spec = target.engine.speculative
@@ -278,3 +267,73 @@ def judge_spec_decode(view: LogView, target: Target, from_metrics: SpecCounts | 
     if shown:
         msg += f"\njudged:\n{quote(list(shown))}"
     return Verdict("spec_decode", not problems, msg, judged=list(shown), figures=figures)
+
+
+# ------------------------------------------------------------------------------------------------- what suites call
+@dataclass(frozen=True)
+class VerdictReport:
+    """Where a verdict is reported besides its assertion: ``attach(view, events, title)`` attaches the judged log
+    lines, ``record(key, value)`` records a figure (the plugin's ``ml4_attach_log`` and pytest's
+    ``record_property``)."""
+
+    attach: Callable[..., str]
+    record: Callable[[str, Any], None]
+
+
+def assert_holds(verdict: Verdict, view: LogView, report: VerdictReport, extra: str = "",
+                 unchecked: str | None = None) -> None:
+    """Report the verdict, then assert it; ``unchecked``: why its /metrics cross-check could not run (a passing
+    verdict is then not judged, with that reason, rather than passed without it)."""
+    report.attach(view, verdict.judged, f"{verdict.name}: judged log lines")
+    first = verdict.message.splitlines()[0] if verdict.message else verdict.name
+    report.record("ml4_verdict", f"{verdict.name}: {'PASS' if verdict.ok else 'FAIL'} - {first}")
+    for key, value in verdict.figures.items():
+        report.record(f"ml4_{key}", value)
+    # Messages quote engine log lines; a real engine logs its --api-key among the non-default args.
+    assert verdict.ok, redact(verdict.message + extra)
+    if unchecked:
+        not_judged(redact(f"log verdict passed ({first}), but {unchecked}"))
+
+
+def assert_kv_pool_holds_requirement(view: LogView, target: Target, metrics: MetricsRead, report: VerdictReport,
+                                     unchecked: str | None = None) -> None:
+    """The boot's KV pool holds the target's requirement, cross-checked with ``vllm:cache_config_info``."""
+    verdict = kv_pool_verdict(view, target, metrics.cache_info())
+    if verdict.ok and metrics.errors:
+        verdict = Verdict(verdict.name, False, f"{metrics.errors[0]}\n(the KV pool cross-check with "
+                          f"vllm:cache_config_info needs it)\n{verdict.message}", judged=verdict.judged)
+    assert_holds(verdict, view, report, unchecked=unchecked)
+
+
+def assert_max_concurrency_at_max_model_len(view: LogView, target: Target, report: VerdictReport) -> None:
+    assert_holds(max_concurrency_verdict(view, target), view, report)
+
+
+def assert_no_oom_or_engine_death(view: LogView, load: LoadResult, report: VerdictReport) -> None:
+    """No failure line since boot, and a failed load is never explained away by a clean log."""
+    verdict = no_failures_verdict(view)
+    if verdict.ok and load.failed:
+        verdict = Verdict("no_failures", False, "the load failed but the engine log has no known failure line "
+                                                f"since boot; last lines:\n{view.tail(15)}")
+    assert_holds(verdict, view, report, load.note())
+
+
+def assert_peak_kv_usage_under_limit(view: LogView, target: Target, load: LoadResult, report: VerdictReport,
+                                     unchecked: str | None = None) -> None:
+    verdict = peak_usage_verdict(view, target, load.metric_peak_pct)
+    if verdict.ok and load.metrics_error:
+        verdict = Verdict(verdict.name, False, f"{load.metrics_error} while the load ran: the peak of "
+                          f"vllm:kv_cache_usage_perc is unknown\n{verdict.message}", judged=verdict.judged)
+    if verdict.ok and load.failed:
+        # A usage figure from an engine that died under the load proves nothing about its peak.
+        failures = root_causes_first(view.failures())
+        cause = failures[0].line.splitlines()[0] if failures else load.errors[0]
+        verdict = Verdict(verdict.name, False, f"the load failed, so its KV usage proves nothing: {cause}\n"
+                          f"{verdict.message}\nengine failure lines:\n" + quote(failures),
+                          judged=failures or verdict.judged)
+    assert_holds(verdict, view, report, load.note(), unchecked=unchecked)
+
+
+def assert_spec_decode_acceptance_within_range(view: LogView, target: Target, load: LoadResult,
+                                               report: VerdictReport, unchecked: str | None = None) -> None:
+    assert_holds(spec_decode_verdict(view, target, load.spec), view, report, load.note(), unchecked=unchecked)

@@ -1,0 +1,41 @@
+"""Accuracy verdicts: the run may certify accuracy, every BFCL request was answered, and no category dropped
+significantly below the stored baseline.
+
+Which categories dropped (more than the tolerance, with statistical significance) is decided in the core
+(:func:`pytest_ml4.accuracy.gate.compare`) because the accuracy summary records it whatever the outcome; this module
+only judges. Nothing here needs pytest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from pytest_ml4.accuracy.gate import Drop
+from pytest_ml4.accuracy.guard import refusal
+from pytest_ml4.accuracy.score import ItemResult
+from pytest_ml4.checks.verdict import not_judged
+
+#: BFCL error types that mean the deployment did not answer (scored as a wrong answer otherwise).
+UNANSWERED = ("http_error", "bad_response")
+
+
+def assert_no_synthetic_acceptance(refused: Sequence[str]) -> None:
+    """No engine launch runs synthetic speculative acceptance (its outputs are not the model's)."""
+    assert not refused, refusal(list(refused))
+
+
+def assert_every_request_answered(results: Sequence[ItemResult]) -> None:
+    errors = [r for r in results if r.error_type.startswith(UNANSWERED)]
+    assert not errors, (f"{len(errors)}/{len(results)} BFCL requests failed, e.g. {errors[0].id}: "
+                        f"{errors[0].error_type} {errors[0].errors[0][:200]}")
+
+
+def assert_no_significant_drop(drops: Sequence[Drop], baseline: Path | None, missing: str, tolerance: float,
+                               alpha: float) -> None:
+    """No category dropped significantly; not judged without a baseline (``missing`` says why there is none)."""
+    if baseline is None:
+        not_judged(f"accuracy (figures in accuracy-summary.json): {missing}")
+    assert not drops, (
+        f"accuracy regression vs baseline {baseline} (tolerance {tolerance * 100:g} points, "
+        f"alpha {alpha:g}): " + "; ".join(d.describe() for d in drops))

@@ -1,0 +1,66 @@
+"""Health verdicts: the endpoint answers its health path, Dynamo lists every worker, and behind a proxy the
+engine itself is healthy.
+
+A LiteLLM proxy's liveness answers 200 while the engine behind it is dead (EngineDeadError makes vLLM's /health
+answer 503), so a proxied target is judged by the engine's own health, reached at the engine's server (the target's
+metrics URL names it). Real Dynamo's /health says "healthy" with zero workers: ready means the workers are listed
+too, each disaggregation role on its own (a missing prefill worker is not made up for by a spare decode one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from pytest_ml4.client import Endpoint, decode_json, refuse_html
+from pytest_ml4.control.dynamo import role_instance_ids, worker_instance_ids
+from pytest_ml4.targets import Target
+
+HEALTH_TIMEOUT_S = 10
+
+
+def assert_endpoint_healthy(endpoint: Endpoint, path: str) -> httpx.Response:
+    """``GET <root><path>`` answers 200 with something other than an HTML page; returns the answer."""
+    resp = httpx.get(endpoint.root_url + path, headers=endpoint.auth_headers(), timeout=HEALTH_TIMEOUT_S)
+    assert resp.status_code == 200, f"GET {path} answered HTTP {resp.status_code}: {resp.text[:200]!r}"
+    refuse_html(resp, f"GET {path}")  # a login portal's 200 is not a healthy deployment
+    return resp
+
+
+def _short_roles(health: Any, target: Target) -> list[str]:
+    """The disaggregation roles with fewer listed worker instances than the target has, one phrase each."""
+    listed = role_instance_ids(health)
+    return [f"{len(listed[role])} {role} worker instance(s) {sorted(listed[role], key=str)}, the target has {want}"
+            for role, want in (("prefill", target.topology.prefill_workers),
+                               ("decode", target.topology.decode_workers))
+            if len(listed[role]) < want]
+
+
+def assert_dynamo_workers_registered(resp: httpx.Response, path: str, target: Target) -> None:
+    """The Dynamo frontend's /health is healthy and lists at least the target's workers (per role when disagg)."""
+    body = decode_json(resp, f"GET {path}")
+    assert body.get("status") in ("healthy", "ready"), f"Dynamo frontend not healthy: {body}"
+    workers = worker_instance_ids(body)
+    assert workers, (f"the Dynamo frontend is up but serves no worker: /health lists no 'generate' "
+                     f"instance ({body})")
+    if target.topology_kind == "disagg":
+        short = _short_roles(body, target)
+        assert not short, f"/health lists {'; '.join(short)}: not every worker registered"
+        return
+    want = target.topology.workers
+    assert len(workers) >= want, (f"/health lists {len(workers)} worker instance(s) {sorted(workers)}, the "
+                                  f"target has {want} workers: not every worker registered")
+
+
+def assert_engine_behind_proxy_healthy(endpoint: Endpoint, target: Target, engine_path: str) -> None:
+    """The engine behind the proxy answers its own health path with 200 (the proxy's liveness proves nothing)."""
+    proxy = target.serving.proxy.kind if target.serving.proxy else "(none)"
+    engine_root = endpoint.engine_root_url
+    assert engine_root != endpoint.root_url, (
+        f"cannot reach the engine behind the {proxy} proxy to check its health: set "
+        f"{target.endpoint.metrics_url_env} to the engine's /metrics URL")
+    resp = httpx.get(engine_root + engine_path, headers=endpoint.auth_headers(), timeout=HEALTH_TIMEOUT_S)
+    assert resp.status_code == 200, (f"engine GET {engine_path} behind the proxy answered HTTP "
+                                     f"{resp.status_code} (the proxy's liveness said 200): engine not healthy")
+    refuse_html(resp, f"engine GET {engine_path}")

@@ -1,0 +1,25 @@
+"""Perf verdicts: every gate result of a sweep, a trace replay or a workload passed.
+
+The gate results themselves (figure, limit and where the limit comes from) are computed in the core
+(:mod:`pytest_ml4.perf.gates`, ``perf.goodput``, ``perf.capacity``) because the perf summary and the plots tabulate
+them whether they pass or not; this module only judges them. Nothing here needs pytest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pytest_ml4.perf.gates import GateResult, failures
+
+
+def assert_gates_pass(results: Sequence[GateResult], none: str | None = None) -> None:
+    """Every result passed, the message listing each failed one; ``none``: the message when there is no result
+    at all (a gate that judged nothing is not a pass)."""
+    if none is not None:
+        assert results, none
+    failed = failures(results)
+    assert not failed, "\n".join(str(r) for r in failed)
+
+
+def assert_gate_passed(gate: GateResult) -> None:
+    assert gate.passed, str(gate)
