@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from pytest_ml4 import process_groups
+from pytest_ml4.deploy import processes
 from pytest_ml4.plugin_common import STATE_KEY, get_state, int_opt, session_deadlines
 from pytest_ml4.plugin_common import opt as _opt
 from pytest_ml4.report.redact import redact, register_secret_env
@@ -133,8 +133,8 @@ def pytest_configure(config: pytest.Config) -> None:
             config.addinivalue_line("markers", f"{name}: {text}")
     config.stash[STATE_KEY] = Ml4State.from_config(config)
     # SIGTERM is an interrupt like Ctrl-C; a second one ends every process the session started at once.
-    config.stash[_GROUPS_MARK] = process_groups.mark()
-    process_groups.install_signal_handlers()
+    config.stash[_GROUPS_MARK] = processes.mark()
+    processes.install_signal_handlers()
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(), "ml4-xdist-hooks")
 
@@ -183,7 +183,7 @@ class Ml4State:
             raise pytest.UsageError("--sim and --endpoint exclude each other: the simulator is the endpoint")
         self.sim_engine = _sim_engine(config, self.use_sim, self.faults)
         if self.sim_engine == "vllm":
-            from pytest_ml4.realvllm.server import tiny_overrides
+            from pytest_ml4.deploy.real_vllm import tiny_overrides
 
             # What the tiny CPU deployment really is; --ml4-set still goes on top.
             self.overrides = deep_merge(self.overrides, tiny_overrides())
@@ -317,13 +317,13 @@ def _start_sim(state: Ml4State) -> None:
         return
     if target.is_dynamo and state.sim_engine == "vllm":
         # Real dynamo.vllm workers: minutes to start here, not the simulator's seconds.
-        from pytest_ml4.realdynamo.deploy import RealDynamoDeployment as sim_class
+        from pytest_ml4.deploy.real_dynamo import RealDynamoDeployment as sim_class
         timeout = float(state.config.getoption("ml4_sim_timeout") or 600)
     elif target.is_dynamo:
-        from pytest_ml4.sim.dynamo import DynamoSim as sim_class
+        from pytest_ml4.deploy.dynamo import DynamoSim as sim_class
     else:
-        from pytest_ml4.sim import SimServer as sim_class
-    from pytest_ml4.sim.dynamo import DynamoStartError
+        from pytest_ml4.deploy.simulator import SimServer as sim_class
+    from pytest_ml4.deploy.dynamo import DynamoStartError
     from pytest_ml4.tools import ToolMissing
 
     extra = {"bridge": state.dynamo_bridge} if target.is_dynamo else {}
@@ -357,7 +357,7 @@ def _start_sim(state: Ml4State) -> None:
 def _start_real_vllm(state: Ml4State, run_dir: Path) -> None:
     """Real vLLM with the scripted model instead of the simulator (``--sim-engine vllm``), or the running one
     ``ML4_REAL_VLLM_URL`` names (a test harness that started it once for several runs)."""
-    from pytest_ml4.realvllm.server import RealVllm, RealVllmError
+    from pytest_ml4.deploy.real_vllm import RealVllm, RealVllmError
     from pytest_ml4.tools import ToolMissing
 
     assert state.target is not None
@@ -383,7 +383,7 @@ def _start_real_vllm(state: Ml4State, run_dir: Path) -> None:
 
 
 def _start_proxy(state: Ml4State, sim: Any, run_dir: Path) -> None:
-    from pytest_ml4.proxy import LiteLLMProxy, ProxyError, ProxySettings
+    from pytest_ml4.deploy.litellm import LiteLLMProxy, ProxyError, ProxySettings
     from pytest_ml4.tools import ToolMissing
 
     assert state.target is not None
@@ -468,8 +468,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         state.sim = None
     # Whatever the objects above no longer knew about (a proxy interrupted while it started, an aiperf group
     # interrupted while it was being stopped) is ended by the registry.
-    process_groups.end_all(since=config.stash.get(_GROUPS_MARK, 0))
-    process_groups.uninstall_signal_handlers()
+    processes.end_all(since=config.stash.get(_GROUPS_MARK, 0))
+    processes.uninstall_signal_handlers()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

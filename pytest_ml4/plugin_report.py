@@ -491,7 +491,7 @@ def _versions(state: Any) -> dict[str, str]:
     if row is not None:  # the behaviour the suites expect of the target's Dynamo release, and how it is known
         out["dynamo_behaviour"] = row.describe()
     dyn = (state.sim_info or {}).get("dynamo")
-    if dyn:  # a real dynamo.frontend served the run (pytest_ml4.sim.dynamo)
+    if dyn:  # a real dynamo.frontend served the run (pytest_ml4.deploy.dynamo)
         out["dynamo_frontend"] = dyn["frontend"]["dynamo_version"]
         out["dynamo_frontend_command"] = " ".join(dyn["frontend"]["command"][1:])
         out["dynamo_bridge"] = "on" if dyn["bridge"] else "off"

@@ -1,6 +1,6 @@
 """pytest glue for the restart concern: the restart controller, the LiteLLM proxy in front of the simulator, the
 Kubernetes API (a fake one in ``--sim`` Dynamo runs), and the retry options. The core lives in
-:mod:`pytest_ml4.control`, :mod:`pytest_ml4.proxy`, :mod:`pytest_ml4.sim.dynamo` and
+:mod:`pytest_ml4.control`, :mod:`pytest_ml4.deploy.litellm`, :mod:`pytest_ml4.deploy.dynamo` and
 :mod:`pytest_ml4.logs.kubernetes`.
 
 Fixtures (session scope):
@@ -8,28 +8,25 @@ Fixtures (session scope):
 * ``ml4_proxy`` — the real LiteLLM proxy the plugin starts in front of the simulator for targets with
   ``serving.proxy`` under ``--sim`` (None otherwise); ``--ml4-proxy-retries`` / ``--ml4-proxy-max-retries``
   (defined here) choose its retry settings;
-* ``ml4_dynamo_sim`` — the :class:`~pytest_ml4.sim.dynamo.DynamoSim` of a ``--sim`` Dynamo target (the session's
+* ``ml4_dynamo_sim`` — the :class:`~pytest_ml4.deploy.dynamo.DynamoSim` of a ``--sim`` Dynamo target (the session's
   ``ml4_sim`` when it is one, else one started here);
 * ``ml4_kube_api`` — a ``kubernetes`` ApiClient for Dynamo targets (kubeconfig / ``--ml4-kube-host``; under
-  ``--sim`` the fake API server of ``tests/fake_k8s.py`` serving the DynamoSim's processes as pods);
+  ``--sim`` the fake API server of ``pytest_ml4/deploy/fake_k8s.py`` serving the DynamoSim's processes as pods);
 * ``ml4_kube_namespace``, ``ml4_restart_endpoint`` (where the restart suite sends requests),
   ``ml4_restart_controller`` and ``ml4_restart_logs`` (the engine log reader the post-restart checks use).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from pytest_ml4.plugin_common import get_state as _state
-from pytest_ml4.targets import REPO_ROOT, Target
+from pytest_ml4.targets import Target
 
 #: Namespace of the simulated DGD when the target names none in the environment.
 SIM_NAMESPACE = "ml4-sim"
@@ -68,25 +65,11 @@ def ml4_proxy(pytestconfig: pytest.Config, ml4_sim: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------- Dynamo / Kubernetes
-def load_fake_k8s() -> ModuleType:
-    """``tests/fake_k8s.py`` (the fake API server is test infrastructure, kept with the tests)."""
-    if "fake_k8s" in sys.modules:
-        return sys.modules["fake_k8s"]
-    path = REPO_ROOT / "tests" / "fake_k8s.py"
-    spec = importlib.util.spec_from_file_location("fake_k8s", path)
-    if spec is None or spec.loader is None:
-        raise pytest.UsageError(f"ml4: the fake Kubernetes API server is missing ({path})")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fake_k8s"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def ml4_dynamo_sim(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any,
                    ml4_run_dir: Path) -> Iterator[Any]:
     """The simulated Dynamo deployment of a ``--sim`` Dynamo target, else None."""
-    from pytest_ml4.sim.dynamo import DynamoSim
+    from pytest_ml4.deploy.dynamo import DynamoSim
 
     if ml4_sim is None or not ml4_target.is_dynamo:
         yield None
@@ -136,7 +119,11 @@ def ml4_kube_api(pytestconfig: pytest.Config, ml4_target: Target, ml4_dynamo_sim
     if ml4_dynamo_sim is None:
         yield api_client(pytestconfig.getoption("ml4_kube_host"))
         return
-    fake = load_fake_k8s().serve_dynamo(ml4_dynamo_sim, ml4_kube_namespace, ml4_target.control.dgd)
+    from pytest_ml4.deploy.fake_k8s import (
+        serve_dynamo,  # aiohttp: only when a Dynamo run asks for it
+    )
+
+    fake = serve_dynamo(ml4_dynamo_sim, ml4_kube_namespace, ml4_target.control.dgd)
     try:
         yield api_client(fake.url)
     finally:

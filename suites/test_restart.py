@@ -37,9 +37,9 @@ from pytest_ml4.control.scenario import (
     retries_seen,
     send_probe,
 )
+from pytest_ml4.deploy.litellm import ProxySettings, RetryWindow
 from pytest_ml4.logs import LogView, ServerStart
 from pytest_ml4.logs.kv import judge_kv_pool, judge_max_concurrency, judge_no_failures
-from pytest_ml4.proxy import ProxySettings, RetryWindow
 from pytest_ml4.report.attach import attach_text
 from pytest_ml4.targets import Target
 

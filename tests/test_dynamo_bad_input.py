@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ml4.sim.dynamo import DynamoSim, DynamoStartError, FrontendProcess
+from pytest_ml4.deploy.dynamo import DynamoSim, DynamoStartError, FrontendProcess
 from pytest_ml4.targets import load_target
 from pytest_ml4.tools import ToolMissing, dynamo_python
 

@@ -18,8 +18,8 @@ import httpx
 import pytest
 import yaml
 
-from pytest_ml4.sim.conformance import chunk_kind
-from pytest_ml4.sim.dynamo import DynamoSim
+from pytest_ml4.deploy.conformance import chunk_kind
+from pytest_ml4.deploy.dynamo import DynamoSim
 from pytest_ml4.targets import FIXTURES_DIR, load_target
 from pytest_ml4.tools import ToolMissing, dynamo_python
 

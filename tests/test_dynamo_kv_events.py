@@ -23,7 +23,7 @@ from pytest_ml4.control.dynamo import (
     run_affinity_probe,
     run_conversation,
 )
-from pytest_ml4.sim.dynamo import DynamoSim
+from pytest_ml4.deploy.dynamo import DynamoSim
 from pytest_ml4.targets import Target, load_target
 from pytest_ml4.tools import ToolMissing, dynamo_python
 

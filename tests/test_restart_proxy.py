@@ -16,8 +16,8 @@ from pytest_ml4.control.scenario import (
     retries_seen,
     run_restart_scenario,
 )
-from pytest_ml4.proxy import LiteLLMProxy, ProxySettings, RetryWindow
-from pytest_ml4.sim import SimServer
+from pytest_ml4.deploy.litellm import LiteLLMProxy, ProxySettings, RetryWindow
+from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.targets import load_target
 
 TARGET = load_target("rtxpro6000-tp8")

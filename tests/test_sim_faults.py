@@ -14,7 +14,7 @@ import httpx
 import pytest
 from test_sim_support import FAST, FAST_NO_SPEC, WEATHER_TOOL, stream_lines
 
-from pytest_ml4.sim import SimServer
+from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.sim.faults import (
     FAULTS,
     ActiveFaults,
@@ -166,7 +166,7 @@ def test_target_file_can_name_faults() -> None:
 
 
 def test_target_faults_must_be_known(tmp_path: Any) -> None:
-    from pytest_ml4.sim import SimServerError
+    from pytest_ml4.deploy.simulator import SimServerError
 
     overrides = {"sim": {"extra": {"faults": ["no_such_fault"]}}}
     with pytest.raises(SimServerError, match="unknown fault 'no_such_fault'"):

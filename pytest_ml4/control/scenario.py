@@ -34,8 +34,8 @@ import yaml
 from pytest_ml4.checks.verdict import NotJudged
 from pytest_ml4.client import Endpoint, make_httpx, quote_body
 from pytest_ml4.control.base import Controller, Progress, RestartResult
+from pytest_ml4.deploy.litellm import RetryWindow, attempted_retries
 from pytest_ml4.probe import StreamResult, probe_chat_stream
-from pytest_ml4.proxy import RetryWindow, attempted_retries
 from pytest_ml4.targets import FIXTURES_DIR
 
 REQUESTS_FILE = FIXTURES_DIR / "restart" / "requests.yaml"

@@ -18,13 +18,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_ml4 import process_groups
-from pytest_ml4.report.redact import mask_secret_args
-from pytest_ml4.server_lifecycle import (
+from pytest_ml4.deploy import processes
+from pytest_ml4.deploy.launcher import (
     PROGRESS_CAP_FACTOR,
     ServerLifecycle,
     answers_200,
 )
+from pytest_ml4.report.redact import mask_secret_args
 from pytest_ml4.sim.faults import FaultSpec, parse_fault
 from pytest_ml4.targets import Target
 
@@ -138,7 +138,7 @@ class SimServer(ServerLifecycle):
             else ".stderr"
         path = self.log_file.with_suffix(self.log_file.suffix + suffix)
         stderr = open(path, "wb")  # noqa: SIM115 - the child writes to it until stop()
-        proc = process_groups.popen(self.argv() + (extra or []), env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        proc = processes.popen(self.argv() + (extra or []), env=env, stdout=subprocess.DEVNULL, stderr=stderr)
         if extra:
             self._standby_stderr = stderr
         else:
@@ -194,7 +194,7 @@ class SimServer(ServerLifecycle):
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        process_groups.stop(proc, timeout, leader_only=True)  # the engine drains; its group goes after it
+        processes.stop(proc, timeout, leader_only=True)  # the engine drains; its group goes after it
         if getattr(self, "_stderr", None):
             self._stderr.close()
 

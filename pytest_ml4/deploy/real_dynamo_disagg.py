@@ -25,7 +25,7 @@ import yaml
 from pytest_ml4.targets import FIXTURES_DIR
 
 if TYPE_CHECKING:
-    from pytest_ml4.realdynamo.deploy import WorkerPlan
+    from pytest_ml4.deploy.worker_plan import WorkerPlan
 
 SETTINGS_FILE = FIXTURES_DIR / "dynamo_vllm" / "disagg.yaml"
 ROLES = ("prefill", "decode")
