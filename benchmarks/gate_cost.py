@@ -138,7 +138,7 @@ _POLLER: Poller | None = None
 @pytest.hookimpl(trylast=True)  # after the ml4 plugin started the simulator
 def pytest_sessionstart(session: pytest.Session) -> None:
     global _POLLER
-    from pytest_ml4.plugin import get_state
+    from pytest_ml4.plugin.state import get_state
 
     state = get_state(session.config)
     if state.sim is not None:
@@ -149,7 +149,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before the ml4 plugin stops the simulator
 def pytest_unconfigure(config: pytest.Config) -> None:
-    from pytest_ml4.plugin import STATE_KEY
+    from pytest_ml4.plugin.state import STATE_KEY
 
     state = config.stash.get(STATE_KEY, None)
     out = os.environ.get(OUT_ENV)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ml4.plugin_args import path_options, space_separated
+from pytest_ml4.plugin.args import path_options, space_separated
 
 REPO = Path(__file__).resolve().parent.parent
 OPTIONS = path_options()

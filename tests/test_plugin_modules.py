@@ -24,7 +24,7 @@ def _imported_modules(path: Path) -> set[str]:
 
 def test_plugin_imports_no_plugin_submodule() -> None:
     imported = _imported_modules(PKG / "plugin.py")
-    glue = {f"pytest_ml4.{p.stem}" for p in PKG.glob("plugin_*.py")} - {"pytest_ml4.plugin_common"}
+    glue = {f"pytest_ml4.{p.stem}" for p in PKG.glob("plugin_*.py")} - {"pytest_ml4.plugin.state"}
     assert not imported & glue, f"plugin.py imports {sorted(imported & glue)}: move what they share to plugin_common"
 
 

@@ -41,6 +41,7 @@ from pytest_ml4.deploy import processes
 from pytest_ml4.deploy.gateway import gateway_faults
 from pytest_ml4.deploy.launcher import (
     PROGRESS_CAP_FACTOR,
+    LaunchError,
     answers_200,
     file_sizes,
     wait_until_healthy,
@@ -70,7 +71,7 @@ STOP_TIMEOUT_S = 15.0
 RECOVER_TIMEOUT_S = 240.0
 
 
-class DynamoStartError(RuntimeError):
+class DynamoStartError(LaunchError):
     """A frontend or worker did not start: the message carries the command and its log tail."""
 
 

@@ -36,6 +36,7 @@ import httpx
 import yaml
 
 from pytest_ml4.deploy import processes
+from pytest_ml4.deploy.launcher import LaunchError
 from pytest_ml4.targets import Target
 from pytest_ml4.tools import tools_dir, venv_executable
 
@@ -60,7 +61,7 @@ ATTEMPTED_RETRIES_HEADER = "x-litellm-attempted-retries"
 FALLBACK_KEY_ENV = "ML4_PROXY_KEY"
 
 
-class ProxyError(RuntimeError):
+class ProxyError(LaunchError):
     """The proxy could not be configured, did not start, or died; the message carries its log tail."""
 
 

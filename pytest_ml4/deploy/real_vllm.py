@@ -18,14 +18,14 @@ from typing import Any, Self
 
 from pytest_ml4 import tools
 from pytest_ml4.deploy import processes
-from pytest_ml4.deploy.launcher import ServerLifecycle, answers_200
+from pytest_ml4.deploy.launcher import LaunchError, ServerLifecycle, answers_200
 from pytest_ml4.realvllm.scripted import PACE_ENV
 from pytest_ml4.targets import REPO_ROOT, Target
 
 SCRIPTED_PROCESSOR = "pytest_ml4.realvllm.scripted:ScriptedModel"
 
 
-class RealVllmError(RuntimeError):
+class RealVllmError(LaunchError):
     """Real vLLM did not come up (the message carries the command and the log tail)."""
 
 

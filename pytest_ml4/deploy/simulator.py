@@ -21,6 +21,7 @@ from typing import Any
 from pytest_ml4.deploy import processes
 from pytest_ml4.deploy.launcher import (
     PROGRESS_CAP_FACTOR,
+    LaunchError,
     ServerLifecycle,
     answers_200,
 )
@@ -29,7 +30,7 @@ from pytest_ml4.sim.faults import FaultSpec, parse_fault
 from pytest_ml4.targets import Target
 
 
-class SimServerError(RuntimeError):
+class SimServerError(LaunchError):
     """The simulator did not come up (the message carries the reason and the log tail)."""
 
 

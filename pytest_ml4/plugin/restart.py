@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ml4.plugin_common import get_state as _state
+from pytest_ml4.plugin.state import get_state as _state
 from pytest_ml4.targets import Target
 
 #: Namespace of the simulated DGD when the target names none in the environment.

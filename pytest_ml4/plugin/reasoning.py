@@ -10,7 +10,7 @@ import pytest
 
 from pytest_ml4.baselines import BaselineRefused, pick_baseline
 from pytest_ml4.checks.reasoning import ShareBaseline
-from pytest_ml4.plugin_common import simulator_answers
+from pytest_ml4.plugin.state import simulator_answers
 from pytest_ml4.targets import FIXTURES_DIR, Target
 
 #: How a deployment's reasoning-share baseline is recorded (named by a check that could not judge without one).

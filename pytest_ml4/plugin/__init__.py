@@ -20,8 +20,8 @@ from typing import Any, NoReturn
 import pytest
 
 from pytest_ml4.deploy import processes
-from pytest_ml4.plugin_common import STATE_KEY, get_state, int_opt, session_deadlines
-from pytest_ml4.plugin_common import opt as _opt
+from pytest_ml4.plugin.state import STATE_KEY, get_state, int_opt, session_deadlines
+from pytest_ml4.plugin.state import opt as _opt
 from pytest_ml4.report.redact import redact, register_secret_env
 from pytest_ml4.targets import (
     Target,
@@ -33,15 +33,15 @@ from pytest_ml4.targets import (
 )
 
 pytest_plugins = [
-    "pytest_ml4.plugin_accuracy",
-    "pytest_ml4.plugin_args",
-    "pytest_ml4.plugin_guard",
-    "pytest_ml4.plugin_logs",
-    "pytest_ml4.plugin_perf",
-    "pytest_ml4.plugin_preflight",
-    "pytest_ml4.plugin_reasoning",
-    "pytest_ml4.plugin_report",
-    "pytest_ml4.plugin_restart",
+    "pytest_ml4.plugin.accuracy",
+    "pytest_ml4.plugin.args",
+    "pytest_ml4.plugin.guard",
+    "pytest_ml4.plugin.logs",
+    "pytest_ml4.plugin.perf",
+    "pytest_ml4.plugin.preflight",
+    "pytest_ml4.plugin.reasoning",
+    "pytest_ml4.plugin.report",
+    "pytest_ml4.plugin.restart",
 ]
 
 SUITE_MARKERS = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_ml4.guard import DEADLINE_NAMES, parse_deadlines
-from pytest_ml4.plugin_common import STATE_KEY, opt, session_deadlines
+from pytest_ml4.plugin.state import STATE_KEY, opt, session_deadlines
 
 #: A failure message longer than this is cut in the middle (a 50 MB wrong answer quoted by a check must not
 #: become 100 MB of console and Allure results); both ends stay, so the check's own words and the URL remain.

@@ -44,7 +44,7 @@ def ml4_preflight_report(pytestconfig: pytest.Config, ml4_preflight_paths: list[
     if missing:
         pytest.fail(f"preflight: manifests listed for target {ml4_target.name} do not exist: {', '.join(missing)}")
     # The files describe the deployment as declared, proxy included, even when this run goes around the proxy.
-    from pytest_ml4.plugin import get_state
+    from pytest_ml4.plugin.state import get_state
 
     declared = get_state(pytestconfig).declared_target or ml4_target
     return lint_paths(list(ml4_preflight_paths), declared)

@@ -138,7 +138,7 @@ def memory_header(target: Target) -> str:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    from pytest_ml4.plugin import get_state
+    from pytest_ml4.plugin.state import get_state
 
     state = get_state(config)
     if state.target is None or not state.use_sim:

@@ -137,7 +137,7 @@ def perf_settings(config: pytest.Config, target: Target) -> SweepSettings:
 
 # ------------------------------------------------------------------------------------------------- progress
 def _run_dir(config: pytest.Config) -> Path:
-    from pytest_ml4.plugin import get_state
+    from pytest_ml4.plugin.state import get_state
 
     return get_state(config).ensure_run_dir()
 
@@ -193,7 +193,7 @@ _TAIL_KEY = pytest.StashKey[_Tail]()
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     config = session.config
-    from pytest_ml4.plugin import get_state
+    from pytest_ml4.plugin.state import get_state
 
     state = get_state(config)
     xdist = bool(getattr(config.option, "numprocesses", None)) and config.pluginmanager.hasplugin("xdist")

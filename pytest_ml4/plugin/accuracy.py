@@ -28,7 +28,7 @@ from pytest_ml4.accuracy.gate import (
 )
 from pytest_ml4.accuracy.score import ItemResult
 from pytest_ml4.baselines import BaselineRefused, deployment_provenance, pick_baseline
-from pytest_ml4.plugin_common import simulator_answers
+from pytest_ml4.plugin.state import simulator_answers
 from pytest_ml4.targets import FIXTURES_DIR, Target
 
 SUMMARY_FILE = "accuracy-summary.json"
@@ -196,8 +196,8 @@ def run_accuracy(config: pytest.Config, target: Target, declared: Target, endpoi
 @pytest.fixture(scope="session")
 def ml4_accuracy(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Any, http_client: Any,
                  ml4_run_dir: Path) -> AccuracyRun:
-    from pytest_ml4.plugin import get_state
-    from pytest_ml4.plugin_perf import progress_writer
+    from pytest_ml4.plugin.state import get_state
+    from pytest_ml4.plugin.perf import progress_writer
     from pytest_ml4.tools import ToolMissing
 
     declared = get_state(pytestconfig).declared_target or ml4_target

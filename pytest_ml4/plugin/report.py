@@ -105,7 +105,7 @@ _STATE = pytest.StashKey[_ReportState]()
 
 
 def _ml4_state(config: pytest.Config) -> Any:
-    from pytest_ml4.plugin_common import STATE_KEY
+    from pytest_ml4.plugin.state import STATE_KEY
 
     return config.stash.get(STATE_KEY, None)
 
