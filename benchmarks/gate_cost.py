@@ -141,8 +141,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     from pytest_ml4.plugin.state import get_state
 
     state = get_state(session.config)
-    if state.sim is not None:
-        _POLLER = Poller([EngineMeter(u) for u in engine_metrics_urls(state.sim)])
+    if state.deployment is not None:
+        _POLLER = Poller([EngineMeter(u) for u in engine_metrics_urls(state.deployment.engine)])
         _POLLER.start()
 
 
@@ -157,7 +157,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         return
     _POLLER.stop()
     totals = {k: sum(m.total[k] for m in _POLLER.meters) for k in COUNTERS}
-    log = getattr(state.sim, "log_file", None) if state is not None and state.sim is not None else None
+    log = state.deployment.describe().log_file if state is not None and state.deployment is not None else None
     totals["requests"] = access_log_posts(Path(log) if log else None)
     totals["incarnations"] = sum(m.incarnations for m in _POLLER.meters)
     Path(out).write_text(json.dumps(totals))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_ml4.plugin import skip_reason
+from pytest_ml4.plugin.markers import skip_reason
 from pytest_ml4.targets import TargetError, known_targets, load_target, parse_override
 
 REPO = Path(__file__).resolve().parent.parent

@@ -344,7 +344,7 @@ class DynamoWorker(DynamoProcess):
     def pre_stop_s(self) -> float:
         """Seconds a stop for a restart waits before SIGTERM while the worker keeps serving (fault ``delayed_stop``:
         a pod's preStop hook or termination delay; the same fault as ``SimServer.restart``'s stop delay)."""
-        from pytest_ml4.sim.__main__ import target_faults
+        from pytest_ml4.deploy.sim_cli import target_faults
 
         return ActiveFaults([*target_faults(self.owner.target), *self.faults]).value("delayed_stop", 0.0)
 
@@ -366,7 +366,7 @@ class DynamoWorker(DynamoProcess):
             self.system_port = free_system_port()
 
     def argv(self) -> list[str]:
-        cmd = [str(self.owner.python), "-m", "pytest_ml4.sim.dynamo_worker", "--target", str(self.target_file),
+        cmd = [str(self.owner.python), "-m", "pytest_ml4.deploy.dynamo_worker_cli", "--target", str(self.target_file),
                "--role", self.role, "--model-dir", str(self.owner.model_dir), "--log-file", str(self.log_file),
                "--id-file", str(self.id_file), "--generation", str(self.generation)]
         for expr in self.overrides:

@@ -36,6 +36,15 @@ class Engine(Protocol):
     log_file: Path
 
 
+class Proxy(Protocol):
+    """The proxy in front of the engine (the LiteLLM process, or a worker's :class:`ProxyView` of it)."""
+
+    url: str
+    base_url: str
+    pid: int | None
+    num_retries: int
+
+
 @dataclass(frozen=True)
 class Settings:
     """How to start the deployment, beyond the target itself."""
@@ -146,6 +155,21 @@ def start(target: Target, run_dir: Path, settings: Settings) -> Deployment:
         deployment.info = Description(**{**asdict(info), "proxy": ProxyView(p.url, p.base_url, p.pid,
                                                                             p.num_retries)})
     return deployment
+
+
+def start_own_dynamo(target: Target, log_file: Path, settings: Settings) -> Any:
+    """A simulated Dynamo deployment of this process's own, beside the session's (an xdist worker's restart suite
+    restarts pods; it must not restart the ones the controller's deployment serves every other worker from)."""
+    from pytest_ml4.deploy.dynamo import DynamoSim
+
+    dsim = DynamoSim(target, faults=settings.faults, overrides=dict(settings.overrides or {}) or None,
+                     bridge=settings.dynamo_bridge, log_file=log_file)
+    try:
+        dsim.start()
+    except Exception as err:  # noqa: BLE001 - the deployment's own error carries the log tail
+        dsim.stop()
+        raise DeploymentFailed(f"ml4: the Dynamo simulator for {target.name} did not start: {err}") from None
+    return dsim
 
 
 def _sim_api_key(target: Target) -> None:

@@ -1,6 +1,6 @@
 """``SimServer``: start/stop the simulator as a subprocess on a free loopback port (Python API).
 
-Pattern of vLLM's ``RemoteOpenAIServer`` / pytest-httpserver: spawn ``python -m pytest_ml4.sim``, poll
+Pattern of vLLM's ``RemoteOpenAIServer`` / pytest-httpserver: spawn ``python -m pytest_ml4.deploy.sim_cli``, poll
 ``/health`` until it answers 200, fail fast with the log tail when the process dies or the wait times out, stop
 by PID (SIGTERM, then SIGKILL).  The API key travels in the child's environment, never in argv.
 """
@@ -109,7 +109,7 @@ class SimServer(ServerLifecycle):
 
     # ------------------------------------------------------------------ properties
     def argv(self) -> list[str]:
-        args = [sys.executable, "-m", "pytest_ml4.sim", "--target", str(self.target_ref), "--host", self.host,
+        args = [sys.executable, "-m", "pytest_ml4.deploy.sim_cli", "--target", str(self.target_ref), "--host", self.host,
                 "--port", str(self.port), "--log-file", str(self.log_file)]
         for f in self.faults:
             args += ["--fault", str(f)]
@@ -264,7 +264,7 @@ class SimServer(ServerLifecycle):
 
     def restart_profile(self) -> tuple[float, float]:
         """(modelled outage ``sim.restart_outage_s``, ``delayed_stop`` fault seconds) for this simulator."""
-        from pytest_ml4.sim.__main__ import load_with_overrides, target_faults
+        from pytest_ml4.deploy.sim_cli import load_with_overrides, target_faults
         from pytest_ml4.sim.faults import ActiveFaults
 
         target = self.target if self.target is not None else load_with_overrides(str(self.target_ref),

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ml4.plugin.options import group as ml4_group
 from pytest_ml4.preflight.lint import Report, lint_paths
 from pytest_ml4.targets import Target
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("ml4")
+    group = ml4_group(parser)
     group.addoption("--preflight-path", dest="ml4_preflight_paths", action="append", default=[], metavar="PATH",
                     help="config file/directory for the preflight suite to lint instead of the target's manifests "
                          "(repeatable)")

@@ -1,5 +1,5 @@
-"""Embedded vLLM 0.33 simulator: ``python -m pytest_ml4.sim`` (server); the process that runs it is
-:class:`pytest_ml4.deploy.simulator.SimServer`.
+"""The simulated vLLM 0.33 engine: what cannot run here (the model, the GPUs). Its processes are ``deploy/``'s:
+``python -m pytest_ml4.deploy.sim_cli`` serves it, :class:`pytest_ml4.deploy.simulator.SimServer` starts that.
 
 Modules: ``server`` (aiohttp app, endpoints, logs), ``validation`` (vLLM's error bodies), ``responder`` and
 ``toolgen`` (the deterministic model), ``tokenizer`` (Tekken v13/v15), ``wire`` (tokens -> SSE chunks / bodies),
