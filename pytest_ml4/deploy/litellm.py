@@ -37,7 +37,7 @@ import yaml
 
 from pytest_ml4.deploy import processes
 from pytest_ml4.deploy.launcher import LaunchError
-from pytest_ml4.targets import Target
+from pytest_ml4.targets import FIXTURES_DIR, Target
 from pytest_ml4.tools import tools_dir, venv_executable
 
 LITELLM_VERSION = "1.108.7"
@@ -256,7 +256,7 @@ def attempted_retries(headers: Mapping[str, str]) -> int | None:
 
 # ----------------------------------------------------------------------------------------------- retry window
 #: The router's backoff constants per LiteLLM version (read in the installed package; see the file's comments).
-RETRY_TABLE = Path(__file__).resolve().parent.parent / "fixtures" / "restart" / "litellm-retry.yaml"
+RETRY_TABLE = FIXTURES_DIR / "restart" / "litellm-retry.yaml"
 
 
 @dataclass(frozen=True)
