@@ -17,7 +17,7 @@ from pathlib import Path
 
 from _streaming import streamed_tok_s  # benchmarks/ is on sys.path
 
-from pytest_ml4.sim.dynamo import DynamoSim
+from pytest_ml4.deploy.dynamo import DynamoSim
 from pytest_ml4.targets import load_target
 
 

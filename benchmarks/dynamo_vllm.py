@@ -20,8 +20,8 @@ import time
 from _streaming import streamed_tok_s  # benchmarks/ is on sys.path
 from real_vllm import group_rss_mib
 
-from pytest_ml4.realdynamo.deploy import RealDynamoDeployment
-from pytest_ml4.realvllm.server import tiny_overrides
+from pytest_ml4.deploy.real_dynamo import RealDynamoDeployment
+from pytest_ml4.deploy.real_vllm import tiny_overrides
 from pytest_ml4.targets import deep_merge, load_target
 from pytest_ml4.tools import DYNAMO_VLLM_ENGINE_VERSION
 

@@ -138,18 +138,18 @@ _POLLER: Poller | None = None
 @pytest.hookimpl(trylast=True)  # after the ml4 plugin started the simulator
 def pytest_sessionstart(session: pytest.Session) -> None:
     global _POLLER
-    from pytest_ml4.plugin import get_state
+    from pytest_ml4.plugin.state import get_state
 
     state = get_state(session.config)
-    if state.sim is not None:
-        _POLLER = Poller([EngineMeter(u) for u in engine_metrics_urls(state.sim)])
+    if state.deployment is not None:
+        _POLLER = Poller([EngineMeter(u) for u in engine_metrics_urls(state.deployment.engine)])
         _POLLER.start()
 
 
 
 @pytest.hookimpl(tryfirst=True)  # before the ml4 plugin stops the simulator
 def pytest_unconfigure(config: pytest.Config) -> None:
-    from pytest_ml4.plugin import STATE_KEY
+    from pytest_ml4.plugin.state import STATE_KEY
 
     state = config.stash.get(STATE_KEY, None)
     out = os.environ.get(OUT_ENV)
@@ -157,7 +157,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         return
     _POLLER.stop()
     totals = {k: sum(m.total[k] for m in _POLLER.meters) for k in COUNTERS}
-    log = getattr(state.sim, "log_file", None) if state is not None and state.sim is not None else None
+    log = state.deployment.describe().log_file if state is not None and state.deployment is not None else None
     totals["requests"] = access_log_posts(Path(log) if log else None)
     totals["incarnations"] = sum(m.incarnations for m in _POLLER.meters)
     Path(out).write_text(json.dumps(totals))

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import httpx
 
+from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.metrics import diff, scrape
 from pytest_ml4.perf.export import read_records
 from pytest_ml4.perf.runner import AiperfSpec, run_aiperf
 from pytest_ml4.probe import probe_chat_stream
-from pytest_ml4.sim import SimServer
 from pytest_ml4.targets import load_target
 
 

@@ -20,8 +20,8 @@ from typing import Any
 
 from _streaming import streamed_tok_s  # benchmarks/ is on sys.path
 
-from pytest_ml4.realvllm.server import RealVllm, tiny_overrides
-from pytest_ml4.sim import SimServer
+from pytest_ml4.deploy.real_vllm import RealVllm, tiny_overrides
+from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.targets import load_target
 
 

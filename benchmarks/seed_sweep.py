@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     key = os.environ.get(target.endpoint.api_key_env or "", "") or None
     sim = None
     if args.url is None:
-        from pytest_ml4.sim import SimServer
+        from pytest_ml4.deploy.simulator import SimServer
 
         env = dict(os.environ, ML4_SIM_TIME_SCALE=str(k))
         if target.endpoint.requires_api_key and target.endpoint.api_key_env and not key:

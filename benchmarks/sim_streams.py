@@ -19,7 +19,7 @@ import time
 
 import httpx
 
-from pytest_ml4.sim import SimServer
+from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.sim.perfmodel import PerfModel
 from pytest_ml4.targets import deep_merge, load_target, parse_override
 

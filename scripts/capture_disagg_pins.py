@@ -21,7 +21,7 @@ from pytest_ml4.checks.dynamo import assert_session_affinity
 from pytest_ml4.client import Endpoint
 from pytest_ml4.control.dynamo import run_affinity_probe
 from pytest_ml4.control.scenario import load_requests
-from pytest_ml4.sim.dynamo import DynamoSim
+from pytest_ml4.deploy.dynamo import DynamoSim
 from pytest_ml4.targets import load_target
 
 REFUSAL = "does not identify a known worker"

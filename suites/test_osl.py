@@ -136,7 +136,7 @@ def test_no_request_killed_by_the_grammar(streamed: Streamed, aiperf_osl: Any, m
     An empty window is a failure, not a pass: the requests above were served, so the engine log must show lines
     for them (access lines, stats); nothing there means the log cannot be read and a kill would go unseen."""
     from pytest_ml4.logs import GrammarKill, LogView
-    from pytest_ml4.plugin_logs import attach_log
+    from pytest_ml4.plugin.logs import attach_log
 
     view = LogView(ml4_logs.read(since=osl_window_start), ml4_logs.describe())
     assert view.records, (f"no engine log lines in {ml4_logs.describe()} since the fixed-OSL run started: the "

@@ -44,8 +44,8 @@ from pytest_ml4.control.scenario import (
     retries_seen,
     send_probe,
 )
+from pytest_ml4.deploy.litellm import ProxySettings, RetryWindow
 from pytest_ml4.logs import LogView, ServerStart
-from pytest_ml4.proxy import ProxySettings, RetryWindow
 from pytest_ml4.report.attach import attach_text
 from pytest_ml4.targets import Target
 

@@ -159,7 +159,7 @@ def test_suite_passes_vs_stored_baseline_and_fails_under_accuracy_drop(pytester:
 
 def _accuracy_run(baseline: Path | None, size: int = 200) -> Any:
     from pytest_ml4.accuracy.gate import CategoryScore, run_conditions
-    from pytest_ml4.plugin_accuracy import AccuracyOptions, AccuracyRun
+    from pytest_ml4.plugin.accuracy import AccuracyOptions, AccuracyRun
 
     run = AccuracyRun(AccuracyOptions(["irrelevance"], size, baseline, None))
     run.scores = {"irrelevance": CategoryScore("irrelevance", 200, 120)}
@@ -171,7 +171,7 @@ def test_a_live_run_is_never_judged_by_the_simulators_baseline() -> None:
     """The stored accuracy baselines are the simulator's; on a live run the default one is no
     baseline (not judged, naming the command that records one), a named one is refused with one line, and on a
     simulator run the default one judges (control)."""
-    from pytest_ml4.plugin_accuracy import judge_against_baseline
+    from pytest_ml4.plugin.accuracy import judge_against_baseline
 
     target = load_target("rtxpro6000-tp8")
     from pytest_ml4.baselines import default_baseline

@@ -15,11 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.logs import FileLogReader, GrammarKill, LogView
 from pytest_ml4.perf import gates
 from pytest_ml4.perf.evaluate import knee_bound
 from pytest_ml4.perf.figures import PointFigures
-from pytest_ml4.sim import SimServer
 from pytest_ml4.targets import load_target
 
 

@@ -23,7 +23,7 @@ from pytest_ml4.control import (
     controller_for,
     wait_for,
 )
-from pytest_ml4.sim import SimServer
+from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.targets import load_target
 
 TARGET = load_target("gb300-agg")  # needs no API key

@@ -11,7 +11,6 @@ from typing import Any
 
 import httpx
 import pytest
-from fake_k8s import FakeKubeAPI, serve_dynamo
 
 from pytest_ml4.control import RestartError, RestartTimeout
 from pytest_ml4.control.k8s import (
@@ -22,9 +21,10 @@ from pytest_ml4.control.k8s import (
     selectors,
 )
 from pytest_ml4.control.kubernetes import KubernetesController
+from pytest_ml4.deploy.dynamo import DynamoSim
+from pytest_ml4.deploy.fake_k8s import FakeKubeAPI, serve_dynamo
 from pytest_ml4.logs import LogView, ServerStart
 from pytest_ml4.logs.kubernetes import KubernetesLogReader
-from pytest_ml4.sim.dynamo import DynamoSim
 from pytest_ml4.targets import load_target
 
 TARGET = load_target("gb300-agg")

@@ -19,8 +19,8 @@ import pytest
 import yaml
 from checkout import FIXTURES_DIR
 
-from pytest_ml4.sim.conformance import chunk_kind
-from pytest_ml4.sim.dynamo import DynamoSim
+from pytest_ml4.deploy.conformance import chunk_kind
+from pytest_ml4.deploy.dynamo import DynamoSim
 from pytest_ml4.targets import load_target
 from pytest_ml4.tools import ToolMissing, dynamo_python
 

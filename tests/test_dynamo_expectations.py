@@ -49,6 +49,7 @@ from pytest_ml4.control.scenario import (
     missing_identity_evidence,
     probe_body,
 )
+from pytest_ml4.deploy.gateway import Gateway
 from pytest_ml4.dynamo_versions import (
     behaviour,
     emulated_grammar_reason,
@@ -65,7 +66,6 @@ from pytest_ml4.kv_load import EngineMetrics
 from pytest_ml4.logs import FileLogReader, GrammarSchemaRefused, LogView
 from pytest_ml4.probe import parse_sse_lines
 from pytest_ml4.report.environment import read_environment
-from pytest_ml4.sim.gateway import Gateway
 from pytest_ml4.targets import TargetError, load_target
 
 DYNAMO_TARGETS = ("gb300-agg", "gb300-disagg", "vr200-agg", "vr200-disagg")
@@ -658,7 +658,7 @@ def test_recorded_kv_routing_figures_fit_the_hit_rate_rule() -> None:
 
 # ------------------------------------------------------- evidence absent (nvext / x-dynamo-* stripped): not judged
 def _through_stripping_ingress(frontend: FakeFrontend) -> httpx.Client:
-    """``frontend`` behind the fault gateway's ``dynamo_evidence_stripped`` rewrites (pytest_ml4/sim/gateway.py):
+    """``frontend`` behind the fault gateway's ``dynamo_evidence_stripped`` rewrites (pytest_ml4/deploy/gateway.py):
     no nvext in answers, no x-dynamo-* request headers, as with DYN_DISABLE_FRONTEND_NVEXT=1 or a stripping ingress."""
     gateway = Gateway("http://fe:8000", "mistral-large-4", ["dynamo_evidence_stripped"])
 
@@ -744,7 +744,7 @@ def test_osl_engine_counter_runs_on_a_live_endpoint(pytester: pytest.Pytester, t
                                                     rtx_api_key: str) -> None:
     """``--endpoint`` at a running engine (no ``--sim``, no metrics variable): the counter is still read, at the
     endpoint's own /metrics (it used to need ``metrics_url``, which only ``--sim`` set)."""
-    from pytest_ml4.sim import SimServer
+    from pytest_ml4.deploy.simulator import SimServer
 
     target = load_target("rtxpro6000-tp8")
     with SimServer(target, overrides={"sim": {"ttft_s": 0.005, "itl_ms": 0.2}}, log_file=tmp_path / "e.log") as sim:

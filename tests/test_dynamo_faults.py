@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from pytest_ml4.deploy.dynamo import DynamoSim
 from pytest_ml4.probe import parse_sse_lines
-from pytest_ml4.sim.dynamo import DynamoSim
 from pytest_ml4.targets import load_target
 from pytest_ml4.tools import ToolMissing, dynamo_python
 

@@ -8,9 +8,9 @@ import dataclasses
 from pathlib import Path
 
 from pytest_ml4.control.dynamo import role_instance_ids
+from pytest_ml4.deploy.dynamo import started_workers
 from pytest_ml4.perf.figures import PointFigures
 from pytest_ml4.perf.plots import write_plots
-from pytest_ml4.sim.dynamo import started_workers
 from pytest_ml4.sim.dynamo_worker import guided_schema, served_context, tool_choice_of
 from pytest_ml4.sim.faults import ActiveFaults
 

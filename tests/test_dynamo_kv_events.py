@@ -19,7 +19,7 @@ import yaml
 from pytest_ml4.checks.dynamo import assert_prefix_reused, assert_session_affinity
 from pytest_ml4.client import Endpoint
 from pytest_ml4.control.dynamo import run_affinity_probe, run_conversation
-from pytest_ml4.sim.dynamo import DynamoSim
+from pytest_ml4.deploy.dynamo import DynamoSim
 from pytest_ml4.targets import Target, load_target
 from pytest_ml4.tools import ToolMissing, dynamo_python
 

@@ -136,7 +136,7 @@ def test_worker_refuses_a_schema_keyword_its_release_refuses(tmp_path: Path) -> 
 # ------------------------------------------------------------------------------------------------ end to end
 @pytest.fixture(scope="module")
 def public_1_6_1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from pytest_ml4.sim.dynamo import DynamoSim
+    from pytest_ml4.deploy.dynamo import DynamoSim
     from pytest_ml4.tools import ToolMissing
 
     target = load_target("gb300-agg", overrides={**FAST, "serving": {"dynamo_version": "1.6.1"}})

@@ -18,7 +18,7 @@ import yaml
 
 from pytest_ml4 import client
 from pytest_ml4.client import Endpoint, check_reachable
-from pytest_ml4.sim.server_proc import SimServer
+from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.targets import load_target
 
 REPO = Path(__file__).resolve().parent.parent

@@ -12,11 +12,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_k8s import LABEL_DGD, LABEL_TYPE, FakeKubeAPI, SelectorError, matches
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from pytest_ml4.control.k8s import api_client, dgd_status, list_pods, pod_ready
+from pytest_ml4.deploy.fake_k8s import (
+    LABEL_DGD,
+    LABEL_TYPE,
+    FakeKubeAPI,
+    SelectorError,
+    matches,
+)
 
 NS = "ml4"
 DGD = "dgd-a"
@@ -216,7 +222,7 @@ def test_prestop_delay_only_for_a_running_container(monkeypatch: pytest.MonkeyPa
                                                     expected: list[str]) -> None:
     """Fault ``delayed_stop`` on Dynamo: a deleted pod's worker serves ``pre_stop_s`` before SIGTERM; a container that
     died on its own has no preStop to run."""
-    import fake_k8s
+    from pytest_ml4.deploy import fake_k8s
 
     calls: list[str] = []
     monkeypatch.setattr(fake_k8s.time, "sleep", lambda s: calls.append(f"preStop {s:g}") if s else None)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from test_sim_support import kill_processes_mentioning
 
-from pytest_ml4.sim import SimServer
+from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.targets import load_target
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The logs plugin glue (pytest_ml4.plugin_logs): reader fixtures, --ml4-log-file, the verdict summary."""
+"""The logs plugin glue (pytest_ml4.plugin.logs): reader fixtures, --ml4-log-file, the verdict summary."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_attach_log_writes_the_excerpt_into_allure_results(pytester: pytest.Pyte
     ("gb300-agg", "estimate: no seed measured this hardware/KV dtype"),
 ])
 def test_memory_model_header(target: str, expect: str) -> None:
-    from pytest_ml4.plugin_logs import memory_header
+    from pytest_ml4.plugin.logs import memory_header
     from pytest_ml4.targets import load_target
 
     assert expect in memory_header(load_target(target))

@@ -339,7 +339,7 @@ def test_plots_draw_the_baseline_only_under_its_conditions(tmp_path: Path) -> No
 def test_a_simulator_perf_baseline_is_refused_on_a_live_run(tmp_path: Path) -> None:
     """A perf baseline made by the simulator (``--perf-save`` under ``--sim``) judges simulator
     runs only; seed 000's own table (provenance ``seed``) judges live runs; one without provenance is refused."""
-    from pytest_ml4.plugin_perf import load_perf_baseline
+    from pytest_ml4.plugin.perf import load_perf_baseline
 
     data = json.loads(BASELINE.read_text())
     sim = tmp_path / "sim.json"

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ml4.deploy.dynamo import DynamoSim
+from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.perf import gates
 from pytest_ml4.perf.baseline import Baseline, compare
 from pytest_ml4.perf.figures import PointFigures, figures_from_export
 from pytest_ml4.perf.runner import AiperfSpec, failure_log, run_aiperf
-from pytest_ml4.sim import SimServer
-from pytest_ml4.sim.dynamo import DynamoSim
 from pytest_ml4.targets import Target, load_target
 
 

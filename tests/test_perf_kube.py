@@ -1,6 +1,6 @@
 """``--perf-kube N`` without a cluster: the JobSet the real ``aiperf kube generate --no-operator``
 renders for a target (golden), the preflight lint over it, and the submit -> follow -> fetch -> judge loop against
-the project's fake Kubernetes API (``tests/fake_k8s.py``), whose JobSet runner runs aiperf against the simulator as
+the project's fake Kubernetes API (``pytest_ml4/deploy/fake_k8s.py``), whose JobSet runner runs aiperf against the simulator as
 the pods would. The fetched export is judged by the suite's own goodput gate.
 """
 
@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 from checkout import REPO_ROOT
-from fake_k8s import FakeKubeAPI
+from pytest_ml4.deploy.fake_k8s import FakeKubeAPI
 
 from pytest_ml4.control.k8s import api_client
+from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.perf import kube
 from pytest_ml4.perf.export import ProfileExport
 from pytest_ml4.perf.goodput import goodput_gate, goodput_of, workload_spec
 from pytest_ml4.perf.runner import run_aiperf
 from pytest_ml4.preflight.lint import lint_paths
-from pytest_ml4.sim import SimServer
 from pytest_ml4.targets import load_target
 
 GOLDEN = REPO_ROOT / "fixtures" / "aiperf" / "kube" / "gb300-disagg-chat-4pods.json"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR
-from pytest_ml4.plugin_args import path_options, space_separated
+from pytest_ml4.plugin.args import path_options, space_separated
 
 REPO = Path(__file__).resolve().parent.parent
 OPTIONS = path_options()

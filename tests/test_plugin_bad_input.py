@@ -53,7 +53,7 @@ def busy_port() -> Iterator[int]:
 @pytest.fixture(scope="module")
 def keyed_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A simulated rtxpro6000-tp8 engine holding a key of its own: the session's key is the wrong one."""
-    from pytest_ml4.sim import SimServer
+    from pytest_ml4.deploy.simulator import SimServer
 
     sim = SimServer("rtxpro6000-tp8", env={"LLM_API_KEY": "sk-the-right-key-0123456789"},
                     log_file=tmp_path_factory.mktemp("keyed-sim") / "engine.log")

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR
-from pytest_ml4.plugin import skip_reason
+from pytest_ml4.plugin.markers import skip_reason
 from pytest_ml4.targets import TargetError, known_targets, load_target, parse_override
 
 REPO = Path(__file__).resolve().parent.parent

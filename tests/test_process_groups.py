@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ml4 import process_groups
+from pytest_ml4.deploy import processes
 
 # A leader that starts a child in its own group and exits on SIGINT, leaving the child running: what aiperf's
 # main process does to its system_controller.
@@ -46,7 +46,7 @@ def wait_dead(pids: list[int], within_s: float = 20.0) -> list[int]:
 
 
 def _leader_and_child() -> tuple[subprocess.Popen[str], int]:
-    proc = process_groups.popen([sys.executable, "-c", _LEADER], stdout=subprocess.PIPE, text=True)
+    proc = processes.popen([sys.executable, "-c", _LEADER], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     return proc, int(proc.stdout.readline())
 
@@ -54,10 +54,10 @@ def _leader_and_child() -> tuple[subprocess.Popen[str], int]:
 def test_stop_ends_what_the_leader_leaves_behind() -> None:
     proc, child = _leader_and_child()
     assert os.getpgid(child) == proc.pid, "the child is in the group the registry owns"
-    process_groups.stop(proc, 10, first_signal=signal.SIGINT, leader_only=True)
+    processes.stop(proc, 10, first_signal=signal.SIGINT, leader_only=True)
     assert proc.returncode == 0, "the leader ended on its SIGINT, as aiperf does"
     assert wait_dead([child]) == [], "the child the leader left behind is ended with the group"
-    assert proc.pid not in process_groups.owned_pgids()
+    assert proc.pid not in processes.owned_pgids()
 
 
 def test_control_sigint_to_the_leader_alone_leaves_the_child() -> None:
@@ -68,29 +68,29 @@ def test_control_sigint_to_the_leader_alone_leaves_the_child() -> None:
         proc.wait(10)
         assert alive(child), "the leader's SIGINT alone leaves the child running"
     finally:
-        process_groups.stop(proc)
+        processes.stop(proc)
     assert wait_dead([child]) == []
 
 
 def test_end_all_since_a_mark_ends_only_the_later_groups() -> None:
-    before = process_groups.popen(["sleep", "300"])
-    mark = process_groups.mark()
+    before = processes.popen(["sleep", "300"])
+    mark = processes.mark()
     after, after_child = _leader_and_child()
     try:
-        ended = process_groups.end_all(grace_s=5, since=mark)
+        ended = processes.end_all(grace_s=5, since=mark)
         assert ended == [after.pid]
         assert wait_dead([after.pid, after_child]) == []
         assert alive(before.pid), "a group started before the mark (an outer test's server) is left alone"
     finally:
-        process_groups.stop(before)
+        processes.stop(before)
     assert wait_dead([before.pid]) == []
 
 
 _HANDLERS = textwrap.dedent("""
     import signal, sys, time
-    from pytest_ml4 import process_groups
-    process_groups.install_signal_handlers()
-    group = process_groups.popen(["sleep", "300"])
+    from pytest_ml4.deploy import processes
+    processes.install_signal_handlers()
+    group = processes.popen(["sleep", "300"])
     try:
         print(group.pid, flush=True)
         time.sleep(300)
@@ -125,8 +125,8 @@ def test_sigterm_interrupts_and_a_second_signal_kills_the_groups_now() -> None:
 
 
 def test_atexit_ends_groups_nobody_stopped() -> None:
-    script = ("import sys; from pytest_ml4 import process_groups; "
-              "print(process_groups.popen(['sleep', '300']).pid, flush=True); sys.exit(3)")
+    script = ("import sys; from pytest_ml4.deploy import processes; "
+              "print(processes.popen(['sleep', '300']).pid, flush=True); sys.exit(3)")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 3
     assert wait_dead([int(proc.stdout.split()[0])]) == []
@@ -135,4 +135,4 @@ def test_atexit_ends_groups_nobody_stopped() -> None:
 @pytest.fixture(autouse=True)
 def _nothing_left() -> None:
     yield
-    assert process_groups.owned_pgids() == [], "a test of the registry left a group registered"
+    assert processes.owned_pgids() == [], "a test of the registry left a group registered"

@@ -10,7 +10,7 @@ import httpx
 import pytest
 import yaml
 
-from pytest_ml4.proxy import (
+from pytest_ml4.deploy.litellm import (
     ATTEMPTED_RETRIES_HEADER,
     LiteLLMProxy,
     ProxyError,
@@ -19,7 +19,7 @@ from pytest_ml4.proxy import (
     litellm_executable,
     render_config,
 )
-from pytest_ml4.sim import SimServer
+from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.targets import load_target
 
 TARGET = load_target("rtxpro6000-tp8")

@@ -28,8 +28,8 @@ from checkout import REPO_ROOT
 from prometheus_client.parser import text_string_to_metric_families
 from test_sim_support import collapse, pairs, shape, stream_lines
 
-from pytest_ml4.realvllm.server import RealVllm, tiny_overrides
-from pytest_ml4.sim import SimServer
+from pytest_ml4.deploy.real_vllm import RealVllm, tiny_overrides
+from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.targets import Target, deep_merge, load_target
 from pytest_ml4.vllm_versions import for_version
 

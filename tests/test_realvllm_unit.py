@@ -113,7 +113,7 @@ def test_engine_not_installed_is_one_line_naming_the_step(pytester: pytest.Pytes
 def test_failed_start_shows_command_and_log_tail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A start that dies (here: a stand-in interpreter that prints vLLM's fatal line and exits 132) is
     reported with the command and the log tail."""
-    from pytest_ml4.realvllm import server as srv
+    from pytest_ml4.deploy import real_vllm as srv
     from pytest_ml4.targets import load_target
 
     fake = tmp_path / "python"

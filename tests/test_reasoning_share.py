@@ -27,7 +27,7 @@ from pytest_ml4.checks.reasoning import (
     cut_inside_reasoning,
     share_baseline_drift,
 )
-from pytest_ml4.sim import SimServer
+from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.targets import load_target
 
 REPO = Path(__file__).resolve().parent.parent

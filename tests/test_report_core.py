@@ -140,7 +140,7 @@ def test_categories_file_is_written_and_valid(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------- labels
 def test_every_registered_suite_marker_has_a_title_and_severity() -> None:
-    from pytest_ml4.plugin import SUITE_MARKERS
+    from pytest_ml4.plugin.markers import SUITE_MARKERS
 
     suites = load_suites()
     assert set(SUITE_MARKERS) <= set(suites)

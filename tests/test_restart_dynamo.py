@@ -24,9 +24,9 @@ from pytest_ml4.client import Endpoint
 from pytest_ml4.control.crash import run_crash
 from pytest_ml4.control.dynamo import SESSION_HEADER
 from pytest_ml4.control.scenario import load_requests
+from pytest_ml4.deploy.dynamo import DynamoSim
 from pytest_ml4.metrics import scrape
 from pytest_ml4.probe import parse_sse_lines
-from pytest_ml4.sim.dynamo import DynamoSim
 from pytest_ml4.targets import load_target
 from pytest_ml4.tools import ToolMissing, dynamo_python
 

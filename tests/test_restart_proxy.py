@@ -12,8 +12,8 @@ from pytest_ml4.checks.restart import assert_client_errors_as_allowed
 from pytest_ml4.client import Endpoint
 from pytest_ml4.control import SimController
 from pytest_ml4.control.scenario import RestartRun, retries_seen, run_restart_scenario
-from pytest_ml4.proxy import LiteLLMProxy, ProxySettings, RetryWindow
-from pytest_ml4.sim import SimServer
+from pytest_ml4.deploy.litellm import LiteLLMProxy, ProxySettings, RetryWindow
+from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.targets import load_target
 
 TARGET = load_target("rtxpro6000-tp8")

@@ -24,8 +24,8 @@ from pytest_ml4.control.scenario import (
     build_timeline,
     run_restart_scenario,
 )
-from pytest_ml4.proxy import ProxySettings, RetryWindow
-from pytest_ml4.sim import SimServer
+from pytest_ml4.deploy.litellm import ProxySettings, RetryWindow
+from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.targets import load_target
 
 #: The modelled outage and the stop delay of the scenario below: the old engine serves 0.3 s after the trigger

@@ -25,7 +25,7 @@ from test_sim_support import (
     transcript_cases,
 )
 
-from pytest_ml4.sim import SimServer
+from pytest_ml4.deploy.simulator import SimServer
 
 OVERRIDES = {"sim": {"ttft_s": 0.01, "itl_ms": 0.5}, "engine": {"speculative": None, "max_model_len": 4096}}
 FP = re.compile(r"^vllm-0\.33\.0-tp\d+-[0-9a-f]{8}$")

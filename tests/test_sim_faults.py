@@ -14,7 +14,7 @@ import httpx
 import pytest
 from test_sim_support import FAST, FAST_NO_SPEC, WEATHER_TOOL, stream_lines
 
-from pytest_ml4.sim import SimServer
+from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.sim.faults import (
     FAULTS,
     ActiveFaults,
@@ -63,7 +63,7 @@ def test_every_fault_documented() -> None:
 def test_cli_rejects_unknown_fault() -> None:
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-m", "pytest_ml4.sim", "--target", "gb300-agg", "--port", "1",
+    r = subprocess.run([sys.executable, "-m", "pytest_ml4.deploy.sim_cli", "--target", "gb300-agg", "--port", "1",
                         "--fault", "nope"], capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2 and "unknown fault 'nope'" in r.stderr and "midstream_error" in r.stderr
 
@@ -166,7 +166,7 @@ def test_target_file_can_name_faults() -> None:
 
 
 def test_target_faults_must_be_known(tmp_path: Any) -> None:
-    from pytest_ml4.sim import SimServerError
+    from pytest_ml4.deploy.simulator import SimServerError
 
     overrides = {"sim": {"extra": {"faults": ["no_such_fault"]}}}
     with pytest.raises(SimServerError, match="unknown fault 'no_such_fault'"):

@@ -1,4 +1,4 @@
-"""The fault gateway in front of the Dynamo frontend (pytest_ml4/sim/gateway.py): each fault alters only what it
+"""The fault gateway in front of the Dynamo frontend (pytest_ml4/deploy/gateway.py): each fault alters only what it
 names, everything else passes through unchanged, streams chunk by chunk.
 
 The upstream here is a small recording aiohttp server (no Dynamo needed); the kill matrix
@@ -20,8 +20,8 @@ import httpx
 import pytest
 from aiohttp import web
 
-from pytest_ml4.sim.dynamo import free_port
-from pytest_ml4.sim.gateway import (
+from pytest_ml4.deploy.dynamo import free_port
+from pytest_ml4.deploy.gateway import (
     drop_tool_choice_none,
     gateway_faults,
     repair_invalid,
@@ -163,7 +163,7 @@ def upstream() -> Iterator[Upstream]:
 
 def _gateway(upstream: Upstream, *faults: str) -> Iterator[str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "pytest_ml4.sim.gateway", "--upstream", f"http://127.0.0.1:{upstream.port}",
+    cmd = [sys.executable, "-m", "pytest_ml4.deploy.gateway", "--upstream", f"http://127.0.0.1:{upstream.port}",
            "--port", str(port), "--served-model", SERVED, *[a for f in faults for a in ("--fault", f)]]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -259,7 +259,7 @@ def test_evidence_stripped_drops_nvext_and_the_dynamo_headers_only(upstream: Ups
                                                          (("any_model", "tool_parser_off"), True)])
 def test_dynamo_sim_starts_a_gateway_only_for_its_faults(tmp_path: Any, faults: tuple[str, ...],
                                                          through_gateway: bool) -> None:
-    from pytest_ml4.sim.dynamo import DynamoSim
+    from pytest_ml4.deploy.dynamo import DynamoSim
     from pytest_ml4.targets import load_target
     from pytest_ml4.tools import ToolMissing
 

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_sim_support import FAST, stream_lines
 
 from pytest_ml4.locations import data_file
-from pytest_ml4.sim import SimServer, SimServerError
+from pytest_ml4.deploy.simulator import SimServer, SimServerError
 from pytest_ml4.targets import load_target
 
 CHAT = {"messages": [{"role": "user", "content": "What is 17 + 25?"}]}

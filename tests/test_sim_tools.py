@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 from test_sim_support import FAST, WEATHER_TOOL, assemble, stream_lines
 
-from pytest_ml4.sim import SimServer
+from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.tokenizer import CONTROL_MARKERS
 
 FLIGHTS = {"type": "function", "function": {

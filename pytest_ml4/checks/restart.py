@@ -18,7 +18,7 @@ from pytest_ml4.control.scenario import (
     SingleReplicaOutage,
     StaleInstances,
 )
-from pytest_ml4.proxy import RetryWindow
+from pytest_ml4.deploy.litellm import RetryWindow
 
 BAD_VERDICTS = ("silently_truncated",)
 

@@ -35,7 +35,7 @@ from pytest_ml4.client import Endpoint, make_httpx, quote_body
 from pytest_ml4.control.base import Controller, Progress, RestartResult
 from pytest_ml4.locations import data_file
 from pytest_ml4.probe import StreamResult, probe_chat_stream
-from pytest_ml4.proxy import attempted_retries
+from pytest_ml4.deploy.litellm import attempted_retries
 
 REQUESTS_FILE = data_file("restart", "requests.yaml")
 STALE_FILE = data_file("restart", "stale-instances.yaml")

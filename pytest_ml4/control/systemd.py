@@ -19,6 +19,7 @@ from pytest_ml4.control.base import (
     health_check,
     model_listed_check,
 )
+from pytest_ml4.deploy import processes
 
 #: ssh never prompts: a missing key must fail the restart, not hang the session.
 SSH_COMMAND = ("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
@@ -58,7 +59,7 @@ class SystemdController(Controller):
     def _run(self, *args: str) -> subprocess.CompletedProcess[str]:
         argv = self.command(*args)
         try:
-            return subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)
+            return processes.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)
         except (OSError, subprocess.TimeoutExpired) as err:
             raise RestartError(f"{shlex.join(argv)} failed: {err}") from None
 

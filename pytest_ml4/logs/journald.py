@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_ml4.deploy import processes
 from pytest_ml4.logs.reader import LogReader
 from pytest_ml4.logs.records import LogRecord, Since, filter_since, line_time, since_epoch, strip_ansi
 from pytest_ml4.tools import ToolMissing, tools_dir
@@ -52,7 +53,7 @@ def journald_tool(name: str) -> Path:
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    return processes.run(argv, capture_output=True, text=True, timeout=120, check=False)
 
 
 def message_text(value: Any) -> str:
@@ -176,7 +177,7 @@ def write_journal(entries: Iterable[Mapping[str, str | bytes]], journal_file: st
     if not path.name.endswith(".journal"):
         raise ValueError(f"systemd-journal-remote only writes files named *.journal, not {path.name}")
     argv = [str(journald_tool("systemd-journal-remote")), "-o", str(path), "-"]
-    proc = subprocess.run(argv, input=journal_export(entries), capture_output=True, timeout=60, check=False)
+    proc = processes.run(argv, input=journal_export(entries), capture_output=True, timeout=60, check=False)
     if proc.returncode != 0 or not path.is_file():
         raise LogReadError(f"{shlex.join(argv)} exited {proc.returncode}: "
                            f"{proc.stderr.decode(errors='replace').strip()[-2000:]}")

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any
 import yaml
 
 from pytest_ml4 import tools
+from pytest_ml4.deploy import processes
 from pytest_ml4.perf.export import RECORDS_FILE, SUMMARY_FILE
 from pytest_ml4.perf.runner import AiperfSpec, build_argv, child_env
 
@@ -86,7 +86,7 @@ def generate_argv(spec: AiperfSpec, job: KubeJob, executable: Path | None = None
 def render(spec: AiperfSpec, job: KubeJob, out_file: Path, executable: Path | None = None) -> list[dict[str, Any]]:
     """Render the manifests into ``out_file`` and return them. aiperf runs with no key in its environment."""
     argv = generate_argv(spec, job, executable or tools.aiperf_executable())
-    proc = subprocess.run(argv, env=child_env(None, extra=spec.aiperf_env), capture_output=True, text=True, check=False,
+    proc = processes.run(argv, env=child_env(None, extra=spec.aiperf_env), capture_output=True, text=True, check=False,
                           timeout=120)
     if proc.returncode != 0:
         raise KubeRunError(f"aiperf kube generate failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")

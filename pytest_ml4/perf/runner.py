@@ -35,7 +35,8 @@ from typing import Any
 
 import yaml
 
-from pytest_ml4 import process_groups, tools
+from pytest_ml4 import tools
+from pytest_ml4.deploy import processes
 from pytest_ml4.perf.export import LOG_FILE, SUMMARY_FILE, ExportError, ProfileExport
 
 #: Environment variable the child aiperf reads the API key from (through the YAML ``${...}`` substitution).
@@ -381,7 +382,7 @@ def run_aiperf(spec: AiperfSpec, out_dir: str | Path, *, api_key: str | None = N
     timed_out = False
     with console.open("w") as con:
         try:
-            proc = process_groups.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            proc = processes.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                         env=child_env(api_key, env, spec.aiperf_env), bufsize=1)
         except OSError as err:
             raise AiperfError(f"cannot start aiperf ({argv[0]}): {err}") from None
@@ -436,7 +437,7 @@ def _pump(proc: subprocess.Popen[str], sink: Any, state: PhaseState) -> None:
 def _stop(proc: subprocess.Popen[str]) -> None:
     """SIGINT first (aiperf then writes a partial summary), SIGKILL for the whole group later; what is left of
     the group once aiperf exited (its ``system_controller``) is ended too."""
-    process_groups.stop(proc, SIGINT_WAIT_S, first_signal=signal.SIGINT, leader_only=True)
+    processes.stop(proc, SIGINT_WAIT_S, first_signal=signal.SIGINT, leader_only=True)
 
 
 def _load_export(out: Path) -> ProfileExport | None:

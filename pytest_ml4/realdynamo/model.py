@@ -3,7 +3,7 @@
 The worker's vLLM reads ``config.json`` and ``tekken.json`` (``--tokenizer-mode mistral``): the tiny model of
 :mod:`pytest_ml4.realvllm.model`. The frontend tokenises and renders the chat template with an HF
 ``tokenizer.json``: the SAME files the simulated Dynamo deployment's frontend reads (``50-dynamo.sh``'s model dir,
-converted from the project's v15 Tekken by :mod:`pytest_ml4.sim.dynamo_model`), so both Dynamo deployments render
+converted from the project's v15 Tekken by :mod:`pytest_ml4.deploy.dynamo_model`), so both Dynamo deployments render
 the same prompt, accept the same ``reasoning_effort`` values (all seven of Mistral Large 4's template; the
 dynamo-vllm venv's mistral-common 1.12 could only convert a template that knows ``none``/``high``) and the
 worker's Tekken and the frontend's tokenizer agree token for token, which :func:`check_same_ids` verifies.
@@ -19,8 +19,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from pytest_ml4.deploy.dynamo_model import PARSER_TOKENS
 from pytest_ml4.realvllm.model import write_model_dir
-from pytest_ml4.sim.dynamo_model import PARSER_TOKENS
 from pytest_ml4.tokenizer import SPECIAL_TOKENS
 
 #: The frontend's files, taken from the simulated Dynamo deployment's model dir.

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from pytest_ml4.locations import PACKAGE_PARENT
+from pytest_ml4.deploy import processes
 from pytest_ml4.report.redact import redact
 from pytest_ml4.targets import Target
 
@@ -33,10 +34,10 @@ def git_sha(repo: Path = PACKAGE_PARENT) -> str:
     if not (repo / ".git").exists():
         return "unknown"  # an installed copy: a git repository above site-packages is not the suite's
     try:
-        sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+        sha = processes.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
         # Tracked files changed since the commit: the run did not test exactly that commit.
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+        dirty = processes.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"

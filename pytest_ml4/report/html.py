@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import websocket  # websocket-client, installed with the kubernetes client
 
+from pytest_ml4.deploy import processes
 from pytest_ml4.report.history import seed_history
 from pytest_ml4.tools import (
     allure_executable,
@@ -61,7 +62,7 @@ def generate_report(results_dir: Path, out_dir: Path, *, name: str = "pytest-ml4
     env.setdefault("JAVA_HOME", str(Path(os.path.realpath(java)).parent.parent))
     cmd = [str(allure_executable()), "generate", str(results_dir), "-o", str(out_dir), "--clean",
            "--single-file", "--name", name]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout, env=env)
+    proc = processes.run(cmd, check=False, capture_output=True, text=True, timeout=timeout, env=env)
     index = out_dir / "index.html"
     if proc.returncode != 0 or not index.is_file():
         tail = (proc.stdout + proc.stderr)[-2000:]
@@ -154,7 +155,7 @@ def _start_chromium(profile: Path, timeout: float) -> tuple[subprocess.Popen[byt
     # Port 0: Chromium picks a free loopback port and writes it to DevToolsActivePort in the profile.
     cmd = [str(exe), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-address=127.0.0.1",
            "--remote-debugging-port=0", "about:blank"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = processes.popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     port_file = profile / "DevToolsActivePort"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -193,10 +194,5 @@ def render_report(index_html: Path, shots_dir: Path | None = None, *, timeout: f
     finally:
         if cdp is not None:
             cdp.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        processes.stop(proc, 10)  # the whole group: Chromium's renderer and GPU processes too
         shutil.rmtree(profile, ignore_errors=True)

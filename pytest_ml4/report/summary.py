@@ -110,7 +110,7 @@ def read_perf_summary(run_dir: Path) -> dict[str, Any]:
     return out
 
 
-ACCURACY_SUMMARY_NAME = "accuracy-summary.json"  # written by pytest_ml4.plugin_accuracy
+ACCURACY_SUMMARY_NAME = "accuracy-summary.json"  # written by pytest_ml4.plugin.accuracy
 
 
 def read_accuracy_summary(run_dir: Path) -> dict[str, Any] | None:

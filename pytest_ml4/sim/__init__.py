@@ -1,29 +1,13 @@
-"""Embedded vLLM 0.33 simulator: ``python -m pytest_ml4.sim`` (server) and :class:`SimServer` (Python handle).
+"""The simulated vLLM 0.33 engine: what cannot run here (the model, the GPUs). Its processes are ``deploy/``'s:
+``python -m pytest_ml4.deploy.sim_cli`` serves it, :class:`pytest_ml4.deploy.simulator.SimServer` starts that.
 
 Modules: ``server`` (aiohttp app, endpoints, logs), ``validation`` (vLLM's error bodies), ``responder`` and
 ``toolgen`` (the deterministic model), ``tokenizer`` (Tekken v13/v15), ``wire`` (tokens -> SSE chunks / bodies),
 ``engine`` (scheduler + step loop), ``perfmodel`` (timing), ``promstats`` (/metrics), ``boot`` (boot lines and
-start-up outcome), ``faults`` (``--fault`` registry), ``server_proc`` (:class:`SimServer`).
+start-up outcome), ``faults`` (``--fault`` registry).
 
 Target knobs read from ``sim.extra`` (all optional): ``reasoning_field`` (``reasoning`` | ``reasoning_content``
 | ``both``: the vLLM >=0.16 / <=0.11 / 0.11.1-0.15 reasoning field), ``stats_interval_s`` (periodic stats log
 line, default 10; 0 disables), ``seed`` (tool-call ids, error_rate and acceptance sampling), and the perf-model
 parameters documented in ``perfmodel`` (``itl_slope``, ``spec_position_rates``, ``ref_isl``).
 """
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from pytest_ml4.sim.server_proc import SimServer, SimServerError
-
-__all__ = ["SimServer", "SimServerError"]
-
-
-def __getattr__(name: str) -> Any:
-    # Lazy so that importing a submodule (e.g. faults) does not pull in subprocess handling or aiohttp.
-    if name in __all__:
-        from pytest_ml4.sim import server_proc
-        return getattr(server_proc, name)
-    raise AttributeError(name)

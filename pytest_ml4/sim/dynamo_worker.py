@@ -11,8 +11,7 @@ simulated engine (perf model, ``max_num_seqs`` scheduler, speculative bursts) em
 answers an over-long prompt 400 ``context_length``), serves the ``vllm:*`` metrics on its own system port
 (``DYN_SYSTEM_PORT``) and on SIGTERM deregisters (``runtime.shutdown``) and drains.
 
-    python -m pytest_ml4.sim.dynamo_worker --target PATH --role worker|prefill|decode --model-dir DIR
-        [--log-file F] [--fault NAME[=VALUE]]... [--set section.field=value]... [--no-bridge] [--generation N]
+Its process (arguments, registration, SIGTERM) is :mod:`pytest_ml4.deploy.dynamo_worker_cli`.
 
 ``--generation N``: this process is the worker the N-th restart of its pod booted (0: the first start); the
 faults that break only a restarted engine (``error_after_restart``, as on the HTTP simulator) read it.
@@ -20,12 +19,10 @@ faults that break only a restarted engine (``error_after_restart``, as on the HT
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
 import re
-import signal
 import uuid
 import weakref
 from dataclasses import dataclass
@@ -34,7 +31,7 @@ from typing import Any
 from pytest_ml4.dynamo_versions import DynamoBehaviour, first_schema_keyword
 from pytest_ml4.dynamo_versions import behaviour as version_row
 from pytest_ml4.sim import wire
-from pytest_ml4.sim.dynamo_bridge import GUIDED, Behaviour, behaviour, tool_calls_text
+from pytest_ml4.sim.dynamo_bridge import GUIDED, Behaviour, tool_calls_text
 from pytest_ml4.sim.engine import Sequence, block_hashes
 from pytest_ml4.sim.faults import ActiveFaults
 from pytest_ml4.targets import Target
@@ -390,97 +387,3 @@ def served_context(declared: int, faults: ActiveFaults) -> int:
     """The context the worker registers (what the frontend's /v1/models shows): the ``served_max_model_len``
     fault is a worker started with another --max-model-len than the target declares."""
     return int(faults.value("served_max_model_len")) if faults.has("served_max_model_len") else declared
-
-
-def _write_atomically(path: str, text: str) -> None:
-    """The handle polls this file: it must never see it half-written."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
-async def serve(runtime: Any, args: argparse.Namespace, worker: Worker) -> None:
-    from dynamo.llm import (
-        KvEventPublisher,
-        ModelInput,
-        ModelType,
-        WorkerType,
-        register_llm,
-    )
-
-    t = worker.target
-    role = args.role
-    ep = runtime.endpoint(f"{NAMESPACE}.{COMPONENTS[role]}.generate")
-    chat = ModelType.Chat | ModelType.Completions
-    # A prefill worker exposes no OpenAI surface (1.6.1 refuses Chat on WorkerType.Prefill); each disagg role
-    # names the other as what it needs, so the model is listed only while both exist (real-dynamo.md).
-    kinds = {"worker": (WorkerType.Aggregated, chat, None),
-             "prefill": (WorkerType.Prefill, ModelType.Prefill, [[WorkerType.Decode]]),
-             "decode": (WorkerType.Decode, chat, [[WorkerType.Prefill]])}
-    wtype, mtype, needs = kinds[role]
-    worker.app.engine.start()
-    ep.metrics.register_prometheus_expfmt_callback(worker.metrics_text)
-    await register_llm(ModelInput.Tokens, mtype, ep, args.model_dir,
-                       t.serving.served_model_name, worker_type=wtype, kv_cache_block_size=t.engine.block_size,
-                       runtime_config=runtime_config(t, worker.app.faults), needs=needs)
-    # Push mode (no zmq_endpoint): the engine's prefix-cache changes go out through publish_stored/removed.
-    publisher = KvEventPublisher(ep, kv_block_size=t.engine.block_size)
-    if not worker.app.faults.has("kv_events_off"):
-        worker.publish_kv_events(publisher)
-    loop = asyncio.get_running_loop()
-
-    def on_sigterm() -> None:
-        # Deregister at once (else the instance stays listed ~10 s and gets 503s), then drain in-flight streams
-        # (serve_endpoint's graceful_shutdown).
-        worker.draining = True
-        worker.log.raw(f"INFO dynamo worker {role}: SIGTERM, deregistering and draining")
-        runtime.shutdown()
-
-    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
-    loop.add_signal_handler(signal.SIGINT, on_sigterm)
-    runtime.set_health_status(True)
-    if args.id_file:
-        _write_atomically(args.id_file, str(ep.connection_id()))
-    worker.log.raw(f"INFO dynamo worker {role} serving {t.serving.served_model_name} as {NAMESPACE}."
-                   f"{COMPONENTS[role]}.generate (pid {os.getpid()}, bridge {'on' if worker.mode.bridged else 'off'})")
-    await ep.serve_endpoint(worker.generate, graceful_shutdown=True)
-    await worker.app.engine.stop()
-    publisher.shutdown()
-    worker.log.raw(f"INFO dynamo worker {role}: drained, exiting")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pytest_ml4.sim.dynamo_worker")
-    p.add_argument("--target", required=True)
-    p.add_argument("--role", required=True, choices=sorted(COMPONENTS))
-    p.add_argument("--model-dir", required=True)
-    p.add_argument("--log-file", default=None)
-    p.add_argument("--id-file", default=None, help="write the worker's Dynamo instance id here once registered")
-    p.add_argument("--fault", action="append", default=[])
-    p.add_argument("--set", action="append", default=[], dest="overrides")
-    p.add_argument("--no-bridge", action="store_true")
-    p.add_argument("--generation", type=int, default=0, help="restarts of this worker's pod before this boot")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    from pytest_ml4.sim.__main__ import target_and_faults
-
-    args = build_parser().parse_args(argv)
-    target, faults = target_and_faults(args)
-    worker = Worker(target, args.role, faults, behaviour(not args.no_bridge), args.log_file, args.generation)
-    if worker.app is None:
-        return 1
-    from dynamo.runtime import dynamo_worker
-
-    @dynamo_worker()
-    async def run(runtime: Any) -> None:
-        await serve(runtime, args, worker)
-
-    asyncio.run(run())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -21,7 +21,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 from aiohttp import web
@@ -546,29 +545,8 @@ def route_lines(cfg: SimConfig, log: LogWriter) -> None:
         log.api("INFO", "launcher.py", 54, f"Route: {path}, Methods: {methods}")
 
 
-async def hold_until_released(cfg: SimConfig, poll_s: float = 0.02) -> None:
-    """Standby start: do the slow part (tokenizer) now, then wait until the hold file names a release time.
-
-    ``SimServer.restart`` starts the next engine process this way while the old one still serves, then writes
-    the release time (the old engine's stop + ``sim.restart_outage_s``) once the old one has exited: the outage
-    clients see is the target's modelled figure, not however long Python takes to start on a busy machine.
-    The hold file gets a ``.ready`` twin when the slow part is done. Nothing is logged before the release, so
-    the engine log shows the boot after the old engine's shutdown, as a real restart does.
-    """
-    assert cfg.hold_file
-    get_tokenizer(cfg.target.engine.tokenizer_version).max_chars_per_token  # noqa: B018 - warm the cached scan
-    hold = Path(cfg.hold_file)
-    Path(str(hold) + ".ready").write_text(str(os.getpid()))
-    while not hold.exists():
-        await asyncio.sleep(poll_s)
-    release = float(hold.read_text().strip() or 0)
-    await asyncio.sleep(max(0.0, release - time.time()))
-
-
 async def serve(cfg: SimConfig) -> int:
     """Boot, bind, serve until cancelled; returns the process exit code."""
-    if cfg.hold_file:
-        await hold_until_released(cfg)
     pid = os.getpid()
     log = LogWriter(cfg.log_file, pid)
     startup_lines(cfg, log)

@@ -27,7 +27,7 @@ ml4_pip "$venv" 'pydantic>=2.10.6,<=2.13.5' 'uvloop>=0.21.0' 'aiohttp>=3.14.3,<4
   'pyyaml>=6' 'mistral-common>=1.13,<2'
 # The HF tokenizer.json model dir, converted offline from the Tekken file the simulator already provisions
 # (15-sim-tekken.sh writes it under $ML4_TOOLS/sim).
-PYTHONPATH="$here" "$venv/bin/python" -m pytest_ml4.sim.dynamo_model "$dest/model"
+PYTHONPATH="$here" "$venv/bin/python" -m pytest_ml4.deploy.dynamo_model "$dest/model"
 # Check the frontend and the worker runtime import with the offline environment.
 HF_HUB_OFFLINE=1 "$venv/bin/python" -c "import dynamo.frontend, dynamo.llm, dynamo.runtime" >/dev/null
 touch "$stamp"

@@ -11,7 +11,7 @@ and either retry setting selectable:
 
 Works without pytest::
 
-    from pytest_ml4.proxy import LiteLLMProxy, ProxySettings
+    from pytest_ml4.deploy.litellm import LiteLLMProxy, ProxySettings
     with LiteLLMProxy(ProxySettings.from_target(target, backend_base_url="http://127.0.0.1:9001/v1"),
                       workdir=Path("run/proxy")) as proxy:
         print(proxy.base_url)          # http://127.0.0.1:<port>/v1, key: the target's api_key_env
@@ -35,9 +35,10 @@ from typing import Any
 import httpx
 import yaml
 
-from pytest_ml4 import process_groups
+from pytest_ml4.deploy import processes
 from pytest_ml4.locations import data_file
 from pytest_ml4.targets import Target
+from pytest_ml4.deploy.launcher import LaunchError
 from pytest_ml4.tools import tools_dir, venv_executable
 
 LITELLM_VERSION = "1.108.7"
@@ -61,7 +62,7 @@ ATTEMPTED_RETRIES_HEADER = "x-litellm-attempted-retries"
 FALLBACK_KEY_ENV = "ML4_PROXY_KEY"
 
 
-class ProxyError(RuntimeError):
+class ProxyError(LaunchError):
     """The proxy could not be configured, did not start, or died; the message carries its log tail."""
 
 
@@ -193,7 +194,7 @@ class LiteLLMProxy:
         log = open(self.log_file, "ab")
         try:
             # An owned group: stop() (or the session's end, whatever ended it) ends the proxy and what it forked.
-            self._proc = process_groups.popen(
+            self._proc = processes.popen(
                 [str(exe), "--config", str(self.config_file), "--host", "127.0.0.1", "--port", str(self.port)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=self.workdir)
         finally:
@@ -224,7 +225,7 @@ class LiteLLMProxy:
 
     def stop(self, grace_s: float = 10.0) -> None:
         proc, self._proc = self._proc, None
-        process_groups.stop(proc, grace_s)
+        processes.stop(proc, grace_s)
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None

@@ -13,7 +13,7 @@ TCP and the event plane ZMQ, every socket on 127.0.0.1, ``HOME`` (Dynamo caches 
 (``scripts/install.d/50-dynamo.sh``, located by :func:`pytest_ml4.tools.dynamo_python`); the workers import the
 checkout through ``PYTHONPATH``.
 
-Handles: :class:`DynamoSim` has the :class:`~pytest_ml4.sim.SimServer` interface (``url``/``base_url``/``pid`` =
+Handles: :class:`DynamoSim` has the :class:`~pytest_ml4.deploy.simulator.SimServer` interface (``url``/``base_url``/``pid`` =
 the frontend, ``log_file`` = the first decode/agg worker's engine log, ``frontend_log``), ``.workers``
 (:class:`DynamoWorker`: role, index, instance_id, system port / ``metrics_url``, stop/start/restart/alive) and
 ``.frontend`` (:class:`FrontendProcess`).
@@ -37,19 +37,20 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from pytest_ml4 import process_groups
-from pytest_ml4.locations import PACKAGE_PARENT
-from pytest_ml4.server_lifecycle import (
+from pytest_ml4.deploy import processes
+from pytest_ml4.deploy.gateway import gateway_faults
+from pytest_ml4.deploy.launcher import (
     PROGRESS_CAP_FACTOR,
+    LaunchError,
     answers_200,
     file_sizes,
     wait_until_healthy,
 )
+from pytest_ml4.deploy.orphans import Leftover, end_group
+from pytest_ml4.locations import PACKAGE_PARENT
+from pytest_ml4.deploy.simulator import SimServer, _flatten
 from pytest_ml4.sim.dynamo_bridge import PUBLIC_VERSION, behaviour
 from pytest_ml4.sim.faults import ActiveFaults
-from pytest_ml4.sim.gateway import gateway_faults
-from pytest_ml4.sim.orphans import Leftover, end_group
-from pytest_ml4.sim.server_proc import SimServer, _flatten
 from pytest_ml4.targets import Target
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ STOP_TIMEOUT_S = 15.0
 RECOVER_TIMEOUT_S = 240.0
 
 
-class DynamoStartError(RuntimeError):
+class DynamoStartError(LaunchError):
     """A frontend or worker did not start: the message carries the command and its log tail."""
 
 
@@ -177,7 +178,7 @@ class DynamoProcess(abc.ABC):
         self.command = self.argv()
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as out:
-            self._proc = process_groups.popen(self.command, stdout=out, stderr=subprocess.STDOUT,
+            self._proc = processes.popen(self.command, stdout=out, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL, env=self.env(), cwd=self._cwd)
 
     def wait_ready(self, timeout: float, cap: float | None = None) -> None:
@@ -281,7 +282,7 @@ class FrontendProcess(DynamoProcess):
 
 
 class GatewayProcess(DynamoProcess):
-    """The faulty ingress in front of the frontend (:mod:`pytest_ml4.sim.gateway`), started only for its faults."""
+    """The faulty ingress in front of the frontend (:mod:`pytest_ml4.deploy.gateway`), started only for its faults."""
 
     name = "ml4 fault gateway"
 
@@ -301,7 +302,7 @@ class GatewayProcess(DynamoProcess):
 
     def argv(self) -> list[str]:
         # The checkout's own interpreter (aiohttp), not Dynamo's venv: the gateway is no part of Dynamo.
-        cmd = [sys.executable, "-m", "pytest_ml4.sim.gateway", "--upstream", self.frontend.url,
+        cmd = [sys.executable, "-m", "pytest_ml4.deploy.gateway", "--upstream", self.frontend.url,
                "--port", str(self.port), "--served-model", self.served_model]
         for f in self.faults:
             cmd += ["--fault", f]
@@ -344,7 +345,7 @@ class DynamoWorker(DynamoProcess):
     def pre_stop_s(self) -> float:
         """Seconds a stop for a restart waits before SIGTERM while the worker keeps serving (fault ``delayed_stop``:
         a pod's preStop hook or termination delay; the same fault as ``SimServer.restart``'s stop delay)."""
-        from pytest_ml4.sim.__main__ import target_faults
+        from pytest_ml4.deploy.sim_cli import target_faults
 
         return ActiveFaults([*target_faults(self.owner.target), *self.faults]).value("delayed_stop", 0.0)
 
@@ -366,7 +367,7 @@ class DynamoWorker(DynamoProcess):
             self.system_port = free_system_port()
 
     def argv(self) -> list[str]:
-        cmd = [str(self.owner.python), "-m", "pytest_ml4.sim.dynamo_worker", "--target", str(self.target_file),
+        cmd = [str(self.owner.python), "-m", "pytest_ml4.deploy.dynamo_worker_cli", "--target", str(self.target_file),
                "--role", self.role, "--model-dir", str(self.owner.model_dir), "--log-file", str(self.log_file),
                "--id-file", str(self.id_file), "--generation", str(self.generation)]
         for expr in self.overrides:
@@ -406,9 +407,9 @@ def started_workers(declared: int, faults: Sequence[str], role: str = "worker") 
 
 
 class DynamoSim:
-    """An embedded Dynamo deployment with the :class:`~pytest_ml4.sim.SimServer` interface plus its workers."""
+    """An embedded Dynamo deployment with the :class:`~pytest_ml4.deploy.simulator.SimServer` interface plus its workers."""
 
-    #: The worker process class (:class:`pytest_ml4.realdynamo.deploy.RealDynamoWorker` for real dynamo.vllm).
+    #: The worker process class (:class:`pytest_ml4.deploy.real_dynamo.RealDynamoWorker` for real dynamo.vllm).
     worker_class: type[DynamoWorker] = DynamoWorker
     #: How long a restart may take to serve again (real dynamo.vllm workers need minutes here).
     restart_timeout_s: float = 60.0

@@ -46,6 +46,8 @@ from pytest_ml4.perf.workloads import (
     decode_engine_urls,
     prompt_engine_urls,
 )
+from pytest_ml4.plugin.options import group as ml4_group
+from pytest_ml4.plugin.options import opt
 from pytest_ml4.targets import Target
 from pytest_ml4.tools import ToolMissing
 
@@ -54,7 +56,7 @@ PROGRESS_FILE = "perf/progress.log"
 
 # ------------------------------------------------------------------------------------------------- options
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("ml4", "pytest-ml4: Mistral Large 4 deployment acceptance")
+    group = ml4_group(parser)
     group.addoption("--perf-concurrencies", dest="ml4_perf_concurrencies", default=None, metavar="N,N,...",
                     help="concurrency points of the perf sweep (default: the target's perf.concurrencies) "
                          "(ini: ml4_perf_concurrencies)")
@@ -100,13 +102,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("ml4_perf_compare_fail", "FIGURE:N% regression limits, comma-separated", default=None)
 
 
-def _opt(config: pytest.Config, name: str, ini: str | None = None) -> Any:
-    value = config.getoption(name)
-    if (value is None or value == []) and ini is not None:
-        value = config.getini(ini)
-    return value if value not in ("", []) else None
-
-
 def _concurrencies(raw: Any) -> list[int] | None:
     if raw is None:
         return None
@@ -121,22 +116,22 @@ def _concurrencies(raw: Any) -> list[int] | None:
 
 def perf_settings(config: pytest.Config, target: Target) -> SweepSettings:
     def num(name: str, ini: str, kind: type) -> Any:
-        v = _opt(config, name, ini)
+        v = opt(config, name, ini)
         return None if v is None else kind(v)
 
     return settings_from_target(
         target,
-        concurrencies=_concurrencies(_opt(config, "ml4_perf_concurrencies", "ml4_perf_concurrencies")),
+        concurrencies=_concurrencies(opt(config, "ml4_perf_concurrencies", "ml4_perf_concurrencies")),
         duration_s=num("ml4_perf_duration", "ml4_perf_duration", float),
         osl=num("ml4_perf_osl", "ml4_perf_osl", int),
         isl=num("ml4_perf_isl", "ml4_perf_isl", int),
         grace_s=config.getoption("ml4_perf_grace"),
-        short=bool(_opt(config, "ml4_perf_short", "ml4_perf_short")))
+        short=bool(opt(config, "ml4_perf_short", "ml4_perf_short")))
 
 
 # ------------------------------------------------------------------------------------------------- progress
 def _run_dir(config: pytest.Config) -> Path:
-    from pytest_ml4.plugin import get_state
+    from pytest_ml4.plugin.state import get_state
 
     return get_state(config).ensure_run_dir()
 
@@ -192,7 +187,7 @@ _TAIL_KEY = pytest.StashKey[_Tail]()
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     config = session.config
-    from pytest_ml4.plugin import get_state
+    from pytest_ml4.plugin.state import get_state
 
     state = get_state(config)
     xdist = bool(getattr(config.option, "numprocesses", None)) and config.pluginmanager.hasplugin("xdist")
@@ -238,7 +233,7 @@ def ml4_perf_settings(pytestconfig: pytest.Config, ml4_target: Target) -> SweepS
 def ml4_perf_baseline(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Any) -> Baseline | None:
     """``--perf-baseline`` or the target's ``perf.baseline``; None when neither names one. A baseline without
     provenance, or one the simulator made on a live run, is refused with one line."""
-    path = _opt(pytestconfig, "ml4_perf_baseline", "ml4_perf_baseline") or ml4_target.perf.baseline
+    path = opt(pytestconfig, "ml4_perf_baseline", "ml4_perf_baseline") or ml4_target.perf.baseline
     if not path:
         return None
     given = Path(str(path))
@@ -260,7 +255,7 @@ def load_perf_baseline(path: Path, live: bool) -> Baseline:
 
 @pytest.fixture(scope="session")
 def ml4_perf_compare_fail(pytestconfig: pytest.Config) -> dict[str, float]:
-    raw = pytestconfig.getoption("ml4_perf_compare_fail") or _opt(pytestconfig, "ml4_perf_compare_fail",
+    raw = pytestconfig.getoption("ml4_perf_compare_fail") or opt(pytestconfig, "ml4_perf_compare_fail",
                                                                   "ml4_perf_compare_fail")
     try:
         return parse_compare_fail(raw)
@@ -325,10 +320,10 @@ def ml4_perf_kube(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint:
 
     namespace = pytestconfig.getoption("ml4_perf_kube_namespace")
     if ml4_endpoint.simulated:
-        from pytest_ml4.plugin_restart import load_fake_k8s
+        from pytest_ml4.deploy.fake_k8s import FakeKubeAPI
 
         load = KubeLoad(None, namespace or "ml4-perf", pods, secret or ("ml4-sim", "api-key"))
-        with load_fake_k8s().FakeKubeAPI() as fake:
+        with FakeKubeAPI() as fake:
             fake.jobset_runner = lambda jobset, _maps: _local_pods(load, ml4_run_dir, ml4_endpoint.api_key)
             load.api = api_client(fake.url)
             yield load

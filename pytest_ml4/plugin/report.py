@@ -27,6 +27,7 @@ import allure_commons
 import pytest
 
 from pytest_ml4.checks.verdict import NOT_JUDGED_PREFIX, NotJudged
+from pytest_ml4.plugin.options import group as ml4_group
 from pytest_ml4.report import labels as _labels
 from pytest_ml4.report.attach import ExchangeRecorder
 from pytest_ml4.report.categories import categorize, write_categories
@@ -64,7 +65,7 @@ _XDIST_CRASH_WHEN = "???"  # pytest-xdist's synthetic report for a crashed worke
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.register(_AllureTakeover(), "ml4-allure-takeover")
-    group = parser.getgroup("ml4")
+    group = ml4_group(parser)
     group.addoption("--ml4-no-allure", dest="ml4_no_allure", action="store_true", default=None,
                     help="do not write Allure results into <run folder>/allure-results when --alluredir is not "
                          "given (ini: ml4_allure = false)")
@@ -105,7 +106,7 @@ _STATE = pytest.StashKey[_ReportState]()
 
 
 def _ml4_state(config: pytest.Config) -> Any:
-    from pytest_ml4.plugin_common import STATE_KEY
+    from pytest_ml4.plugin.state import STATE_KEY
 
     return config.stash.get(STATE_KEY, None)
 
@@ -476,8 +477,9 @@ def _versions(state: Any) -> dict[str, str]:
         return out
     target = state.target
     urls = []
-    if state.sim_info:
-        urls.append(state.sim_info["url"])
+    info = state.description
+    if info is not None:
+        urls.append(info.url)
     else:
         for var in (target.endpoint.metrics_url_env, target.endpoint.url_env):
             if var and os.environ.get(var):
@@ -490,8 +492,8 @@ def _versions(state: Any) -> dict[str, str]:
     row = target_row(target)
     if row is not None:  # the behaviour the suites expect of the target's Dynamo release, and how it is known
         out["dynamo_behaviour"] = row.describe()
-    dyn = (state.sim_info or {}).get("dynamo")
-    if dyn:  # a real dynamo.frontend served the run (pytest_ml4.sim.dynamo)
+    dyn = info.dynamo if info is not None else None
+    if dyn:  # a real dynamo.frontend served the run (pytest_ml4.deploy.dynamo)
         out["dynamo_frontend"] = dyn["frontend"]["dynamo_version"]
         out["dynamo_frontend_command"] = " ".join(dyn["frontend"]["command"][1:])
         out["dynamo_bridge"] = "on" if dyn["bridge"] else "off"

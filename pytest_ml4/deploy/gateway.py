@@ -10,11 +10,11 @@ refuses before any worker sees it. It is also where a deployment loses the routi
 
 This is a real reverse proxy (aiohttp): every request is forwarded to the frontend, answers are streamed back
 chunk by chunk (SSE passes through unchanged); it alters only what a fault below says. :class:`DynamoSim
-<pytest_ml4.sim.dynamo.DynamoSim>` starts it only when one of :data:`GATEWAY_FAULTS` is requested, so a
+<pytest_ml4.deploy.dynamo.DynamoSim>` starts it only when one of :data:`GATEWAY_FAULTS` is requested, so a
 healthy run never goes through it. The fault names are the ones :mod:`pytest_ml4.sim.server` acts on for the
 vLLM stack: one name, one defect, whatever layer of the stack has it.
 
-Run: ``python -m pytest_ml4.sim.gateway --upstream http://127.0.0.1:8000 --port 9000 --served-model ml4
+Run: ``python -m pytest_ml4.deploy.gateway --upstream http://127.0.0.1:8000 --port 9000 --served-model ml4
 --fault any_model``.
 """
 

@@ -10,8 +10,9 @@ import pytest
 
 from pytest_ml4.baselines import BaselineRefused, default_baseline, pick_baseline
 from pytest_ml4.checks.reasoning import ShareBaseline
-from pytest_ml4.plugin_common import simulator_answers
+from pytest_ml4.plugin.state import simulator_answers
 from pytest_ml4.targets import Target
+from pytest_ml4.plugin.options import group as ml4_group
 
 #: How a deployment's reasoning-share baseline is recorded (named by a check that could not judge without one).
 RECORD_COMMAND = ("pytest --target {target} -m reasoning -k share_of_output "
@@ -19,7 +20,7 @@ RECORD_COMMAND = ("pytest --target {target} -m reasoning -k share_of_output "
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("ml4")
+    group = ml4_group(parser)
     group.addoption("--reasoning-share-baseline", dest="ml4_reasoning_share_baseline", default=None,
                     metavar="PATH", help="reasoning-share baseline to compare against (default: "
                     "pytest_ml4/data/baselines/reasoning-share-<target>.json when it was recorded on this deployment)")

@@ -1,6 +1,6 @@
 """``SimServer``: start/stop the simulator as a subprocess on a free loopback port (Python API).
 
-Pattern of vLLM's ``RemoteOpenAIServer`` / pytest-httpserver: spawn ``python -m pytest_ml4.sim``, poll
+Pattern of vLLM's ``RemoteOpenAIServer`` / pytest-httpserver: spawn ``python -m pytest_ml4.deploy.sim_cli``, poll
 ``/health`` until it answers 200, fail fast with the log tail when the process dies or the wait times out, stop
 by PID (SIGTERM, then SIGKILL).  The API key travels in the child's environment, never in argv.
 """
@@ -18,18 +18,19 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_ml4 import process_groups
-from pytest_ml4.report.redact import mask_secret_args
-from pytest_ml4.server_lifecycle import (
+from pytest_ml4.deploy import processes
+from pytest_ml4.deploy.launcher import (
     PROGRESS_CAP_FACTOR,
+    LaunchError,
     ServerLifecycle,
     answers_200,
 )
+from pytest_ml4.report.redact import mask_secret_args
 from pytest_ml4.sim.faults import FaultSpec, parse_fault
 from pytest_ml4.targets import Target
 
 
-class SimServerError(RuntimeError):
+class SimServerError(LaunchError):
     """The simulator did not come up (the message carries the reason and the log tail)."""
 
 
@@ -108,7 +109,7 @@ class SimServer(ServerLifecycle):
 
     # ------------------------------------------------------------------ properties
     def argv(self) -> list[str]:
-        args = [sys.executable, "-m", "pytest_ml4.sim", "--target", str(self.target_ref), "--host", self.host,
+        args = [sys.executable, "-m", "pytest_ml4.deploy.sim_cli", "--target", str(self.target_ref), "--host", self.host,
                 "--port", str(self.port), "--log-file", str(self.log_file)]
         for f in self.faults:
             args += ["--fault", str(f)]
@@ -138,7 +139,7 @@ class SimServer(ServerLifecycle):
             else ".stderr"
         path = self.log_file.with_suffix(self.log_file.suffix + suffix)
         stderr = open(path, "wb")  # noqa: SIM115 - the child writes to it until stop()
-        proc = process_groups.popen(self.argv() + (extra or []), env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        proc = processes.popen(self.argv() + (extra or []), env=env, stdout=subprocess.DEVNULL, stderr=stderr)
         if extra:
             self._standby_stderr = stderr
         else:
@@ -194,7 +195,7 @@ class SimServer(ServerLifecycle):
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        process_groups.stop(proc, timeout, leader_only=True)  # the engine drains; its group goes after it
+        processes.stop(proc, timeout, leader_only=True)  # the engine drains; its group goes after it
         if getattr(self, "_stderr", None):
             self._stderr.close()
 
@@ -263,7 +264,7 @@ class SimServer(ServerLifecycle):
 
     def restart_profile(self) -> tuple[float, float]:
         """(modelled outage ``sim.restart_outage_s``, ``delayed_stop`` fault seconds) for this simulator."""
-        from pytest_ml4.sim.__main__ import load_with_overrides, target_faults
+        from pytest_ml4.deploy.sim_cli import load_with_overrides, target_faults
         from pytest_ml4.sim.faults import ActiveFaults
 
         target = self.target if self.target is not None else load_with_overrides(str(self.target_ref),

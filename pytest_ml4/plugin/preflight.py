@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ml4.plugin.options import group as ml4_group
 from pytest_ml4.preflight.lint import Report, lint_paths
 from pytest_ml4.targets import Target
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("ml4")
+    group = ml4_group(parser)
     group.addoption("--preflight-path", dest="ml4_preflight_paths", action="append", default=[], metavar="PATH",
                     help="config file/directory for the preflight suite to lint instead of the target's manifests "
                          "(repeatable)")
@@ -44,7 +45,7 @@ def ml4_preflight_report(pytestconfig: pytest.Config, ml4_preflight_paths: list[
     if missing:
         pytest.fail(f"preflight: manifests listed for target {ml4_target.name} do not exist: {', '.join(missing)}")
     # The files describe the deployment as declared, proxy included, even when this run goes around the proxy.
-    from pytest_ml4.plugin import get_state
+    from pytest_ml4.plugin.state import get_state
 
     declared = get_state(pytestconfig).declared_target or ml4_target
     return lint_paths(list(ml4_preflight_paths), declared)

@@ -1,6 +1,6 @@
-"""``python -m pytest_ml4.sim`` / ``ml4-sim``: run the embedded vLLM 0.33 simulator for a target.
+"""``ml4-sim`` (``python -m pytest_ml4.deploy.sim_cli``): the simulated vLLM 0.33 engine as a process, for a target.
 
-    python -m pytest_ml4.sim --target rtxpro6000-tp8 --port 8000 [--host 127.0.0.1] [--log-file F]
+    python -m pytest_ml4.deploy.sim_cli --target rtxpro6000-tp8 --port 8000 [--host 127.0.0.1] [--log-file F]
                              [--fault NAME[=VALUE]]... [--set section.field=value]...
 
 Faults come from ``--fault`` and from the target's ``sim.extra.faults`` list (so a faulty profile can be a
@@ -18,7 +18,9 @@ import errno
 import os
 import socket
 import sys
-from typing import Any
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pytest_ml4.sim.faults import ActiveFaults, FaultError, describe
 from pytest_ml4.targets import (
@@ -29,9 +31,12 @@ from pytest_ml4.targets import (
     parse_override,
 )
 
+if TYPE_CHECKING:
+    from pytest_ml4.sim.server import SimConfig
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pytest_ml4.sim", description="Embedded vLLM 0.33 simulator",
+    p = argparse.ArgumentParser(prog="python -m pytest_ml4.deploy.sim_cli", description="Embedded vLLM 0.33 simulator",
                                 epilog="faults:\n" + describe(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="target name (targets/<name>.yaml) or path to a YAML file")
     p.add_argument("--port", type=int, required=True)
@@ -93,13 +98,34 @@ def port_in_use(host: str, port: int) -> str | None:
 
 def target_and_faults(args: argparse.Namespace) -> tuple[Target, ActiveFaults]:
     """The target (with ``--set`` overrides) and its faults from parsed CLI arguments; exits 2 after one error
-    line. Shared with the Dynamo worker (``pytest_ml4.sim.dynamo_worker``)."""
+    line. Shared with the Dynamo worker (:mod:`pytest_ml4.deploy.dynamo_worker_cli`)."""
     try:
         target = load_with_overrides(args.target, args.overrides)
         return target, ActiveFaults([*target_faults(target), *args.fault])
     except (TargetError, FaultError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+async def hold_until_released(cfg: SimConfig, poll_s: float = 0.02) -> None:
+    """Standby start: do the slow part (tokenizer) now, then wait until the hold file names a release time.
+
+    ``SimServer.restart`` starts the next engine process this way while the old one still serves, then writes
+    the release time (the old engine's stop + ``sim.restart_outage_s``) once the old one has exited: the outage
+    clients see is the target's modelled figure, not however long Python takes to start on a busy machine.
+    The hold file gets a ``.ready`` twin when the slow part is done. Nothing is logged before the release, so
+    the engine log shows the boot after the old engine's shutdown, as a real restart does.
+    """
+    from pytest_ml4.tokenizer import get_tokenizer
+
+    assert cfg.hold_file
+    get_tokenizer(cfg.target.engine.tokenizer_version).max_chars_per_token  # noqa: B018 - warm the cached scan
+    hold = Path(cfg.hold_file)
+    Path(str(hold) + ".ready").write_text(str(os.getpid()))
+    while not hold.exists():
+        await asyncio.sleep(poll_s)
+    release = float(hold.read_text().strip() or 0)
+    await asyncio.sleep(max(0.0, release - time.time()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,11 +142,16 @@ def main(argv: list[str] | None = None) -> int:
         serve,
     )
 
+    async def hold_then_serve(cfg: SimConfig) -> int:
+        if cfg.hold_file:
+            await hold_until_released(cfg)
+        return await serve(cfg)
+
     cfg = SimConfig(target=target, host=args.host, port=args.port, faults=faults, api_key=key,
                     log_file=args.log_file, hold_file=args.hold_file,
                     generation=args.generation)
     try:
-        return asyncio.run(serve(cfg))
+        return asyncio.run(hold_then_serve(cfg))
     except OSError as err:
         if err.errno != errno.EADDRINUSE:
             raise

@@ -1,6 +1,6 @@
 """pytest glue for the restart concern: the restart controller, the LiteLLM proxy in front of the simulator, the
 Kubernetes API (a fake one in ``--sim`` Dynamo runs), and the retry options. The core lives in
-:mod:`pytest_ml4.control`, :mod:`pytest_ml4.proxy`, :mod:`pytest_ml4.sim.dynamo` and
+:mod:`pytest_ml4.control`, :mod:`pytest_ml4.deploy.litellm`, :mod:`pytest_ml4.deploy.dynamo` and
 :mod:`pytest_ml4.logs.kubernetes`.
 
 Fixtures (session scope):
@@ -8,36 +8,39 @@ Fixtures (session scope):
 * ``ml4_proxy`` — the real LiteLLM proxy the plugin starts in front of the simulator for targets with
   ``serving.proxy`` under ``--sim`` (None otherwise); ``--ml4-proxy-retries`` / ``--ml4-proxy-max-retries``
   (defined here) choose its retry settings;
-* ``ml4_dynamo_sim`` — the :class:`~pytest_ml4.sim.dynamo.DynamoSim` of a ``--sim`` Dynamo target (the session's
+* ``ml4_dynamo_sim`` — the :class:`~pytest_ml4.deploy.dynamo.DynamoSim` of a ``--sim`` Dynamo target (the session's
   ``ml4_sim`` when it is one, else one started here);
 * ``ml4_kube_api`` — a ``kubernetes`` ApiClient for Dynamo targets (kubeconfig / ``--ml4-kube-host``; under
-  ``--sim`` the fake API server of ``tests/fake_k8s.py`` serving the DynamoSim's processes as pods);
+  ``--sim`` the fake API server of ``pytest_ml4/deploy/fake_k8s.py`` serving the DynamoSim's processes as pods);
 * ``ml4_kube_namespace``, ``ml4_restart_endpoint`` (where the restart suite sends requests),
   ``ml4_restart_controller`` and ``ml4_restart_logs`` (the engine log reader the post-restart checks use).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_ml4.locations import PACKAGE_PARENT
-from pytest_ml4.plugin_common import get_state as _state
+from pytest_ml4.plugin.options import group as ml4_group
+from pytest_ml4.plugin.state import get_state as _state
 from pytest_ml4.targets import Target
+
+if TYPE_CHECKING:  # annotations only: the fixtures import what they start lazily
+    from pytest_ml4.client import Endpoint
+    from pytest_ml4.deploy.dynamo import DynamoSim
+    from pytest_ml4.deploy.embedded import Engine, Proxy
+
 
 #: Namespace of the simulated DGD when the target names none in the environment.
 SIM_NAMESPACE = "ml4-sim"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("ml4", "pytest-ml4: Mistral Large 4 deployment acceptance")
+    group = ml4_group(parser)
     group.addoption("--ml4-proxy-retries", dest="ml4_proxy_retries", type=int, default=None, metavar="N",
                     help="litellm_settings.num_retries of the LiteLLM proxy started in front of the simulator "
                          "(default: the target's serving.proxy.num_retries; 0 turns retries off) "
@@ -62,32 +65,19 @@ def _api_key(target: Target) -> str | None:
 
 # ----------------------------------------------------------------------------------------------- proxy
 @pytest.fixture(scope="session")
-def ml4_proxy(pytestconfig: pytest.Config, ml4_sim: Any) -> Any:
+def ml4_proxy(pytestconfig: pytest.Config, ml4_sim: Engine | None) -> Proxy | None:
     """The real LiteLLM proxy the plugin started with the simulator (targets with ``serving.proxy``, ``--sim``),
     or None; under xdist a worker's view of the controller's proxy."""
-    return _state(pytestconfig).proxy if ml4_sim is not None else None
+    deployment = _state(pytestconfig).deployment
+    return deployment.proxy if ml4_sim is not None and deployment is not None else None
 
 
 # ----------------------------------------------------------------------------------------------- Dynamo / Kubernetes
-def load_fake_k8s() -> ModuleType:
-    """``tests/fake_k8s.py`` (the fake API server is test infrastructure, kept with the tests)."""
-    if "fake_k8s" in sys.modules:
-        return sys.modules["fake_k8s"]
-    path = PACKAGE_PARENT / "tests" / "fake_k8s.py"  # a checkout's; the deployment package will own it
-    spec = importlib.util.spec_from_file_location("fake_k8s", path)
-    if spec is None or spec.loader is None:
-        raise pytest.UsageError(f"ml4: the fake Kubernetes API server is missing ({path})")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fake_k8s"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
-def ml4_dynamo_sim(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any,
-                   ml4_run_dir: Path) -> Iterator[Any]:
+def ml4_dynamo_sim(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Engine | None,
+                   ml4_run_dir: Path) -> Iterator[DynamoSim | None]:
     """The simulated Dynamo deployment of a ``--sim`` Dynamo target, else None."""
-    from pytest_ml4.sim.dynamo import DynamoSim
+    from pytest_ml4.deploy.dynamo import DynamoSim
 
     if ml4_sim is None or not ml4_target.is_dynamo:
         yield None
@@ -95,16 +85,14 @@ def ml4_dynamo_sim(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any
     if isinstance(ml4_sim, DynamoSim):
         yield ml4_sim
         return
-    # The session's simulator is a plain engine: start the Dynamo frontend + workers for the restart suite.
-    state = _state(pytestconfig)
-    dsim = DynamoSim(ml4_target, faults=getattr(state, "faults", ()), overrides=getattr(state, "overrides", None)
-                     or None, bridge=getattr(state, "dynamo_bridge", True),
-                     log_file=ml4_run_dir / "dynamo" / os.environ.get("PYTEST_XDIST_WORKER", "main") / "engine.log")
+    # An xdist worker sees the controller's deployment: it starts Dynamo frontend + workers of its own to restart.
+    from pytest_ml4.deploy.embedded import DeploymentFailed, start_own_dynamo
+
+    log_file = ml4_run_dir / "dynamo" / os.environ.get("PYTEST_XDIST_WORKER", "main") / "engine.log"
     try:
-        dsim.start()
-    except Exception as err:  # noqa: BLE001 - the simulator's own error carries the log tail
-        dsim.stop()
-        pytest.exit(f"ml4: the Dynamo simulator for {ml4_target.name} did not start: {err}", returncode=3)
+        dsim = start_own_dynamo(ml4_target, log_file, _state(pytestconfig).settings())
+    except DeploymentFailed as err:
+        pytest.exit(str(err), returncode=3)
     try:
         yield dsim
     finally:
@@ -112,7 +100,7 @@ def ml4_dynamo_sim(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any
 
 
 @pytest.fixture(scope="session")
-def ml4_kube_namespace(ml4_target: Target, ml4_dynamo_sim: Any) -> str | None:
+def ml4_kube_namespace(ml4_target: Target, ml4_dynamo_sim: DynamoSim | None) -> str | None:
     if not ml4_target.is_dynamo and ml4_target.control.kind != "kubernetes":
         return None
     from pytest_ml4.control.k8s import KubeConfigError, target_namespace
@@ -126,7 +114,7 @@ def ml4_kube_namespace(ml4_target: Target, ml4_dynamo_sim: Any) -> str | None:
 
 
 @pytest.fixture(scope="session")
-def ml4_kube_api(pytestconfig: pytest.Config, ml4_target: Target, ml4_dynamo_sim: Any,
+def ml4_kube_api(pytestconfig: pytest.Config, ml4_target: Target, ml4_dynamo_sim: DynamoSim | None,
                  ml4_kube_namespace: str | None) -> Iterator[Any]:
     """ApiClient for Dynamo targets (the fake API server over the DynamoSim under ``--sim``); None otherwise."""
     if ml4_kube_namespace is None:
@@ -137,7 +125,11 @@ def ml4_kube_api(pytestconfig: pytest.Config, ml4_target: Target, ml4_dynamo_sim
     if ml4_dynamo_sim is None:
         yield api_client(pytestconfig.getoption("ml4_kube_host"))
         return
-    fake = load_fake_k8s().serve_dynamo(ml4_dynamo_sim, ml4_kube_namespace, ml4_target.control.dgd)
+    from pytest_ml4.deploy.fake_k8s import (
+        serve_dynamo,  # aiohttp: only when a Dynamo run asks for it
+    )
+
+    fake = serve_dynamo(ml4_dynamo_sim, ml4_kube_namespace, ml4_target.control.dgd)
     try:
         yield api_client(fake.url)
     finally:
@@ -147,7 +139,7 @@ def ml4_kube_api(pytestconfig: pytest.Config, ml4_target: Target, ml4_dynamo_sim
 
 # ----------------------------------------------------------------------------------------------- restart
 @pytest.fixture(scope="session")
-def ml4_restart_endpoint(ml4_target: Target, ml4_endpoint: Any, ml4_proxy: Any, ml4_dynamo_sim: Any) -> Any:
+def ml4_restart_endpoint(ml4_target: Target, ml4_endpoint: Endpoint, ml4_proxy: Proxy | None, ml4_dynamo_sim: DynamoSim | None) -> Any:
     """Where the restart suite sends requests: the proxy, the simulated Dynamo frontend, or the endpoint."""
     from dataclasses import replace
 
@@ -160,7 +152,7 @@ def ml4_restart_endpoint(ml4_target: Target, ml4_endpoint: Any, ml4_proxy: Any, 
 
 
 @pytest.fixture(scope="session")
-def ml4_restart_controller(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any,
+def ml4_restart_controller(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Engine | None,
                            ml4_restart_endpoint: Any, ml4_kube_api: Any, ml4_kube_namespace: str | None) -> Any:
     """The restart controller for the target (simulator process, systemd unit, or the DGD's pods)."""
     from pytest_ml4.control import RestartError, controller_for
@@ -189,7 +181,7 @@ def ml4_restart_controller(pytestconfig: pytest.Config, ml4_target: Target, ml4_
 
 
 @pytest.fixture(scope="session")
-def ml4_restart_logs(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any, ml4_kube_api: Any,
+def ml4_restart_logs(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Engine | None, ml4_kube_api: Any,
                      ml4_kube_namespace: str | None) -> Any:
     """The engine log reader the post-restart checks judge (worker pods for Dynamo targets); ``--ml4-log-file``
     wins, as for ``ml4_logs``: the user named the log of the deployment under test."""

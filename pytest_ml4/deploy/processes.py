@@ -2,6 +2,7 @@
 workers and gateway, real vLLM, aiperf) is started by :func:`popen` in a session of its own and registered here,
 so one place can end them all, whatever interrupted the run.
 
+* :func:`run` -- ``subprocess.run`` of a short command that runs to its end (not registered: see there).
 * :func:`popen` -- ``subprocess.Popen`` in a new session (the child is the leader of its own process group, so a
   terminal's Ctrl-C does not reach it half-way through a drain) and registered.
 * :func:`stop` -- end one group: ``first_signal`` to the group (or only the leader), wait ``grace_s`` for the
@@ -53,6 +54,14 @@ def popen(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
         _registered += 1
         _owned[proc.pid] = (_registered, proc)
     return proc
+
+
+def run(argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run(argv, **kwargs)`` for a short command that runs to its end (git, journalctl, systemctl,
+    systemd-cat, aiperf's Kubernetes submit). It stays in the session's own process group, unlike :func:`popen`:
+    the terminal's Ctrl-C reaches it as it reaches pytest, and ``systemctl`` keeps the terminal it may ask a
+    password on. Here so that every process the project starts is started in this module."""
+    return subprocess.run(argv, **kwargs)  # noqa: PLW1510 - callers pass check= themselves
 
 
 def mark() -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -26,11 +26,16 @@ from pytest_ml4.logs import (
     LogView,
     reader_for_target,
 )
+from pytest_ml4.plugin.options import group as ml4_group
 from pytest_ml4.targets import Target
+
+if TYPE_CHECKING:  # annotations only: the fixtures import what they start lazily
+    from pytest_ml4.deploy.embedded import Engine
+
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("ml4", "pytest-ml4: Mistral Large 4 deployment acceptance")
+    group = ml4_group(parser)
     group.addoption("--ml4-log-file", dest="ml4_log_file", default=None, metavar="PATH",
                     help="read the engine log from this file instead of the target's journald/Kubernetes source "
                          "(e.g. a saved 'journalctl -u UNIT' or 'kubectl logs' output) (ini: ml4_log_file)")
@@ -38,7 +43,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 @pytest.fixture(scope="session")
-def ml4_logs(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Any) -> LogReader:
+def ml4_logs(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Engine | None) -> LogReader:
     """Reader of the engine log (simulator log file, journald, Kubernetes, or --ml4-log-file)."""
     path = pytestconfig.getoption("ml4_log_file") or pytestconfig.getini("ml4_log_file")
     if path:
@@ -138,7 +143,7 @@ def memory_header(target: Target) -> str:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    from pytest_ml4.plugin import get_state
+    from pytest_ml4.plugin.state import get_state
 
     state = get_state(config)
     if state.target is None or not state.use_sim:

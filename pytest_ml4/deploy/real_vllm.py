@@ -16,16 +16,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
-from pytest_ml4 import process_groups, tools
+from pytest_ml4 import tools
+from pytest_ml4.deploy import processes
+from pytest_ml4.deploy.launcher import LaunchError, ServerLifecycle, answers_200
 from pytest_ml4.locations import PACKAGE_PARENT
 from pytest_ml4.realvllm.scripted import PACE_ENV
-from pytest_ml4.server_lifecycle import ServerLifecycle, answers_200
 from pytest_ml4.targets import Target
 
 SCRIPTED_PROCESSOR = "pytest_ml4.realvllm.scripted:ScriptedModel"
 
 
-class RealVllmError(RuntimeError):
+class RealVllmError(LaunchError):
     """Real vLLM did not come up (the message carries the command and the log tail)."""
 
 
@@ -123,14 +124,14 @@ class RealVllm(ServerLifecycle):
         timeout = self.default_timeout if timeout is None else timeout
         if self.is_running():
             return self
-        from pytest_ml4.sim.server_proc import free_port
+        from pytest_ml4.deploy.simulator import free_port
 
         self.port = self._requested_port or free_port(self.host)
         argv = self.argv()
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         with open(self.log_file, "ab") as log:
-            self.proc = process_groups.popen(argv, env=self.child_env(), stdout=log, stderr=subprocess.STDOUT,
+            self.proc = processes.popen(argv, env=self.child_env(), stdout=log, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, cwd=str(PACKAGE_PARENT))
         self._wait_until_healthy(self._answers_health, timeout, what="real vLLM", error=RealVllmError,
                                  details=lambda: f"command: {' '.join(argv)}\n--- log tail ({self.log_file}) ---\n"
@@ -145,7 +146,7 @@ class RealVllm(ServerLifecycle):
         """SIGTERM to the server's own process group (it and the EngineCore it spawned), SIGKILL after
         ``timeout``."""
         proc, self.proc = self.proc, None
-        process_groups.stop(proc, timeout)
+        processes.stop(proc, timeout)
 
     def __repr__(self) -> str:
         return f"RealVllm(url={self.url!r}, pid={self.pid})"

@@ -33,8 +33,10 @@ from pytest_ml4.baselines import (
     deployment_provenance,
     pick_baseline,
 )
-from pytest_ml4.plugin_common import simulator_answers
+from pytest_ml4.plugin.state import simulator_answers
 from pytest_ml4.targets import Target
+from pytest_ml4.plugin.options import group as ml4_group
+from pytest_ml4.plugin.options import opt
 
 SUMMARY_FILE = "accuracy-summary.json"
 #: How a deployment's accuracy baseline is recorded (named by the gate when it cannot judge without one).
@@ -42,7 +44,7 @@ RECORD_COMMAND = "pytest --target {target} -m accuracy --accuracy-save=pytest_ml
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("ml4")
+    group = ml4_group(parser)
     add = group.addoption
     add("--accuracy-size", dest="ml4_accuracy_size", type=int, default=None, metavar="N",
         help="BFCL items per category (seeded sample; default: every item, the nightly run) "
@@ -82,13 +84,8 @@ class AccuracyOptions:
     seed: int = 1234
 
 
-def _opt(config: pytest.Config, name: str) -> Any:
-    v = config.getoption(f"ml4_accuracy_{name}", None)
-    return v if v is not None else config.getini(f"ml4_accuracy_{name}")
-
-
 def _num(config: pytest.Config, name: str, kind: type, default: Any, lo: float, hi: float | None = None) -> Any:
-    raw = _opt(config, name)
+    raw = opt(config, f"ml4_accuracy_{name}", f"ml4_accuracy_{name}")
     if raw is None:
         return default
     try:
@@ -102,12 +99,12 @@ def _num(config: pytest.Config, name: str, kind: type, default: Any, lo: float, 
 
 def options(config: pytest.Config, target_name: str | None) -> AccuracyOptions:
     """The accuracy options, checked (UsageError names the option)."""
-    cats = _opt(config, "categories")
+    cats = opt(config, "ml4_accuracy_categories", "ml4_accuracy_categories")
     try:
         categories = resolve_categories([c.strip() for c in str(cats).split(",") if c.strip()] if cats else None)
     except CategoryError as e:
         raise pytest.UsageError(f"--accuracy-categories: {e}") from None
-    base = _opt(config, "baseline")
+    base = opt(config, "ml4_accuracy_baseline", "ml4_accuracy_baseline")
     save = config.getoption("ml4_accuracy_save")
     return AccuracyOptions(categories, _num(config, "size", int, None, 1), Path(base) if base else None,
                            Path(save) if save else None, _num(config, "tolerance", float, 0.05, 0, 1),
@@ -201,8 +198,8 @@ def run_accuracy(config: pytest.Config, target: Target, declared: Target, endpoi
 @pytest.fixture(scope="session")
 def ml4_accuracy(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Any, http_client: Any,
                  ml4_run_dir: Path) -> AccuracyRun:
-    from pytest_ml4.plugin import get_state
-    from pytest_ml4.plugin_perf import progress_writer
+    from pytest_ml4.plugin.perf import progress_writer
+    from pytest_ml4.plugin.state import get_state
     from pytest_ml4.tools import ToolMissing
 
     declared = get_state(pytestconfig).declared_target or ml4_target

@@ -8,7 +8,7 @@ v15 Tekken file of :mod:`pytest_ml4.tokenizer` offline, with the same ids as mis
 ``[/THINK]``, ``[TOOL_CALLS]``, ``[ARGS]``, ``[CALL_ID]`` stay in the text the frontend's parsers see.
 
 Run by ``scripts/install.d/50-dynamo.sh`` inside the Dynamo venv (it needs ``transformers``):
-``python -m pytest_ml4.sim.dynamo_model DEST``. Never at test time.
+``python -m pytest_ml4.deploy.dynamo_model DEST``. Never at test time.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def convert(dest: Path) -> Path:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m pytest_ml4.sim.dynamo_model DEST", file=sys.stderr)
+        print("usage: python -m pytest_ml4.deploy.dynamo_model DEST", file=sys.stderr)
         return 2
     print(convert(Path(argv[0])))
     return 0

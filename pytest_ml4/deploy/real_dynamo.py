@@ -3,7 +3,7 @@
 the tiny dummy-weight Mistral, whose every token the scripted model (:mod:`pytest_ml4.realdynamo.scripted`) chooses.
 
 The frontend, its process handling, discovery on files, the gateway and the ``SimServer`` interface are
-:class:`~pytest_ml4.sim.dynamo.DynamoSim`'s; only the worker differs (:class:`RealDynamoWorker`). Per worker
+:class:`~pytest_ml4.deploy.dynamo.DynamoSim`'s; only the worker differs (:class:`RealDynamoWorker`). Per worker
 (shared/reference/real-dynamo-vllm.md): ``DYN_SYSTEM_PORT`` below 32768 (its ``/health`` and ``vllm:*`` ``/metrics``),
 KV events published on ``tcp://*:PORT`` (with ``127.0.0.1`` vLLM 0.31 connects instead of binding and the KV router
 sees nothing), its own process group, stopped as a group (after a kill of ``dynamo.vllm`` its EngineCore and Worker
@@ -25,18 +25,15 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from pytest_ml4 import process_groups, tools
-from pytest_ml4.dynamo_versions import OWN_OUTPUT, model_output
-from pytest_ml4.realdynamo import disagg
-from pytest_ml4.realdynamo.scripted import OUTPUT_ENV
-from pytest_ml4.realvllm.scripted import PACE_ENV
-from pytest_ml4.sim.dynamo import (
+from pytest_ml4 import tools
+from pytest_ml4.deploy import processes
+from pytest_ml4.deploy import real_dynamo_disagg as disagg
+from pytest_ml4.deploy.dynamo import (
     DynamoSim,
     DynamoStartError,
     DynamoWorker,
@@ -44,15 +41,15 @@ from pytest_ml4.sim.dynamo import (
     free_system_port,
     port_free,
 )
-from pytest_ml4.sim.orphans import Leftover, group_members
+from pytest_ml4.deploy.orphans import Leftover, group_members
+from pytest_ml4.deploy.worker_plan import declared_workers, plan_workers
+from pytest_ml4.dynamo_versions import OWN_OUTPUT, model_output
+from pytest_ml4.realdynamo.scripted import OUTPUT_ENV
+from pytest_ml4.realvllm.scripted import PACE_ENV
 from pytest_ml4.targets import Target
 
 #: The scripted model, loaded by vLLM inside each worker (the checkout is on the worker's PYTHONPATH).
 SCRIPTED_PROCESSOR = "pytest_ml4.realdynamo.scripted:DynamoScriptedModel"
-#: Resident memory of one worker (main 0.83 + EngineCore 0.77 + Worker 2.1 GiB incl. its 1 GiB KV cache), and
-#: what stays free for the frontend, the suites and the machine (real-dynamo-vllm.md "Run").
-WORKER_GIB = 3.7
-RESERVE_GIB = 2.0
 #: A worker's start: 35 s at load ~1, 340 s measured at load 34 on 2 cores.
 START_TIMEOUT_S = 900.0
 #: Stop of a worker: SIGTERM to the group (deregisters and drains: 9.4 s measured), SIGKILL to the group after.
@@ -67,53 +64,6 @@ def available_gib(meminfo: Path = Path("/proc/meminfo")) -> float:
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) / 2**20
     raise DynamoStartError(f"{meminfo} has no MemAvailable line")
-
-
-@dataclass(frozen=True)
-class WorkerPlan:
-    """How many real workers per role start, against what the target declares."""
-
-    declared: dict[str, int]
-    started: dict[str, int]
-    available_gib: float
-    #: What the deployment was reduced to fit (the memory, or the disaggregated workers' one core each).
-    limit: str = "the memory here"
-
-    @property
-    def reduced(self) -> bool:
-        return self.started != self.declared
-
-    def note(self) -> str | None:
-        """One line for the report when the deployment is smaller than the target, else None."""
-        if not self.reduced:
-            return None
-        parts = ", ".join(f"{role} {self.started[role]} of {n}" for role, n in self.declared.items())
-        return (f"reduced to {self.limit}: {parts} real dynamo.vllm workers ({WORKER_GIB} GiB each, "
-                f"{self.available_gib:.1f} GiB available)")
-
-
-def declared_workers(target: Target) -> dict[str, int]:
-    """role -> the worker count the target declares (``worker`` for aggregated, ``prefill``/``decode``)."""
-    topo = target.topology
-    if topo.kind == "disagg":
-        return {"prefill": topo.prefill_workers, "decode": topo.decode_workers}
-    return {"worker": topo.workers}
-
-
-def plan_workers(declared: Mapping[str, int], free_gib: float) -> WorkerPlan:
-    """Fit ``declared`` into ``free_gib`` (less the reserve): the role with most workers gives one up until the
-    rest fits. DynamoStartError (one line) when even one worker per role does not fit."""
-    started = dict(declared)
-    budget = free_gib - RESERVE_GIB
-    while sum(started.values()) * WORKER_GIB > budget:
-        role = max(started, key=lambda r: started[r])
-        if started[role] <= 1:
-            need = len(started) * WORKER_GIB + RESERVE_GIB
-            raise DynamoStartError(f"not enough memory for real dynamo.vllm workers: {len(started)} worker(s) "
-                                   f"({', '.join(started)}) need {need:.1f} GiB ({WORKER_GIB} GiB each + "
-                                   f"{RESERVE_GIB} GiB reserve), MemAvailable is {free_gib:.1f} GiB")
-        started[role] -= 1
-    return WorkerPlan(dict(declared), started, round(free_gib, 1))
 
 
 class RealDynamoWorker(DynamoWorker):
@@ -132,7 +82,7 @@ class RealDynamoWorker(DynamoWorker):
 
     def wait_ready(self, timeout: float, cap: float | None = None) -> None:
         """Ready (every start path ends here), then a disaggregated worker's engine processes yield to its Dynamo
-        runtime (:func:`~pytest_ml4.realdynamo.disagg.lower_engine_priority`)."""
+        runtime (:func:`~pytest_ml4.deploy.real_dynamo_disagg.lower_engine_priority`)."""
         super().wait_ready(timeout, cap)
         if disagg.is_disagg_role(self.role) and self._proc is not None:
             disagg.lower_engine_priority(self._proc.pid, self._proc.pid)
@@ -203,7 +153,7 @@ class RealDynamoWorker(DynamoWorker):
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        process_groups.stop(proc, timeout)
+        processes.stop(proc, timeout)
         wait_group_gone(proc.pid, GROUP_EXIT_S)   # a SIGKILL is delivered asynchronously
 
 
@@ -270,7 +220,7 @@ class RealDynamoDeployment(DynamoSim):
 
     def start(self, timeout: float = 120.0) -> RealDynamoDeployment:
         """Start as :class:`DynamoSim` does; a disaggregated deployment then serves one warm-up request
-        (:func:`pytest_ml4.realdynamo.disagg.warm_up`) before it counts as started."""
+        (:func:`pytest_ml4.deploy.real_dynamo_disagg.warm_up`) before it counts as started."""
         super().start(timeout)
         if self.target.topology.kind == "disagg":
             try:

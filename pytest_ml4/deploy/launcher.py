@@ -19,6 +19,13 @@ from typing import Self
 
 import httpx
 
+
+class LaunchError(RuntimeError):
+    """A process the project starts did not come up: the message names the command and quotes its log tail.
+    Each kind's error (the simulator's, real vLLM's, Dynamo's, LiteLLM's) is one of these, so a caller that
+    starts any of them catches one type (:class:`pytest_ml4.deploy.embedded.DeploymentFailed` for the plugin)."""
+
+
 #: With a progress probe, the whole wait may last this many times the no-progress window (``cap_s`` default).
 PROGRESS_CAP_FACTOR = 5.0
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 
 from pytest_ml4.guard import DEADLINE_NAMES, parse_deadlines
-from pytest_ml4.plugin_common import STATE_KEY, opt, session_deadlines
+from pytest_ml4.plugin.options import group as ml4_group
+from pytest_ml4.plugin.options import opt
+from pytest_ml4.plugin.state import STATE_KEY, session_deadlines
 
 #: A failure message longer than this is cut in the middle (a 50 MB wrong answer quoted by a check must not
 #: become 100 MB of console and Allure results); both ends stay, so the check's own words and the URL remain.
@@ -18,7 +20,7 @@ MESSAGE_LIMIT = 16 * 1024
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("ml4")
+    group = ml4_group(parser)
     group.addoption("--ml4-deadlines", dest="ml4_deadlines", default=None, metavar="NAME=S[,NAME=S]",
                     help=f"per-request deadlines in seconds, NAME one of {', '.join(DEADLINE_NAMES)}; unset ones "
                          "are derived from the target (README: bad input) (ini: ml4_deadlines)")

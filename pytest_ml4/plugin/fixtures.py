@@ -1,0 +1,120 @@
+"""The core fixtures: the target, the run folder, the faults, the ``--sim`` engine and the endpoint with its clients.
+
+The deployment itself is ``deploy/``'s (:mod:`pytest_ml4.deploy.embedded`): these fixtures ask the session state
+for it and know none of its kinds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import pytest
+
+from pytest_ml4.deploy.embedded import Engine
+from pytest_ml4.plugin.state import Ml4State, get_state, session_deadlines
+from pytest_ml4.report.redact import redact
+from pytest_ml4.targets import Target, known_targets
+
+if TYPE_CHECKING:  # openai and httpx load only when a test asks for an endpoint (collection stays fast)
+    import httpx
+
+    from pytest_ml4.client import Endpoint
+
+
+@pytest.fixture(scope="session")
+def ml4_target(pytestconfig: pytest.Config) -> Target:
+    state = get_state(pytestconfig)
+    if state.target is None:
+        raise pytest.UsageError(f"this test needs --target; known targets: "
+                                f"{', '.join(known_targets(state.targets_dir))}")
+    return state.target
+
+
+@pytest.fixture(scope="session")
+def ml4_run_dir(pytestconfig: pytest.Config) -> Path:
+    return get_state(pytestconfig).ensure_run_dir()
+
+
+@pytest.fixture(scope="session")
+def ml4_faults(pytestconfig: pytest.Config) -> tuple[str, ...]:
+    return get_state(pytestconfig).faults
+
+
+@pytest.fixture(scope="session")
+def ml4_sim(pytestconfig: pytest.Config, ml4_target: Target) -> Engine | None:
+    """The running engine under --sim (controller: the process handle; xdist worker: where it is), else None."""
+    state = get_state(pytestconfig)
+    if not state.use_sim:
+        return None
+    return state.start_deployment().engine
+
+
+@pytest.fixture(scope="session")
+def ml4_worker_engine(pytestconfig: pytest.Config, ml4_sim: Engine | None) -> dict[str, Any] | None:
+    """What real ``dynamo.vllm`` workers serve the run (``--sim-engine vllm`` on a Dynamo target: their releases,
+    the declared version's emulation; ``RealDynamoDeployment.info()``), or None (simulated worker, live target)."""
+    info = get_state(pytestconfig).description
+    return ((info.dynamo if info is not None else None) or {}).get("worker_engine")
+
+
+def build_endpoint(state: Ml4State) -> Endpoint:
+    """The Endpoint for the session, or ``pytest.exit`` with one line saying what is missing or unreachable."""
+    from pytest_ml4.deploy.endpoint import EndpointUnusable, endpoint_for
+
+    config, target = state.config, state.target
+    assert target is not None
+    try:
+        return endpoint_for(target, state.deployment if state.use_sim else None,
+                            endpoint_url=config.getoption("ml4_endpoint"),
+                            key_var=config.getoption("ml4_api_key_env") or target.endpoint.api_key_env,
+                            deadlines=session_deadlines(config, target))
+    except EndpointUnusable as err:
+        _exit(str(err), err.returncode)
+
+
+def _exit(message: str, returncode: int) -> NoReturn:
+    """Stop the session with one line, secrets masked (the line quotes what the endpoint answered)."""
+    pytest.exit(redact(message), returncode=returncode)
+
+
+@pytest.fixture(scope="session")
+def ml4_endpoint(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Engine | None) -> Endpoint:
+    """Where the suites send requests; stops the session in seconds when it is unreachable."""
+    return build_endpoint(get_state(pytestconfig))
+
+
+@pytest.fixture(scope="session")
+def openai_client(ml4_endpoint: Endpoint) -> Iterator[Any]:
+    from pytest_ml4.client import make_openai
+
+    client = make_openai(ml4_endpoint)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def async_openai_client(ml4_endpoint: Endpoint) -> Any:
+    """Function-scoped: an async client's connections belong to the event loop of the one test using it."""
+    from pytest_ml4.client import make_async_openai
+
+    return make_async_openai(ml4_endpoint)
+
+
+@pytest.fixture(scope="session")
+def ml4_token_counter(ml4_target: Target, ml4_endpoint: Endpoint) -> Any:
+    """Token re-counter for usage checks: the deployment's ``POST /tokenize`` where the stack has one, else the
+    local Tekken (``pytest_ml4.recount``)."""
+    from pytest_ml4.recount import counter_for
+
+    return counter_for(ml4_target, ml4_endpoint)
+
+
+@pytest.fixture(scope="session")
+def http_client(ml4_endpoint: Endpoint) -> Iterator[httpx.Client]:
+    from pytest_ml4.client import make_httpx
+
+    client = make_httpx(ml4_endpoint)
+    yield client
+    client.close()
