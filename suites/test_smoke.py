@@ -42,13 +42,15 @@ def _chat_body(target: Target, prompt: str, **extra: Any) -> dict[str, Any]:
     return {"model": target.serving.served_model_name, "messages": [{"role": "user", "content": prompt}], **extra}
 
 
-def test_health(ml4_target: Target, ml4_endpoint: Any) -> None:
-    """The endpoint's health; on Dynamo every worker listed; behind a proxy, the engine's own ``/health`` (a
-    proxy's liveness answers 200 while the engine behind it is dead)."""
+def test_health(ml4_target: Target, ml4_endpoint: Any, ml4_worker_engine: dict[str, Any] | None) -> None:
+    """The endpoint's health; on Dynamo every worker listed (every worker the embedded deployment started, where it
+    reduced the target's topology); behind a proxy, the engine's own ``/health`` (a proxy's liveness answers 200
+    while the engine behind it is dead)."""
     path = DATA["health_path"][ml4_target.serving.stack]
     resp = assert_endpoint_healthy(ml4_endpoint, path)
     if ml4_target.is_dynamo:
-        assert_dynamo_workers_registered(resp, path, ml4_target)
+        reduced = ml4_worker_engine["started"] if ml4_worker_engine and ml4_worker_engine.get("reduced") else None
+        assert_dynamo_workers_registered(resp, path, ml4_target, reduced)
     if ml4_target.has_proxy:
         engine_stack = ml4_target.serving.stack.split("+", 1)[0]
         assert_engine_behind_proxy_healthy(ml4_endpoint, ml4_target, DATA["health_path"][engine_stack])

@@ -42,6 +42,20 @@ def test_disagg_counts_each_role_on_its_own() -> None:
         assert_dynamo_workers_registered(_health(*spare), "/health", disagg)
 
 
+def test_a_reduced_embedded_deployment_is_held_to_what_it_started() -> None:
+    """Real dynamo.vllm workers here run one per role (one core each): /health must list the workers that
+    deployment started, and a role it started but that did not register still fails, naming the reduction."""
+    disagg = load_target("gb300-disagg")
+    assert disagg.topology.prefill_workers > 1 and disagg.topology.decode_workers > 1
+    started = {"prefill": 1, "decode": 1}
+    assert_dynamo_workers_registered(_health(("prefill", 1), ("backend", 2)), "/health", disagg, started)
+    with pytest.raises(AssertionError, match=r"/health lists 1 prefill worker instance\(s\) .*the target has"):
+        assert_dynamo_workers_registered(_health(("prefill", 1), ("backend", 2)), "/health", disagg)
+    with pytest.raises(AssertionError, match=r"/health lists 0 decode worker instance\(s\) \[\], the embedded "
+                                             r"deployment \(reduced from the target's topology\) started 1"):
+        assert_dynamo_workers_registered(_health(("prefill", 1)), "/health", disagg, started)
+
+
 def test_a_healthy_frontend_without_workers_is_not_ready() -> None:
     with pytest.raises(AssertionError, match="serves no worker: /health lists no 'generate' instance"):
         assert_dynamo_workers_registered(_health(("backend", 1), endpoint="clear_kv_blocks"), "/health",

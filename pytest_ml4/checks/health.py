@@ -9,6 +9,7 @@ too, each disaggregation role on its own (a missing prefill worker is not made u
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -28,29 +29,43 @@ def assert_endpoint_healthy(endpoint: Endpoint, path: str) -> httpx.Response:
     return resp
 
 
-def _short_roles(health: Any, target: Target) -> list[str]:
-    """The disaggregation roles with fewer listed worker instances than the target has, one phrase each."""
+def expected_workers(target: Target, reduced_to: Mapping[str, int] | None = None) -> tuple[dict[str, int], str]:
+    """How many worker instances per role /health must list, and who says so: the target's topology, or what an
+    embedded deployment that could not hold the whole topology here started instead (its report and
+    ``summary.json`` name the reduction, so the check holds the deployment to what it really is)."""
+    if target.topology_kind == "disagg":
+        declared = {"prefill": target.topology.prefill_workers, "decode": target.topology.decode_workers}
+    else:
+        declared = {"worker": target.topology.workers}
+    if reduced_to is None:
+        return declared, "the target has"
+    return ({role: int(reduced_to.get(role, n)) for role, n in declared.items()},
+            "the embedded deployment (reduced from the target's topology) started")
+
+
+def _short_roles(health: Any, want: Mapping[str, int], who: str) -> list[str]:
+    """The disaggregation roles with fewer listed worker instances than wanted, one phrase each."""
     listed = role_instance_ids(health)
-    return [f"{len(listed[role])} {role} worker instance(s) {sorted(listed[role], key=str)}, the target has {want}"
-            for role, want in (("prefill", target.topology.prefill_workers),
-                               ("decode", target.topology.decode_workers))
-            if len(listed[role]) < want]
+    return [f"{len(listed[role])} {role} worker instance(s) {sorted(listed[role], key=str)}, {who} {n}"
+            for role, n in want.items() if len(listed[role]) < n]
 
 
-def assert_dynamo_workers_registered(resp: httpx.Response, path: str, target: Target) -> None:
-    """The Dynamo frontend's /health is healthy and lists at least the target's workers (per role when disagg)."""
+def assert_dynamo_workers_registered(resp: httpx.Response, path: str, target: Target,
+                                     reduced_to: Mapping[str, int] | None = None) -> None:
+    """The Dynamo frontend's /health is healthy and lists at least the expected workers (per role when disagg;
+    :func:`expected_workers`)."""
     body = decode_json(resp, f"GET {path}")
     assert body.get("status") in ("healthy", "ready"), f"Dynamo frontend not healthy: {body}"
     workers = worker_instance_ids(body)
     assert workers, (f"the Dynamo frontend is up but serves no worker: /health lists no 'generate' "
                      f"instance ({body})")
+    want, who = expected_workers(target, reduced_to)
     if target.topology_kind == "disagg":
-        short = _short_roles(body, target)
+        short = _short_roles(body, want, who)
         assert not short, f"/health lists {'; '.join(short)}: not every worker registered"
         return
-    want = target.topology.workers
-    assert len(workers) >= want, (f"/health lists {len(workers)} worker instance(s) {sorted(workers)}, the "
-                                  f"target has {want} workers: not every worker registered")
+    assert len(workers) >= want["worker"], (f"/health lists {len(workers)} worker instance(s) {sorted(workers)}, "
+                                            f"{who} {want['worker']} workers: not every worker registered")
 
 
 def assert_engine_behind_proxy_healthy(endpoint: Endpoint, target: Target, engine_path: str) -> None:
