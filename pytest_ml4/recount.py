@@ -8,10 +8,11 @@ The local fallback is mistral-common's bundled vocabulary relabelled, not the de
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 
+from pytest_ml4.targets import Target
+from pytest_ml4.client import Endpoint
 from pytest_ml4.tokenizer import get_tokenizer
 
 #: Relative slack a local re-count needs (the deployed vocabulary may split some words differently).
@@ -56,7 +57,7 @@ class TokenCounter:
                 f"vocabulary, hence {LOCAL_SLACK_FRACTION:.0%} slack")
 
 
-def counter_for(target: Any, endpoint: Any) -> TokenCounter:
+def counter_for(target: Target, endpoint: Endpoint) -> TokenCounter:
     """The counter for a target: vLLM-served stacks ask the engine's ``/tokenize`` (at the root its ``/metrics``
     is served from), Dynamo frontends serve none."""
     from pytest_ml4.vllm_versions import for_version

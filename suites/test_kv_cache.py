@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from pytest_ml4.client import Endpoint
 from pytest_ml4.checks.kv import (
     VerdictReport,
     assert_kv_pool_holds_requirement,
@@ -40,7 +41,7 @@ pytestmark = pytest.mark.kv
 
 
 @pytest.fixture(scope="module")
-def engine_metrics(ml4_endpoint: Any, ml4_target: Target) -> EngineMetrics:
+def engine_metrics(ml4_endpoint: Endpoint, ml4_target: Target) -> EngineMetrics:
     return EngineMetrics.of(ml4_endpoint, ml4_target)
 
 
@@ -53,7 +54,7 @@ def kv_metrics(engine_metrics: EngineMetrics) -> MetricsRead:
 
 
 @pytest.fixture(scope="module")
-def kv_load(http_client: httpx.Client, ml4_endpoint: Any, ml4_target: Target, ml4_logs: LogReader) -> Iterator[LoadResult]:
+def kv_load(http_client: httpx.Client, ml4_endpoint: Endpoint, ml4_target: Target, ml4_logs: LogReader) -> Iterator[LoadResult]:
     result = run_load(http_client, ml4_endpoint, ml4_target)
     wait_for_stats_line(ml4_logs, result.started)
     yield result

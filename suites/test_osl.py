@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from pytest_ml4.targets import Target
+from pytest_ml4.client import Endpoint
 from pytest_ml4.urls import display_url
 from pytest_ml4.metrics import STACK_TOKEN_COUNTER, generated_tokens
 from pytest_ml4.perf.export import read_records
@@ -57,7 +59,7 @@ class Streamed:
 
 
 @pytest.fixture(scope="module")
-def streamed(http_client: Any, ml4_endpoint: Any, ml4_target: Any, osl_window_start: float) -> Streamed:
+def streamed(http_client: Any, ml4_endpoint: Endpoint, ml4_target: Target, osl_window_start: float) -> Streamed:
     # The effective metrics URL (not only a --sim one): live runs read the engine's, or the Dynamo frontend's,
     # counter too; each stack's URL carries its own counter (STACK_TOKEN_COUNTER).
     url, counter = ml4_endpoint.effective_metrics_url, STACK_TOKEN_COUNTER[ml4_target.serving.stack]
@@ -149,7 +151,7 @@ def test_no_request_killed_by_the_grammar(streamed: Streamed, aiperf_osl: Any, m
                        + view.excerpt(kills) + "\n" + WHY_NOT_IGNORE_EOS)
 
 
-def test_perf_configs_never_use_ignore_eos(ml4_target: Any,
+def test_perf_configs_never_use_ignore_eos(ml4_target: Target,
                                            ml4_perf_extra_inputs: dict[str, Any]) -> None:
     """The target's manifests and the user's ``--perf-extra-input`` never hold the length with ignore_eos.
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from pytest_ml4.targets import Target
+from pytest_ml4.client import Endpoint
 from pytest_ml4.baselines import describe_conditions
 from pytest_ml4.checks.perf import assert_gate_passed, assert_gates_pass
 from pytest_ml4.checks.verdict import not_judged
@@ -74,7 +76,7 @@ def test_fixed_output_length_in_every_point(ml4_perf_sweep: Any) -> None:
 
 
 @pytest.mark.dynamo
-def test_dynamo_gate(ml4_perf_sweep: Any, ml4_target: Any) -> None:
+def test_dynamo_gate(ml4_perf_sweep: Any, ml4_target: Target) -> None:
     results = ml4_perf_sweep.verdict.by_gate("decode_tok_s_user_p50") + ml4_perf_sweep.verdict.by_gate("ttft_p50")
     assert_gates_pass(results, none=f"target {ml4_target.name} defines no Dynamo gate (gates.decode_tok_s_user_p50_min, "
                                     f"ttft_p50_s_max)")
@@ -102,7 +104,7 @@ def test_decode_concurrency_saturates_at_max_num_seqs(ml4_perf_sweep: Any) -> No
     assert_gates_pass(ml4_perf_sweep.verdict.by_gate("saturation"), none="no point produced figures")
 
 
-def test_latency_knee(ml4_perf_sweep: Any, ml4_target: Any) -> None:
+def test_latency_knee(ml4_perf_sweep: Any, ml4_target: Target) -> None:
     """The knee (first TTFT p99 over ``gates.ttft_p99_knee_s``) comes no earlier than the target's stated bound
     (``gates.knee_not_before``) or the stored baseline's knee; with neither it fails: a knee judged against
     nothing used to pass on every Dynamo target. A sweep with no point below the bound cannot
@@ -131,8 +133,8 @@ def test_plots_and_summary_written(ml4_perf_sweep: Any, ml4_run_dir: Path) -> No
 
 # ------------------------------------------------------------------------------------- agentic trace replay
 @pytest.mark.dynamo
-def test_agentic_trace_replay(ml4_target: Any, ml4_perf_client: Any, ml4_run_dir: Path, ml4_perf_settings: Any,
-                              ml4_perf_progress: Any, ml4_endpoint: Any) -> None:
+def test_agentic_trace_replay(ml4_target: Target, ml4_perf_client: Any, ml4_run_dir: Path, ml4_perf_settings: Any,
+                              ml4_perf_progress: Any, ml4_endpoint: Endpoint) -> None:
     if not ml4_target.perf.trace:
         pytest.fail(f"target {ml4_target.name} names no perf.trace for the agentic replay")
     trace = ml4_target.resolve(ml4_target.perf.trace)
@@ -172,8 +174,8 @@ def _workload(target: Any, name: str) -> Any:
 
 
 @pytest.mark.parametrize("workload", ["chat", "sessions"])
-def test_goodput_at_production_rate(workload: str, ml4_perf_workloads: Any, ml4_target: Any, ml4_run_dir: Path,
-                                    ml4_endpoint: Any) -> None:
+def test_goodput_at_production_rate(workload: str, ml4_perf_workloads: Any, ml4_target: Target, ml4_run_dir: Path,
+                                    ml4_endpoint: Endpoint) -> None:
     """At the workload's production rate (Poisson arrivals), the share of requests meeting every SLO (TTFT, ITL,
     end-to-end; aiperf's own ``--goodput``) is at least ``perf.goodput_floor``. The plot shows each latency's
     distribution against its SLO line. P50 gates hide the tail; this one does not (fault ``tail_slow``)."""
@@ -190,8 +192,8 @@ def test_goodput_at_production_rate(workload: str, ml4_perf_workloads: Any, ml4_
     assert_gate_passed(verdict.gate)
 
 
-def test_capacity_at_least_declared(ml4_perf_workloads: Any, ml4_target: Any, ml4_run_dir: Path,
-                                    ml4_endpoint: Any) -> None:
+def test_capacity_at_least_declared(ml4_perf_workloads: Any, ml4_target: Target, ml4_run_dir: Path,
+                                    ml4_endpoint: Endpoint) -> None:
     """The declared ``capacity_rps`` of the chat workload meets the goodput floor, judged from pooled repeated
     runs with a one-sided 95 % bound (``pytest_ml4.perf.capacity``); a bounded bisection above it reports the
     highest rate that met it. Noise alone gives "inconclusive", reported as not judged, never pass or fail."""
@@ -212,7 +214,7 @@ def test_capacity_at_least_declared(ml4_perf_workloads: Any, ml4_target: Any, ml
     assert_gate_passed(gate)
 
 
-def test_sessions_reuse_the_shared_prefix(ml4_perf_workloads: Any, ml4_target: Any) -> None:
+def test_sessions_reuse_the_shared_prefix(ml4_perf_workloads: Any, ml4_target: Target) -> None:
     """Multi-turn sessions sharing a system prompt hit the engines' prefix cache, read from the engines' own
     counters (``vllm:prefix_cache_hits_total`` / ``_queries_total``; on Dynamo every prompt-computing worker's:
     a disaggregated deployment's prefill workers). At least the shared system prompt of every request after each

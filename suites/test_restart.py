@@ -33,7 +33,7 @@ from pytest_ml4.checks.restart import (
     assert_restart_finished,
 )
 from pytest_ml4.checks.verdict import not_judged
-from pytest_ml4.client import make_httpx
+from pytest_ml4.client import Endpoint, make_httpx
 from pytest_ml4.control.base import RestartError
 from pytest_ml4.control.scenario import (
     RestartRun,
@@ -85,7 +85,7 @@ def kv_before(ml4_restart_logs: Any, ml4_target: Target) -> dict[str, bool]:
 
 
 @pytest.fixture(scope="module")
-def streams_run(ml4_restart_controller: Any, ml4_restart_endpoint: Any, ml4_target: Target,
+def streams_run(ml4_restart_controller: Any, ml4_restart_endpoint: Endpoint, ml4_target: Target,
                 restart_spec: dict[str, Any], kv_before: dict[str, bool]) -> RestartRun:
     from pytest_ml4.control.scenario import run_restart_scenario
 
@@ -96,7 +96,7 @@ def streams_run(ml4_restart_controller: Any, ml4_restart_endpoint: Any, ml4_targ
 
 
 @pytest.fixture(scope="module")
-def requests_run(streams_run: RestartRun, ml4_restart_controller: Any, ml4_restart_endpoint: Any,
+def requests_run(streams_run: RestartRun, ml4_restart_controller: Any, ml4_restart_endpoint: Endpoint,
                  ml4_target: Target, restart_spec: dict[str, Any]) -> RestartRun:
     from pytest_ml4.control.scenario import run_restart_scenario
 
@@ -125,7 +125,7 @@ def _retry_window(target: Target, proxy: Any) -> RetryWindow | None:
                                                                num_retries=getattr(proxy, "num_retries", None)))
 
 
-def test_new_requests_during_restart(requests_run: RestartRun, ml4_target: Target, ml4_restart_endpoint: Any,
+def test_new_requests_during_restart(requests_run: RestartRun, ml4_target: Target, ml4_restart_endpoint: Endpoint,
                                      ml4_proxy: Any, record_property: Any) -> None:
     """New requests during the restart succeed where the target allows no client error (a proxy retries them)."""
     attach_text(requests_run.report(), "restart with new requests")
@@ -187,7 +187,7 @@ def test_kv_pool_and_no_oom_after_restart(requests_run: RestartRun, ml4_restart_
     assert not problems, "after the restart:\n" + "\n".join(problems)
 
 
-def test_smoke_chat_after_restart(requests_run: RestartRun, ml4_restart_endpoint: Any,
+def test_smoke_chat_after_restart(requests_run: RestartRun, ml4_restart_endpoint: Endpoint,
                                   restart_spec: dict[str, Any]) -> None:
     assert_restart_finished(requests_run)
     probe = restart_spec["probe"]
@@ -200,7 +200,7 @@ def test_smoke_chat_after_restart(requests_run: RestartRun, ml4_restart_endpoint
 
 # ----------------------------------------------------------------------------------------------- Dynamo
 @pytest.mark.dynamo
-def test_session_affinity_and_prefix_reuse(requests_run: RestartRun, ml4_restart_endpoint: Any, ml4_target: Target,
+def test_session_affinity_and_prefix_reuse(requests_run: RestartRun, ml4_restart_endpoint: Endpoint, ml4_target: Target,
                                            restart_spec: dict[str, Any]) -> None:
     """A session stays on its worker even where KV routing would move it, and a continuation reuses the cached
     prefix by the router's own figures (pytest_ml4.checks.dynamo)."""
@@ -218,7 +218,7 @@ def test_session_affinity_and_prefix_reuse(requests_run: RestartRun, ml4_restart
 
 
 @pytest.mark.disagg
-def test_disagg_prefill_decode_handoff(requests_run: RestartRun, ml4_restart_endpoint: Any,
+def test_disagg_prefill_decode_handoff(requests_run: RestartRun, ml4_restart_endpoint: Endpoint,
                                        restart_spec: dict[str, Any]) -> None:
     from pytest_ml4.checks.dynamo import assert_prefill_decode_handoff
     from pytest_ml4.control.dynamo import frontend_instances, run_conversation
@@ -231,7 +231,7 @@ def test_disagg_prefill_decode_handoff(requests_run: RestartRun, ml4_restart_end
 
 @pytest.mark.disagg
 def test_model_leaves_and_returns_while_prefill_pods_gone(requests_run: RestartRun, ml4_restart_controller: Any,
-                                                          ml4_restart_endpoint: Any) -> None:
+                                                          ml4_restart_endpoint: Endpoint) -> None:
     """With every prefill pod deleted the model is hidden (incomplete worker set), then listed again."""
     from pytest_ml4.control.dynamo import watch_model_visibility
     from pytest_ml4.control.kubernetes import KubernetesController
@@ -248,7 +248,7 @@ def test_model_leaves_and_returns_while_prefill_pods_gone(requests_run: RestartR
 
 
 @pytest.mark.dynamo
-def test_worker_crash_under_a_stream(requests_run: RestartRun, ml4_dynamo_sim: Any, ml4_restart_endpoint: Any,
+def test_worker_crash_under_a_stream(requests_run: RestartRun, ml4_dynamo_sim: Any, ml4_restart_endpoint: Endpoint,
                                      restart_spec: dict[str, Any], record_property: Any, ml4_target: Target) -> None:
     """A worker SIGKILLed under a running stream (a crash: no deregistration, no drain): with the frontend's
     ``--migration-limit`` the stream continues on another worker, without it the client gets Dynamo's in-band

@@ -23,7 +23,7 @@ from pytest_ml4.checks.health import (
 )
 from pytest_ml4.checks.protocol import assert_stream_clean
 from pytest_ml4.checks.verdict import not_judged
-from pytest_ml4.client import decode_json, quote_body
+from pytest_ml4.client import Endpoint, decode_json, quote_body
 from pytest_ml4.locations import data_file
 from pytest_ml4.targets import Target
 from pytest_ml4.urls import display_url
@@ -42,7 +42,7 @@ def _chat_body(target: Target, prompt: str, **extra: Any) -> dict[str, Any]:
     return {"model": target.serving.served_model_name, "messages": [{"role": "user", "content": prompt}], **extra}
 
 
-def test_health(ml4_target: Target, ml4_endpoint: Any, ml4_worker_engine: dict[str, Any] | None) -> None:
+def test_health(ml4_target: Target, ml4_endpoint: Endpoint, ml4_worker_engine: dict[str, Any] | None) -> None:
     """The endpoint's health; on Dynamo every worker listed (every worker the embedded deployment started, where it
     reduced the target's topology); behind a proxy, the engine's own ``/health`` (a proxy's liveness answers 200
     while the engine behind it is dead)."""
@@ -66,7 +66,7 @@ def test_models_lists_served_name(ml4_target: Target, http_client: httpx.Client)
         f"served model {ml4_target.serving.served_model_name!r} missing from /v1/models: {ids}")
 
 
-def _engine_card(ml4_target: Target, ml4_endpoint: Any) -> dict[str, Any] | None:
+def _engine_card(ml4_target: Target, ml4_endpoint: Endpoint) -> dict[str, Any] | None:
     """The engine's own model card behind a proxy, found through the engine's metrics URL (same server)."""
     root = ml4_endpoint.engine_root_url
     if root == ml4_endpoint.root_url:
@@ -78,7 +78,7 @@ def _engine_card(ml4_target: Target, ml4_endpoint: Any) -> dict[str, Any] | None
     return next((c for c in decode_json(resp, "engine GET /v1/models").get("data", []) if c.get("id") == name), None)
 
 
-def test_models_max_model_len(ml4_target: Target, ml4_endpoint: Any, http_client: httpx.Client) -> None:
+def test_models_max_model_len(ml4_target: Target, ml4_endpoint: Endpoint, http_client: httpx.Client) -> None:
     body = decode_json(http_client.get("/models"), "GET /v1/models")
     card = next(c for c in body["data"] if c.get("id") == ml4_target.serving.served_model_name)
     length = card.get("max_model_len", card.get("context_window"))
@@ -154,7 +154,7 @@ def test_over_long_prompt_is_refused(ml4_target: Target, http_client: httpx.Clie
     assert_answer_expected(resp, _expect(ml4_target, "prompt_too_long"), "over-long prompt")
 
 
-def test_wrong_api_key_is_refused(ml4_target: Target, ml4_endpoint: Any) -> None:
+def test_wrong_api_key_is_refused(ml4_target: Target, ml4_endpoint: Endpoint) -> None:
     if not ml4_target.endpoint.requires_api_key:
         pytest.skip(f"target {ml4_target.name} requires no API key ({ml4_target.serving.stack})")
     resp = httpx.post(ml4_endpoint.base_url + "/chat/completions", json=_chat_body(ml4_target, "hi", max_tokens=8),

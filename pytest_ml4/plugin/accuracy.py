@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from pytest_ml4.client import Endpoint
 from pytest_ml4.accuracy.bfcl import CategoryError, resolve_categories
 from pytest_ml4.accuracy.gate import (
     AccuracyBaseline,
@@ -167,7 +168,7 @@ def judge_against_baseline(run: AccuracyRun, target: Target, live: bool) -> None
         run.drops = compare(run.scores, base.scores, run.options.tolerance, run.options.alpha)
 
 
-def run_accuracy(config: pytest.Config, target: Target, declared: Target, endpoint: Any, http: Any,
+def run_accuracy(config: pytest.Config, target: Target, declared: Target, endpoint: Endpoint, http: Any,
                  run_dir: Path, progress: Any) -> AccuracyRun:
     """Guard, sample, drive, score, compare; the summary file is written whatever the outcome."""
     from pytest_ml4.accuracy import bfcl
@@ -196,7 +197,7 @@ def run_accuracy(config: pytest.Config, target: Target, declared: Target, endpoi
 
 
 @pytest.fixture(scope="session")
-def ml4_accuracy(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Any, http_client: Any,
+def ml4_accuracy(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Endpoint, http_client: Any,
                  ml4_run_dir: Path) -> AccuracyRun:
     from pytest_ml4.plugin.perf import progress_writer
     from pytest_ml4.plugin.state import get_state

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from pytest_ml4.client import Endpoint
 from pytest_ml4.baselines import (
     BaselineRefused,
     deployment_provenance,
@@ -230,7 +231,7 @@ def ml4_perf_settings(pytestconfig: pytest.Config, ml4_target: Target) -> SweepS
 
 
 @pytest.fixture(scope="session")
-def ml4_perf_baseline(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Any) -> Baseline | None:
+def ml4_perf_baseline(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Endpoint) -> Baseline | None:
     """``--perf-baseline`` or the target's ``perf.baseline``; None when neither names one. A baseline without
     provenance, or one the simulator made on a live run, is refused with one line."""
     path = opt(pytestconfig, "ml4_perf_baseline", "ml4_perf_baseline") or ml4_target.perf.baseline
@@ -281,7 +282,7 @@ def ml4_perf_extra_inputs(pytestconfig: pytest.Config) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def ml4_perf_client(ml4_endpoint: Any) -> Client:
+def ml4_perf_client(ml4_endpoint: Endpoint) -> Client:
     return Client(model=ml4_endpoint.model, base_url=ml4_endpoint.base_url,
                   metrics_url=ml4_endpoint.effective_metrics_url, api_key=ml4_endpoint.api_key or None,
                   engine_metrics_urls=decode_engine_urls(dict(ml4_endpoint.worker_metrics_urls)))
@@ -302,7 +303,7 @@ def _kube_secret(raw: str | None) -> tuple[str, str] | None:
 
 
 @pytest.fixture(scope="session")
-def ml4_perf_kube(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Any,
+def ml4_perf_kube(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Endpoint,
                   ml4_run_dir: Path) -> Iterator[KubeLoad | None]:
     """``--perf-kube N``: where the workloads' JobSets go. Under ``--sim`` the fake Kubernetes API runs each JobSet
     as one local aiperf with N workers against the simulator (the pods' run, on this host)."""
@@ -349,7 +350,7 @@ def _local_pods(load: KubeLoad, run_dir: Path, api_key: str | None) -> Path:
 
 
 @pytest.fixture(scope="session")
-def ml4_perf_workloads(ml4_target: Target, ml4_endpoint: Any, ml4_run_dir: Path, ml4_perf_settings: SweepSettings,
+def ml4_perf_workloads(ml4_target: Target, ml4_endpoint: Endpoint, ml4_run_dir: Path, ml4_perf_settings: SweepSettings,
                        ml4_perf_client: Client, ml4_perf_progress: Callable[[str], None],
                        ml4_perf_kube: KubeLoad | None) -> WorkloadRunner:
     """The goodput, capacity and sessions runs (Poisson arrivals), shared by the checks through the run folder."""
@@ -360,7 +361,7 @@ def ml4_perf_workloads(ml4_target: Target, ml4_endpoint: Any, ml4_run_dir: Path,
 
 
 @pytest.fixture(scope="session")
-def ml4_perf_sweep(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Any, ml4_run_dir: Path,
+def ml4_perf_sweep(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Endpoint, ml4_run_dir: Path,
                    ml4_perf_settings: SweepSettings, ml4_perf_baseline: Baseline | None,
                    ml4_perf_compare_fail: dict[str, float], ml4_perf_client: Client,
                    ml4_perf_progress: Callable[[str], None],

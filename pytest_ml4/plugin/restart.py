@@ -153,7 +153,7 @@ def ml4_restart_endpoint(ml4_target: Target, ml4_endpoint: Endpoint, ml4_proxy: 
 
 @pytest.fixture(scope="session")
 def ml4_restart_controller(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Engine | None,
-                           ml4_restart_endpoint: Any, ml4_kube_api: Any, ml4_kube_namespace: str | None) -> Any:
+                           ml4_restart_endpoint: Endpoint, ml4_kube_api: Any, ml4_kube_namespace: str | None) -> Any:
     """The restart controller for the target (simulator process, systemd unit, or the DGD's pods)."""
     from pytest_ml4.control import RestartError, controller_for
 
