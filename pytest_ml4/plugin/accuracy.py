@@ -36,8 +36,8 @@ from pytest_ml4.baselines import (
 )
 from pytest_ml4.plugin.state import simulator_answers
 from pytest_ml4.targets import Target
-from pytest_ml4.plugin.options import group as ml4_group
-from pytest_ml4.plugin.options import opt
+from pytest_ml4.plugin.option_group import group as ml4_group
+from pytest_ml4.plugin.option_group import opt
 
 SUMMARY_FILE = "accuracy-summary.json"
 #: How a deployment's accuracy baseline is recorded (named by the gate when it cannot judge without one).

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from pytest_ml4.guard import DEADLINE_NAMES, parse_deadlines
-from pytest_ml4.plugin.options import group as ml4_group
-from pytest_ml4.plugin.options import opt
+from pytest_ml4.plugin.option_group import group as ml4_group
+from pytest_ml4.plugin.option_group import opt
 from pytest_ml4.plugin.state import STATE_KEY, session_deadlines
 
 #: A failure message longer than this is cut in the middle (a 50 MB wrong answer quoted by a check must not

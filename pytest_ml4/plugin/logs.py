@@ -26,7 +26,7 @@ from pytest_ml4.logs import (
     LogView,
     reader_for_target,
 )
-from pytest_ml4.plugin.options import group as ml4_group
+from pytest_ml4.plugin.option_group import group as ml4_group
 from pytest_ml4.targets import Target
 
 if TYPE_CHECKING:  # annotations only: the fixtures import what they start lazily

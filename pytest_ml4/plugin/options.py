@@ -1,39 +1,13 @@
-"""The ``ml4`` option group and the one way to read an option: the only place the group is created.
-
-Every plugin module adds its options through :func:`group`; every module reads them through :func:`opt` (the
-command line, else its ini twin) or :func:`int_opt`. This module holds the core options (target, ``--sim``, run
-folder, faults, overrides); the concerns' own options live with their fixtures.
+"""The core options of the ``ml4`` group (target, ``--sim``, run folder, faults, overrides); the concerns' own
+options live with their fixtures. The group and the option readers: :mod:`pytest_ml4.plugin.option_group`.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from pytest_ml4.deploy.embedded import ENGINES
-
-GROUP = "ml4"
-GROUP_TITLE = "pytest-ml4: Mistral Large 4 deployment acceptance"
-
-
-def group(parser: pytest.Parser) -> pytest.OptionGroup:
-    """The ``ml4`` option group (created by whichever module asks first, always with its title)."""
-    return parser.getgroup(GROUP, GROUP_TITLE)
-
-
-def opt(config: pytest.Config, name: str, ini: str | None = None) -> Any:
-    """The option's value, else its ini twin's; an empty value (``""``, ``[]``) counts as unset."""
-    value = config.getoption(name)
-    if (value is None or value == []) and ini is not None:
-        value = config.getini(ini)
-    return value if value not in ("", []) else None
-
-
-def int_opt(config: pytest.Config, name: str) -> int | None:
-    """An int option whose ini twin has the same name (None when neither is set)."""
-    value = opt(config, name, name)
-    return int(value) if value is not None else None
+from pytest_ml4.plugin.option_group import group
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

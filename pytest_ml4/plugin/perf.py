@@ -47,8 +47,8 @@ from pytest_ml4.perf.workloads import (
     decode_engine_urls,
     prompt_engine_urls,
 )
-from pytest_ml4.plugin.options import group as ml4_group
-from pytest_ml4.plugin.options import opt
+from pytest_ml4.plugin.option_group import group as ml4_group
+from pytest_ml4.plugin.option_group import opt
 from pytest_ml4.targets import Target
 from pytest_ml4.tools import ToolMissing
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ml4.plugin.options import group as ml4_group
+from pytest_ml4.plugin.option_group import group as ml4_group
 from pytest_ml4.preflight.lint import Report, lint_paths
 from pytest_ml4.targets import Target
 

@@ -12,7 +12,7 @@ from pytest_ml4.baselines import BaselineRefused, default_baseline, pick_baselin
 from pytest_ml4.checks.reasoning import ShareBaseline
 from pytest_ml4.plugin.state import simulator_answers
 from pytest_ml4.targets import Target
-from pytest_ml4.plugin.options import group as ml4_group
+from pytest_ml4.plugin.option_group import group as ml4_group
 
 #: How a deployment's reasoning-share baseline is recorded (named by a check that could not judge without one).
 RECORD_COMMAND = ("pytest --target {target} -m reasoning -k share_of_output "

@@ -27,7 +27,7 @@ import allure_commons
 import pytest
 
 from pytest_ml4.checks.verdict import NOT_JUDGED_PREFIX, NotJudged
-from pytest_ml4.plugin.options import group as ml4_group
+from pytest_ml4.plugin.option_group import group as ml4_group
 from pytest_ml4.report import labels as _labels
 from pytest_ml4.report.attach import ExchangeRecorder
 from pytest_ml4.report.categories import categorize, write_categories

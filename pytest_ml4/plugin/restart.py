@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_ml4.plugin.options import group as ml4_group
+from pytest_ml4.plugin.option_group import group as ml4_group
 from pytest_ml4.plugin.state import get_state as _state
 from pytest_ml4.targets import Target
 

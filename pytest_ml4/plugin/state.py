@@ -25,7 +25,7 @@ from pytest_ml4.deploy.embedded import (
 )
 from pytest_ml4.endpoint_lock import EndpointLock
 from pytest_ml4.guard import Deadlines, parse_deadlines
-from pytest_ml4.plugin.options import int_opt, opt
+from pytest_ml4.plugin.option_group import int_opt, opt
 from pytest_ml4.report.redact import redact
 from pytest_ml4.locations import targets_dir
 from pytest_ml4.targets import (
