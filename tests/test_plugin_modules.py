@@ -51,14 +51,14 @@ def test_no_import_cycle_among_the_plugin_modules() -> None:
 
 def test_the_ml4_option_group_is_created_in_one_place() -> None:
     creators = sorted(p.name for p in PLUGIN.glob("*.py") if "getgroup(" in p.read_text(encoding="utf-8"))
-    assert creators == ["options.py"], f"modules creating the ml4 group themselves: {creators}"
+    assert creators == ["option_group.py"], f"modules creating the ml4 group themselves: {creators}"
 
 
 def test_one_option_reader() -> None:
     own = sorted(p.name for p in PLUGIN.glob("*.py")
                  if any(isinstance(n, ast.FunctionDef) and n.name in ("opt", "_opt")
                         for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))))
-    assert own == ["options.py"], f"modules with their own option reader: {own}"
+    assert own == ["option_group.py"], f"modules with their own option reader: {own}"
 
 
 def test_no_plugin_module_starts_a_process() -> None:
