@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from pytest_ml4 import locations
+from pytest_ml4.locations import baselines_dir
 
 if TYPE_CHECKING:
     from pytest_ml4.targets import Target
@@ -114,14 +114,6 @@ def usable_on(prov: Provenance, path: str | Path, *, live: bool, explicit: bool)
         raise BaselineRefused(f"baseline {path} was made by the simulator and cannot judge a live deployment: "
                               "record one on this deployment")
     return False
-
-
-def baselines_dir(root: Path | None = None) -> Path:
-    """Where stored baselines live (the one place that says so): a team's ``baselines/`` beside the ``targets/``
-    folder under ``root`` (a target's :attr:`~pytest_ml4.targets.Target.root`), else the project's own."""
-    if root is None:
-        return locations.DATA_DIR / locations.BASELINES_FOLDER
-    return locations.baselines_dir(root)
 
 
 def default_baseline(kind: str, target: str, root: Path | None = None) -> Path:

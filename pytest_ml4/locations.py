@@ -75,7 +75,8 @@ def resolve_from(root: Path, relpath: str | Path) -> Path:
     return root / path
 
 
-def baselines_dir(root: Path) -> Path:
-    """Stored baselines: a team's ``baselines/`` beside its ``targets/``, else the project's own."""
-    own = root / BASELINES_FOLDER
-    return own if own.is_dir() else DATA_DIR / BASELINES_FOLDER
+def baselines_dir(root: Path | None = None) -> Path:
+    """Stored baselines: a team's ``baselines/`` beside its ``targets/`` (under ``root``, a target's
+    :attr:`~pytest_ml4.targets.Target.root`), else the project's own (also when no root is given)."""
+    own = None if root is None else root / BASELINES_FOLDER
+    return own if own is not None and own.is_dir() else DATA_DIR / BASELINES_FOLDER

@@ -66,16 +66,18 @@ class _AnyModel(dict):  # type: ignore[type-arg]
         return types.SimpleNamespace(underscore_to_dot=True, is_fc_model=True)
 
 
-def _not_offline(*_args: Any, **_kwargs: Any) -> Any:
-    raise NotImplementedError("pytest-ml4 scores tool_calls; BFCL's prompt-mode Java/JS parsers are not installed")
+def _prompt_mode_parser(*_args: Any, **_kwargs: Any) -> Any:
+    """In place of BFCL's Java/JS parsers of prompt-mode answers (tree-sitter, not installed): the suite scores
+    the deployment's ``tool_calls`` (function-calling mode), so reaching one is a wrong code path, said as such."""
+    raise RuntimeError("BFCL prompt-mode parsing reached: pytest-ml4 scores tool_calls (function-calling mode) only")
 
 
 def _stubs() -> dict[str, dict[str, Any]]:
     """Modules replaced before import: what of them the suite's code path touches, and nothing else."""
     return {
         "bfcl_eval.constants.model_config": {"MODEL_CONFIG_MAPPING": _AnyModel()},
-        "bfcl_eval.model_handler.parser.java_parser": {"parse_java_function_call": _not_offline},
-        "bfcl_eval.model_handler.parser.js_parser": {"parse_javascript_function_call": _not_offline},
+        "bfcl_eval.model_handler.parser.java_parser": {"parse_java_function_call": _prompt_mode_parser},
+        "bfcl_eval.model_handler.parser.js_parser": {"parse_javascript_function_call": _prompt_mode_parser},
     }
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import yaml
 
+from pytest_ml4.deploy.orphans import group_members
 from pytest_ml4.locations import data_file
 
 if TYPE_CHECKING:
@@ -90,8 +91,6 @@ def lower_engine_priority(pgid: int, leader: int) -> int:
     """Every thread of the worker's engine processes (its group but the ``dynamo.vllm`` main process, whose Dynamo
     runtime keeps the discovery keys alive and answers the request plane) at ``engine_nice``; returns how many
     threads were changed. Linux keeps a nice value per thread, so each ``/proc/<pid>/task`` entry is set."""
-    from pytest_ml4.deploy.orphans import group_members
-
     nice = int(settings()["engine_nice"])
     changed = 0
     for member in group_members(pgid):
