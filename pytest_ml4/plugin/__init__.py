@@ -68,9 +68,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         # Workers cannot stop the whole session cleanly, so the controller checks a live endpoint up front. It
         # stops the session at collection: pytest prints an exit raised here twice ("Exit: ..." and "! ... !").
         try:
-            from pytest_ml4.plugin.fixtures import build_endpoint  # a listed plugin module: pytest imports it first
-
-            build_endpoint(state)
+            state.endpoint()
         except pytest.exit.Exception as stop:
             session.stash[_STOP] = stop
 

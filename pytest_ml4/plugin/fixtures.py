@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_ml4.deploy.embedded import Engine
-from pytest_ml4.plugin.state import Ml4State, get_state, session_deadlines
-from pytest_ml4.report.redact import redact
+from pytest_ml4.plugin.state import get_state
 from pytest_ml4.targets import Target, known_targets
 
 if TYPE_CHECKING:  # openai and httpx load only when a test asks for an endpoint (collection stays fast)
@@ -59,30 +58,10 @@ def ml4_worker_engine(pytestconfig: pytest.Config, ml4_sim: Engine | None) -> di
     return ((info.dynamo if info is not None else None) or {}).get("worker_engine")
 
 
-def build_endpoint(state: Ml4State) -> Endpoint:
-    """The Endpoint for the session, or ``pytest.exit`` with one line saying what is missing or unreachable."""
-    from pytest_ml4.deploy.endpoint import EndpointUnusable, endpoint_for
-
-    config, target = state.config, state.target
-    assert target is not None
-    try:
-        return endpoint_for(target, state.deployment if state.use_sim else None,
-                            endpoint_url=config.getoption("ml4_endpoint"),
-                            key_var=config.getoption("ml4_api_key_env") or target.endpoint.api_key_env,
-                            deadlines=session_deadlines(config, target))
-    except EndpointUnusable as err:
-        _exit(str(err), err.returncode)
-
-
-def _exit(message: str, returncode: int) -> NoReturn:
-    """Stop the session with one line, secrets masked (the line quotes what the endpoint answered)."""
-    pytest.exit(redact(message), returncode=returncode)
-
-
 @pytest.fixture(scope="session")
 def ml4_endpoint(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Engine | None) -> Endpoint:
     """Where the suites send requests; stops the session in seconds when it is unreachable."""
-    return build_endpoint(get_state(pytestconfig))
+    return get_state(pytestconfig).endpoint()
 
 
 @pytest.fixture(scope="session")

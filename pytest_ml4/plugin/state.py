@@ -23,6 +23,8 @@ from pytest_ml4.deploy.embedded import (
     attach,
     start,
 )
+from pytest_ml4.client import Endpoint
+from pytest_ml4.deploy.endpoint import EndpointUnusable, endpoint_for
 from pytest_ml4.endpoint_lock import EndpointLock
 from pytest_ml4.guard import Deadlines, parse_deadlines
 from pytest_ml4.plugin.option_group import int_opt, opt
@@ -154,6 +156,18 @@ class Ml4State:
             except DeploymentFailed as err:
                 raise pytest.UsageError(redact(str(err))) from None
         return self.deployment
+
+    def endpoint(self) -> Endpoint:
+        """The session's Endpoint (``deploy.endpoint``), or ``pytest.exit`` with one line saying what is missing or
+        unreachable, secrets masked (the line may quote what the endpoint answered)."""
+        assert self.target is not None
+        try:
+            return endpoint_for(self.target, self.deployment if self.use_sim else None,
+                                endpoint_url=self.config.getoption("ml4_endpoint"),
+                                key_var=self.config.getoption("ml4_api_key_env") or self.target.endpoint.api_key_env,
+                                deadlines=session_deadlines(self.config, self.target))
+        except EndpointUnusable as err:
+            pytest.exit(redact(str(err)), returncode=err.returncode)
 
     @property
     def bypasses_proxy(self) -> bool:
