@@ -30,8 +30,9 @@ def _measured(run):  # type: ignore[no-untyped-def]
 
 
 def test_no_synthetic_acceptance(ml4_accuracy) -> None:  # type: ignore[no-untyped-def]
-    """The deployment runs real speculative acceptance, so its accuracy can be certified"""
-    assert_no_synthetic_acceptance(ml4_accuracy.refused)
+    """The deployment runs real speculative acceptance (declared, and in the running engine's logged config), so
+    its accuracy can be certified"""
+    assert_no_synthetic_acceptance(ml4_accuracy.refused, ml4_accuracy.engine_unread)
 
 
 def test_every_request_answered(ml4_accuracy) -> None:  # type: ignore[no-untyped-def]

@@ -84,7 +84,7 @@ def test_dynamo_gate(ml4_perf_sweep: Any, ml4_target: Target) -> None:
 
 def test_baseline(ml4_perf_sweep: Any) -> None:
     if ml4_perf_sweep.baseline is None:
-        not_judged("no stored baseline for this target (perf.baseline) and none given with --perf-baseline")
+        not_judged(ml4_perf_sweep.baseline_missing)
     devs = ml4_perf_sweep.verdict.deviations
     assert devs, "no figure of this sweep is comparable with the baseline (no common concurrency)"
     base, run = ml4_perf_sweep.baseline.conditions, ml4_perf_sweep.settings.conditions()

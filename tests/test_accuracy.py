@@ -12,7 +12,9 @@ from checkout import FIXTURES_DIR, REPO_ROOT
 
 from pytest_ml4.accuracy.bfcl import CategoryError, load, resolve_categories
 from pytest_ml4.accuracy.data import Item
-from pytest_ml4.accuracy.guard import synthetic_acceptance
+from pytest_ml4.accuracy.guard import engine_config_unread, synthetic_acceptance
+from pytest_ml4.deploy.simulator import SimServer
+from pytest_ml4.logs import FileLogReader, LogView
 from pytest_ml4.accuracy.score import score_reply
 from pytest_ml4.accuracy.stats import drop_z, items_needed, wilson
 from pytest_ml4.sim.faults import ActiveFaults
@@ -99,6 +101,47 @@ def test_guard_refuses_synthetic_acceptance() -> None:
     # The preflight rule lets a performance-only deployment use it; the accuracy gate never does.
     assert synthetic_acceptance(vr, [case / "broken" / "deploy.yaml"])
     assert synthetic_acceptance(vr, [case / "clean" / "perf-only-deploy.yaml"])
+
+
+def _engine_log(path: Path) -> LogView:
+    return LogView(FileLogReader(path).since_last_boot(), str(path))
+
+
+@pytest.mark.parametrize("log", ["real-vllm-0.32-startup.log", "real-dynamo-vllm-engine-config.log"])
+def test_guard_reads_the_config_real_engines_log(log: str) -> None:
+    """Real vLLM 0.32 and a real dynamo.vllm worker (vLLM 0.31) log their speculative config at boot (recorded
+    lines): read, and none is synthetic."""
+    view = _engine_log(FIXTURES_DIR / "logs" / log)
+    rtx = load_target("rtxpro6000-tp8")
+    assert engine_config_unread(view) == ""
+    assert synthetic_acceptance(rtx, [], view) == []
+
+
+def test_guard_names_what_it_could_not_read(tmp_path: Path) -> None:
+    """No log, or a log without the config line: the engine was not asked, which the check reports as not judged."""
+    assert "could not be read (journalctl: permission denied)" in engine_config_unread(None,
+                                                                                       "journalctl: permission denied")
+    frontend = tmp_path / "frontend.log"
+    frontend.write_text("2026-12-01T18:53:30.1Z  INFO dynamo_llm::http::service: Starting HTTP service\n")
+    assert "shows no speculative config line" in engine_config_unread(_engine_log(frontend))
+
+
+@pytest.mark.parametrize("faults", [(), ("synthetic_acceptance",)], ids=["healthy", "synthetic"])
+def test_guard_asks_the_running_engine(tmp_path: Path, faults: tuple[str, ...]) -> None:
+    """The simulated engine started with synthetic acceptance while its target declares none: only its logged
+    config shows it, in both the API server's non-default args and the engine core's config line."""
+    target = load_target("rtxpro6000-tp8")
+    log = tmp_path / "engine.log"
+    with SimServer(target, faults=list(faults), log_file=log, env={"LLM_API_KEY": "sk-test-123"}):
+        view = _engine_log(log)
+    reasons = synthetic_acceptance(target, [target.resolve(m) for m in target.manifests], view)
+    assert engine_config_unread(view) == ""
+    if not faults:
+        assert reasons == []
+        return
+    assert len(reasons) == 2, reasons
+    assert "'synthetic_acceptance_rate': 0.7" in reasons[0] and "synthetic_acceptance=True" in reasons[1]
+    assert all(r.startswith("the running engine logged speculative_config=") for r in reasons)
 
 
 def test_accuracy_drop_fault_is_deterministic_and_breaks_calls(bfcl) -> None:  # type: ignore[no-untyped-def]

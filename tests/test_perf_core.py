@@ -354,6 +354,27 @@ def test_a_simulator_perf_baseline_is_refused_on_a_live_run(tmp_path: Path) -> N
         load_perf_baseline(bare, live=False)
 
 
+def test_a_targets_simulator_baseline_judges_simulator_runs_only(tmp_path: Path) -> None:
+    """The target's own perf.baseline made by the simulator: it judges a simulator run; on a live run there is no
+    baseline, and the reason names the file and the command that records one (the check says not judged)."""
+    from pytest_ml4.plugin.perf import choose_perf_baseline
+    from pytest_ml4.targets import load_target
+
+    data = json.loads(BASELINE.read_text())
+    sim = tmp_path / "sim.json"
+    sim.write_text(json.dumps({**data, "provenance": {"kind": "simulator", "command": "pytest --sim --perf-save"}}))
+    target = load_target("rtxpro6000-tp8", overrides={"perf": {"baseline": str(sim)}})
+    assert choose_perf_baseline(None, target, live=False).baseline is not None
+    live = choose_perf_baseline(None, target, live=True)
+    assert live.baseline is None
+    assert live.missing.startswith(f"the target's perf.baseline {sim} was made by the simulator, not recorded on this "
+                                   f"deployment; record one with: pytest --target rtxpro6000-tp8 -m perf --perf-save")
+    none = choose_perf_baseline(None, load_target("gb300-agg", overrides={"perf": {"baseline": None}}), live=True)
+    assert none.baseline is None and none.missing.startswith("no stored baseline for this target (perf.baseline)")
+    with pytest.raises(pytest.UsageError, match="made by the simulator and cannot judge a live deployment"):
+        choose_perf_baseline(str(sim), target, live=True)
+
+
 def test_progress_lines() -> None:
     lines: list[str] = []
     prog = SweepProgress(lines.append, [1, 4, 16], point_estimate_s=60, interval_s=0)

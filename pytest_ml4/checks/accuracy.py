@@ -20,9 +20,12 @@ from pytest_ml4.checks.verdict import not_judged
 UNANSWERED = ("http_error", "bad_response")
 
 
-def assert_no_synthetic_acceptance(refused: Sequence[str]) -> None:
-    """No engine launch runs synthetic speculative acceptance (its outputs are not the model's)."""
+def assert_no_synthetic_acceptance(refused: Sequence[str], engine_unread: str = "") -> None:
+    """No engine launch runs synthetic speculative acceptance (its outputs are not the model's): neither what the
+    deployment declares nor what the running engine logged. Not judged when the engine's config was not seen."""
     assert not refused, refusal(list(refused))
+    if engine_unread:
+        not_judged(f"synthetic acceptance: the declared configuration has none, but {engine_unread}")
 
 
 def assert_every_request_answered(results: Sequence[ItemResult]) -> None:

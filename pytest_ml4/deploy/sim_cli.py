@@ -101,10 +101,25 @@ def target_and_faults(args: argparse.Namespace) -> tuple[Target, ActiveFaults]:
     line. Shared with the Dynamo worker (:mod:`pytest_ml4.deploy.dynamo_worker_cli`)."""
     try:
         target = load_with_overrides(args.target, args.overrides)
-        return target, ActiveFaults([*target_faults(target), *args.fault])
+        faults = ActiveFaults([*target_faults(target), *args.fault])
+        return engine_launch(target, faults), faults
     except (TargetError, FaultError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def engine_launch(target: Target, faults: ActiveFaults) -> Target:
+    """The target as the simulated engine really runs it: fault ``synthetic_acceptance`` turns DSpark's synthetic
+    acceptance on in the engine's launch (every role: seed 002 sets it on both roles or neither), not in the
+    target the suite reads."""
+    if not faults.has("synthetic_acceptance"):
+        return target
+    roles = {role: eng for role, eng in (("engine", target.engine), ("prefill_engine", target.prefill_engine))
+             if eng is not None}
+    if any(eng.speculative is None for eng in roles.values()):
+        raise FaultError(f"fault synthetic_acceptance: target {target.name} runs no speculative decoding")
+    return target.model_copy(update={role: eng.model_copy(update={"speculative": eng.speculative.model_copy(
+        update={"synthetic_acceptance": True})}) for role, eng in roles.items()})
 
 
 async def hold_until_released(cfg: SimConfig, poll_s: float = 0.02) -> None:

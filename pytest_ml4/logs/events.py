@@ -235,10 +235,26 @@ class ServerStart(LogEvent):
         return dict(version=g.get("version"), model=g.get("model"))
 
 
+@dataclass(frozen=True, kw_only=True)
+class SpeculativeSetting(LogEvent):
+    """The speculative-decoding config a booting engine logged: ``None`` or its repr (a dict or SpeculativeConfig)."""
+
+    spec: str = ""
+
+    @classmethod
+    def fields_from(cls, g: dict[str, str]) -> dict[str, Any]:
+        return dict(spec=g.get("spec", ""))
+
+    @property
+    def synthetic(self) -> bool:
+        """Synthetic acceptance is on: DSpark's alternative names itself ``synthetic_*`` in the config."""
+        return "synthetic" in self.spec.lower()
+
+
 EVENT_TYPES: dict[str, type[LogEvent]] = {c.__name__: c for c in (
     CudaOom, StartupRefused, NoKvMemory, EngineFailure, GrammarKill, GrammarSchemaRefused, SymmMemUnsupported, KvCacheSize,
     KvMaxConcurrency, AvailableKvMemory, StatsLine, SpecDecodeMetrics, KvTransferFailure, HealthCanaryFailure,
-    ServerStart)}
+    ServerStart, SpeculativeSetting)}
 E = TypeVar("E", bound=LogEvent)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from typing import Any
 import pytest
 
 from pytest_ml4.client import Endpoint
+from pytest_ml4.logs import LogReadError, LogReader
+from pytest_ml4.logs.events import LogView
 from pytest_ml4.accuracy.bfcl import CategoryError, resolve_categories
 from pytest_ml4.accuracy.gate import (
     AccuracyBaseline,
@@ -122,6 +125,8 @@ def pytest_configure(config: pytest.Config) -> None:
 class AccuracyRun:
     options: AccuracyOptions
     refused: list[str] = field(default_factory=list)
+    #: Why the running engine's speculative config was not judged ("" when its log showed it).
+    engine_unread: str = ""
     results: list[ItemResult] = field(default_factory=list)
     scores: dict[str, CategoryScore] = field(default_factory=dict)
     baseline: AccuracyBaseline | None = None
@@ -139,6 +144,7 @@ class AccuracyRun:
                              "categories": o.categories},
                 "conditions": self.conditions,
                 "refused": self.refused,
+                "engine_config_unread": self.engine_unread or None,
                 "passed": not self.refused and not self.drops and self.baseline is not None,
                 "not_judged": self.baseline_missing or None,
                 "baseline_refused": self.baseline_refused or None,
@@ -169,16 +175,18 @@ def judge_against_baseline(run: AccuracyRun, target: Target, live: bool) -> None
 
 
 def run_accuracy(config: pytest.Config, target: Target, declared: Target, endpoint: Endpoint, http: Any,
-                 run_dir: Path, progress: Any) -> AccuracyRun:
+                 run_dir: Path, progress: Any, logs: Callable[[], LogReader]) -> AccuracyRun:
     """Guard, sample, drive, score, compare; the summary file is written whatever the outcome."""
     from pytest_ml4.accuracy import bfcl
     from pytest_ml4.accuracy.data import load_dataset
-    from pytest_ml4.accuracy.guard import synthetic_acceptance
+    from pytest_ml4.accuracy.guard import engine_config_unread, synthetic_acceptance
     from pytest_ml4.accuracy.runner import RunSettings, run_items
 
     opts = options(config, target.name)
     run = AccuracyRun(opts)
-    run.refused = synthetic_acceptance(declared, [declared.resolve(m) for m in declared.manifests])
+    engine_log, unreadable = _engine_log(logs)
+    run.refused = synthetic_acceptance(declared, [declared.resolve(m) for m in declared.manifests], engine_log)
+    run.engine_unread = engine_config_unread(engine_log, unreadable)
     if not run.refused:
         api = bfcl.load(run_dir / "bfcl")
         ds = load_dataset(api, opts.categories, opts.size, opts.seed)
@@ -196,9 +204,19 @@ def run_accuracy(config: pytest.Config, target: Target, declared: Target, endpoi
     return run
 
 
+def _engine_log(logs: Callable[[], LogReader]) -> tuple[LogView | None, str]:
+    """The engine's lines since its last boot, or None and why they could not be read (no reader for the target's
+    log source, or the source refused)."""
+    try:
+        reader = logs()
+        return LogView(reader.since_last_boot(), reader.describe()), ""
+    except (LogReadError, OSError) as err:
+        return None, str(err)
+
+
 @pytest.fixture(scope="session")
 def ml4_accuracy(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Endpoint, http_client: Any,
-                 ml4_run_dir: Path) -> AccuracyRun:
+                 ml4_run_dir: Path, request: pytest.FixtureRequest) -> AccuracyRun:
     from pytest_ml4.plugin.perf import progress_writer
     from pytest_ml4.plugin.state import get_state
     from pytest_ml4.tools import ToolMissing
@@ -206,6 +224,6 @@ def ml4_accuracy(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: 
     declared = get_state(pytestconfig).declared_target or ml4_target
     try:
         return run_accuracy(pytestconfig, ml4_target, declared, ml4_endpoint, http_client, ml4_run_dir,
-                            progress_writer(pytestconfig))
+                            progress_writer(pytestconfig), lambda: request.getfixturevalue("ml4_logs"))
     except ToolMissing as e:
         pytest.fail(str(e), pytrace=False)

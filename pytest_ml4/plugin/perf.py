@@ -223,6 +223,8 @@ class SweepOutcome:
     outputs: SweepOutputs
     baseline: Baseline | None
     secrets: list[str] = field(default_factory=list, repr=False)
+    #: Why no baseline judges this sweep ("" when one does).
+    baseline_missing: str = ""
 
 
 @pytest.fixture(scope="session")
@@ -230,17 +232,50 @@ def ml4_perf_settings(pytestconfig: pytest.Config, ml4_target: Target) -> SweepS
     return perf_settings(pytestconfig, ml4_target)
 
 
+#: The command a missing perf baseline names.
+RECORD_PERF_BASELINE = "pytest --target {target} -m perf --perf-save PATH (then set perf.baseline: PATH)"
+
+
+@dataclass(frozen=True)
+class PerfBaselineChoice:
+    """The perf baseline that may judge this run, or None and why (``missing``: the baseline check's not-judged
+    reason)."""
+
+    baseline: Baseline | None
+    missing: str = ""
+
+
 @pytest.fixture(scope="session")
-def ml4_perf_baseline(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Endpoint) -> Baseline | None:
-    """``--perf-baseline`` or the target's ``perf.baseline``; None when neither names one. A baseline without
-    provenance, or one the simulator made on a live run, is refused with one line."""
-    path = opt(pytestconfig, "ml4_perf_baseline", "ml4_perf_baseline") or ml4_target.perf.baseline
-    if not path:
-        return None
-    given = Path(str(path))
-    # A path the user typed is relative to the working directory; the target's is relative to the repository.
-    resolved = given if given.is_absolute() or given.exists() else ml4_target.resolve(str(path))
-    return load_perf_baseline(resolved, live=not ml4_endpoint.simulated)
+def ml4_perf_baseline_choice(pytestconfig: pytest.Config, ml4_target: Target,
+                             ml4_endpoint: Endpoint) -> PerfBaselineChoice:
+    """``--perf-baseline`` or the target's ``perf.baseline``. A baseline without provenance is refused with one
+    line; one the simulator made, on a live run: refused when the option named it, else no baseline (the target's
+    file judges simulator runs, a live deployment needs its own recording)."""
+    return choose_perf_baseline(opt(pytestconfig, "ml4_perf_baseline", "ml4_perf_baseline"), ml4_target,
+                                live=not ml4_endpoint.simulated)
+
+
+@pytest.fixture(scope="session")
+def ml4_perf_baseline(ml4_perf_baseline_choice: PerfBaselineChoice) -> Baseline | None:
+    return ml4_perf_baseline_choice.baseline
+
+
+def choose_perf_baseline(option: str | None, target: Target, *, live: bool) -> PerfBaselineChoice:
+    record = RECORD_PERF_BASELINE.format(target=target.name)
+    if option:
+        given = Path(str(option))
+        # A path the user typed is relative to the working directory; the target's is relative to the repository.
+        return PerfBaselineChoice(load_perf_baseline(given if given.is_absolute() or given.exists()
+                                                     else target.resolve(str(option)), live=live))
+    if not target.perf.baseline:
+        return PerfBaselineChoice(None, f"no stored baseline for this target (perf.baseline) and none given with "
+                                        f"--perf-baseline; record one with: {record}")
+    path = target.resolve(target.perf.baseline)
+    baseline = load_perf_baseline(path, live=False)   # unreadable or without provenance: refused, one line
+    if usable_on(baseline.provenance, path, live=live, explicit=False):
+        return PerfBaselineChoice(baseline)
+    return PerfBaselineChoice(None, f"the target's perf.baseline {path} was made by the simulator, not recorded on "
+                                    f"this deployment; record one with: {record}")
 
 
 def load_perf_baseline(path: Path, live: bool) -> Baseline:
@@ -363,7 +398,7 @@ def ml4_perf_workloads(ml4_target: Target, ml4_endpoint: Endpoint, ml4_run_dir: 
 @pytest.fixture(scope="session")
 def ml4_perf_sweep(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Endpoint, ml4_run_dir: Path,
                    ml4_perf_settings: SweepSettings, ml4_perf_baseline: Baseline | None,
-                   ml4_perf_compare_fail: dict[str, float], ml4_perf_client: Client,
+                   ml4_perf_baseline_choice: PerfBaselineChoice, ml4_perf_compare_fail: dict[str, float], ml4_perf_client: Client,
                    ml4_perf_progress: Callable[[str], None],
                    ml4_perf_extra_inputs: dict[str, Any]) -> Iterator[SweepOutcome]:
     """Run the target's sweep once per run folder (xdist workers share it), judge it, write plots and summary."""
@@ -401,4 +436,5 @@ def ml4_perf_sweep(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint
                                                bool(ml4_endpoint.simulated)),
                        "source": f"pytest-ml4 perf sweep, run folder {ml4_run_dir.name}"})
     yield SweepOutcome(settings=settings, points=points, verdict=verdict, outputs=outputs,
-                       baseline=ml4_perf_baseline, secrets=[ml4_endpoint.api_key] if ml4_endpoint.api_key else [])
+                       baseline=ml4_perf_baseline, secrets=[ml4_endpoint.api_key] if ml4_endpoint.api_key else [],
+                       baseline_missing=ml4_perf_baseline_choice.missing)

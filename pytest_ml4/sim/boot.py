@@ -69,8 +69,11 @@ class _Lines:
 
 def _config_line(target: Target) -> str:
     e = target.engine
-    spec = (f"SpeculativeConfig(method='{e.speculative.method}', num_spec_tokens={e.speculative.num_speculative_tokens})"
-            if e.speculative else "None")
+    spec = "None"
+    if e.speculative:
+        synthetic = ", synthetic_acceptance=True" if e.speculative.synthetic_acceptance else ""
+        spec = (f"SpeculativeConfig(method='{e.speculative.method}', "
+                f"num_spec_tokens={e.speculative.num_speculative_tokens}{synthetic})")
     return (f"Initializing a V1 LLM engine (v{e.version}) with config: model='{e.model_path}', "
             f"speculative_config={spec}, tokenizer='{e.model_path}', dtype=torch.{e.dtype}, "
             f"max_seq_len={e.max_model_len}, tensor_parallel_size={target.topology.tensor_parallel}, "

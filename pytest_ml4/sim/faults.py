@@ -189,6 +189,12 @@ register(Fault("error_after_restart", "the engine booted by the N-th restart (de
                "every chat request 500 (EngineDeadError body) while /health answers 200; earlier engines are healthy",
                "suites/test_restart.py (smoke chat after the restart)", default=1.0, takes_value=True))
 
+# Spec decode: DSpark's synthetic acceptance switched on in the engine's own launch while the target (and so the
+# declared configuration the suite reads) says nothing of it: only the running engine's logged config shows it.
+register(Fault("synthetic_acceptance", "the engine runs DSpark's synthetic acceptance (benchmarking only, seed 002) "
+               "although the target declares real acceptance: its logged speculative config says so",
+               "suites/test_accuracy.py (the accuracy gate refuses to certify)"))
+
 # Spec decode: the draft model drifted from the target model (a stale MTP head, another checkpoint).
 register(Fault("spec_accept_scale", "every draft position's acceptance rate times F (default 0.5: position 0 "
                "0.93 -> 0.47, under seed 000's 0.61 floor)", "suites/test_kv_cache.py (spec-decode acceptance)",
