@@ -47,7 +47,9 @@ def delayed_run(rtx_api_key: str, tmp_path_factory: pytest.TempPathFactory) -> I
 def test_recovery_counts_the_new_engine_only(delayed_run: tuple[RestartRun, Path]) -> None:
     run, _ = delayed_run
     tl = run.timeline
-    assert tl is not None and tl.evidence == "per request", run.report()
+    # Judged from what a real vLLM server offers (its process start time on /metrics), not the simulator's header.
+    assert tl is not None and tl.evidence.startswith("per request: the engine's process_start_time_seconds"), \
+        run.report()
     # The old engine answered after the trigger (it kept serving through the stop delay) ...
     assert tl.last_old_s is not None, run.report()
     assert any(r.ok and r.engine == tl.old_engine for r in run.requests), run.report()
@@ -70,7 +72,8 @@ def test_the_new_engine_boots_after_the_old_one_exits(delayed_run: tuple[Restart
     # The standby process logs nothing until it is released: the log reads like a real restart.
     run, log = delayed_run
     assert run.timeline is not None and run.timeline.old_engine and run.timeline.new_engine
-    old_pid, new_pid = (e.split("@")[0] for e in (run.timeline.old_engine, run.timeline.new_engine))
+    assert run.restart is not None
+    old_pid, new_pid = run.restart.details["old_pid"], run.restart.details["new_pid"]
     text = log.read_text()
     assert text.index(f"Finished server process [{old_pid}]") < text.index(f"Started server process [{new_pid}]")
 
@@ -121,7 +124,7 @@ def test_a_peer_not_yet_replaced_is_not_a_recovery() -> None:
 
 def test_client_error_message_says_the_outage_exceeded_the_retry_window() -> None:
     run = _run_with((0.5, 6.5), [RequestOutcome(3, 1.0, 4.0, 500, None, "litellm.InternalServerError: ...")])
-    assert run.timeline == Timeline("old", "new", 0.5, 6.5, "per request")
+    assert run.timeline == Timeline("old", "new", 0.5, 6.5, "per request: the answers")
     with pytest.raises(AssertionError) as err:
         assert_client_errors_as_allowed(run, allowed=False, retry_window=_window(3))
     msg = str(err.value)
@@ -186,3 +189,16 @@ def test_error_after_restart_breaks_only_the_engine_of_that_restart(rtx_api_key:
                                headers={"Authorization": f"Bearer {rtx_api_key}"})
             statuses.append(reply.status_code)
     assert statuses == [200, 200, 500]
+
+
+@pytest.mark.parametrize(("before", "after", "answered"), [
+    ("a", "a", "a"),        # the same engine on both sides
+    (None, "b", "b"),       # nothing ran at send time: only a new engine can have answered
+    ("a", None, "a"),       # it answered, then stopped
+    ("a", "b", None),       # the engine changed during the request: unknown
+    (None, None, None),
+])
+def test_the_incarnation_that_answered(before: str | None, after: str | None, answered: str | None) -> None:
+    from pytest_ml4.control.scenario import incarnation_answered
+
+    assert incarnation_answered(before, after) == answered

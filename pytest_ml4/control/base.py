@@ -68,6 +68,25 @@ def _say(progress: Progress | None, message: str) -> None:
         progress(message)
 
 
+#: The engine process's start time on a vLLM server's /metrics (prometheus_client's process collector; real vLLM
+#: 0.32 and 0.33 export it): a new value is a new engine process, whatever supervises it.
+START_TIME_METRIC = "process_start_time_seconds"
+
+
+def engine_start_time(metrics_url: str, headers: dict[str, str] | None = None, timeout: float = 2.0) -> str | None:
+    """The engine process's start time from its /metrics (None while it does not answer, or without the gauge)."""
+    try:
+        r = httpx.get(metrics_url, headers=headers or {}, timeout=timeout)
+    except httpx.HTTPError:
+        return None
+    if r.status_code != 200:
+        return None
+    for line in r.text.splitlines():
+        if line.startswith(START_TIME_METRIC + " "):
+            return f"started {float(line.split()[1]):.2f}"
+    return None
+
+
 def wait_for(what: str, check: Check, deadline: float, progress: Progress | None = None,
              interval: float = POLL_S) -> WaitStep:
     """Poll ``check`` until it returns None or the monotonic ``deadline`` passes (then :class:`RestartTimeout`)."""
@@ -119,12 +138,17 @@ class Controller(ABC):
     def prepare(self) -> None:
         """Get ready to restart without disturbing the engine (the scenario calls it before its streams start)."""
 
+    #: What :meth:`incarnation` reads, for the restart timeline ("" when the controller has no such signal).
+    incarnation_source: str = ""
+
     def incarnation(self) -> str | None:
-        """Which engine incarnation runs now (systemd InvocationID, ...), or None when unknown or down.
+        """Which engine incarnation runs now (systemd InvocationID, the engine process's start time), or None when
+        unknown or down.
 
         The restart scenario samples it before and after each request: a request with the same incarnation on
         both sides was answered by that engine. Controllers without such a signal return None (the scenario then
-        relies on the response's own evidence, e.g. the simulator's ``x-ml4-engine-instance`` header).
+        relies on the answer's own evidence: a Dynamo answer's ``nvext.worker_id``, or, as a named fallback, the
+        simulator's ``x-ml4-engine-instance`` header).
         """
         return None
 

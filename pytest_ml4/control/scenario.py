@@ -2,10 +2,12 @@
 
 :func:`run_restart_scenario` starts long streams, restarts the engine through a :class:`Controller` while they
 run, keeps sending short requests during the restart, then measures the restart from what the engines did: per
-request, which engine incarnation answered it (the simulator's ``x-ml4-engine-instance`` header, passed on by LiteLLM
-as ``llm_provider-x-ml4-engine-instance``; a Dynamo frontend's ``nvext.worker_id``, the instance id of the worker that
-decoded it, asked for through the controller's ``probe_extras``; else the controller's incarnation, e.g. systemd's
-InvocationID, when it was the same before and after the request). The outage is the last answer of the old engine to
+request, which engine incarnation answered it. First what a real deployment offers, sampled by the controller
+before and after each request: systemd's InvocationID, or the engine process's start time on its /metrics (the
+embedded vLLM simulator; real vLLM exports the same gauge). Without such a signal, the answer's own evidence: a
+Dynamo frontend's ``nvext.worker_id`` (the worker that decoded it, asked for through the controller's
+``probe_extras``), or, as a fallback the timeline names, the simulator's ``x-ml4-engine-instance`` header (passed on
+by LiteLLM as ``llm_provider-x-ml4-engine-instance``). The outage is the last answer of the old engine to
 the first of a new one; recovery is the trigger to that first answer of a new engine, so a controller that keeps the
 old engine serving for a while (systemd's stop delay, fault ``delayed_stop``) cannot make recovery look instant. With
 several replicas (a rolling restart of Dynamo workers) every engine the controller lists before the trigger
@@ -125,7 +127,7 @@ class Timeline:
 
 
 def build_timeline(old_engine: str | None, outcomes: list[RequestOutcome],
-                   old_peers: frozenset[str] = frozenset()) -> Timeline:
+                   old_peers: frozenset[str] = frozenset(), evidence: str = "the answers") -> Timeline:
     """Last answer of ``old_engine`` (or of ``old_peers``, the other engines serving before the trigger), first answer
     of any other engine, from the answered requests."""
     ok = [o for o in outcomes if o.ok and o.sent_s >= 0]
@@ -139,7 +141,7 @@ def build_timeline(old_engine: str | None, outcomes: list[RequestOutcome],
     old = [o.done_s for o in known if o.engine in olds]
     new = sorted((o for o in known if o.engine not in olds), key=lambda o: o.done_s)
     return Timeline(old_engine, new[0].engine if new else None, max(old) if old else None,
-                    new[0].done_s if new else None, evidence="per request",
+                    new[0].done_s if new else None, evidence=f"per request: {evidence}",
                     old_peers=tuple(sorted(old_peers - {old_engine})))
 
 
@@ -202,13 +204,29 @@ def probe_body(model: str, spec: dict[str, Any], extras: dict[str, Any] | None =
             "max_tokens": spec["max_tokens"], **(extras or {})}
 
 
-def answering_engine(r: httpx.Response, data: dict[str, Any]) -> str | None:
-    """The engine incarnation an answer names: the simulator's header, or the Dynamo worker that decoded it."""
-    header = next((r.headers[h] for h in ENGINE_HEADERS if h in r.headers), None)
-    if header is not None:
-        return header
+#: Where an answer's own engine evidence came from (the timeline names it).
+ANSWER_EVIDENCE = {"nvext": "the Dynamo answer's nvext.worker_id (the worker that decoded it)",
+                   "header": "the simulator's x-ml4-engine-instance header (a fallback: the deployment offered no "
+                             "engine start time or InvocationID)"}
+
+
+def answering_engine(r: httpx.Response, data: dict[str, Any]) -> tuple[str | None, str]:
+    """The engine incarnation an answer names and where from (:data:`ANSWER_EVIDENCE`): the Dynamo worker that
+    decoded it, else the simulator's header."""
     worker = ((data.get("nvext") or {}).get("worker_id") or {}).get("decode_worker_id")
-    return None if worker is None else str(worker)
+    if worker is not None:
+        return str(worker), "nvext"
+    header = next((r.headers[h] for h in ENGINE_HEADERS if h in r.headers), None)
+    return (header, "header") if header is not None else (None, "")
+
+
+def incarnation_answered(before: str | None, after: str | None) -> str | None:
+    """The incarnation that answered a request, from the controller's samples around it: the same one on both
+    sides; the one after when none ran before (the old engine was gone, so only a new one can have answered); the
+    one before when none runs after (it answered, then stopped). A change during the request leaves it unknown."""
+    if before is None or after is None:
+        return before or after
+    return after if before == after else None
 
 
 class ProbeReply(NamedTuple):
@@ -217,6 +235,7 @@ class ProbeReply(NamedTuple):
     error: str | None
     ok: bool
     engine: str | None = None
+    evidence: str = ""       # ANSWER_EVIDENCE key of ``engine``
 
 
 def send_probe(http: httpx.Client, body: dict[str, Any], expect: str | None = None) -> ProbeReply:
@@ -233,7 +252,7 @@ def send_probe(http: httpx.Client, body: dict[str, Any], expect: str | None = No
     except (ValueError, KeyError, IndexError, TypeError):
         return ProbeReply(r.status_code, None, f"malformed answer {quote_body(r.text)}", False)
     ok = expect is None or expect in (msg.get("content") or "")
-    return ProbeReply(r.status_code, attempted_retries(r.headers), None, ok, answering_engine(r, data))
+    return ProbeReply(r.status_code, attempted_retries(r.headers), None, ok, *answering_engine(r, data))
 
 
 def missing_identity_evidence(controller: Controller, body: dict[str, Any], engine: str | None) -> str | None:
@@ -275,7 +294,12 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
         warm = send_probe(http, body)
     if warm.status != 200:
         raise AssertionError(f"the deployment does not serve before the restart: HTTP {warm.status}: {warm.error}")
-    old_engine = warm.engine or controller.incarnation()
+    # One kind of evidence for the whole timeline (engine ids of two kinds never compare): what the deployment
+    # itself offers (an InvocationID, the engine's start time) when the controller reads one, else the answers'.
+    by_incarnation = controller.incarnation()
+    old_engine = by_incarnation or warm.engine
+    evidence = (controller.incarnation_source if by_incarnation
+                else ANSWER_EVIDENCE.get(warm.evidence, "none"))
     evidence_missing = missing_identity_evidence(controller, body, old_engine)
     old_peers = controller.engines()
     streams: list[StreamResult | None] = [None] * (int(flight["streams"]) if with_streams else 0)
@@ -313,15 +337,14 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
     lock = threading.Lock()
 
     def request_worker(i: int) -> None:
-        before = controller.incarnation()
+        before = controller.incarnation() if by_incarnation else None
         sent = time.monotonic()
         with http_factory(endpoint) as http:
             reply = send_probe(http, body, probe.get("expect_substring"))
         done = time.monotonic()
         engine = reply.engine
-        if engine is None and reply.ok and before is not None:
-            # The same incarnation before and after: nobody else can have answered (single engine behind it).
-            engine = before if controller.incarnation() == before else None
+        if by_incarnation:
+            engine = incarnation_answered(before, controller.incarnation()) if reply.ok else None
         with lock:
             outcomes.append(RequestOutcome(i, sent - t_trigger, done - sent, reply.status, reply.retries,
                                            reply.error, reply.ok, engine))
@@ -338,12 +361,12 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
     restarter.join(restart_limit_s)
     for th in senders:
         th.join(restart_limit_s)
-    timeline = build_timeline(old_engine, outcomes, old_peers)
+    timeline = build_timeline(old_engine, outcomes, old_peers, evidence)
     deadline = t_trigger + recovery_limit_s
     while timeline.first_new_s is None and "error" not in box and time.monotonic() < deadline:
         # No new engine has answered yet: keep asking until one does (bounded by the gate).
         request_worker(len(outcomes))
-        timeline = build_timeline(old_engine, outcomes, old_peers)
+        timeline = build_timeline(old_engine, outcomes, old_peers, evidence)
         if timeline.first_new_s is None:
             time.sleep(float(probe["interval_s"]))
     for th in stream_threads:

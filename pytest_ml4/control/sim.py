@@ -10,9 +10,11 @@ from typing import Any, Protocol
 
 from pytest_ml4.control.base import (
     Check,
+    START_TIME_METRIC,
     Controller,
     Progress,
     RestartError,
+    engine_start_time,
     health_check,
     model_listed_check,
 )
@@ -44,6 +46,15 @@ class SimController(Controller):
 
     def describe(self) -> str:
         return f"simulator at {self.sim.url}"
+
+    @property
+    def incarnation_source(self) -> str:  # type: ignore[override]
+        return f"the engine's {START_TIME_METRIC} on {self.sim.url}/metrics, sampled before and after each request"
+
+    def incarnation(self) -> str | None:
+        """The engine process's start time, read as from a real vLLM server (its /metrics). A Dynamo frontend has
+        no such gauge: None, and the scenario reads the answers' ``nvext.worker_id``."""
+        return engine_start_time(self.sim.url + "/metrics")
 
     def prepare(self) -> None:
         # The simulator's next process starts in standby now, so the restart stops the engine at once.

@@ -66,6 +66,8 @@ class SystemdController(Controller):
     def invocation_id(self) -> str:
         return self._run("show", "-p", "InvocationID", "--value", self.unit).stdout.strip()
 
+    incarnation_source = "systemd's InvocationID of the unit, sampled before and after each request"
+
     def incarnation(self) -> str | None:
         # A new InvocationID per start of the unit (systemd.exec(5)); empty while the unit is stopped.
         try:
