@@ -147,8 +147,9 @@ def test_spec_decode_floor_is_a_one_sided_wilson_bound(rtx: Target) -> None:
     healthy = spec_decode_verdict(view, rtx, SpecCounts(drafts=150, accepted=364.5, accepted_per_pos=(139.5, 121.5,
                                                                                                      103.5)))
     assert healthy.ok, healthy.message
+    # Healthy rates over too few drafts: per-position acceptance is not judged (never passed).
     few = spec_decode_verdict(view, rtx, SpecCounts(drafts=40, accepted=97.2, accepted_per_pos=(37.2, 32.4, 27.6)))
-    assert not few.ok and "spec_decode counters 40 (at least 150 in one source)" in few.message
+    assert few.ok and "spec_decode counters 40 (at least 150 in one source)" in few.undecided
 
 
 def test_spec_decode_without_any_data_fails(rtx: Target) -> None:

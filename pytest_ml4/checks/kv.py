@@ -55,6 +55,9 @@ class Verdict:
     message: str
     judged: list[LogEvent] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
+    #: Why an ``ok`` verdict could not judge everything it exists for ("" when it could): the check is then not
+    #: judged, never passed.
+    undecided: str = ""
 
 
 def root_causes_first(events: Sequence[LogEvent]) -> list[LogEvent]:
@@ -236,18 +239,23 @@ def spec_decode_verdict(view: LogView, target: Target, from_metrics: SpecCounts 
             if not _within(mal, lo, hi, (k / 2) / math.sqrt(counts.drafts)):
                 problems.append(f"{label}: mean acceptance length {mal:.2f} outside [{lo}, {hi}] "
                                 f"over {counts.drafts:.0f} drafts")
-        # A source with too few drafts (e.g. log windows that cover only part of the load) is reported, not judged.
-        if g.spec_position_rate and counts.drafts >= MIN_SPEC_DRAFTS:
+        # A rate outside the range by the one-sided bound fails at any number of drafts (the bound is wide when
+        # they are few); a pass needs MIN_SPEC_DRAFTS in one source (e.g. log windows that cover only part of
+        # the load give fewer), else per-position acceptance is not judged.
+        if g.spec_position_rate:
             lo, hi = g.spec_position_rate
-            rated.append(label)
+            if counts.drafts >= MIN_SPEC_DRAFTS:
+                rated.append(label)
             for pos, rate in enumerate(counts.per_position):
                 if not _rate_within(rate, counts.drafts, lo, hi):
                     problems.append(f"{label}: position {pos} acceptance {rate:.3f} outside [{lo}, {hi}] "
                                     f"over {counts.drafts:.0f} drafts")
+    # Too few drafts leave per-position acceptance unjudged: not judged (never passed), or said beside a failure.
+    too_few = ""
     if g.spec_position_rate and figures and not rated:
-        problems.append(f"too few drafts to judge per-position acceptance against {list(g.spec_position_rate)}: "
-                        + ", ".join(f"{label} {f['drafts']:.0f}" for label, f in figures.items())
-                        + f" (at least {MIN_SPEC_DRAFTS} in one source)")
+        too_few = (f"too few drafts to judge per-position acceptance against {list(g.spec_position_rate)}: "
+                   + ", ".join(f"{label} {f['drafts']:.0f}" for label, f in figures.items())
+                   + f" (at least {MIN_SPEC_DRAFTS} in one source)")
     if g.spec_acceptance_length and windows:
         lo, hi = g.spec_acceptance_length
         for w in windows:
@@ -262,11 +270,13 @@ def spec_decode_verdict(view: LogView, target: Target, from_metrics: SpecCounts 
                                              f"{_failure_context(view)}", judged=view.failures())
     shown = judged or windows[-3:]
     ranges = f"ranges: mean length {g.spec_acceptance_length}, per position {g.spec_position_rate}"
-    body = "; ".join(problems) if problems else "acceptance within range"
+    body = "; ".join(problems + ([too_few] if too_few and problems else [])) if problems else (
+        "acceptance length within range" if too_few else "acceptance within range")
     msg = f"{body} ({ranges}); measured {figures}"
     if shown:
         msg += f"\njudged:\n{quote(list(shown))}"
-    return Verdict("spec_decode", not problems, msg, judged=list(shown), figures=figures)
+    return Verdict("spec_decode", not problems, msg, judged=list(shown), figures=figures,
+                   undecided="" if problems else too_few)
 
 
 # ------------------------------------------------------------------------------------------------- what suites call
@@ -291,6 +301,8 @@ def assert_holds(verdict: Verdict, view: LogView, report: VerdictReport, extra: 
         report.record(f"ml4_{key}", value)
     # Messages quote engine log lines; a real engine logs its --api-key among the non-default args.
     assert verdict.ok, redact(verdict.message + extra)
+    if verdict.undecided:
+        not_judged(redact(f"{verdict.undecided} ({first})"))
     if unchecked:
         not_judged(redact(f"log verdict passed ({first}), but {unchecked}"))
 
