@@ -12,6 +12,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from pytest_ml4.perf import gates
 from pytest_ml4.perf.export import (
     SERVER_METRICS_JSONL,
@@ -78,15 +80,18 @@ def test_engine_gauge_catches_a_lower_cap_and_a_run_above_the_cap() -> None:
 
 
 # ---------------------------------------------------------- several engines (Dynamo workers): gauges summed
-def _write_run(tmp: Path, scrapes: list[tuple[float, str, float]], starts: list[float]) -> Path:
-    """A run folder with aiperf's per-scrape jsonl (seconds -> ns) and profiling records starting at ``starts``."""
+def _write_run(tmp: Path, scrapes: list[tuple[float, str, float]], starts: list[float],
+               ends: list[float] | None = None) -> Path:
+    """A run folder with aiperf's per-scrape jsonl (seconds -> ns) and profiling records starting at ``starts``
+    (ending at ``ends`` when given)."""
     ns = 1_000_000_000
     lines = [json.dumps({"endpoint_url": url, "timestamp_ns": int(t * ns), "endpoint_latency_ns": 1,
                          "metrics": {ENGINE_RUNNING_GAUGE: [{"labels": {"engine": "0"}, "value": v}]}})
              for t, url, v in scrapes]
     (tmp / SERVER_METRICS_JSONL).write_text("\n".join(lines) + "\n")
-    records = [json.dumps({"metadata": {"benchmark_phase": "profiling", "request_start_ns": int(s * ns)},
-                           "metrics": {}}) for s in starts]
+    records = [json.dumps({"metadata": {"benchmark_phase": "profiling", "request_start_ns": int(s * ns),
+                                        **({"request_end_ns": int(ends[i] * ns)} if ends else {})},
+                           "metrics": {}}) for i, s in enumerate(starts)]
     (tmp / "profile_export.jsonl").write_text("\n".join(records) + "\n")
     return tmp
 
@@ -99,6 +104,17 @@ def test_gauges_of_several_engines_are_summed_at_each_instant(tmp_path: Path) ->
     # Issuing window 2..10 s: 24 for 4 s, then 32 for 4 s.
     assert sorted(held) == [(24.0, 4.0), (32.0, 4.0)]
     assert weighted_quantile(held, 0.5) == 24.0 and weighted_quantile([(24.0, 3.0), (32.0, 5.0)], 0.5) == 32.0
+
+
+def test_a_single_wave_is_judged_until_its_first_request_ends(tmp_path: Path) -> None:
+    """A c4 point whose four requests all start at once and outlast the point (slow decode, a short point): the
+    issuing window was the 4 ms between their starts, where the engine had not yet admitted them (p50 0 read as a
+    cap of 0). It now lasts until the first request ends: 4 running for 4.7 of the 6 s."""
+    run = _write_run(tmp_path, [(0, "e", 0), (1.3, "e", 4), (6.4, "e", 3), (7.0, "e", 0)],
+                     starts=[0.0, 0.001, 0.002, 0.004], ends=[6.0, 6.3, 6.9, 7.0])
+    held, engines = gauge_total(run, ENGINE_RUNNING_GAUGE)
+    assert engines == 1 and sorted(held) == [(0.0, 1.3), (4.0, pytest.approx(4.7))]
+    assert weighted_quantile(held, 0.5) == 4.0
 
 
 def test_the_gate_judges_the_summed_engines_against_their_summed_cap() -> None:
@@ -131,4 +147,5 @@ def test_the_workers_are_scraped_beside_the_frontend_with_the_per_scrape_export(
     assert ("--server-metrics http://f/metrics http://w1/metrics http://w2/metrics "
             "--server-metrics-formats json csv jsonl") in argv
     alone = " ".join(build_argv(replace(spec, engine_metrics_urls=()), tmp_path, executable=Path("aiperf")))
-    assert "--server-metrics http://f/metrics" in alone and "jsonl" not in alone
+    # One engine too: its figure is read over the profiling phase from the per-scrape export.
+    assert "--server-metrics http://f/metrics --server-metrics-formats json csv jsonl" in alone

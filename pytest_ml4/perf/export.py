@@ -308,7 +308,8 @@ SERVER_METRICS_JSONL = "server_metrics_export.jsonl"
 
 def gauge_total(run_dir: Path, name: str) -> tuple[list[tuple[float, float]], int] | None:
     """Gauge ``name`` summed over every endpoint that exposes it, as ``(value, seconds it held)`` pairs over the
-    profiling phase's issuing window (first to last request start), and the number of endpoints summed. None
+    profiling phase's issuing window (first to last request start, at least to the first request's end), and the
+    number of endpoints summed. None
     without the per-scrape file or a profiling record.
 
     aiperf writes a line only when an endpoint's scrape changed (``is_duplicate`` skipped), so each endpoint's last
@@ -316,11 +317,14 @@ def gauge_total(run_dir: Path, name: str) -> tuple[list[tuple[float, float]], in
     path = Path(run_dir) / SERVER_METRICS_JSONL
     if not path.is_file():
         return None
-    starts = [r.metadata.get("request_start_ns") for r in iter_records(run_dir)]
-    starts = [s for s in starts if isinstance(s, int)]
+    records = list(iter_records(run_dir))
+    starts = [s for r in records if isinstance(s := r.metadata.get("request_start_ns"), int)]
+    ends = [e for r in records if isinstance(e := r.metadata.get("request_end_ns"), int)]
     if not starts:
         return None
-    lo, hi = min(starts), max(starts)
+    # While requests are still issued the client holds its concurrency; a run whose requests all started at once
+    # (one wave: each outlasts the point) holds it until the first one ends.
+    lo, hi = min(starts), max(max(starts), min(ends, default=max(starts)))
     points: list[tuple[int, str, float]] = []
     with path.open() as fh:
         for line in fh:

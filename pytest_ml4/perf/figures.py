@@ -61,25 +61,26 @@ def _s(ms: float | None) -> float | None:
 def engine_running(ex: ProfileExport) -> tuple[float | None, float | None, int | None]:
     """(p50, max, engines) of the engines' running-sequence gauge during the run, scraped by aiperf.
 
-    One engine scraped: aiperf's own statistics of its series. Several (a Dynamo deployment's workers, each
-    ``--server-metrics`` URL): their series cannot be added as percentiles, so the gauges are summed at every
-    instant from aiperf's per-scrape export (``server_metrics_export.jsonl``) and the p50 is time-weighted over the
-    issuing window. None when no engine was scraped (no ``--server-metrics``; a Dynamo frontend's /metrics has no
-    such gauge).
+    The gauges are summed at every instant from aiperf's per-scrape export (``server_metrics_export.jsonl``) and the
+    p50 is time-weighted over the profiling phase's issuing window: several engines (a Dynamo deployment's workers,
+    each ``--server-metrics`` URL) cannot be added as percentiles, and aiperf's own statistics of one series also
+    span its warm-up phase (the first point of a sweep warms up one request at a time: a c4 point read p50 1.0).
+    aiperf's statistics of a single series only without the per-scrape file. None when no engine was scraped (no
+    ``--server-metrics``; a Dynamo frontend's /metrics has no such gauge).
     """
     if ex.path is None:
         return None, None, None
     series = server_gauge(ex.path.parent, ENGINE_RUNNING_GAUGE)
-    if len(series) == 1:
-        stats = series[0].stats
-        return stats.get("p50"), stats.get("max"), 1
     if not series:
         return None, None, None
     total = gauge_total(ex.path.parent, ENGINE_RUNNING_GAUGE)
-    if total is None or not total[0]:
-        return None, None, None
-    held, engines = total
-    return weighted_quantile(held, 0.5), max(v for v, _ in held), engines
+    if total is not None and total[0]:
+        held, engines = total
+        return weighted_quantile(held, 0.5), max(v for v, _ in held), engines
+    if len(series) == 1:
+        stats = series[0].stats
+        return stats.get("p50"), stats.get("max"), 1
+    return None, None, None
 
 
 def figures_from_export(ex: ProfileExport, concurrency: int) -> PointFigures:

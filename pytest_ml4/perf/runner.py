@@ -206,12 +206,11 @@ def build_argv(spec: AiperfSpec, out_dir: Path, config_file: Path | None = None,
 
 
 def server_metrics_args(spec: AiperfSpec) -> list[str]:
-    """``--server-metrics`` with the endpoint and every engine; the per-scrape jsonl only when engines are named."""
+    """``--server-metrics`` with the endpoint and every engine, and the per-scrape jsonl: the saturation figure is read
+    from it over the profiling phase alone (aiperf's own statistics of a series span the warm-up too)."""
     if not spec.server_metrics_url:
         return ["--no-server-metrics"]
     engines = [u for u in spec.engine_metrics_urls if u != spec.server_metrics_url]
-    if not engines:
-        return ["--server-metrics", spec.server_metrics_url]
     return ["--server-metrics", spec.server_metrics_url, *engines, "--server-metrics-formats", "json", "csv", "jsonl"]
 
 
