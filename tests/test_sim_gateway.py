@@ -272,3 +272,20 @@ def test_dynamo_sim_starts_a_gateway_only_for_its_faults(tmp_path: Any, faults: 
     if dsim.gateway is not None:
         assert dsim.gateway.faults == ["any_model"]
         assert dsim.gateway.argv()[dsim.gateway.argv().index("--upstream") + 1] == dsim.frontend.url
+
+
+def test_health_login_page_answers_the_probe_itself(upstream: Upstream) -> None:
+    """Fault ``health_login_page``: the ingress answers ``GET /health`` with its sign-in page (200, HTML) and the
+    health check refuses it, naming the page; other paths still reach the frontend. The control: without the
+    fault the probe is the frontend's."""
+    from pytest_ml4.checks.health import assert_endpoint_healthy
+    from pytest_ml4.client import BadResponseError, Endpoint
+
+    for url in _gateway(upstream, "health_login_page"):
+        r = httpx.get(url + "/health", timeout=10)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html") and "Sign in" in r.text
+        assert httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"] == SERVED
+        with pytest.raises(BadResponseError, match=r"^GET /health from .*/health is an HTML page \(HTTP 200"):
+            assert_endpoint_healthy(Endpoint(base_url=url + "/v1", api_key="", model=SERVED), "/health")
+    for url in _gateway(upstream, "accepts_invalid"):
+        assert "Sign in" not in httpx.get(url + "/health", timeout=10).text

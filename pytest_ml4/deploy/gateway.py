@@ -81,6 +81,13 @@ def drop_nvext(answer: dict[str, Any]) -> None:
     answer.pop("nvext", None)
 
 
+#: What an ingress behind single sign-on (a captive portal, an auth proxy set to answer 200) serves a probe that
+#: carries no session: its sign-in page, whatever the service behind it is doing.
+SIGN_IN_PAGE = ("<!DOCTYPE html><html><head><title>Sign in</title></head><body><form method=\"post\" "
+                "action=\"/oauth2/start\"><button type=\"submit\">Sign in with SSO</button></form></body></html>")
+HEALTH_PATH = "/health"
+
+
 def dynamo_header(name: str) -> bool:
     """``x-dynamo-*`` request headers (session id, worker pins): an ingress that passes only standard headers."""
     return name.lower().startswith("x-dynamo-")
@@ -95,6 +102,8 @@ class GatewayFault:
     models: ModelsRewrite | None = None
     drops_header: Callable[[str], bool] | None = None
     answer: Callable[[dict[str, Any]], None] | None = None
+    #: The page the gateway itself answers ``GET /health`` with, never asking the frontend (None: forwarded).
+    health_page: str | None = None
 
 
 #: The faults the gateway acts on (names from :mod:`pytest_ml4.sim.faults`). Not ``prompt_trimmed``: the real
@@ -107,6 +116,7 @@ GATEWAY_FAULTS: Mapping[str, GatewayFault] = {
     "accepts_invalid": GatewayFault(chat=repair_invalid),
     "tool_choice_none_ignored": GatewayFault(chat=drop_tool_choice_none),
     "dynamo_evidence_stripped": GatewayFault(drops_header=dynamo_header, answer=drop_nvext),
+    "health_login_page": GatewayFault(health_page=SIGN_IN_PAGE),
 }
 
 
@@ -189,6 +199,9 @@ class Gateway:
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
         assert self.session is not None
+        page = next((f.health_page for f in self.faults if f.health_page is not None), None)
+        if page is not None and request.path == HEALTH_PATH:
+            return web.Response(status=200, text=page, content_type="text/html")
         raw = self.rewrite_request(request.path, await request.read())
         headers = self.forwarded_headers(request.headers)
         url = self.upstream + request.path_qs
