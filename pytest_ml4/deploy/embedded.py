@@ -29,11 +29,23 @@ class DeploymentFailed(RuntimeError):
 
 
 class Engine(Protocol):
-    """What every kind's engine handle (and its attached view) offers the suites."""
+    """What every kind's engine handle (and its attached view) offers the suites: where clients reach it, the
+    engine's log, the process serving clients (None in a view that owns none)."""
 
-    url: str
-    base_url: str
     log_file: Path
+
+    @property
+    def url(self) -> str:
+        """What clients reach (``http://host:port``)."""
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI API's base: ``url`` + ``/v1``."""
+        return self.url + "/v1"
+
+    @property
+    def pid(self) -> int | None:
+        """The process clients reach."""
 
 
 class Proxy(Protocol):
