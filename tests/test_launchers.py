@@ -12,10 +12,15 @@ from pathlib import Path
 import pytest
 
 from pytest_ml4.deploy import processes
-from pytest_ml4.deploy.dynamo import DynamoWorker, FrontendProcess, GatewayProcess
-from pytest_ml4.deploy.launcher import LaunchError, ProcessLauncher
+from pytest_ml4.deploy.dynamo import (
+    DynamoSim,
+    DynamoWorker,
+    FrontendProcess,
+    GatewayProcess,
+)
+from pytest_ml4.deploy.launcher import Engine, LaunchError, ProcessLauncher
 from pytest_ml4.deploy.litellm import LiteLLMProxy, ProxyError, ProxySettings
-from pytest_ml4.deploy.real_dynamo import RealDynamoWorker
+from pytest_ml4.deploy.real_dynamo import RealDynamoDeployment, RealDynamoWorker
 from pytest_ml4.deploy.real_vllm import RealVllm
 from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.locations import PACKAGE_PARENT
@@ -30,7 +35,15 @@ TOOL_STARTERS = {("report/html.py", "_start_chromium"), ("perf/runner.py", "run_
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.__name__)
 def test_every_launcher_kind_derives_from_the_one_base(kind: type) -> None:
     assert issubclass(kind, ProcessLauncher), f"{kind.__name__} is not a ProcessLauncher"
+    assert Engine in kind.__mro__ and kind.base_url is Engine.base_url, f"{kind.__name__} writes base_url again"
     assert issubclass(kind.error, LaunchError), f"{kind.__name__}.error {kind.error.__name__} is no LaunchError"
+
+
+@pytest.mark.parametrize("deployment", [DynamoSim, RealDynamoDeployment], ids=lambda k: k.__name__)
+def test_a_dynamo_deployment_is_an_engine_without_being_one_process(deployment: type) -> None:
+    # Engine is a Protocol (not runtime-checkable): its subclasses name it in their MRO.
+    assert Engine in deployment.__mro__ and not issubclass(deployment, ProcessLauncher)
+    assert deployment.base_url is Engine.base_url, f"{deployment.__name__} writes base_url again"
 
 
 def _popen_callers() -> set[tuple[str, str]]:

@@ -13,7 +13,7 @@ TCP and the event plane ZMQ, every socket on 127.0.0.1, ``HOME`` (Dynamo caches 
 (``scripts/install.d/50-dynamo.sh``, located by :func:`pytest_ml4.tools.dynamo_python`); the workers import the
 checkout through ``PYTHONPATH``.
 
-Handles: :class:`DynamoSim` is an :class:`~pytest_ml4.deploy.embedded.Engine` (``url``/``pid`` = the frontend or
+Handles: :class:`DynamoSim` is an :class:`~pytest_ml4.deploy.launcher.Engine` (``url``/``pid`` = the frontend or
 the gateway in front of it, ``log_file`` = the first decode/agg worker's engine log; ``frontend_log``), with
 ``.workers`` (:class:`DynamoWorker`: role, index, instance_id, system port / ``metrics_url``,
 stop/start/restart/alive) and ``.frontend`` (:class:`FrontendProcess`); each process is a
@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING, Any, Self
 
 import httpx
 
-from pytest_ml4.deploy.embedded import Engine
 from pytest_ml4.deploy.gateway import gateway_faults
 from pytest_ml4.deploy.launcher import (
     PROGRESS_CAP_FACTOR,
+    Engine,
     LaunchError,
     ProcessLauncher,
     file_sizes,
@@ -306,7 +306,7 @@ def started_workers(declared: int, faults: Sequence[str], role: str = "worker") 
 
 
 class DynamoSim(Engine):
-    """An embedded Dynamo deployment (the :class:`~pytest_ml4.deploy.embedded.Engine` the suites see) and its
+    """An embedded Dynamo deployment (the :class:`~pytest_ml4.deploy.launcher.Engine` the suites see) and its
     processes: the frontend, the workers, the fault gateway."""
 
     #: The worker process class (:class:`pytest_ml4.deploy.real_dynamo.RealDynamoWorker` for real dynamo.vllm).

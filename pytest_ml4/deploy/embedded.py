@@ -28,26 +28,6 @@ class DeploymentFailed(RuntimeError):
     """The deployment did not start; the message is the one line (plus log tail) a run prints."""
 
 
-class Engine(Protocol):
-    """What every kind's engine handle (and its attached view) offers the suites: where clients reach it, the
-    engine's log, the process serving clients (None in a view that owns none)."""
-
-    log_file: Path
-
-    @property
-    def url(self) -> str:
-        """What clients reach (``http://host:port``)."""
-
-    @property
-    def base_url(self) -> str:
-        """The OpenAI API's base: ``url`` + ``/v1``."""
-        return self.url + "/v1"
-
-    @property
-    def pid(self) -> int | None:
-        """The process clients reach."""
-
-
 class Proxy(Protocol):
     """The proxy in front of the engine (the LiteLLM process, or a worker's :class:`ProxyView` of it)."""
 

@@ -18,7 +18,7 @@ import subprocess
 import time
 from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import IO, Self
+from typing import IO, Protocol, Self
 
 import httpx
 
@@ -133,7 +133,28 @@ def wait_until_healthy(proc: Callable[[], subprocess.Popen[bytes] | None], ready
         time.sleep(poll_s)
 
 
-class ProcessLauncher(abc.ABC):
+class Engine(Protocol):
+    """What every engine handle offers the suites (a :class:`ProcessLauncher`, a whole Dynamo deployment, an xdist
+    worker's attached view): where clients reach it, the engine's log, the process clients reach (None in a view
+    that owns none)."""
+
+    log_file: Path
+
+    @property
+    def url(self) -> str:
+        """What clients reach (``http://host:port``)."""
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI API's base: ``url`` + ``/v1``."""
+        return self.url + "/v1"
+
+    @property
+    def pid(self) -> int | None:
+        """The process clients reach."""
+
+
+class ProcessLauncher(Engine, abc.ABC):
     """One server process the project starts and owns, in a process group of its own (:func:`processes.popen`).
 
     A kind implements :meth:`argv` and sets :attr:`name` and :attr:`error`; it overrides what differs:
@@ -170,10 +191,6 @@ class ProcessLauncher(abc.ABC):
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return self.url + "/v1"
 
     @property
     def health_url(self) -> str:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
-from pytest_ml4.deploy.embedded import Engine
+from pytest_ml4.deploy.launcher import Engine
 from pytest_ml4.plugin.state import Ml4State, get_state, session_deadlines
 from pytest_ml4.report.redact import redact
 from pytest_ml4.targets import Target, known_targets
