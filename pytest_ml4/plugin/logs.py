@@ -31,7 +31,7 @@ from pytest_ml4.plugin.option_group import group as ml4_group
 from pytest_ml4.targets import Target
 
 if TYPE_CHECKING:  # annotations only: the fixtures import what they start lazily
-    from pytest_ml4.deploy.embedded import Engine
+    from pytest_ml4.deploy.launcher import Engine
 
 
 
