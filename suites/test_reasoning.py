@@ -7,7 +7,6 @@ assemble to exactly the non-streamed one. Reasoning may arrive as ``reasoning`` 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,63 +15,53 @@ import httpx
 import pytest
 import yaml
 
-from pytest_ml4.baselines import (
-    BaselineRefused,
-    deployment_provenance,
-    describe_conditions,
-)
-from pytest_ml4.checks.chat import ChatSession, attach, send_raw, user
-from pytest_ml4.checks.expected import (
-    assert_answer_expected,
-    assert_served,
-    expected_for,
-)
-from pytest_ml4.checks.protocol import assert_no_control_tokens, assert_rejected
+from pytest_ml4.baselines import BaselineRefused, deployment_provenance
+from pytest_ml4.checks.chat import ChatSession, user
+from pytest_ml4.checks.expected import expected_for
+from pytest_ml4.checks.protocol import assert_no_control_tokens
 from pytest_ml4.checks.reasoning import (
+    ShareBaselineChoice,
+    accepted_efforts,
+    assert_effort_honoured,
+    assert_effort_refused,
+    assert_invalid_request_answered,
+    assert_reasoned_answer,
     assert_reasoning_separated,
     assert_reasoning_tokens_agree,
-    cut_inside_reasoning,
-    reasoning_tokens,
-    save_share_baseline,
-    share_baseline_drift,
-    share_row,
+    assert_right_answer,
+    assert_share_in_seed_band,
+    assert_share_within_baseline,
+    defaults_for,
+    measure_share,
+    report_share,
+    save_share_if_asked,
+    share_conditions,
 )
-from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.client import Endpoint
 from pytest_ml4.dynamo_versions import target_row
 from pytest_ml4.locations import data_file
 from pytest_ml4.targets import Target
-from pytest_ml4.vllm_versions import for_version
 
 pytestmark = pytest.mark.reasoning
 
 REASONING_FILE = data_file("prompts", "reasoning.yaml")
 DATA = yaml.safe_load(REASONING_FILE.read_text())
 STREAM = pytest.mark.parametrize("stream", [False, True], ids=["nonstream", "stream"])
-#: Token rounding when comparing a measured share with the gate band (shares are ratios of small integers).
-SHARE_TOLERANCE = 0.02
-
-
-def defaults_for(target: Target) -> dict[str, Any]:
-    """The request defaults; on a Dynamo release that splits reasoning only for requests naming an effort
-    (``reasoning_split_needs_effort``), every question names ``effort_when_required``, as its clients must."""
-    row = target_row(target)
-    if row is not None and row.reasoning_split_needs_effort:
-        return {**DATA["defaults"], "reasoning_effort": DATA["effort_when_required"]}
-    return dict(DATA["defaults"])
-
-
-def accepted_efforts(target: Target) -> tuple[str, ...]:
-    """The efforts the endpoint serves: through Dynamo the frontend's (its row; no vLLM-side check applies),
-    else the engine's vLLM version's (``pytest_ml4/data/vllm/versions.yaml``)."""
-    row = target_row(target)
-    return row.reasoning_efforts if row is not None else tuple(for_version(target.engine.version).reasoning_efforts)
 
 
 @pytest.fixture
 def chat(request: pytest.FixtureRequest, ml4_target: Target, ml4_endpoint: Endpoint, openai_client: Any,
          http_client: httpx.Client, ml4_run_dir: Path) -> ChatSession:
-    return ChatSession(openai_client, http_client, ml4_endpoint.model, defaults_for(ml4_target),
+    return ChatSession(openai_client, http_client, ml4_endpoint.model,
+                       defaults_for(ml4_target, DATA["defaults"], DATA["effort_when_required"]),
+                       ml4_run_dir / "transcripts", request.node.name)
+
+
+@pytest.fixture
+def chat_without_effort(request: pytest.FixtureRequest, ml4_endpoint: Endpoint, openai_client: Any,
+                        http_client: httpx.Client, ml4_run_dir: Path) -> ChatSession:
+    """A client that sends the request defaults as they are: no ``reasoning_effort``, whatever the stack."""
+    return ChatSession(openai_client, http_client, ml4_endpoint.model, dict(DATA["defaults"]),
                        ml4_run_dir / "transcripts", request.node.name)
 
 
@@ -80,10 +69,7 @@ def chat(request: pytest.FixtureRequest, ml4_target: Target, ml4_endpoint: Endpo
 def test_reasoning_is_separated_from_content(chat: ChatSession, stream: bool) -> None:
     q = DATA["question"]
     answer = chat.ask(chat.body(user(q["prompt"])), stream)
-    assert_no_control_tokens(answer.message, answer.where)
-    assert_reasoning_separated(answer.message, answer.where)
-    assert q["expect_substring"] in answer.content, f"{answer.where}: wrong answer in content: {answer.content!r}"
-    assert answer.finish_reason == "stop", f"{answer.where}: finish_reason {answer.finish_reason!r}"
+    assert_reasoned_answer(answer, q["expect_substring"])
 
 
 @STREAM
@@ -102,31 +88,15 @@ def test_each_reasoning_effort_is_accepted(chat: ChatSession, ml4_target: Target
     Dynamo the frontend's, pytest_ml4/data/dynamo/versions.yaml); the others are refused with vLLM's 400 naming the
     supported values."""
     q = DATA["question"]
-    accepted = accepted_efforts(ml4_target)
-    if effort not in accepted:
-        body = {"model": ml4_endpoint.model, "messages": user(q["prompt"]), "max_tokens": 64,
-                "reasoning_effort": effort}
-        assert_rejected(send_raw(http_client, body, stream), 400,
-                        f"reasoning_effort={effort} is not supported",
-                        f"reasoning_effort={effort!r} on vLLM {ml4_target.engine.version}")
+    if effort not in accepted_efforts(ml4_target):
+        assert_effort_refused(http_client, ml4_endpoint.model, q["prompt"], effort, ml4_target.engine.version, stream)
         return
     answer = chat.ask(chat.body(user(q["prompt"]), reasoning_effort=effort), stream)
-    assert_no_control_tokens(answer.message, answer.where)
-    assert q["expect_substring"] in answer.content, f"{answer.where}: wrong answer at effort {effort}: {answer.content!r}"
-    if effort == "none":
-        assert not answer.reasoning, f"{answer.where}: reasoning_effort none still produced reasoning: {answer.reasoning!r}"
-        assert not reasoning_tokens(answer.usage), (f"{answer.where}: reasoning_effort none but usage reports "
-                                                    f"{reasoning_tokens(answer.usage)} reasoning tokens")
-    else:
-        reasoning = assert_reasoning_separated(answer.message, f"{answer.where}, effort {effort}")
-        assert_reasoning_tokens_agree(reasoning, answer.usage, ml4_token_counter,
-                                      f"{answer.where}, effort {effort}")
+    assert_effort_honoured(answer, effort, q["expect_substring"], ml4_token_counter)
 
 
 @STREAM
-def test_no_think_markup_for_clients_that_omit_the_effort(ml4_target: Target, ml4_endpoint: Endpoint,
-                                                          openai_client: Any, http_client: httpx.Client,
-                                                          ml4_run_dir: Path, request: pytest.FixtureRequest,
+def test_no_think_markup_for_clients_that_omit_the_effort(ml4_target: Target, chat_without_effort: ChatSession,
                                                           stream: bool) -> None:
     """A client that sends no ``reasoning_effort`` sees no ``[THINK]`` markup in content, where the target's
     Dynamo row that makes the other checks send an effort is an estimate (``status: estimate``): an unverified
@@ -137,13 +107,11 @@ def test_no_think_markup_for_clients_that_omit_the_effort(ml4_target: Target, ml
     if row.verified:
         pytest.skip(f"Dynamo {row.version}'s row is verified ({row.source[:120]}...): it leaves [THINK] in content "
                     f"without an effort, and its clients must send one (the other checks do)")
-    chat = ChatSession(openai_client, http_client, ml4_endpoint.model, dict(DATA["defaults"]),
-                       ml4_run_dir / "transcripts", request.node.name)
     q = DATA["question"]
-    answer = chat.ask(chat.body(user(q["prompt"])), stream)
+    answer = chat_without_effort.ask(chat_without_effort.body(user(q["prompt"])), stream)
     where = f"{answer.where}, no reasoning_effort (Dynamo {row.version}, row status estimate)"
     assert_no_control_tokens(answer.message, where)
-    assert q["expect_substring"] in answer.content, f"{where}: wrong answer in content: {answer.content!r}"
+    assert_right_answer(answer, q["expect_substring"], where)
 
 
 @STREAM
@@ -157,55 +125,12 @@ def test_invalid_reasoning_requests_are_rejected(ml4_target: Target, ml4_endpoin
     body = {"model": ml4_endpoint.model, "messages": user(DATA["question"]["prompt"]), "max_tokens": 64, **extra}
     expected = expected_for(DATA["errors"]["expect"], ml4_target.serving.stack, case, REASONING_FILE)
     what = f"{extra} ({'streamed' if stream else 'non-streamed'})"
-    answer = send_raw(http_client, body, stream)
-    assert_answer_expected(answer, expected, what)
-    if expected.accepted:   # the stack serves it: a stream failing after its 200 is not that
-        assert_served(answer, what)
-
-
-def share_conditions(chat: ChatSession, max_tokens: int, min_tokens: int | None) -> dict[str, Any]:
-    """What a share depends on besides the deployment (``SHARE_CONDITION_KEYS``), as this run asks it."""
-    return {"prompts": list(DATA["share"]["prompts"]), "max_tokens": max_tokens, "min_tokens": min_tokens,
-            "reasoning_effort": chat.defaults.get("reasoning_effort"), "temperature": chat.defaults.get("temperature")}
-
-
-def measure_share(chat: ChatSession, prompts: list[str], stream: bool, **limits: int) -> list[dict[str, Any]]:
-    """One row per prompt. A natural answer must reason, keep it apart and answer after it; one cut inside its
-    reasoning at ``max_tokens`` (forced length or not) is not judged as a share: it measures the cap."""
-    rows = []
-    for prompt in prompts:
-        answer = chat.ask(chat.body(user(prompt), **limits), stream)
-        assert_no_control_tokens(answer.message, answer.where)
-        if cut_inside_reasoning(answer.finish_reason, answer.content):
-            not_judged(f"{answer.where}: truncated: the answer hit max_tokens {limits['max_tokens']} inside its "
-                       f"reasoning (finish_reason length before [/THINK], {reasoning_tokens(answer.usage)} "
-                       f"reasoning tokens), so its share measures the cap, not the deployment ({REASONING_FILE.name})")
-        assert_reasoning_separated(answer.message, answer.where)
-        if "min_tokens" not in limits:
-            assert answer.content.strip() and answer.finish_reason == "stop", (
-                f"{answer.where}: no answer after the reasoning: finish_reason {answer.finish_reason!r}, content "
-                f"{answer.content!r}")
-        rows.append(share_row(prompt, answer.usage, answer.where))
-    return rows
-
-
-def report_share(rows: list[dict[str, Any]], conditions: dict[str, Any], out: Path, extra: dict[str, Any],
-                 record_property: Any) -> float:
-    """Write, print, attach and record the shares with the conditions they were measured under."""
-    mean = sum(r["share"] for r in rows) / len(rows)
-    out.write_text(json.dumps({"mean_share": round(mean, 4), "conditions": conditions, **extra, "rows": rows},
-                              indent=1))
-    print(f"reasoning share: mean {mean:.1%} over {len(rows)} answers (" + describe_conditions(
-        conditions, ("max_tokens", "min_tokens", "reasoning_effort")) + "): "
-        + ", ".join(f"{r['share']:.1%}" for r in rows))
-    record_property("reasoning_share", {"value": round(mean, 4), "conditions": conditions})
-    attach(out)
-    return mean
+    assert_invalid_request_answered(http_client, body, expected, what, stream)
 
 
 @STREAM
 def test_reasoning_share_of_output_is_measured(chat: ChatSession, ml4_target: Target, ml4_run_dir: Path,
-                                               ml4_share_baseline: Any, ml4_endpoint: Endpoint,
+                                               ml4_share_baseline: ShareBaselineChoice, ml4_endpoint: Endpoint,
                                                record_property: Any, stream: bool) -> None:
     """The reasoning share of natural answers stays where this deployment's baseline recorded it.
 
@@ -218,29 +143,19 @@ def test_reasoning_share_of_output_is_measured(chat: ChatSession, ml4_target: Ta
     not judged. Seed 000's 50-68 % is a figure of its own workload: see ``test_reasoning_share_at_seed_conditions``."""
     spec = DATA["share"]
     n = int(spec["max_tokens"])
-    conditions = share_conditions(chat, n, None)
-    rows = measure_share(chat, list(spec["prompts"]), stream, max_tokens=n)
-    choice = ml4_share_baseline
-    base = choice.baseline
+    conditions = share_conditions(chat, spec["prompts"], n, None)
+    rows = measure_share(chat, spec["prompts"], stream, REASONING_FILE.name, max_tokens=n)
+    base = ml4_share_baseline.baseline
     report_share(rows, conditions, ml4_run_dir / f"reasoning_share_{'stream' if stream else 'nonstream'}.json",
                  {"target": ml4_target.name, "stream": stream, "baseline": str(base.path) if base else None},
                  record_property)
-    if choice.save is not None and not stream:
-        save_share_baseline(choice.save, rows, conditions, deployment_provenance(
-            ml4_target, ml4_endpoint.model, sys.argv, ml4_endpoint.simulated),
-            float(spec["tolerance"]))
-    if choice.refused:
-        pytest.fail(choice.refused, pytrace=False)
-    if base is None:
-        shares = ", ".join(f"{r['share']:.1%}" for r in rows)
-        not_judged(f"reasoning share {shares}: {choice.not_judged}")
+    if not stream:
+        save_share_if_asked(ml4_share_baseline, rows, conditions, deployment_provenance(
+            ml4_target, ml4_endpoint.model, sys.argv, ml4_endpoint.simulated), float(spec["tolerance"]))
     try:
-        drift = share_baseline_drift(rows, base, conditions, str(base.path))
-    except BaselineRefused as err:   # measured under other conditions
-        if choice.explicit:
-            pytest.fail(str(err), pytrace=False)
-        not_judged(f"{err}; record one under these conditions with: {choice.record}")
-    assert not drift, "reasoning share moved from the baseline:\n" + "\n".join(drift)
+        assert_share_within_baseline(rows, conditions, ml4_share_baseline)
+    except BaselineRefused as err:   # a baseline that cannot judge this run: one line, no traceback
+        pytest.fail(str(err), pytrace=False)
 
 
 @STREAM
@@ -254,16 +169,9 @@ def test_reasoning_share_at_seed_conditions(chat: ChatSession, ml4_target: Targe
     gate with ``-k "not seed_conditions"``). Without a seed figure for the target it is not judged."""
     spec = DATA["seed_share"]
     n = int(spec["output_tokens"])
-    conditions = {**share_conditions(chat, n, n), "prompts": list(spec["prompts"])}
-    rows = measure_share(chat, list(spec["prompts"]), stream, max_tokens=n, min_tokens=n)
+    conditions = share_conditions(chat, spec["prompts"], n, n)
+    rows = measure_share(chat, spec["prompts"], stream, REASONING_FILE.name, max_tokens=n, min_tokens=n)
     mean = report_share(rows, conditions, ml4_run_dir / f"reasoning_share_seed_{'stream' if stream else 'nonstream'}"
                         ".json", {"target": ml4_target.name, "seed_band": ml4_target.gates.reasoning_share},
                         record_property)
-    band = ml4_target.gates.reasoning_share
-    if not band:
-        not_judged(f"reasoning share {mean:.1%} at {n} forced tokens: {ml4_target.name} states no seed figure "
-                   "(gates.reasoning_share) to compare it with")
-    lo, hi = band
-    assert lo - SHARE_TOLERANCE <= mean <= hi + SHARE_TOLERANCE, (
-        f"reasoning share {mean:.1%} at min_tokens = max_tokens = {n} outside seed 000's {lo:.0%}-{hi:.0%} "
-        f"(gates.reasoning_share): {rows}")
+    assert_share_in_seed_band(mean, ml4_target.gates.reasoning_share, n, rows, ml4_target.name)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from ml4_http_stub import Scripted, StubServer
 
-from pytest_ml4.checks.chat import ask
+from pytest_ml4.checks.chat import Answer, ask
 from pytest_ml4.checks.protocol import (
     Assembled,
     assert_no_control_tokens,
@@ -30,11 +30,14 @@ from pytest_ml4.checks.reasoning import (
 )
 from pytest_ml4.checks.tools import (
     assert_arguments_valid,
+    assert_final_answer_uses_results,
     assert_mistral_tool_ids,
+    assert_parallel_calls,
     assert_tool_choice_obeyed,
     is_mistral_tool_id,
     load_tool,
     named,
+    with_tool_results,
 )
 from pytest_ml4.client import Endpoint, make_httpx, make_openai
 from pytest_ml4.probe import parse_sse_text
@@ -57,6 +60,26 @@ def test_reference_tool_call_passes_every_tool_check() -> None:
     assert assert_arguments_valid(c["message"]["tool_calls"], [WEATHER], "ref") == [{"city": "Paris"}]
     n = choice("named_tool_choice")
     assert_tool_choice_obeyed(named("get_weather"), n["message"], n["finish_reason"], "get_weather", "ref")
+
+
+def test_a_round_trip_sends_each_result_and_judges_the_final_answer() -> None:
+    """The reference call's turn and its canned result go back in OpenAI's shape; a call without a canned result,
+    an answer that ignores the result and parallel calls that miss a value are named."""
+    c = choice("tool_call_v13")
+    first = Answer(False, c["message"], c["finish_reason"], None)
+    call_id = first.tool_calls[0]["id"]
+    turn = with_tool_results([], first, {"get_weather": "18 C, sunny"})
+    assert [m["role"] for m in turn] == ["assistant", "tool"] and turn[1]["tool_call_id"] == call_id
+    assert turn[0]["tool_calls"][0]["function"] == first.tool_calls[0]["function"]
+    with pytest.raises(AssertionError, match="the model called 'get_weather', no canned result for it"):
+        with_tool_results([], first, {"other": "x"})
+    final = Answer(False, {"role": "assistant", "content": "It is 18 C and sunny."}, "stop", None)
+    assert_final_answer_uses_results(final, ["18 C"])
+    with pytest.raises(AssertionError, match="does not use the tool result \\(missing '21 C'\\)"):
+        assert_final_answer_uses_results(final, ["21 C"])
+    assert_parallel_calls([{"city": "Paris"}, {"city": "Rome"}], 2, ["Paris", "Rome"], "ref")
+    with pytest.raises(AssertionError, match="expected 2 parallel calls for \\['Paris', 'Rome'\\], got 1"):
+        assert_parallel_calls([{"city": "Paris"}], 2, ["Paris", "Rome"], "ref")
 
 
 def test_tool_parser_off_is_named() -> None:

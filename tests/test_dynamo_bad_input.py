@@ -31,7 +31,7 @@ def test_busy_frontend_port_is_replaced_by_a_free_one(tmp_path: Path) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         fe = FrontendProcess(AGG, Path("python"), tmp_path / "fe.log", {}, tmp_path, port=port)
-        fe.before_start()
+        fe.port = fe.choose_port()   # what spawn() does first
         assert fe.port != port and f"--http-port {fe.port}" in " ".join(fe.argv())
 
 

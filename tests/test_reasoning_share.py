@@ -24,9 +24,12 @@ from pytest_ml4.baselines import (
 )
 from pytest_ml4.checks.reasoning import (
     ShareBaseline,
+    ShareBaselineChoice,
+    assert_share_within_baseline,
     cut_inside_reasoning,
     share_baseline_drift,
 )
+from pytest_ml4.checks.verdict import NotJudged
 from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.targets import load_target
 
@@ -70,6 +73,27 @@ def test_other_conditions_are_refused_with_one_line(field: str, value: object) -
     line = str(err.value)
     assert "\n" not in line and line.startswith("reasoning share not compared with b.json: measured under other "
                                                 f"conditions (baseline vs this run: {field} ")
+
+
+def test_the_share_verdict_judges_only_with_a_baseline_of_these_conditions() -> None:
+    """What the suite's share check concludes from the plugin's choice of baseline: passed within tolerance (the
+    control), failed past it, not judged without a baseline or with a default one of other conditions (naming the
+    command that records one), refused when the refused or named baseline cannot judge this run."""
+    base = [BASELINE.shares[p] for p in PROMPTS]
+    chosen = ShareBaselineChoice(BASELINE, record="CMD")
+    assert_share_within_baseline(_rows(*base), CONDITIONS, chosen)
+    with pytest.raises(AssertionError, match="reasoning share moved from the baseline:\n"):
+        assert_share_within_baseline(_rows(base[0] + 0.2, base[1]), CONDITIONS, chosen)
+    with pytest.raises(NotJudged, match=r"^not judged: reasoning share 50.0%, 50.0%: none recorded here$"):
+        assert_share_within_baseline(_rows(0.5, 0.5), CONDITIONS, ShareBaselineChoice(None, "none recorded here"))
+    other = {**CONDITIONS, "max_tokens": 256}
+    with pytest.raises(NotJudged, match=r"measured under other conditions .*; record one under these conditions "
+                                        r"with: CMD$"):
+        assert_share_within_baseline(_rows(*base), other, chosen)
+    with pytest.raises(BaselineRefused, match="measured under other conditions"):
+        assert_share_within_baseline(_rows(*base), other, ShareBaselineChoice(BASELINE, explicit=True))
+    with pytest.raises(BaselineRefused, match="^made elsewhere$"):
+        assert_share_within_baseline(_rows(*base), CONDITIONS, ShareBaselineChoice(None, refused="made elsewhere"))
 
 
 def test_truncation_is_a_length_finish_without_content() -> None:

@@ -20,7 +20,6 @@ import httpx
 import pytest
 from aiohttp import web
 
-from pytest_ml4.deploy.dynamo import free_port
 from pytest_ml4.deploy.gateway import (
     drop_tool_choice_none,
     gateway_faults,
@@ -28,6 +27,7 @@ from pytest_ml4.deploy.gateway import (
     serve_any_model,
     unlist_models,
 )
+from pytest_ml4.deploy.launcher import free_port
 
 SERVED = "mistral-large-4"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}

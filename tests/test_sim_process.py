@@ -143,7 +143,7 @@ def test_stop_falls_back_to_sigkill_and_leaves_nothing(tmp_path: Path) -> None:
     sim.stop(timeout=1.0)
     assert time.monotonic() - t0 < 5
     assert _gone(pid), f"simulator pid {pid} still exists after stop()"
-    assert not sim.is_running() and sim.pid is None
+    assert not sim.alive() and sim.pid is None
 
 
 def test_stop_after_the_child_died_and_twice(tmp_path: Path) -> None:
@@ -152,7 +152,7 @@ def test_stop_after_the_child_died_and_twice(tmp_path: Path) -> None:
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while sim.is_running() and time.monotonic() < deadline:
+    while sim.alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     sim.stop()
     sim.stop()

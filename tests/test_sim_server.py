@@ -305,7 +305,7 @@ def test_stop_during_the_restart_stop_delay_ends_the_standby(tmp_path: Path) -> 
         with pytest.raises(SimServerError, match="stopped during the restart"):
             s.restart()
         assert s.standby is not None and s.standby.poll() is not None, "the standby engine outlived stop()"
-        assert not s.is_running()
+        assert not s.alive()
     finally:
         s.stop()
         if s.standby is not None and s.standby.poll() is None:  # the leak this test exists for: end it anyway

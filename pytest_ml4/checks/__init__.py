@@ -8,8 +8,11 @@ judged (loads, scenarios, probes, gate results) is computed in the core modules.
 
 * :mod:`.protocol` - control-token leaks, stream grammar, streamed vs non-streamed equality, error bodies;
 * :mod:`.expected` - the per-stack answer to a request (status, error shape, message);
-* :mod:`.tools` - tool-call ids, arguments against the tool's JSON schema, ``tool_choice`` and finish rules;
-* :mod:`.reasoning` - reasoning separation, reasoning-token accounting, reasoning share of the output;
+* :mod:`.chat` - one question, streamed or not, reduced to an :class:`~pytest_ml4.checks.chat.Answer`;
+* :mod:`.tools` - tool-call ids, arguments against the tool's JSON schema, ``tool_choice`` and finish rules, the
+  :class:`~pytest_ml4.checks.tools.ToolChat` that knows a stack's tool conventions, invalid tool requests;
+* :mod:`.reasoning` - reasoning separation, reasoning-token accounting, efforts, reasoning share of the output;
+* :mod:`.osl` - fixed output length (``min_tokens = max_tokens``) counted three ways, grammar kills, ``ignore_eos``;
 * :mod:`.health` - the endpoint's health, Dynamo's registered workers, the engine behind a proxy;
 * :mod:`.kv` - the KV pool, max concurrency, no OOM since boot, peak KV usage, spec-decode acceptance;
 * :mod:`.restart` - in-flight streams, client errors and recovery across a restart, a worker crash;

@@ -1,26 +1,38 @@
 """Reasoning checks (reference ``vllm.md`` §2, §3): the thinking is in ``reasoning`` (or the legacy
 ``reasoning_content``), never in ``content``; ``usage.completion_tokens_details.reasoning_tokens`` agrees with
-the reasoning text re-tokenised by the same Tekken tokenizer the simulator uses; the reasoning share of the
-output is measured (seed 000 saw 50-68 %).
+the reasoning text re-tokenised by the same Tekken tokenizer the simulator uses; each effort the stack accepts is
+honoured and the others refused; the reasoning share of the output is measured and judged against the
+deployment's baseline or seed 000's figure (50-68 %).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from pytest_ml4.baselines import (
     BaselineRefused,
     Provenance,
     conditions_differ,
+    describe_conditions,
     read_baseline,
     refusal_line,
     write_baseline,
 )
+from pytest_ml4.checks.chat import Answer, ChatSession, attach, send_raw, user
+from pytest_ml4.checks.expected import Expected, assert_answer_expected, assert_served
+from pytest_ml4.checks.protocol import assert_no_control_tokens, assert_rejected
+from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.client import quote_body
+from pytest_ml4.dynamo_versions import target_row
 from pytest_ml4.recount import LOCAL_SLACK_FRACTION, TokenCounter
+from pytest_ml4.targets import Target
+from pytest_ml4.vllm_versions import for_version
 
 #: Tokens by which the reasoning count may differ from a re-tokenisation: a real parser counts the text
 #: between the markers as the engine emitted it, which can split differently at the edges (a leading space,
@@ -89,6 +101,70 @@ def assert_reasoning_tokens_agree(reasoning: str, usage: Mapping[str, Any] | Non
     return reported
 
 
+def defaults_for(target: Target, defaults: Mapping[str, Any], effort_when_required: str) -> dict[str, Any]:
+    """The request defaults; on a Dynamo release that splits reasoning only for requests naming an effort
+    (``reasoning_split_needs_effort``), every question names ``effort_when_required``, as its clients must."""
+    row = target_row(target)
+    if row is not None and row.reasoning_split_needs_effort:
+        return {**defaults, "reasoning_effort": effort_when_required}
+    return dict(defaults)
+
+
+def accepted_efforts(target: Target) -> tuple[str, ...]:
+    """The efforts the endpoint serves: through Dynamo the frontend's (its row; no vLLM-side check applies),
+    else the engine's vLLM version's (``pytest_ml4/data/vllm/versions.yaml``)."""
+    row = target_row(target)
+    return row.reasoning_efforts if row is not None else tuple(for_version(target.engine.version).reasoning_efforts)
+
+
+def assert_right_answer(answer: Answer, expect_substring: str, where: str | None = None,
+                        at: str = "in content") -> None:
+    """The answer (content, not reasoning) holds the known answer to the question."""
+    assert expect_substring in answer.content, (f"{where or answer.where}: wrong answer {at}: "
+                                                f"{answer.content!r}")
+
+
+def assert_reasoned_answer(answer: Answer, expect_substring: str) -> None:
+    """No control token, the reasoning apart from the content, the right answer, ``stop``."""
+    assert_no_control_tokens(answer.message, answer.where)
+    assert_reasoning_separated(answer.message, answer.where)
+    assert_right_answer(answer, expect_substring)
+    assert answer.finish_reason == "stop", f"{answer.where}: finish_reason {answer.finish_reason!r}"
+
+
+def assert_effort_refused(http_client: httpx.Client, model: str, prompt: str, effort: str, vllm_version: str,
+                          stream: bool) -> None:
+    """An effort the endpoint does not accept gets vLLM's 400 naming it."""
+    body = {"model": model, "messages": user(prompt), "max_tokens": 64, "reasoning_effort": effort}
+    assert_rejected(send_raw(http_client, body, stream), 400, f"reasoning_effort={effort} is not supported",
+                    f"reasoning_effort={effort!r} on vLLM {vllm_version}")
+
+
+def assert_effort_honoured(answer: Answer, effort: str, expect_substring: str,
+                           counter: int | TokenCounter) -> None:
+    """The right answer at ``effort``; ``none`` reasons not at all (no text, no reasoning tokens), the others
+    keep their reasoning apart and count it in usage."""
+    assert_no_control_tokens(answer.message, answer.where)
+    assert_right_answer(answer, expect_substring, at=f"at effort {effort}")
+    if effort == "none":
+        assert not answer.reasoning, f"{answer.where}: reasoning_effort none still produced reasoning: {answer.reasoning!r}"
+        assert not reasoning_tokens(answer.usage), (f"{answer.where}: reasoning_effort none but usage reports "
+                                                    f"{reasoning_tokens(answer.usage)} reasoning tokens")
+    else:
+        reasoning = assert_reasoning_separated(answer.message, f"{answer.where}, effort {effort}")
+        assert_reasoning_tokens_agree(reasoning, answer.usage, counter, f"{answer.where}, effort {effort}")
+
+
+def assert_invalid_request_answered(http_client: httpx.Client, body: dict[str, Any], expected: Expected, what: str,
+                                    stream: bool) -> None:
+    """The stack answers as its row says; where it accepts the request, it serves it (a stream failing after its
+    200 is not served)."""
+    answer = send_raw(http_client, body, stream)
+    assert_answer_expected(answer, expected, what)
+    if expected.accepted:
+        assert_served(answer, what)
+
+
 def reasoning_share(usage: Mapping[str, Any] | None) -> float | None:
     """reasoning_tokens / completion_tokens, or None when either is missing or zero."""
     r = reasoning_tokens(usage)
@@ -117,6 +193,49 @@ def share_row(prompt: str, usage: Mapping[str, Any] | None, where: str) -> dict[
                                f"completion_tokens (reasoning parser not configured?): {usage}")
     return {"prompt": prompt, "completion_tokens": (usage or {})["completion_tokens"],
             "reasoning_tokens": reasoning_tokens(usage), "share": round(share, 4)}
+
+
+def share_conditions(chat: ChatSession, prompts: Sequence[str], max_tokens: int,
+                     min_tokens: int | None) -> dict[str, Any]:
+    """What a share depends on besides the deployment (``SHARE_CONDITION_KEYS``), as this run asks it."""
+    return {"prompts": list(prompts), "max_tokens": max_tokens, "min_tokens": min_tokens,
+            "reasoning_effort": chat.defaults.get("reasoning_effort"), "temperature": chat.defaults.get("temperature")}
+
+
+def measure_share(chat: ChatSession, prompts: Sequence[str], stream: bool, source: str,
+                  **limits: int) -> list[dict[str, Any]]:
+    """One row per prompt. A natural answer must reason, keep it apart and answer after it; one cut inside its
+    reasoning at ``max_tokens`` (forced length or not) is not judged as a share: it measures the cap. ``source``
+    names the prompts' file."""
+    rows = []
+    for prompt in prompts:
+        answer = chat.ask(chat.body(user(prompt), **limits), stream)
+        assert_no_control_tokens(answer.message, answer.where)
+        if cut_inside_reasoning(answer.finish_reason, answer.content):
+            not_judged(f"{answer.where}: truncated: the answer hit max_tokens {limits['max_tokens']} inside its "
+                       f"reasoning (finish_reason length before [/THINK], {reasoning_tokens(answer.usage)} "
+                       f"reasoning tokens), so its share measures the cap, not the deployment ({source})")
+        assert_reasoning_separated(answer.message, answer.where)
+        if "min_tokens" not in limits:
+            assert answer.content.strip() and answer.finish_reason == "stop", (
+                f"{answer.where}: no answer after the reasoning: finish_reason {answer.finish_reason!r}, content "
+                f"{answer.content!r}")
+        rows.append(share_row(prompt, answer.usage, answer.where))
+    return rows
+
+
+def report_share(rows: list[dict[str, Any]], conditions: dict[str, Any], out: Path, extra: dict[str, Any],
+                 record_property: Callable[[str, Any], None]) -> float:
+    """Write, print, attach and record the shares with the conditions they were measured under; returns the mean."""
+    mean = sum(r["share"] for r in rows) / len(rows)
+    out.write_text(json.dumps({"mean_share": round(mean, 4), "conditions": conditions, **extra, "rows": rows},
+                              indent=1))
+    print(f"reasoning share: mean {mean:.1%} over {len(rows)} answers (" + describe_conditions(
+        conditions, ("max_tokens", "min_tokens", "reasoning_effort")) + "): "
+        + ", ".join(f"{r['share']:.1%}" for r in rows))
+    record_property("reasoning_share", {"value": round(mean, 4), "conditions": conditions})
+    attach(out)
+    return mean
 
 
 @dataclass(frozen=True)
@@ -170,3 +289,61 @@ def share_baseline_drift(rows: list[Mapping[str, Any]], baseline: ShareBaseline,
             problems.append(f"prompt {row['prompt']!r}: reasoning share {row['share']:.1%}, baseline {base:.1%} "
                             f"(tolerance {baseline.tolerance:.0%}, {source})")
     return problems
+
+
+@dataclass(frozen=True)
+class ShareBaselineChoice:
+    """The baseline that judges this run's reasoning share, or why none does (``refused``: one line); what the
+    run asked for (``save``: where to write this run's shares; ``explicit``: the baseline was named) and the
+    command that records one (the plugin's ``ml4_share_baseline``)."""
+
+    baseline: ShareBaseline | None
+    not_judged: str = ""
+    refused: str = ""
+    save: Path | None = None
+    explicit: bool = False
+    record: str = ""
+
+
+def save_share_if_asked(choice: ShareBaselineChoice, rows: list[Mapping[str, Any]], conditions: Mapping[str, Any],
+                        provenance: Mapping[str, Any], tolerance: float) -> None:
+    """Write the shares as the baseline the run was asked to save (``choice.save``), with their provenance."""
+    if choice.save is not None:
+        save_share_baseline(choice.save, rows, conditions, provenance, tolerance)
+
+
+def assert_share_within_baseline(rows: list[Mapping[str, Any]], conditions: Mapping[str, Any],
+                                 choice: ShareBaselineChoice) -> None:
+    """Each prompt's share stays within the tolerance of the deployment's baseline. Not judged without one or
+    with one of other conditions that was not named; :class:`BaselineRefused` for a baseline that cannot judge
+    this run (refused when chosen, or named and of other conditions)."""
+    if choice.refused:
+        raise BaselineRefused(choice.refused)
+    base = choice.baseline
+    if base is None:
+        shares = ", ".join(f"{r['share']:.1%}" for r in rows)
+        not_judged(f"reasoning share {shares}: {choice.not_judged}")
+    try:
+        drift = share_baseline_drift(rows, base, conditions, str(base.path))
+    except BaselineRefused as err:   # measured under other conditions
+        if choice.explicit:
+            raise
+        not_judged(f"{err}; record one under these conditions with: {choice.record}")
+    assert not drift, "reasoning share moved from the baseline:\n" + "\n".join(drift)
+
+
+#: Token rounding when comparing a measured share with the gate band (shares are ratios of small integers).
+SHARE_TOLERANCE = 0.02
+
+
+def assert_share_in_seed_band(mean: float, band: Sequence[float] | None, n: int, rows: list[Mapping[str, Any]],
+                              target_name: str) -> None:
+    """At seed 000's forced length the mean share is within the target's seed figure (``gates.reasoning_share``);
+    not judged where the target states none."""
+    if not band:
+        not_judged(f"reasoning share {mean:.1%} at {n} forced tokens: {target_name} states no seed figure "
+                   "(gates.reasoning_share) to compare it with")
+    lo, hi = band
+    assert lo - SHARE_TOLERANCE <= mean <= hi + SHARE_TOLERANCE, (
+        f"reasoning share {mean:.1%} at min_tokens = max_tokens = {n} outside seed 000's {lo:.0%}-{hi:.0%} "
+        f"(gates.reasoning_share): {rows}")

@@ -1,5 +1,7 @@
 """Tool-calling checks (reference ``vllm.md`` §4): Mistral call ids, arguments against the tool's JSON schema,
-which tool ``tool_choice`` should produce, and the ``finish_reason`` / ``content`` rules that go with it.
+which tool ``tool_choice`` should produce, and the ``finish_reason`` / ``content`` rules that go with it; the
+:class:`ToolChat` that asks ``suites/test_tools.py``'s questions on a serving stack, and the verdicts on its answers
+(parallel calls, a tool result used in the final answer, invalid tool requests refused in the stack's words).
 
 Tool schemas are data: ``pytest_ml4/data/tools/<name>.json`` in OpenAI ``tools`` form.
 """
@@ -8,15 +10,34 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 from jsonschema import Draft202012Validator
 
-from pytest_ml4.client import quote_body
+from pytest_ml4.checks.chat import (
+    Answer,
+    ChatSession,
+    send_raw,
+    served_by_litellm,
+    user,
+)
+from pytest_ml4.checks.expected import assert_answer_expected, expected_for
+from pytest_ml4.checks.protocol import assert_no_control_tokens
+from pytest_ml4.client import Endpoint, decode_json, quote_body
+from pytest_ml4.dynamo_versions import (
+    emulated_grammar_reason,
+    guided_refusal_cause,
+    tool_call_drop_cause,
+)
 from pytest_ml4.locations import data_file
+from pytest_ml4.logs import GrammarSchemaRefused, LogView
+from pytest_ml4.probe import StreamResult
+from pytest_ml4.targets import Target
 
 TOOLS_DIR = data_file("tools")
 
@@ -163,3 +184,182 @@ def assert_tool_choice_obeyed(tool_choice: Any, message: Mapping[str, Any], fini
         return
     assert finish_reason == want, (f"{where}: finish_reason {finish_reason!r}, expected {want!r} for tool_choice "
                                    f"{tool_choice!r} with {len(calls)} call(s)")
+
+
+def assert_expected_arguments(arguments: Mapping[str, Any], expected: Mapping[str, Any] | None, tool: str,
+                              where: str) -> None:
+    """The arguments carry the values the prompt states (``expect_args`` of a case)."""
+    for key, value in (expected or {}).items():
+        assert arguments.get(key) == value, (f"{where}: {tool} argument {key!r} is "
+                                             f"{arguments.get(key)!r}, the prompt says {value!r}")
+
+
+def assert_named_content(message: Mapping[str, Any], where: str, conventions: ToolConventions = VLLM_TOOLS) -> None:
+    """A named ``tool_choice`` gives the content the stack's conventions name (vLLM: empty)."""
+    allowed = conventions.named_content
+    assert message.get("content") in allowed, (
+        f"{where}: named tool_choice must give content {' or '.join(map(repr, allowed))} "
+        f"({conventions.source}), got {message.get('content')!r}")
+
+
+def assert_parallel_calls(arguments: Sequence[Mapping[str, Any]], expect_calls: int, expect_values: Sequence[str],
+                          where: str) -> None:
+    """One call per thing the prompt asks about, each with its value."""
+    assert len(arguments) == expect_calls, (f"{where}: expected {expect_calls} parallel calls "
+                                            f"for {expect_values}, got {len(arguments)}: {arguments}")
+    values = sorted(v for a in arguments for v in a.values() if isinstance(v, str))
+    assert set(expect_values) <= set(values), f"{where}: parallel call arguments {arguments}"
+
+
+def assert_single_call(arguments: Sequence[Any], where: str) -> None:
+    """``parallel_tool_calls=false`` keeps only the first call."""
+    assert len(arguments) == 1, (f"{where}: parallel_tool_calls=false must keep only the first call "
+                                 f"(maybe_filter_parallel_tool_calls), got {len(arguments)}: {arguments}")
+
+
+def with_tool_results(messages: list[dict[str, Any]], first: Answer,
+                      results: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The conversation after the model's calls: its assistant turn, then each call's canned result."""
+    messages = messages + [{"role": "assistant", "content": first.message.get("content") or "",
+                            "tool_calls": [{"id": c["id"], "type": "function", "function": c["function"]}
+                                           for c in first.tool_calls]}]
+    for call in first.tool_calls:
+        name = call["function"]["name"]
+        assert name in results, f"{first.where}: the model called {name!r}, no canned result for it"
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": results[name]})
+    return messages
+
+
+def assert_final_answer_uses_results(final: Answer, expect_in_answer: Iterable[str]) -> None:
+    """After the tool results the model answers (no further call, ``stop``) with what the results said."""
+    assert_no_control_tokens(final.message, final.where)
+    assert not final.tool_calls, f"{final.where}: the model called tools again instead of answering: {final.tool_calls}"
+    assert final.finish_reason == "stop", f"{final.where}: final answer finish_reason {final.finish_reason!r}"
+    for needle in expect_in_answer:
+        assert needle in final.content, (f"{final.where}: the final answer does not use the tool result "
+                                         f"(missing {needle!r}): {final.content!r}")
+
+
+# ------------------------------------------------------------------------------ a chat with tools on a stack
+class ToolChat(ChatSession):
+    """A chat that knows why the stack might return no tool call (the deployment's tool parser, or a Dynamo
+    release whose ``mistral`` parser drops Mistral Large 4's ``[TOOL_CALLS]name[ARGS]{...}`` form) and why a
+    guided tool choice may be refused (a schema keyword the release's grammar refuses), from
+    ``pytest_ml4/data/dynamo/versions.yaml`` and the engine log."""
+
+    no_call_cause: str | None = None
+    conventions: ToolConventions = VLLM_TOOLS
+    dynamo_version: str | None = None
+    logs: Any = None
+    #: Why this run cannot judge the declared release's guided-JSON schema limits (its workers are another
+    #: release emulating it), or None.
+    grammar_not_judged: str | None = None
+
+    def on(self, target: Target, conventions: Mapping[str, Any] | None, worker_engine: Mapping[str, Any] | None,
+           logs: Any) -> ToolChat:
+        """Follow ``target``'s stack: its row of ``conventions`` (``tools.yaml``) and, on a Dynamo release, why
+        a call may not come back. ``worker_engine``: what real ``dynamo.vllm`` workers serve the run (the plugin's
+        ``ml4_worker_engine``); ``logs``: the engine log reader, or None."""
+        if target.is_dynamo and target.serving.dynamo_version:
+            self.dynamo_version = target.serving.dynamo_version
+            # The parser the deployment's workers run (what the target declares for --dyn-tool-call-parser).
+            self.no_call_cause = tool_call_drop_cause(self.dynamo_version, target.engine.tool_call_parser)
+            self.logs = logs
+            self.grammar_not_judged = emulated_grammar_reason(self.dynamo_version, *running_release(worker_engine))
+        row = (conventions or {}).get(target.serving.stack)
+        if row:
+            self.conventions = ToolConventions.from_row(row)
+        return self
+
+    def ask(self, body: dict[str, Any], stream: bool) -> Answer:
+        started = time.time()
+        try:
+            return super().ask(body, stream)
+        except AssertionError as err:
+            cause = self.guided_refusal_cause(body, started)
+            if cause is None:
+                raise
+            # The cause goes before pytest's "assert ..." explanation of the stream check: it is the verdict.
+            raise AssertionError(f"{str(err).split(chr(10) + 'assert ', 1)[0]}\n{cause}") from None
+
+    def guided_refusal_cause(self, body: dict[str, Any], since: float) -> str | None:
+        """Why a guided tool choice failed where the release refuses a keyword of the tools' schemas (the
+        keyword the engine log names since the request, else the one the versions row names)."""
+        if self.dynamo_version is None:
+            return None
+        return guided_refusal_cause(self.dynamo_version, body.get("tool_choice"), body.get("tools") or [],
+                                    lambda: refused_keys_logged(self.logs, since))
+
+    def assert_obeyed(self, answer: Answer, tools: list[dict[str, Any]], tool_choice: Any,
+                      expect_tool: str | None) -> list[Any]:
+        """The checks every answer with tools gets: no control tokens, ``tool_choice`` obeyed, the stack's ids,
+        arguments valid against the schemas. Returns the parsed arguments."""
+        where = answer.where
+        if self.no_call_cause and not answer.tool_calls and tool_choice != "none":
+            # Said first: the markup this release leaves in content would otherwise read as "tool parser off".
+            raise AssertionError(f"{where}: tool_choice {tool_choice!r} but no tool call came back: "
+                                 f"{self.no_call_cause}; content: {quote_body(str(answer.message.get('content')))}")
+        assert_no_control_tokens(answer.message, where)
+        assert_tool_choice_obeyed(tool_choice, answer.message, answer.finish_reason, expect_tool, where,
+                                  answer.via_litellm, no_call_cause=self.no_call_cause,
+                                  conventions=self.conventions)
+        assert_mistral_tool_ids(answer.tool_calls, where, self.conventions)
+        return assert_arguments_valid(answer.tool_calls, tools, where)
+
+
+def running_release(worker_engine: Mapping[str, Any] | None) -> tuple[str | None, str]:
+    """The Dynamo release the run's real ``dynamo.vllm`` workers are and a note on their vLLM, or ``(None, "")``
+    (the simulated worker follows the declared row; a live target is the declared release)."""
+    if not worker_engine:
+        return None, ""
+    return str(worker_engine["dynamo.vllm"]), f" on vLLM {worker_engine['vllm']}"
+
+
+def refused_keys_logged(reader: Any, since: float) -> tuple[str, ...]:
+    """The keywords of the last ``Grammar error: Unimplemented keys`` line since ``since`` (empty: none, or no
+    log to read)."""
+    if reader is None:
+        return ()
+    try:
+        records = reader.read(since=since - 1.0)
+    except Exception:  # noqa: BLE001 - the log is a better witness, not a precondition: the row names it too
+        return ()
+    events = LogView(records, reader.describe()).all(GrammarSchemaRefused)
+    return events[-1].keys if events else ()
+
+
+# ------------------------------------------------------------------------------------- invalid tool requests
+def invalid_request_body(model: str, case: Mapping[str, Any]) -> dict[str, Any]:
+    """A request of ``tools.yaml`` ``errors.cases`` (``tools_from`` names the tools it offers)."""
+    body: dict[str, Any] = {"model": model, "messages": user("What is the weather in Paris?"),
+                            "max_tokens": 64, **{k: v for k, v in case.items() if k != "tools_from"}}
+    if "tools_from" in case:
+        body["tools"] = load_tools(case["tools_from"])
+    return body
+
+
+def assert_invalid_request_refused(http_client: httpx.Client, endpoint: Endpoint, target: Target, case: str,
+                                   body: dict[str, Any], expect: Mapping[str, Any], source: Path,
+                                   stream: bool) -> None:
+    """The stack answers ``case`` as its row of ``expect`` (``tools.yaml`` ``errors.expect``, read from
+    ``source``) says; an accepted request without tools calls no tool; one a LiteLLM proxy served is then sent
+    to the engine behind it, which must refuse it in the engine's words."""
+    expected = expected_for(expect, target.serving.stack, case, source)
+    resp = send_raw(http_client, body, stream)
+    what = f"{case} ({'streamed' if stream else 'non-streamed'})"
+    assert_answer_expected(resp, expected, what)
+    if expected.accepted and not body.get("tools"):
+        message = (resp.message() if isinstance(resp, StreamResult)
+                   else decode_json(resp, what)["choices"][0]["message"])
+        assert not message.get("tool_calls"), f"{what}: no tools were sent yet the model called {message}"
+    if expected.accepted and served_by_litellm(resp.headers):
+        engine_root = endpoint.engine_root_url
+        assert engine_root != endpoint.root_url, (
+            f"{what}: the proxy served it; to check the engine refuses it set {target.endpoint.metrics_url_env} "
+            f"to the engine's /metrics URL")
+        engine_stack = target.serving.stack.split("+", 1)[0]
+        engine_expected = expected_for(expect, engine_stack, case, source)
+        engine_body = {**body, "model": target.serving.engine_served_model_name or body["model"]}
+        with httpx.Client(base_url=engine_root + "/v1/", headers=endpoint.auth_headers(), timeout=60) as engine:
+            resp = send_raw(engine, engine_body, stream)
+        assert_answer_expected(resp, engine_expected, f"{what} at the engine behind the proxy")

@@ -13,42 +13,43 @@ TCP and the event plane ZMQ, every socket on 127.0.0.1, ``HOME`` (Dynamo caches 
 (``scripts/install.d/50-dynamo.sh``, located by :func:`pytest_ml4.tools.dynamo_python`); the workers import the
 checkout through ``PYTHONPATH``.
 
-Handles: :class:`DynamoSim` has the :class:`~pytest_ml4.deploy.simulator.SimServer` interface (``url``/``base_url``/``pid`` =
-the frontend, ``log_file`` = the first decode/agg worker's engine log, ``frontend_log``), ``.workers``
-(:class:`DynamoWorker`: role, index, instance_id, system port / ``metrics_url``, stop/start/restart/alive) and
-``.frontend`` (:class:`FrontendProcess`).
+Handles: :class:`DynamoSim` is an :class:`~pytest_ml4.deploy.launcher.Engine` (``url``/``pid`` = the frontend or
+the gateway in front of it, ``log_file`` = the first decode/agg worker's engine log; ``frontend_log``), with
+``.workers`` (:class:`DynamoWorker`: role, index, instance_id, system port / ``metrics_url``,
+stop/start/restart/alive) and ``.frontend`` (:class:`FrontendProcess`); each process is a
+:class:`~pytest_ml4.deploy.launcher.ProcessLauncher`.
 """
 
 from __future__ import annotations
 
-import abc
 import os
 import random
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import httpx
 
-from pytest_ml4.deploy import processes
 from pytest_ml4.deploy.gateway import gateway_faults
 from pytest_ml4.deploy.launcher import (
     PROGRESS_CAP_FACTOR,
+    Engine,
     LaunchError,
-    answers_200,
+    ProcessLauncher,
     file_sizes,
+    free_port,
+    port_free,
+    tail,
     wait_until_healthy,
 )
 from pytest_ml4.deploy.orphans import Leftover, end_group
-from pytest_ml4.locations import PACKAGE_PARENT
 from pytest_ml4.deploy.simulator import SimServer, _flatten
+from pytest_ml4.locations import PACKAGE_PARENT
 from pytest_ml4.sim.dynamo_bridge import PUBLIC_VERSION, behaviour
 from pytest_ml4.sim.faults import ActiveFaults
 from pytest_ml4.targets import Target
@@ -76,12 +77,6 @@ class DynamoStartError(LaunchError):
     """A frontend or worker did not start: the message carries the command and its log tail."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 #: Dynamo 1.6.1 reads ``DYN_SYSTEM_PORT`` as an i16: a worker's system port must be below 32768.
 SYSTEM_PORT_RANGE = (20000, 32767)
 
@@ -94,15 +89,6 @@ def free_system_port() -> int:
         if port_free(port):
             return port
     raise DynamoStartError(f"no free port in {SYSTEM_PORT_RANGE} for a Dynamo worker's system server")
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @dataclass(frozen=True)
@@ -127,102 +113,45 @@ class KillRecord:
                 "leftovers": [vars(p) for p in self.leftovers], "surviving": [vars(p) for p in self.surviving]}
 
 
-def _tail(path: Path, n: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return "(no log)"
+class DynamoProcess(ProcessLauncher):
+    """One process of the deployment. It keeps its port across restarts unless something took it meanwhile; a
+    stop SIGTERMs it alone (Dynamo deregisters and drains) and what it left in its group is recorded; a
+    :meth:`kill` is a crashed pod's end."""
 
+    error = DynamoStartError
+    stop_timeout = STOP_TIMEOUT_S
+    stop_leader_only = True
+    poll_s = POLL_S
 
-class DynamoProcess(abc.ABC):
-    """One subprocess with its log file; ``start`` waits for ``ready()`` and fails fast with the log tail."""
-
-    name = "process"
-
-    def __init__(self, log_file: Path, env: Mapping[str, str], cwd: Path) -> None:
-        self.log_file, self._env, self._cwd = log_file, dict(env), cwd
-        self._proc: subprocess.Popen[bytes] | None = None
-        self.command: list[str] = []
+    def __init__(self, log_file: Path, env: Mapping[str, str], cwd: Path, *, port: int = 0) -> None:
+        super().__init__(log_file, cwd=cwd, port=port)
+        self.port = port or self.any_free_port()
+        self._env = dict(env)
         #: Every kill or stop that left processes behind (the report names them).
         self.kills: list[KillRecord] = []
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
+    def any_free_port(self) -> int:
+        return free_port()
 
-    def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+    def choose_port(self) -> int:
+        """The port it had, unless busy (another run, a leftover): then another free one."""
+        return self.port if port_free(self.port) else self.any_free_port()
 
-    @abc.abstractmethod
-    def argv(self) -> list[str]:
-        """The command that starts this process."""
-
-    def env(self) -> dict[str, str]:
+    def child_env(self) -> dict[str, str]:
         return dict(self._env)
 
-    def ready(self) -> bool:
-        """True once the process serves: by default its ``health_url`` answers 200 (the frontend's and the
-        gateway's ``/live``); a worker overrides it with what its own /health says."""
-        return answers_200(self.health_url, timeout=1.0)
-
-    @property
-    @abc.abstractmethod
-    def health_url(self) -> str:
-        """What ``ready()`` asks (named in start errors)."""
-
-    def before_start(self) -> None:
-        """Hook: pick ports, clear state of a previous run."""
-
-    def spawn(self) -> None:
-        self.before_start()
-        self.command = self.argv()
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_file, "ab") as out:
-            self._proc = processes.popen(self.command, stdout=out, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL, env=self.env(), cwd=self._cwd)
-
-    def wait_ready(self, timeout: float, cap: float | None = None) -> None:
-        """Until ``ready()``; ``timeout`` is the time allowed while the log does not grow, ``cap`` (a monotonic
-        time) bounds the whole wait."""
-        wait_until_healthy(lambda: self._proc, self.ready, what=self.name, url=self.health_url, timeout=timeout,
-                           error=DynamoStartError, cleanup=self.stop, poll_s=POLL_S, deadline=cap,
-                           progress=lambda: file_sizes(self.log_file), missing=self.missing,
-                           details=lambda: f"  command: {' '.join(self.command)}\n  log {self.log_file}, tail:\n"
-                                           f"{_tail(self.log_file)}")
-
     def missing(self) -> str:
-        """What ``ready()`` still lacks, for the start error."""
         return f"{self.health_url} answering 200"
 
-    def start(self, timeout: float = 60.0) -> None:
-        self.spawn()
-        self.wait_ready(timeout)
-
-    def signal(self, sig: int) -> None:
-        if self.alive():
-            assert self._proc is not None
-            self._proc.send_signal(sig)
-
-    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """SIGTERM (Dynamo deregisters and drains), SIGKILL after ``timeout``; then whatever the process left in
-        its group is ended (:meth:`end_leftovers`)."""
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-        self.end_leftovers(proc.pid, "stop")
+    def leader_gone(self, pgid: int) -> None:
+        """What the stopped process left in its group is recorded (:meth:`end_leftovers`)."""
+        self.end_leftovers(pgid, "stop")
 
     def kill(self) -> KillRecord | None:
         """SIGKILL, no deregistration (a crashed pod): the frontend keeps the instance listed for a while. The
         processes the main one spawned survive it (real ``dynamo.vllm``'s EngineCore and Worker): they are found
         and ended as a kubelet ending the container would, and the record says they were there."""
-        proc, self._proc = self._proc, None
+        proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return None
         proc.kill()
@@ -240,10 +169,6 @@ class DynamoProcess(abc.ABC):
                                    f"{', '.join(p.line() for p in surviving)}")
         return record
 
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
 
 class FrontendProcess(DynamoProcess):
     """``python -m dynamo.frontend`` configured from the target (router mode, session affinity, migration)."""
@@ -252,19 +177,10 @@ class FrontendProcess(DynamoProcess):
 
     def __init__(self, target: Target, python: Path, log_file: Path, env: Mapping[str, str], cwd: Path, *,
                  port: int = 0, migration_limit: int | None = None) -> None:
-        super().__init__(log_file, env, cwd)
+        super().__init__(log_file, env, cwd, port=port)
         self.target, self.python = target, python
-        self.port = port or free_port()
         limit = migration_limit if migration_limit is not None else target.serving.migration_limit
         self.migration_limit = int(limit or 0)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def before_start(self) -> None:
-        if not port_free(self.port):  # busy port (another run, a leftover): take another free one
-            self.port = free_port()
 
     def argv(self) -> list[str]:
         s = self.target.serving
@@ -290,15 +206,6 @@ class GatewayProcess(DynamoProcess):
                  env: Mapping[str, str], cwd: Path) -> None:
         super().__init__(log_file, env, cwd)
         self.frontend, self.served_model, self.faults = frontend, served_model, list(faults)
-        self.port = free_port()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def before_start(self) -> None:
-        if not port_free(self.port):
-            self.port = free_port()
 
     def argv(self) -> list[str]:
         # The checkout's own interpreter (aiohttp), not Dynamo's venv: the gateway is no part of Dynamo.
@@ -322,7 +229,6 @@ class DynamoWorker(DynamoProcess):
         self.owner, self.role, self.index = owner, role, index
         self.name = f"Dynamo {role} worker #{index}"
         self.target_file, self.overrides, self.faults = target_file, overrides, list(faults)
-        self.system_port = free_system_port()
         self.id_file = log_file.with_suffix(".instance")
         self.instance_id: int | None = None
         #: Boots of this worker before the current one (0: the first start): a pod replacement or an in-place
@@ -332,10 +238,9 @@ class DynamoWorker(DynamoProcess):
     def __repr__(self) -> str:
         return f"DynamoWorker({self.role}#{self.index}, id={self.instance_id}, pid={self.pid})"
 
-    @property
-    def url(self) -> str:
-        """The worker's system server (``/health``, ``/metrics`` with the ``vllm:*`` series)."""
-        return f"http://127.0.0.1:{self.system_port}"
+    def any_free_port(self) -> int:
+        """Its port is the system server's (``/health``, ``/metrics`` with the ``vllm:*`` series)."""
+        return free_system_port()
 
     @property
     def metrics_url(self) -> str:
@@ -349,10 +254,10 @@ class DynamoWorker(DynamoProcess):
 
         return ActiveFaults([*target_faults(self.owner.target), *self.faults]).value("delayed_stop", 0.0)
 
-    def restart(self) -> None:
+    def restart(self, timeout: float | None = None) -> Self:
         if self.alive():  # as the kubelet: a dead container has no preStop to run
             time.sleep(self.pre_stop_s)
-        super().restart()
+        return super().restart(timeout)
 
     def missing(self) -> str:
         if self.instance_id is None:
@@ -363,8 +268,6 @@ class DynamoWorker(DynamoProcess):
         self.generation += 1
         self.id_file.unlink(missing_ok=True)
         self.instance_id = None
-        if not port_free(self.system_port):
-            self.system_port = free_system_port()
 
     def argv(self) -> list[str]:
         cmd = [str(self.owner.python), "-m", "pytest_ml4.deploy.dynamo_worker_cli", "--target", str(self.target_file),
@@ -378,12 +281,8 @@ class DynamoWorker(DynamoProcess):
             cmd.append("--no-bridge")
         return cmd
 
-    def env(self) -> dict[str, str]:
-        return {**self._env, "DYN_SYSTEM_PORT": str(self.system_port)}
-
-    @property
-    def health_url(self) -> str:
-        return self.url + "/health"
+    def child_env(self) -> dict[str, str]:
+        return {**self._env, "DYN_SYSTEM_PORT": str(self.port)}
 
     def ready(self) -> bool:
         if self.instance_id is None:
@@ -406,8 +305,9 @@ def started_workers(declared: int, faults: Sequence[str], role: str = "worker") 
     return max(1, declared - int(down))
 
 
-class DynamoSim:
-    """An embedded Dynamo deployment with the :class:`~pytest_ml4.deploy.simulator.SimServer` interface plus its workers."""
+class DynamoSim(Engine):
+    """An embedded Dynamo deployment (the :class:`~pytest_ml4.deploy.launcher.Engine` the suites see) and its
+    processes: the frontend, the workers, the fault gateway."""
 
     #: The worker process class (:class:`pytest_ml4.deploy.real_dynamo.RealDynamoWorker` for real dynamo.vllm).
     worker_class: type[DynamoWorker] = DynamoWorker
@@ -482,15 +382,11 @@ class DynamoSim:
     def __repr__(self) -> str:
         return f"DynamoSim({self.target.name}, frontend={self.frontend.url}, workers={len(self.workers)})"
 
-    # -- the SimServer interface
+    # -- the Engine interface
     @property
     def url(self) -> str:
-        """What clients reach: the fault gateway when one runs, else the frontend."""
+        """The fault gateway when one runs, else the frontend."""
         return self.gateway.url if self.gateway is not None else self.frontend.url
-
-    @property
-    def base_url(self) -> str:
-        return self.url + "/v1"
 
     @property
     def pid(self) -> int | None:
@@ -571,11 +467,11 @@ class DynamoSim:
         """Until the model is listed and ``/health`` lists every running worker (real-dynamo.md: ``/health`` alone
         says healthy with zero workers), while that state or the logs change (``timeout`` without change fails)."""
         logs = [self.frontend_log, *(w.log_file for w in self.workers)]
-        wait_until_healthy(lambda: self.frontend._proc, lambda: not self.serving_gaps(), what="Dynamo deployment",
+        wait_until_healthy(lambda: self.frontend.proc, lambda: not self.serving_gaps(), what="Dynamo deployment",
                            url=self.frontend.url + "/health", timeout=timeout, error=DynamoStartError,
                            cleanup=lambda: None, poll_s=POLL_S, deadline=cap, missing=self.serving_gaps,
                            progress=lambda: (self.serving_gaps(), file_sizes(*logs)),
-                           details=lambda: f"  frontend log {self.frontend_log}, tail:\n{_tail(self.frontend_log)}")
+                           details=lambda: f"  frontend log {self.frontend_log}, tail:\n{tail(self.frontend_log, 30)}")
 
     def stop(self) -> None:
         """Stop every worker, then the frontend; one that fails to stop does not keep the others running."""

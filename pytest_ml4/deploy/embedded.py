@@ -28,14 +28,6 @@ class DeploymentFailed(RuntimeError):
     """The deployment did not start; the message is the one line (plus log tail) a run prints."""
 
 
-class Engine(Protocol):
-    """What every kind's engine handle (and its attached view) offers the suites."""
-
-    url: str
-    base_url: str
-    log_file: Path
-
-
 class Proxy(Protocol):
     """The proxy in front of the engine (the LiteLLM process, or a worker's :class:`ProxyView` of it)."""
 

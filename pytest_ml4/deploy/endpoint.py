@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 
 from pytest_ml4.client import Endpoint, check_reachable, worker_metrics_urls_from_env
-from pytest_ml4.deploy.embedded import Deployment, Engine
+from pytest_ml4.deploy.embedded import Deployment
+from pytest_ml4.deploy.launcher import Engine
 from pytest_ml4.guard import Deadlines
 from pytest_ml4.report.redact import register_secret_env
 from pytest_ml4.targets import Target

@@ -1,23 +1,28 @@
-"""What every server process the project starts has in common (the simulator, real vLLM): addresses, log tail,
-restart on the same port, context manager, the wait until healthy. Subclasses set ``host``, ``port``,
-``_requested_port``, ``proc``, ``log_file`` and implement ``start(timeout)`` and ``stop()``.
+"""The one process-launcher base (:class:`ProcessLauncher`) of every server process the project starts: the
+simulator, real vLLM, the LiteLLM proxy, the Dynamo frontend, workers and fault gateway. The base holds the process
+handle, its log file and addresses, liveness and log tail, the one start wait, the stop through
+:mod:`pytest_ml4.deploy.processes`, the restart on the same port and the context manager; a kind gives only what
+differs: its command (``argv``), environment, readiness probe, error type and the hooks it needs.
 
-:func:`wait_until_healthy` is the one start-up wait of every server process the project starts (the simulator,
-real vLLM, the Dynamo frontend and workers, which are not :class:`ServerLifecycle` objects). Given a ``progress``
-probe (log sizes, workers registered) it waits while the start makes progress: ``timeout`` is then the time
-allowed *without* progress, and a generous cap bounds the whole wait. A loaded machine starts slowly but visibly;
-a hung start is still cut after ``timeout``."""
+:func:`wait_until_healthy` is that start wait (also used on its own for a whole Dynamo deployment). Given a
+``progress`` probe (log sizes, workers registered) it waits while the start makes progress: ``timeout`` is then the
+time allowed *without* progress, and a generous cap bounds the whole wait. A loaded machine starts slowly but
+visibly; a hung start is still cut after ``timeout``."""
 
 from __future__ import annotations
 
 import abc
+import os
+import socket
 import subprocess
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Self
+from typing import IO, Protocol, Self
 
 import httpx
+
+from pytest_ml4.deploy import processes
 
 
 class LaunchError(RuntimeError):
@@ -48,6 +53,31 @@ def _size(path: Path | str) -> int:
         return Path(path).stat().st_size
     except OSError:
         return -1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS reports free on ``host`` now (another process may take it before it is bound)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when ``port`` can be bound on ``host`` now."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of the file at ``path`` ("(no log)" when it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 def answers_200(url: str, timeout: float) -> bool:
@@ -103,61 +133,179 @@ def wait_until_healthy(proc: Callable[[], subprocess.Popen[bytes] | None], ready
         time.sleep(poll_s)
 
 
-class ServerLifecycle(abc.ABC):
-    host: str
-    port: int
-    _requested_port: int
-    proc: subprocess.Popen[bytes] | None
-    log_file: Path
-    #: The ``restart``/``start`` timeout when none is given.
-    default_timeout: float = 60.0
+class Engine(Protocol):
+    """What every engine handle offers the suites (a :class:`ProcessLauncher`, a whole Dynamo deployment, an xdist
+    worker's attached view): where clients reach it, the engine's log, the process clients reach (None in a view
+    that owns none)."""
 
+    log_file: Path
+
+    @property
+    def url(self) -> str:
+        """What clients reach (``http://host:port``)."""
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI API's base: ``url`` + ``/v1``."""
+        return self.url + "/v1"
+
+    @property
+    def pid(self) -> int | None:
+        """The process clients reach."""
+
+
+class ProcessLauncher(Engine, abc.ABC):
+    """One server process the project starts and owns, in a process group of its own (:func:`processes.popen`).
+
+    A kind implements :meth:`argv` and sets :attr:`name` and :attr:`error`; it overrides what differs:
+    :meth:`child_env`, :meth:`ready` / :attr:`health_url` (the readiness probe), :meth:`choose_port`,
+    :meth:`before_start`, :meth:`open_output`, :meth:`details`, :meth:`progress`, :meth:`missing`,
+    :meth:`port_taken`, :meth:`leader_gone`."""
+
+    #: What start errors name ("<name> exited with code 1 before becoming healthy on <health_url>").
+    name: str = "process"
+    #: The start error of this kind (a :class:`LaunchError`).
+    error: type[LaunchError] = LaunchError
+    #: The ``start``/``restart`` timeout when none is given: the time allowed without progress (the log growing).
+    default_timeout: float = 60.0
+    #: The ``stop`` grace before SIGKILL when none is given.
+    stop_timeout: float = 10.0
+    #: SIGTERM to the leader alone (it drains and ends its children itself), not to the whole group.
+    stop_leader_only: bool = False
+    #: Seconds between two readiness probes, and how long one probe may take.
+    poll_s: float = 0.1
+    probe_timeout_s: float = 1.0
+    #: Starts tried when an auto-chosen port was taken between choosing and binding it (:meth:`port_taken`).
+    port_attempts: int = 3
+
+    def __init__(self, log_file: Path, *, host: str = "127.0.0.1", port: int = 0, cwd: Path | None = None) -> None:
+        self.log_file = Path(log_file)
+        self.host, self.port, self.cwd = host, port, cwd
+        #: The port ``start`` binds (0: a free one); ``restart`` sets it to the current one.
+        self._requested_port = port
+        self.proc: subprocess.Popen[bytes] | None = None
+        #: The command of the last start (named in start errors).
+        self.command: list[str] = []
+
+    # -- where it is
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     @property
-    def base_url(self) -> str:
-        return self.url + "/v1"
+    def health_url(self) -> str:
+        """What :meth:`ready` asks by default, named in start errors."""
+        return self.url + "/health"
 
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return tail(self.log_file, lines)
 
+    # -- what a kind gives
     @abc.abstractmethod
+    def argv(self) -> list[str]:
+        """The command that starts this process (no secrets: a command line is visible to every user)."""
+
+    def child_env(self) -> dict[str, str]:
+        """The process's environment (secrets travel here, never in :meth:`argv`)."""
+        return dict(os.environ)
+
+    def ready(self) -> bool:
+        """True once the process serves: by default :attr:`health_url` answers 200."""
+        return answers_200(self.health_url, timeout=self.probe_timeout_s)
+
+    def choose_port(self) -> int:
+        """The port of the next start: the one asked for (or the current one, on a restart), else a free one."""
+        return self._requested_port or free_port(self.host)
+
+    def before_start(self) -> None:
+        """Hook, after the port is chosen and before :meth:`argv`: write config, clear state of a previous run."""
+
+    def open_output(self) -> IO[bytes]:
+        """Where the process's stdout and stderr go: appended to its log file."""
+        return open(self.log_file, "ab")
+
+    def details(self) -> str:
+        """What a start error quotes below its first line: the command and the log tail."""
+        return f"command: {' '.join(self.command)}\n--- log tail ({self.log_file}) ---\n{self.log_tail()}"
+
+    def progress(self) -> Hashable:
+        """What changes while the start makes progress: by default the log's size."""
+        return file_sizes(self.log_file)
+
+    def missing(self) -> str:
+        """What :meth:`ready` still lacks, for the start error ("" names nothing)."""
+        return ""
+
+    def port_taken(self) -> bool:
+        """Asked when the process exited during the start: True when an auto-chosen port was taken meanwhile
+        (the start then tries again on another port)."""
+        return False
+
+    def leader_gone(self, pgid: int) -> None:
+        """Hook of :meth:`stop`, once the main process has exited and before the rest of its group is ended."""
+
+    # -- life cycle
     def start(self, timeout: float | None = None) -> Self:
-        """Start the server and wait until it answers."""
+        """Start the process and wait until :meth:`ready`; a running one is left as it is. ``timeout`` is the
+        time allowed without progress, all attempts together at most ``PROGRESS_CAP_FACTOR`` x ``timeout``."""
+        if self.alive():
+            return self
+        timeout = self.default_timeout if timeout is None else timeout
+        cap = time.monotonic() + timeout * PROGRESS_CAP_FACTOR
+        for _attempt in range(self.port_attempts):
+            self.spawn()
+            if self.wait_ready(timeout, cap):
+                return self
+        raise self.error(f"{self.name}: no free port after {self.port_attempts} attempts")
 
-    @abc.abstractmethod
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the server (drain, then kill after ``timeout``)."""
+    def spawn(self) -> None:
+        """Start the process without waiting for it."""
+        self.port = self.choose_port()
+        self.before_start()
+        self.command = self.argv()
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = self._popen(self.command, self.open_output())
 
-    def _wait_until_healthy(self, ready: Callable[[], bool], timeout: float, *, what: str, error: type[Exception],
-                            details: Callable[[], str], poll_s: float, deadline: float | None = None,
-                            retry_on_exit: Callable[[], bool] = _never,
-                            logs: Iterable[Path | str] | None = None) -> bool:
-        """:func:`wait_until_healthy` for this server: its ``proc``, ``/health`` named in errors, ``stop()`` on
-        failure; while its ``logs`` (default: its log file) grow, the start is making progress."""
-        paths = tuple(logs) if logs is not None else (self.log_file,)
-        return wait_until_healthy(lambda: self.proc, ready, what=what, url=self.url + "/health", timeout=timeout,
-                                  error=error, details=details, cleanup=self.stop, poll_s=poll_s, deadline=deadline,
-                                  retry_on_exit=retry_on_exit, progress=lambda: file_sizes(*paths))
+    def _popen(self, argv: list[str], output: IO[bytes]) -> subprocess.Popen[bytes]:
+        """``argv`` in a process group of its own, its output into ``output`` (closed here: the child has it)."""
+        with output:
+            return processes.popen(argv, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=self.child_env(), cwd=self.cwd)
+
+    def wait_ready(self, timeout: float, cap: float | None = None) -> bool:
+        """:func:`wait_until_healthy` for this process: until :meth:`ready`, while its :meth:`progress` changes
+        (``timeout`` without change fails), at most until ``cap`` (a monotonic time); :meth:`stop` on failure.
+        False when it exited because its port was taken (:meth:`port_taken`)."""
+        return wait_until_healthy(lambda: self.proc, self.ready, what=self.name, url=self.health_url,
+                                  timeout=timeout, error=self.error, details=self.details, cleanup=self.stop,
+                                  poll_s=self.poll_s, deadline=cap, retry_on_exit=self.port_taken,
+                                  progress=self.progress, missing=self.missing)
+
+    def signal(self, sig: int) -> None:
+        """``sig`` to whom :meth:`stop` signals first (the leader, or the whole group)."""
+        if self.proc is not None:
+            processes.send_signal(self.proc, sig, self.stop_leader_only)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """SIGTERM (it drains), SIGKILL to the group after ``timeout``, then whatever is left of the group
+        (:func:`processes.stop`)."""
+        proc, self.proc = self.proc, None
+        processes.stop(proc, self.stop_timeout if timeout is None else timeout, leader_only=self.stop_leader_only,
+                       on_leader_gone=self.leader_gone)
 
     def restart(self, timeout: float | None = None) -> Self:
         """Stop and start again on the same port (clients keep their base URL)."""
         port = self.port
         self.stop()
         self._requested_port = port or self._requested_port
-        return self.start(timeout if timeout is not None else self.default_timeout)
-
-    def is_running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.start(timeout)
 
     def __enter__(self) -> Self:
         return self.start()

@@ -24,21 +24,16 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
-import subprocess
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
-from pytest_ml4.deploy import processes
+from pytest_ml4.deploy.launcher import LaunchError, ProcessLauncher
 from pytest_ml4.locations import data_file
 from pytest_ml4.targets import Target
-from pytest_ml4.deploy.launcher import LaunchError
 from pytest_ml4.tools import tools_dir, venv_executable
 
 LITELLM_VERSION = "1.108.7"
@@ -137,111 +132,58 @@ def render_config(settings: ProxySettings) -> dict[str, Any]:
     return cfg
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+class LiteLLMProxy(ProcessLauncher):
+    """One LiteLLM proxy process on a free loopback port; ``.base_url`` is what clients use. Its group is owned:
+    ``stop()`` (or the session's end, whatever ended it) ends the proxy and what it forked."""
 
-
-class LiteLLMProxy:
-    """Start/stop one LiteLLM proxy process on a free loopback port; ``.base_url`` is what clients use."""
+    name = "LiteLLM proxy"
+    error = ProxyError
+    default_timeout = DEFAULT_START_TIMEOUT_S
+    poll_s = 0.25
+    probe_timeout_s = 2.0
 
     def __init__(self, settings: ProxySettings, workdir: Path, *, env: Mapping[str, str] | None = None) -> None:
-        self.settings = settings
         self.workdir = Path(workdir)
+        super().__init__(self.workdir / "litellm.log", cwd=self.workdir)
+        self.settings = settings
         self._env = dict(env) if env is not None else None
-        self.port: int | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
         self.config_file = self.workdir / "litellm-config.yaml"
-        self.log_file = self.workdir / "litellm.log"
+        self.executable: Path | None = None
 
     def __repr__(self) -> str:
         return (f"LiteLLMProxy(url={self.url if self.port else None!r}, pid={self.pid}, "
                 f"num_retries={self.settings.num_retries}, max_retries={self.settings.max_retries})")
 
-    # -- where it is
     @property
     def url(self) -> str:
-        if self.port is None:
+        if not self.port:
             raise ProxyError("proxy not started")
-        return f"http://127.0.0.1:{self.port}"
+        return super().url
 
     @property
-    def base_url(self) -> str:
-        return self.url + "/v1"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
+    def health_url(self) -> str:
+        return self.url + "/health/liveliness"
 
     @property
     def num_retries(self) -> int:
         return self.settings.num_retries
 
-    # -- life cycle
-    def start(self, timeout: float = DEFAULT_START_TIMEOUT_S) -> LiteLLMProxy:
-        if self._proc is not None:
-            return self
-        exe = litellm_executable()
+    def before_start(self) -> None:
+        """The executable (not installed: one line naming the install step), the config, the key variable."""
+        self.executable = litellm_executable()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config_file.write_text(yaml.safe_dump(render_config(self.settings), sort_keys=False))
+        if not self.child_env().get(self.settings.key_env):
+            raise ProxyError(f"the proxy's key variable {self.settings.key_env} is not set")
+
+    def argv(self) -> list[str]:
+        return [str(self.executable), "--config", str(self.config_file), "--host", self.host, "--port", str(self.port)]
+
+    def child_env(self) -> dict[str, str]:
         env = dict(os.environ if self._env is None else self._env)
         env.update(OFFLINE_ENV)
         env.update(self.settings.extra_env)
-        if not env.get(self.settings.key_env):
-            raise ProxyError(f"the proxy's key variable {self.settings.key_env} is not set")
-        self.port = free_port()
-        log = open(self.log_file, "ab")
-        try:
-            # An owned group: stop() (or the session's end, whatever ended it) ends the proxy and what it forked.
-            self._proc = processes.popen(
-                [str(exe), "--config", str(self.config_file), "--host", "127.0.0.1", "--port", str(self.port)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=self.workdir)
-        finally:
-            log.close()
-        self._wait_live(timeout)
-        return self
-
-    def _wait_live(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        last = "no answer yet"
-        while time.monotonic() < deadline:
-            assert self._proc is not None
-            if self._proc.poll() is not None:
-                code = self._proc.returncode
-                self._proc = None
-                raise ProxyError(f"LiteLLM proxy exited with code {code} while starting; log tail:\n{self.log_tail()}")
-            try:
-                r = httpx.get(self.url + "/health/liveliness", timeout=2.0)
-                if r.status_code == 200:
-                    return
-                last = f"HTTP {r.status_code}"
-            except httpx.HTTPError as err:
-                last = type(err).__name__
-            time.sleep(0.25)
-        self.stop()
-        raise ProxyError(f"LiteLLM proxy not live on {self.url}/health/liveliness after {timeout:.0f} s "
-                         f"(last: {last}); log tail:\n{self.log_tail()}")
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        proc, self._proc = self._proc, None
-        processes.stop(proc, grace_s)
-
-    def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_file.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-    def __enter__(self) -> LiteLLMProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        return env
 
 
 def attempted_retries(headers: Mapping[str, str]) -> int | None:

@@ -29,7 +29,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -87,20 +87,23 @@ def group_alive(pgid: int) -> bool:
 
 
 def stop(proc: subprocess.Popen[Any] | None, grace_s: float = 10.0, *, first_signal: int = signal.SIGTERM,
-         leader_only: bool = False) -> None:
+         leader_only: bool = False, on_leader_gone: Callable[[int], object] | None = None) -> None:
     """End ``proc``'s group: ``first_signal`` (to the whole group, or the leader alone with ``leader_only``),
-    up to ``grace_s`` for the leader to exit, SIGTERM then SIGKILL for anything left in the group."""
+    up to ``grace_s`` for the leader to exit, SIGTERM then SIGKILL for anything left in the group.
+    ``on_leader_gone(pgid)`` runs once the leader is gone and before that (a caller that records what was left)."""
     if proc is None:
         return
     pgid = proc.pid
     try:
         if proc.poll() is None:
-            _signal(proc, first_signal, leader_only)
+            send_signal(proc, first_signal, leader_only)
             try:
                 proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 _killpg(pgid, signal.SIGKILL)
                 proc.wait(timeout=10)
+        if on_leader_gone is not None:
+            on_leader_gone(pgid)
         _end_leftovers(pgid)
     finally:
         with _lock:
@@ -167,7 +170,8 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
-def _signal(proc: subprocess.Popen[Any], sig: int, leader_only: bool) -> None:
+def send_signal(proc: subprocess.Popen[Any], sig: int, leader_only: bool) -> None:
+    """``sig`` to ``proc``'s whole group, or to the leader alone (a no-op once it has exited)."""
     if leader_only:
         try:
             proc.send_signal(sig)

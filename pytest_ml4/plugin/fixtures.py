@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_ml4.deploy.embedded import Engine
+from pytest_ml4.deploy.launcher import Engine
 from pytest_ml4.plugin.state import get_state
 from pytest_ml4.targets import Target, known_targets
 

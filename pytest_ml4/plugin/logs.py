@@ -6,6 +6,7 @@
 * ``ml4_boot_log`` (function): a fresh :class:`~pytest_ml4.logs.LogView` of the lines since the engine's last boot.
 * ``ml4_attach_log`` (function): attaches judged log lines to the test's report (Allure) and returns the text.
 * ``ml4_session_start`` (session): epoch seconds when the session started, for "during the session" windows.
+* ``log_reader_if_any(request)``: ``ml4_logs`` where the run has a log, else None (the log as a better witness).
 
 The core lives in :mod:`pytest_ml4.logs`; nothing here decides a verdict.
 """
@@ -30,7 +31,7 @@ from pytest_ml4.plugin.option_group import group as ml4_group
 from pytest_ml4.targets import Target
 
 if TYPE_CHECKING:  # annotations only: the fixtures import what they start lazily
-    from pytest_ml4.deploy.embedded import Engine
+    from pytest_ml4.deploy.launcher import Engine
 
 
 
@@ -63,6 +64,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def ml4_session_start(pytestconfig: pytest.Config) -> float:
     """When this pytest session started (epoch seconds): checks "during the session" read log lines from here."""
     return pytestconfig.stash.get(_SESSION_START, time.time())
+
+
+def log_reader_if_any(request: pytest.FixtureRequest) -> LogReader | None:
+    """The engine log reader where the run has one, else None (no log configured for a live target): for a check
+    to which the log is a better witness, not a precondition."""
+    try:
+        return request.getfixturevalue("ml4_logs")
+    except (Exception, pytest.skip.Exception):  # noqa: BLE001 - no log to read: the check names its cause otherwise
+        return None
 
 
 @pytest.fixture

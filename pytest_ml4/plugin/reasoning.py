@@ -3,16 +3,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from pytest_ml4.baselines import BaselineRefused, default_baseline, pick_baseline
-from pytest_ml4.checks.reasoning import ShareBaseline
+from pytest_ml4.checks.reasoning import ShareBaseline, ShareBaselineChoice
+from pytest_ml4.plugin.option_group import group as ml4_group
 from pytest_ml4.plugin.state import simulator_answers
 from pytest_ml4.targets import Target
-from pytest_ml4.plugin.option_group import group as ml4_group
 
 #: How a deployment's reasoning-share baseline is recorded (named by a check that could not judge without one).
 RECORD_COMMAND = ("pytest --target {target} -m reasoning -k share_of_output "
@@ -26,18 +25,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "pytest_ml4/data/baselines/reasoning-share-<target>.json when it was recorded on this deployment)")
     group.addoption("--reasoning-share-save", dest="ml4_reasoning_share_save", default=None, metavar="PATH",
                     help="write this run's reasoning shares as a baseline file (with its provenance and conditions)")
-
-
-@dataclass(frozen=True)
-class ShareBaselineChoice:
-    """The baseline that judges this run's reasoning share, or why none does (``refused``: one line)."""
-
-    baseline: ShareBaseline | None
-    not_judged: str = ""
-    refused: str = ""
-    save: Path | None = None
-    explicit: bool = False
-    record: str = ""
 
 
 @pytest.fixture(scope="session")

@@ -32,7 +32,8 @@ from pytest_ml4.targets import Target
 if TYPE_CHECKING:  # annotations only: the fixtures import what they start lazily
     from pytest_ml4.client import Endpoint
     from pytest_ml4.deploy.dynamo import DynamoSim
-    from pytest_ml4.deploy.embedded import Engine, Proxy
+    from pytest_ml4.deploy.embedded import Proxy
+    from pytest_ml4.deploy.launcher import Engine
 
 
 #: Namespace of the simulated DGD when the target names none in the environment.

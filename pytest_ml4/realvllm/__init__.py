@@ -4,5 +4,6 @@
 * :mod:`.scripted` is the vLLM logits processor that makes that random model say what the simulator's responder
   decides (one brain, two engines); it runs inside vLLM's own venv, so it imports only what that venv has
   (the checkout is put on ``PYTHONPATH``; nothing of the project is installed there);
-* :mod:`.server` starts and stops the real server with the :class:`pytest_ml4.deploy.simulator.SimServer` interface.
+* :class:`pytest_ml4.deploy.real_vllm.RealVllm` starts and stops the real server (a
+  :class:`~pytest_ml4.deploy.launcher.ProcessLauncher`, as the simulator is).
 """

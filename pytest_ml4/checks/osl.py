@@ -1,0 +1,145 @@
+"""Fixed output length checks (seed 000): with ``min_tokens = max_tokens = N`` every request returns exactly N
+completion tokens, counted three ways (each streamed request's final usage, the tokens counted while streaming,
+aiperf's export), no request is killed by the reasoning grammar, and no perf config holds the length with
+``ignore_eos``.
+
+The streamed requests are :func:`stream_fixed_length`'s; the counts are read from the engine's own generated-token
+counter around them (:data:`pytest_ml4.metrics.STACK_TOKEN_COUNTER`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from pytest_ml4.client import Endpoint
+from pytest_ml4.logs import GrammarKill, LogEvent, LogView
+from pytest_ml4.metrics import STACK_TOKEN_COUNTER, generated_tokens
+from pytest_ml4.perf.export import read_records
+from pytest_ml4.perf.methodology import (
+    WHY_NOT_IGNORE_EOS,
+    explain,
+    extra_inputs_ask_ignore_eos,
+    ignore_eos_in_files,
+)
+from pytest_ml4.perf.runner import AiperfSpec, RunResult
+from pytest_ml4.probe import StreamResult, probe_chat_stream
+from pytest_ml4.targets import Target
+from pytest_ml4.urls import display_url
+
+if TYPE_CHECKING:
+    from pytest_ml4.perf.sweep import Client
+
+
+def fixed_length_body(model: str, prompt: str, n: int) -> dict[str, Any]:
+    """A streamed request held at exactly ``n`` tokens by ``min_tokens``, asking for per-chunk usage."""
+    return {"model": model, "messages": [{"role": "user", "content": prompt}], "stream": True,
+            "max_tokens": n, "min_tokens": n,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+
+
+@dataclass
+class Streamed:
+    """The fixed-length requests, streamed at once, and what the engine counted while they ran."""
+
+    results: list[StreamResult]
+    engine_tokens: float | None      # generated while these requests ran (engine counter difference)
+    counter: str = ""                # which counter, at which URL
+
+
+def stream_fixed_length(http_client: httpx.Client, endpoint: Endpoint, target: Target, prompts: Sequence[str],
+                        n: int) -> Streamed:
+    """Stream one request of exactly ``n`` tokens per prompt, all at once, reading the engine's generated-token
+    counter before and after."""
+    # The effective metrics URL (not only a --sim one): live runs read the engine's, or the Dynamo frontend's,
+    # counter too; each stack's URL carries its own counter (STACK_TOKEN_COUNTER).
+    url, counter = endpoint.effective_metrics_url, STACK_TOKEN_COUNTER[target.serving.stack]
+    before = generated_tokens(url, counter=counter)
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(lambda p: probe_chat_stream(http_client, fixed_length_body(endpoint.model, p, n)),
+                                prompts))
+    after = generated_tokens(url, counter=counter)
+    return Streamed(results, None if before is None or after is None else after - before,
+                    f"{counter} at {display_url(url)}")
+
+
+def assert_usage_exactly_n(results: Sequence[StreamResult], n: int) -> None:
+    """Each request streamed to its end and its final usage reports exactly ``n`` completion tokens."""
+    for r in results:
+        # Stream-grammar details (e.g. a proxy's usage chunk shape) are the smoke suite's business; here the
+        # request must have streamed to the end without errors.
+        assert r.status_code == 200 and r.transport_error is None and not r.error_events, r.describe()
+        assert r.usage is not None, f"no usage although include_usage was requested:\n{r.describe()}"
+        assert r.usage.get("completion_tokens") == n, (
+            f"min_tokens = max_tokens = {n} but usage.completion_tokens = {r.usage.get('completion_tokens')}")
+        assert r.finish_reason == "length", f"finish_reason {r.finish_reason!r}: an EOS ended the request early"
+
+
+def assert_streamed_count_exactly_n(streamed: Streamed, n: int) -> None:
+    """The per-chunk usage sums to ``n`` per request where the path keeps it, and the engine's counter grew by
+    ``n`` per request where it can be read; at least one of the two counted."""
+    per_chunk = [r for r in streamed.results if r.tokens_per_chunk]
+    for r in per_chunk:
+        assert sum(r.tokens_per_chunk) == n, (
+            f"tokens counted while streaming: {sum(r.tokens_per_chunk)} over {len(r.tokens_per_chunk)} chunks, "
+            f"expected {n}")
+        assert all(k >= 1 for k in r.tokens_per_chunk), "a content chunk carried no new token"
+    if streamed.engine_tokens is not None:
+        print(f"engine token counter: {streamed.engine_tokens:.0f} tokens generated ({streamed.counter})")
+        assert streamed.engine_tokens == n * len(streamed.results), (
+            f"the engine generated {streamed.engine_tokens:.0f} tokens ({streamed.counter}) for "
+            f"{len(streamed.results)} requests of exactly {n} (no other traffic may hit the endpoint while this "
+            f"module runs)")
+    else:
+        print(f"engine token counter not readable ({streamed.counter}): judged on the per-chunk usage only")
+    assert per_chunk or streamed.engine_tokens is not None, (
+        f"no streamed count: the stream carried no per-chunk usage and {streamed.counter} was not readable")
+
+
+def fixed_length_aiperf_spec(perf_client: Client, n: int) -> AiperfSpec:
+    """aiperf at exactly ``n`` output tokens held by ``min_tokens`` (never ``ignore_eos``)."""
+    return AiperfSpec(model=perf_client.model, url=perf_client.base_url, concurrency=4, isl=256, osl=n,
+                      duration_s=None, request_count=8, min_tokens=n, server_metrics_url=perf_client.metrics_url)
+
+
+def assert_aiperf_export_exactly_n(run: RunResult, n: int) -> None:
+    """aiperf's export: output_sequence_length min = max = ``n``, std 0, asked with ``min_tokens``, and every
+    request's record at exactly ``n`` completion tokens."""
+    ex = run.require()
+    osl = ex.metric("output_sequence_length")
+    assert osl is not None, "aiperf wrote no output_sequence_length"
+    assert (osl.min, osl.max, osl.std) == (n, n, 0.0), (
+        f"output_sequence_length min {osl.min}, max {osl.max}, std {osl.std}; expected {n}, {n}, 0")
+    assert ex.extra_inputs.get("min_tokens") == n
+    assert not extra_inputs_ask_ignore_eos(ex.extra_inputs), WHY_NOT_IGNORE_EOS
+    records = read_records(run.out_dir)
+    assert len(records) == ex.request_count
+    bad = [(r.metadata.get("x_request_id"), r.value("usage_completion_tokens")) for r in records
+           if r.value("usage_completion_tokens") != n or r.value("output_sequence_length") != n]
+    assert not bad, f"requests without exactly {n} completion tokens: {bad[:5]}"
+
+
+def assert_no_grammar_kill(view: LogView, attach: Callable[[LogView, Sequence[LogEvent], str], Any]) -> None:
+    """The engine log's lines since the fixed-length requests started (``view``) are there, and no grammar kill
+    among them; ``attach`` reports the kills it found (the plugin's ``ml4_attach_log``)."""
+    assert view.records, (f"no engine log lines in {view.source} since the fixed-OSL run started: the "
+                          f"grammar-kill check cannot see the requests it judges (set --ml4-log-file or the "
+                          f"target's logs section)")
+    kills = view.all(GrammarKill)
+    if kills:
+        attach(view, kills, "grammar kills")
+    assert not kills, ("requests were killed by the reasoning grammar during the fixed-OSL run:\n"
+                       + view.excerpt(kills) + "\n" + WHY_NOT_IGNORE_EOS)
+
+
+def assert_no_ignore_eos(manifests: Sequence[Path], extra_inputs: Mapping[str, Any]) -> None:
+    """Neither the target's manifests nor the user's ``--perf-extra-input`` hold the length with ignore_eos."""
+    uses = ignore_eos_in_files(manifests)
+    assert not uses, explain(uses)
+    assert not extra_inputs_ask_ignore_eos(extra_inputs), (
+        f"--perf-extra-input asks for ignore_eos: {WHY_NOT_IGNORE_EOS}")
