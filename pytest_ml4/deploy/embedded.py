@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from pytest_ml4.deploy.launcher import Engine
 from pytest_ml4.targets import Target
 
 #: The engines ``--sim`` can run: the project's simulated engine, or real vLLM on the CPU.
@@ -109,7 +110,7 @@ class Deployment:
     Owned (``owned``) when this process started it: ``stop`` ends it. Attached (an xdist worker): ``stop`` does
     nothing, the controller owns the processes."""
 
-    def __init__(self, engine: Any, proxy: Any, info: Description, *, owned: bool) -> None:
+    def __init__(self, engine: Engine, proxy: Proxy | None, info: Description, *, owned: bool) -> None:
         self.engine, self.proxy, self.info, self.owned = engine, proxy, info, owned
 
     def describe(self) -> Description:
