@@ -189,13 +189,11 @@ register(Fault("error_after_restart", "the engine booted by the N-th restart (de
                "every chat request 500 (EngineDeadError body) while /health answers 200; earlier engines are healthy",
                "suites/test_restart.py (smoke chat after the restart)", default=1.0, takes_value=True))
 
-# Ingress: the deployment's gateway answers its health probe itself with a sign-in page (single sign-on in front
-# of the cluster): a 200 that says nothing about the workers. Acts in the fault gateway (Dynamo targets).
+# Ingress: single sign-on in front of the cluster answers the health probe itself (the fault gateway, Dynamo).
 register(Fault("health_login_page", "the ingress answers GET /health with its sign-in page (HTTP 200, text/html) "
                "instead of the frontend's health", "suites/test_smoke.py (test_health)"))
 
-# Spec decode: DSpark's synthetic acceptance switched on in the engine's own launch while the target (and so the
-# declared configuration the suite reads) says nothing of it: only the running engine's logged config shows it.
+# Spec decode: synthetic acceptance in the engine's own launch; the target the suite reads declares none.
 register(Fault("synthetic_acceptance", "the engine runs DSpark's synthetic acceptance (benchmarking only, seed 002) "
                "although the target declares real acceptance: its logged speculative config says so",
                "suites/test_accuracy.py (the accuracy gate refuses to certify)"))

@@ -101,10 +101,6 @@ class SimConfig:
     generation: int = 0
 
 
-#: The acceptance rate a synthetic-acceptance launch states (the preflight fixtures' DSpark flag carries 0.7).
-SYNTHETIC_ACCEPTANCE_RATE = 0.7
-
-
 def served_names(target: Target) -> list[str]:
     return [target.serving.engine_served_model_name or target.serving.served_model_name]
 
@@ -536,7 +532,7 @@ def startup_lines(cfg: SimConfig, log: LogWriter) -> None:
         args["speculative_config"] = {"method": e.speculative.method,
                                       "num_speculative_tokens": e.speculative.num_speculative_tokens}
         if e.speculative.synthetic_acceptance:
-            args["speculative_config"]["synthetic_acceptance_rate"] = SYNTHETIC_ACCEPTANCE_RATE
+            args["speculative_config"]["synthetic_acceptance_rate"] = 0.7   # as the preflight fixtures' DSpark flag
     if cfg.api_key:
         args["api_key"] = ["[redacted]"]
     log.api("INFO", "utils.py", 233, f"non-default args: {args}")
