@@ -24,14 +24,13 @@ import pytest
 from pytest_ml4.targets import Target
 from pytest_ml4.client import Endpoint
 from pytest_ml4.baselines import describe_conditions
-from pytest_ml4.checks.perf import assert_gate_passed, assert_gates_pass
+from pytest_ml4.checks.perf import assert_gate_passed, assert_gates_pass, assert_trace_replayed
 from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.perf.capacity import capacity_gate
-from pytest_ml4.perf.evaluate import knee_bound, write_trace_outputs
-from pytest_ml4.perf.gates import dynamo_gates, error_gate, knee_unseen
-from pytest_ml4.perf.runner import trace_rows
+from pytest_ml4.perf.evaluate import knee_bound
+from pytest_ml4.perf.gates import knee_unseen
 from pytest_ml4.perf.summary import SCHEMA, SUMMARY_NAME, update_summary
-from pytest_ml4.perf.sweep import run_trace, short_trace
+from pytest_ml4.perf.trace import TraceMissing, replay_agentic_trace
 from pytest_ml4.perf.workloads import (
     PREFIX_COUNTERS,
     CapacityRunFailed,
@@ -41,9 +40,6 @@ from pytest_ml4.perf.workloads import (
 )
 
 pytestmark = [pytest.mark.perf, pytest.mark.exclusive]  # no other traffic during a measurement
-
-TRACE_SHORT_ROWS = 16
-
 
 def _attach(name: str, body: str | bytes, kind: str = "TEXT", extension: str | None = None) -> None:
     try:
@@ -135,34 +131,15 @@ def test_plots_and_summary_written(ml4_perf_sweep: Any, ml4_run_dir: Path) -> No
 @pytest.mark.dynamo
 def test_agentic_trace_replay(ml4_target: Target, ml4_perf_client: Any, ml4_run_dir: Path, ml4_perf_settings: Any,
                               ml4_perf_progress: Any, ml4_endpoint: Endpoint) -> None:
-    if not ml4_target.perf.trace:
-        pytest.fail(f"target {ml4_target.name} names no perf.trace for the agentic replay")
-    trace = ml4_target.resolve(ml4_target.perf.trace)
-    assert trace.is_file(), f"trace not found: {trace} (generate it with scripts/make_trace.py)"
-    out = ml4_run_dir / "perf" / "trace"
-    if ml4_perf_settings.short:
-        # CI profile: the first rows, schedule compressed 10x, outputs capped (labelled in the summary).
-        replay = out / "trace-short.jsonl"
-        rows = short_trace(trace, replay, rows=TRACE_SHORT_ROWS)
-    else:
-        replay, rows = trace, trace_rows(trace)
-    concurrency = max(ml4_perf_settings.concurrencies)
-    warmup = ml4_target.perf.warmup_requests
-    point = run_trace(ml4_target, ml4_perf_client, replay, out / "run", concurrency=concurrency,
-                      warmup_requests=warmup, write=ml4_perf_progress)
-    results = []
-    if point.point is not None:
-        results = [error_gate(point.point, ml4_target.gates.request_error_rate_max)]
-        results += dynamo_gates(point.point, ml4_target)
-    write_trace_outputs(ml4_run_dir, ml4_target, replay, rows, warmup, point, results, bool(ml4_endpoint.simulated))
-    if not point.ok:
-        _attach("aiperf log (trace)", point.log_tail)
-    assert point.ok, "; ".join(point.problems)
-    ex = point.export()
-    assert ex.request_count == rows, f"{ex.request_count} of {rows} trace rows completed in the measured window"
-    assert ex.warmup_metrics, "no warmup phase: the measured window must follow a warmup"
-    assert point.extra.get("replay_sched_lag_p99") is not None, "not replayed on the trace's fixed schedule"
-    assert_gates_pass(results)
+    """The agentic trace replays on its schedule after a warmup, every row answered, within seed 002's gate"""
+    try:
+        replay = replay_agentic_trace(ml4_target, ml4_perf_client, ml4_run_dir, ml4_perf_settings,
+                                      ml4_perf_progress, bool(ml4_endpoint.simulated))
+    except TraceMissing as err:
+        pytest.fail(str(err), pytrace=False)
+    if not replay.point.ok:
+        _attach("aiperf log (trace)", replay.point.log_tail)
+    assert_trace_replayed(replay)
 
 
 # ------------------------------------------------------------------------------------ goodput, capacity, sessions

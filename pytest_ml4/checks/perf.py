@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pytest_ml4.perf.gates import GateResult, failures
+from pytest_ml4.perf.trace import TraceReplay
 
 
 def assert_gates_pass(results: Sequence[GateResult], none: str | None = None) -> None:
@@ -23,3 +24,16 @@ def assert_gates_pass(results: Sequence[GateResult], none: str | None = None) ->
 
 def assert_gate_passed(gate: GateResult) -> None:
     assert gate.passed, str(gate)
+
+
+def assert_trace_replayed(replay: TraceReplay) -> None:
+    """The replay ran (aiperf's problems otherwise), completed every row in the measured window after a warmup, on
+    the trace's fixed schedule, and passed its gates."""
+    point = replay.point
+    assert point.ok, "; ".join(point.problems)
+    ex = point.export()
+    assert ex.request_count == replay.rows, (f"{ex.request_count} of {replay.rows} trace rows completed in the "
+                                             f"measured window")
+    assert ex.warmup_metrics, "no warmup phase: the measured window must follow a warmup"
+    assert point.extra.get("replay_sched_lag_p99") is not None, "not replayed on the trace's fixed schedule"
+    assert_gates_pass(replay.gates)
