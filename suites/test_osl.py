@@ -28,6 +28,8 @@ from pytest_ml4.checks.osl import (
 )
 from pytest_ml4.client import Endpoint
 from pytest_ml4.logs import LogReader, LogView
+from pytest_ml4.logs.reader import LogMark
+from pytest_ml4.plugin.logs import log_reader_if_any
 from pytest_ml4.perf.runner import RunResult, failure_log, run_aiperf
 from pytest_ml4.perf.sweep import Client
 from pytest_ml4.report.attach import attach_text
@@ -42,14 +44,15 @@ PROMPTS = ("Say hello.", "What is 2 + 2? Answer with the number only.", "Name on
 
 
 @pytest.fixture(scope="module")
-def osl_window_start() -> float:
-    # Log lines carry whole seconds; start a second early so nothing of this module is missed.
-    return time.time() - 1.0
+def osl_window_start(request: pytest.FixtureRequest) -> LogMark:
+    """Where the grammar-kill check's log window starts (a run without a log reader still runs the other checks)."""
+    reader = log_reader_if_any(request)
+    return reader.mark() if reader is not None else LogMark(time.time() - 1.0)
 
 
 @pytest.fixture(scope="module")
 def streamed(http_client: httpx.Client, ml4_endpoint: Endpoint, ml4_target: Target,
-             osl_window_start: float) -> Streamed:
+             osl_window_start: LogMark) -> Streamed:
     # After osl_window_start: the grammar-kill check reads the log from there.
     return stream_fixed_length(http_client, ml4_endpoint, ml4_target, PROMPTS, N)
 
@@ -66,7 +69,7 @@ def test_streamed_token_count_is_exactly_n(streamed: Streamed, record_property: 
 
 
 @pytest.fixture(scope="module")
-def aiperf_osl(ml4_perf_client: Client, ml4_run_dir: Path, osl_window_start: float) -> RunResult:
+def aiperf_osl(ml4_perf_client: Client, ml4_run_dir: Path, osl_window_start: LogMark) -> RunResult:
     spec = fixed_length_aiperf_spec(ml4_perf_client, N)
     assert not spec.uses_ignore_eos
     out = ml4_run_dir / "osl" / f"aiperf-{int(time.time() * 1000)}"
@@ -80,13 +83,13 @@ def test_aiperf_export_min_equals_max_equals_n(aiperf_osl: RunResult, ml4_perf_c
 
 
 def test_no_request_killed_by_the_grammar(streamed: Streamed, aiperf_osl: RunResult, ml4_logs: LogReader,
-                                          osl_window_start: float, ml4_attach_log: Any) -> None:
+                                          osl_window_start: LogMark, ml4_attach_log: Any) -> None:
     """Seed 000's grammar-kill signature (``grammar rejected`` / ``ParserTooComplex``) must not appear while the
     fixed-OSL requests ran.
 
     An empty window is a failure, not a pass: the requests above were served, so the engine log must show lines
     for them (access lines, stats); nothing there means the log cannot be read and a kill would go unseen."""
-    view = LogView(ml4_logs.read(since=osl_window_start), ml4_logs.describe())
+    view = LogView(ml4_logs.read_from(osl_window_start), ml4_logs.describe())
     assert_no_grammar_kill(view, ml4_attach_log)
 
 

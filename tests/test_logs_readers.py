@@ -138,3 +138,20 @@ def test_server_start_event_of_the_current_boot() -> None:
     view = LogView(FileLogReader(LOGS / "rtxpro-stable.log").since_last_boot())
     start = view.first(ServerStart)
     assert start is not None and start.signature == "server_start"
+
+
+def test_a_file_window_holds_the_lines_appended_since_its_mark(tmp_path: Path) -> None:
+    """uvicorn's access lines carry no stamp and take the one before them: a window by time alone was empty when no
+    stamped line fell inside it. A file reader's mark counts lines; by time again once the file shrank."""
+    from pytest_ml4.logs import FileLogReader
+
+    log = tmp_path / "engine.log"
+    log.write_text("(APIServer pid=1) INFO 01-01 00:00:01 [launcher.py:54] Route: /metrics, Methods: GET\n")
+    reader = FileLogReader(log)
+    mark = reader.mark()
+    with log.open("a") as fh:
+        fh.write('INFO:     127.0.0.1:42374 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n')
+    assert [r.text for r in reader.read(since=mark.time)] == []
+    assert [r.text[:9] for r in reader.read_from(mark)] == ["INFO:    "]
+    log.write_text("")
+    assert reader.read_from(mark) == []

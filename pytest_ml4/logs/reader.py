@@ -11,15 +11,34 @@ restarts (journald's invocation id, a pod's container restarts) say where each b
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pytest_ml4.logs.records import LogRecord, Since
 from pytest_ml4.logs.signatures import last_boot_start
 
 
+@dataclass(frozen=True)
+class LogMark:
+    """Where a window of the log starts: a time (a second early: stamps carry whole seconds) and, for an
+    append-only source, the number of records it held then."""
+
+    time: float
+    records: int | None = None
+
+
 class LogReader(ABC):
     """One source of engine log lines."""
+
+    def mark(self) -> LogMark:
+        """The start of a window, for :meth:`read_from`."""
+        return LogMark(time.time() - 1.0)
+
+    def read_from(self, mark: LogMark) -> list[LogRecord]:
+        """The records logged since ``mark`` (by time unless the source can say better)."""
+        return self.read(since=mark.time)
 
     @abstractmethod
     def read(self, since: Since = None) -> list[LogRecord]:
