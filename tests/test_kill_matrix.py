@@ -1,4 +1,4 @@
-"""The kill matrix (issues 14, 22): every suite check fails under the fault it exists for, and only then.
+"""The kill matrix: every suite check fails under the fault it exists for, and only then.
 
 ``fixtures/killmatrix/<target>.yaml`` lists, for every test function in ``suites/``, the kills that must fail it
 (simulator faults, recorded bad logs and configs, broken settings) with a regex its failure MESSAGE must match, or
