@@ -215,3 +215,22 @@ def test_refused_start_reports_vllms_refusal(pytester: pytest.Pytester, tmp_path
     assert result.ret != 0
     assert ("ValueError: Free memory on device cuda:0 (93.94/95.06 GiB) on startup is less than desired GPU memory "
             "utilization (0.99, 94.11 GiB).") in result.stderr.str() + result.stdout.str()
+
+
+def test_spec_decode_without_lines_or_readable_counters_is_not_judged(rtx: Target) -> None:
+    """No SpecDecoding line and the engine's /metrics unreadable during the load: nothing was measured, so the
+    check is not judged and says why; with the counters readable (they never moved) it still fails."""
+    from pytest_ml4.checks.kv import assert_spec_decode_acceptance_within_range
+    from pytest_ml4.checks.verdict import NotJudged
+    from pytest_ml4.kv_load import LoadResult
+
+    class Report:
+        def attach(self, *args: object) -> None: ...
+        def record(self, *args: object) -> None: ...
+
+    view = LogView(records_from_text("x"), "file engine.log")
+    unread = LoadResult(started=0.0, metrics_error="scraping http://e/metrics gave HTTP 500")
+    with pytest.raises(NotJudged, match="counters were not read: scraping http://e/metrics gave HTTP 500"):
+        assert_spec_decode_acceptance_within_range(view, rtx, unread, Report())  # type: ignore[arg-type]
+    with pytest.raises(AssertionError, match="no SpecDecoding metrics line"):
+        assert_spec_decode_acceptance_within_range(view, rtx, LoadResult(started=0.0), Report())  # type: ignore[arg-type]

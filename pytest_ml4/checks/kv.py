@@ -348,4 +348,13 @@ def assert_peak_kv_usage_under_limit(view: LogView, target: Target, load: LoadRe
 
 def assert_spec_decode_acceptance_within_range(view: LogView, target: Target, load: LoadResult,
                                                report: VerdictReport, unchecked: str | None = None) -> None:
-    assert_holds(spec_decode_verdict(view, target, load.spec), view, report, load.note(), unchecked=unchecked)
+    """Acceptance within the target's ranges. With neither a SpecDecoding line nor the counters (no metrics URL,
+    ``unchecked``, or a /metrics that could not be read during the load) nothing was measured: not judged, naming why; a readable /metrics whose
+    counters never moved still fails (speculative decoding configured but not running)."""
+    verdict = spec_decode_verdict(view, target, load.spec)
+    unread = unchecked or load.metrics_error
+    if not verdict.ok and not verdict.figures and unread:
+        report.attach(view, verdict.judged, f"{verdict.name}: judged log lines")
+        not_judged(redact(f"spec-decode acceptance: no SpecDecoding line since the boot of {view.source}, and the "
+                          f"counters were not read: {unread}"))
+    assert_holds(verdict, view, report, load.note(), unchecked=unchecked)
