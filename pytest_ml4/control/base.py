@@ -17,6 +17,8 @@ from typing import Any
 
 import httpx
 
+from pytest_ml4.metrics import MetricsError, scrape
+
 log = logging.getLogger("pytest_ml4.control")
 
 Progress = Callable[[str], None]
@@ -73,18 +75,13 @@ def _say(progress: Progress | None, message: str) -> None:
 START_TIME_METRIC = "process_start_time_seconds"
 
 
-def engine_start_time(metrics_url: str, headers: dict[str, str] | None = None, timeout: float = 2.0) -> str | None:
+def engine_start_time(metrics_url: str, timeout: float = 2.0) -> str | None:
     """The engine process's start time from its /metrics (None while it does not answer, or without the gauge)."""
     try:
-        r = httpx.get(metrics_url, headers=headers or {}, timeout=timeout)
-    except httpx.HTTPError:
+        started = scrape(metrics_url, timeout=timeout).value(START_TIME_METRIC)
+    except MetricsError:
         return None
-    if r.status_code != 200:
-        return None
-    for line in r.text.splitlines():
-        if line.startswith(START_TIME_METRIC + " "):
-            return f"started {float(line.split()[1]):.2f}"
-    return None
+    return None if started is None else f"started {started:.2f}"
 
 
 def wait_for(what: str, check: Check, deadline: float, progress: Progress | None = None,
