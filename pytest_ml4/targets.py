@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -58,6 +58,14 @@ class Topology(_Strict):
     prefill_workers: int = Field(default=0, ge=0)
     decode_workers: int = Field(default=0, ge=0)
     expert_parallel_decode: bool = False
+
+    #: The field counting the replicas that hold a running stream: the decode role when disaggregated.
+    STREAM_ROLE: ClassVar[dict[str, tuple[str, str]]] = {"disagg": ("decode", "decode_workers")}
+
+    def stream_role(self) -> tuple[str, int]:
+        """The role whose worker holds a running stream, and how many replicas it has."""
+        role, fld = self.STREAM_ROLE.get(self.kind, ("aggregated", "workers"))
+        return role, getattr(self, fld)
 
     @model_validator(mode="after")
     def _roles(self) -> "Topology":
@@ -114,6 +122,9 @@ class Serving(_Strict):
     bypassed_proxy: Proxy | None = None
     dynamo_router: Literal["kv", "round_robin", "random"] | None = None
     session_affinity: bool = False
+    #: The KV router's conditional disaggregation (Dynamo's ``--router-conditional-disagg``, experimental in
+    #: 1.6.1): the router may skip the remote prefill and prefill on the decode worker. None of the seeds sets it.
+    conditional_disagg: bool = False
     migration_limit: int | None = None
     #: The Dynamo release the deployment runs (its image tag); a row of pytest_ml4/data/dynamo/versions.yaml.
     dynamo_version: str | None = None
@@ -122,6 +133,13 @@ class Serving(_Strict):
     def _proxy(self) -> "Serving":
         if self.stack == "vllm+litellm" and self.proxy is None:
             raise ValueError("stack vllm+litellm needs a proxy section")
+        return self
+
+    @model_validator(mode="after")
+    def _conditional_disagg(self) -> "Serving":
+        if self.conditional_disagg and self.dynamo_router != "kv":
+            raise ValueError(f"conditional_disagg is a setting of Dynamo's KV router (dynamo_router: kv), not of "
+                             f"dynamo_router {self.dynamo_router}")
         return self
 
     @model_validator(mode="after")

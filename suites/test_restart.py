@@ -224,9 +224,11 @@ def test_disagg_prefill_decode_handoff(requests_run: RestartRun, ml4_restart_end
     from pytest_ml4.control.dynamo import frontend_instances, run_conversation
 
     turns = run_conversation(ml4_restart_endpoint, restart_spec["conversation"])
-    assert turns and not turns[0].error, f"request failed: {turns[0].line() if turns else 'no turn'}"
-    prefill, decode = assert_prefill_decode_handoff(turns[0], frontend_instances(ml4_restart_endpoint.root_url))
-    print(f"prefilled on instance {prefill}, decoded on instance {decode}")
+    failed = [t for t in turns if t.error]
+    assert turns and not failed, f"request failed: {failed[0].line() if failed else 'no turn'}"
+    for n, (prefill, decode) in enumerate(assert_prefill_decode_handoff(
+            turns, frontend_instances(ml4_restart_endpoint.root_url)), 1):
+        print(f"turn {n}: prefilled on instance {prefill}, decoded on instance {decode}")
 
 
 @pytest.mark.disagg
@@ -253,14 +255,16 @@ def test_worker_crash_under_a_stream(requests_run: RestartRun, ml4_dynamo_sim: A
     """A worker SIGKILLed under a running stream (a crash: no deregistration, no drain): with the frontend's
     ``--migration-limit`` the stream continues on another worker, without it the client gets Dynamo's in-band
     error event; the processes the killed worker leaves behind are found, ended and named in the timeline.
-    Not on an aggregated target of one worker (vr200-agg): there is no other worker to continue on, the crash is
-    the single-replica outage test_new_requests_during_restart judges."""
+    Not where the role holding the stream has one replica (vr200-agg's one worker, vr200-disagg's one decode
+    worker): there is no other worker to continue on, the crash is the single-replica outage
+    test_new_requests_during_restart judges."""
     from pytest_ml4.checks.restart import assert_stream_survives_worker_crash
     from pytest_ml4.checks.verdict import NotJudged
     from pytest_ml4.control.crash import run_crash
 
-    if ml4_target.topology_kind == "agg" and ml4_target.topology.workers == 1:
-        pytest.skip(f"does not apply: {ml4_target.name} has one aggregated worker, so a crashed stream has no "
+    role, replicas = ml4_target.topology.stream_role()
+    if replicas == 1:
+        pytest.skip(f"does not apply: {ml4_target.name} has one {role} worker, so a crashed stream has no "
                     f"other worker to migrate to (the outage is judged by test_new_requests_during_restart)")
     if ml4_dynamo_sim is None:
         raise NotJudged("a worker crash is staged only on the embedded deployment (--sim): on a cluster the "

@@ -23,9 +23,9 @@ from glob import iglob
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR
+from pytest_ml4.targets import TargetError, read_yaml_strict
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX_DIR = REPO / "fixtures" / "killmatrix"
@@ -211,7 +211,7 @@ def _with_base(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     base_path = path.parent / f"{base_name}.yaml"
     if not base_path.is_file():
         raise MatrixError(f"{path.name}: base: {base_name!r} has no matrix file {base_path.name}")
-    base = yaml.safe_load(base_path.read_text())
+    base = _read(base_path)
     if base.get("base"):
         raise MatrixError(f"{path.name}: base: {base_name!r} has a base itself (one level only)")
     merged = {**base, **{k: v for k, v in data.items() if k not in ("kills", "checks")}}
@@ -221,9 +221,18 @@ def _with_base(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _read(path: Path) -> dict[str, Any]:
+    """The matrix file's YAML; a key given twice (plain YAML keeps the last one silently, dropping the first's
+    kill or collateral reason) is a :class:`MatrixError` naming the file and line."""
+    try:
+        return read_yaml_strict(path)
+    except TargetError as err:
+        raise MatrixError(str(err)) from None
+
+
 def load_matrix(target: str, directory: Path = MATRIX_DIR) -> Matrix:
     path = directory / f"{target}.yaml"
-    data = yaml.safe_load(path.read_text())
+    data = _read(path)
     if data.get("target") != target:
         raise MatrixError(f"{path.name}: target is {data.get('target')!r}, the file name says {target!r}")
     data = _with_base(path, data)

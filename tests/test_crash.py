@@ -88,6 +88,17 @@ def test_a_stream_that_ended_before_the_kill_is_not_judged() -> None:
         assert_stream_survives_worker_crash(run)
 
 
+def test_a_stream_refused_before_any_crash_fails_and_is_not_merely_not_judged() -> None:
+    """A hidden model (every prefill pod crash-looping) refuses the stream with 404 before its worker could be
+    killed: the deployment failed to serve, which is a failure, never "nothing was crashed"."""
+    run = recorded_run("migration-sigkill-stream.txt", 3)
+    run.crash = None
+    run.stream.status_code = 404
+    with pytest.raises(AssertionError, match=r"the stream was refused before the crash \(HTTP 404\)") as err:
+        assert_stream_survives_worker_crash(run)
+    assert not isinstance(err.value, NotJudged)
+
+
 def _spawn_parent() -> tuple[subprocess.Popen[bytes], int]:
     proc = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, start_new_session=True)
     assert proc.stdout is not None

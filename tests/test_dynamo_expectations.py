@@ -687,11 +687,26 @@ def test_handoff_without_nvext_is_not_judged_and_judged_with_it() -> None:
     frontend = FakeFrontend(disagg=True)
     instances = frontend.health().json()["instances"]
     blind = run_conversation(FRONT, RESTART["conversation"], http=_through_stripping_ingress(frontend))
-    with pytest.raises(NotJudged, match=r"prefill -> decode handoff: 1 of 1 answers carry no nvext.worker_id"):
-        assert_prefill_decode_handoff(blind[0], instances)
+    with pytest.raises(NotJudged, match=r"prefill -> decode handoff: 2 of 2 answers carry no nvext.worker_id"):
+        assert_prefill_decode_handoff(blind, instances)
     http, _ = fake(disagg=True)
-    prefill, decode = assert_prefill_decode_handoff(run_conversation(FRONT, RESTART["conversation"], http=http)[0], instances)
-    assert prefill in (11, 22) and decode in (101, 202)
+    pairs = assert_prefill_decode_handoff(run_conversation(FRONT, RESTART["conversation"], http=http), instances)
+    assert len(pairs) == 2 and all(p in (11, 22) and d in (101, 202) for p, d in pairs), pairs
+
+
+def test_a_turn_prefilled_on_its_decode_worker_fails_the_handoff() -> None:
+    """Dynamo's conditional disaggregation serves a continuation turn (its prefix cached on the decode worker)
+    without a prefill worker: nvext.worker_id then names the decode worker alone (the real 1.6.1 frontend's bypass,
+    fixtures/transcripts/dynamo-1.6.1/ml4-92_conditional_disagg_bypass.txt). The first turn alone would have passed."""
+    frontend = FakeFrontend(disagg=True)
+    instances = frontend.health().json()["instances"]
+    first = Turn(200, "42", {"prefill_worker_id": 11, "prefill_dp_rank": 0, "decode_worker_id": 101,
+                             "decode_dp_rank": 0}, 190, 0)
+    bypassed = Turn(200, "42", {"decode_worker_id": 101, "decode_dp_rank": 0}, 250, 192)
+    assert assert_prefill_decode_handoff([first], instances) == [(11, 101)]
+    with pytest.raises(AssertionError, match=r"no prefill -> decode handoff: turn 2: prefill_worker_id=None "
+                                             r"decode_worker_id=101: no separate prefill"):
+        assert_prefill_decode_handoff([first, bypassed], instances)
 
 
 def test_prefix_reuse_without_nvext_is_judged_on_usage_and_not_judged_without_either() -> None:

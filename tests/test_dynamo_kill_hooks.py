@@ -68,3 +68,21 @@ def test_plots_of_a_sweep_where_every_request_failed(tmp_path: Path) -> None:
     paths = write_plots([empty], tmp_path, "all failed")
     assert [p.name for p in paths] == ["throughput.png", "ttft.png", "itl.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
+def test_prefill_crashloop_refuses_the_boots_from_its_replacement_on_with_vllms_recorded_line(tmp_path: Path) -> None:
+    """Only prefill workers booted by their pod's N-th replacement or later refuse to start, and what they log is
+    vLLM's free-memory refusal as the signature catalogue knows it from the recorded real line."""
+    from pytest_ml4.deploy.dynamo_worker_cli import log_boot_refusal, refuses_boot
+    from pytest_ml4.logs.records import LogRecord
+    from pytest_ml4.logs.signatures import load_catalogue
+    from pytest_ml4.targets import load_target
+
+    faults = ActiveFaults(["prefill_crashloop=3"])
+    assert [refuses_boot("prefill", faults, g) for g in range(5)] == [False, False, False, True, True]
+    assert not refuses_boot("decode", faults, 3) and not refuses_boot("prefill", ActiveFaults([]), 3)
+    log = tmp_path / "prefill.log"
+    log_boot_refusal(str(log), load_target("gb300-disagg"), "prefill")
+    records = [LogRecord(text=line) for line in log.read_text().splitlines()]
+    (match,) = load_catalogue().matches(records, ["startup_refused"])
+    assert match.groups["util"] == "0.9" and match.groups["total_gib"] == "268.00", match.groups

@@ -280,3 +280,54 @@ def test_pod_deleted_while_its_crashed_process_restarts_in_place_is_replaced_aft
         api.wait_settled(timeout=20)
         time.sleep(0.3)   # a watchdog pass after settling must not restart it again
     assert backend.overlaps == 0 and backend.starts == 2 and backend.running
+
+
+class BootFailingBackend(ProcBackend):
+    """A container whose process exits at boot with an error, as a crash-looping pod's does; counts its starts."""
+
+    def __init__(self, log_file: Path) -> None:
+        self.starts: list[float] = []
+        super().__init__(log_file)
+        self.failing = False
+
+    def start(self) -> None:
+        self.starts.append(time.monotonic())
+        if getattr(self, "failing", False):
+            raise RuntimeError("exited at boot with status 1")
+        super().start()
+
+
+def test_a_replacement_that_fails_at_boot_backs_off_and_is_not_ready(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replaced pod whose process dies at boot is not Ready, shows CrashLoopBackOff, and is started again only
+    after the kubelet's back-off, not in a tight loop."""
+    import pytest_ml4.deploy.fake_k8s as fk
+
+    monkeypatch.setattr(fk, "BACKOFF_FIRST_S", 1.0)
+    backend = BootFailingBackend(tmp_path / "prefill.log")
+    api = FakeKubeAPI()
+    api.add_dgd(NS, DGD, {"components": [{"name": "prefill", "type": "prefill", "replicas": 1}]})
+    api.add_pod(NS, "Prefill", {LABEL_DGD: DGD, LABEL_TYPE: "prefill"}, {"main": backend})
+    api.start()
+    try:
+        core = _core(api)
+        (pod,) = list_pods(core, NS, DGD, "prefill")
+        backend.failing = True
+        core.delete_namespaced_pod(pod.metadata.name, NS)
+        api.wait_settled()
+        (new,) = list_pods(core, NS, DGD, "prefill")
+        assert not pod_ready(new)
+        assert new.status.container_statuses[0].state.waiting.reason == "CrashLoopBackOff"
+        failed = len(backend.starts)
+        deadline = time.monotonic() + 20
+        while len(backend.starts) < failed + 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(backend.starts) >= failed + 2, f"the watchdog did not start it again twice: {backend.starts}"
+        # Lower bounds only (a loaded machine makes the gaps longer, never shorter): 1 s, then doubled to 2 s.
+        first, second, third = backend.starts[failed - 1:failed + 2]
+        assert second - first >= 1.0 and third - second >= 2.0, (second - first, third - second)
+    finally:
+        backend.failing = False
+        api.wait_settled()
+        api.stop()
+        backend.stop()

@@ -172,6 +172,20 @@ def test_a_matrix_takes_its_base_and_changes_only_what_it_lists(tmp_path: Path) 
         load_matrix("d", tmp_path)
 
 
+def test_a_key_given_twice_is_refused_with_file_and_line(tmp_path: Path) -> None:
+    """Plain YAML keeps the last of two ``collateral:`` keys silently, dropping the first's reasons; the matrix
+    loader refuses the file instead, naming it and the line."""
+    from killmatrix import MatrixError
+
+    (tmp_path / "a.yaml").write_text(
+        "target: a\nprofiles: {offline: {sim: false}}\nprofile_of: {suites/test_x.py: offline}\n"
+        "kills:\n  k1:\n    why: w\n    faults: [f1]\n    collateral: {suites/test_x.py::two: r1}\n"
+        "    collateral: {suites/test_x.py::two: r2}\n"
+        "checks:\n  suites/test_x.py::one: {killed_by: {k1: m1}}\n")
+    with pytest.raises(MatrixError, match=r"a\.yaml: line 9, column 5: duplicate key 'collateral' \(first at line 8\)"):
+        load_matrix("a", tmp_path)
+
+
 def test_a_nightly_profile_is_read_with_its_reason(tmp_path: Path) -> None:
     """``nightly: <why>`` on a profile (all of the disagg matrices' profiles, for CI time) keeps its runs out of
     CI, each with its reason; a matrix without it (rtxpro6000-tp8) keeps every profile in."""

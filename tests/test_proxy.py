@@ -43,6 +43,25 @@ def test_config_points_alias_at_backend_with_chosen_retries() -> None:
     assert cfg["general_settings"]["master_key"] == f"os.environ/{KEY_ENV}"
 
 
+def test_every_route_to_the_alias_engine_follows_it_to_the_backend(tmp_path: Path) -> None:
+    """A second route to the same engine (the kill matrix's catch-all "*" config) is pointed at the backend started
+    here too; a route to another engine keeps its own address."""
+    cfg_file = tmp_path / "c.yaml"
+    engine = {"model": "hosted_vllm/ml4", "api_base": "http://127.0.0.1:8000/v1"}
+    cfg_file.write_text(yaml.safe_dump({"model_list": [
+        {"model_name": "ml4", "litellm_params": dict(engine)},
+        {"model_name": "*", "litellm_params": dict(engine)},
+        {"model_name": "other", "litellm_params": {"model": "hosted_vllm/x", "api_base": "http://10.0.0.9/v1"}}]}))
+    settings = ProxySettings(base_config=cfg_file, backend_base_url="http://127.0.0.1:9/v1", alias="ml4",
+                             backend_model="served", key_env=KEY_ENV)
+    routes = {m["model_name"]: m["litellm_params"] for m in render_config(settings)["model_list"]}
+    for name in ("ml4", "*"):
+        assert routes[name]["api_base"] == "http://127.0.0.1:9/v1", name
+        assert routes[name]["model"] == "hosted_vllm/served", name
+        assert routes[name]["api_key"] == f"os.environ/{KEY_ENV}", name
+    assert routes["other"] == {"model": "hosted_vllm/x", "api_base": "http://10.0.0.9/v1"}
+
+
 def test_target_retry_values_are_the_default() -> None:
     settings = ProxySettings.from_target(TARGET, "http://127.0.0.1:9/v1")
     proxy = TARGET.serving.proxy

@@ -115,21 +115,31 @@ def assert_prefix_reused(turns: list[Turn], block_size: int) -> int:
     return warm.cached_tokens
 
 
-def assert_prefill_decode_handoff(turn: Turn, instances: list[dict[str, Any]]) -> tuple[Any, Any]:
-    """Prefill and decode ran on different instances, the prefill one from the prefill component."""
-    assert_worker_ids_known([turn], "prefill -> decode handoff")
-    by_id = {i.get("instance_id"): i for i in instances}
+def _handoff_problems(turn: Turn, by_id: dict[Any, dict[str, Any]]) -> list[str]:
     p, d = turn.prefill_worker, turn.decode_worker
     problems = []
     if p is None or d is None or p == d:
         problems.append(f"prefill_worker_id={p} decode_worker_id={d}: no separate prefill (aggregated serving?)")
-    if p not in by_id:
+    if p is None:
+        pass  # said above
+    elif p not in by_id:
         problems.append(f"prefill worker {p} is not an instance the frontend lists")
     elif "prefill" not in str(by_id[p].get("component", "")):
         problems.append(f"prefill worker {p} belongs to component {by_id[p].get('component')!r}")
-    if d not in by_id:
+    if d is not None and d not in by_id:
         problems.append(f"decode worker {d} is not an instance the frontend lists")
+    return problems
+
+
+def assert_prefill_decode_handoff(turns: list[Turn], instances: list[dict[str, Any]]) -> list[tuple[Any, Any]]:
+    """Every turn was prefilled and decoded on different instances, the prefill one from the prefill component.
+    Every turn, not the first only: a continuation turn is the one whose prefix the decode worker already holds,
+    which a router allowed to skip the remote prefill (Dynamo's conditional disaggregation) serves locally."""
+    assert_worker_ids_known(turns, "prefill -> decode handoff")
+    by_id = {i.get("instance_id"): i for i in instances}
+    problems = [f"turn {n}: {p}" for n, t in enumerate(turns, 1) for p in _handoff_problems(t, by_id)]
     if problems:
         listed = [(i.get("component"), i.get("instance_id")) for i in instances]
-        raise AssertionError("no prefill -> decode handoff: " + "; ".join(problems) + f"\ninstances: {listed}")
-    return p, d
+        raise AssertionError("no prefill -> decode handoff: " + "; ".join(problems) + f"\ninstances: {listed}\n"
+                             + "\n".join(t.line() for t in turns))
+    return [(t.prefill_worker, t.decode_worker) for t in turns]

@@ -130,13 +130,14 @@ def _assert_single_replica_outage(outage: SingleReplicaOutage, run: RestartRun, 
 def assert_stream_survives_worker_crash(run: CrashRun) -> str:
     """With migration the stream completes on another worker; without, it ends with Dynamo's own error event and
     ``[DONE]``. Returns a one-line verdict for the report; raises ``AssertionError`` quoting the timeline."""
+    report = run.report()
+    # A refused stream is the deployment's failure, crash or not: it comes before "nothing was crashed".
+    if run.stream.status_code != 200:
+        raise AssertionError(f"the stream was refused before the crash (HTTP {run.stream.status_code})\n{report}")
     if run.crash is None:
         raise NotJudged(f"the stream ended after {len(run.stream.events)} events, before the "
                         f"{run.events_before_kill} after which its worker was to be killed: nothing was crashed "
                         f"(the crash spec's max_tokens too small for kill_after_events)")
-    report = run.report()
-    if run.stream.status_code != 200:
-        raise AssertionError(f"the stream was refused before the crash (HTTP {run.stream.status_code})\n{report}")
     return _assert_migrated(run, report) if run.migration_limit > 0 else _assert_unmigrated(run, report)
 
 

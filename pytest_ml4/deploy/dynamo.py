@@ -188,6 +188,8 @@ class FrontendProcess(DynamoProcess):
                "--router-mode", ROUTER_MODES[s.dynamo_router]]
         if s.session_affinity:
             cmd += ["--router-session-affinity-ttl-secs", str(SESSION_AFFINITY_TTL_S)]
+        if s.conditional_disagg:
+            cmd.append("--router-conditional-disagg")
         if self.migration_limit:
             cmd += ["--migration-limit", str(self.migration_limit)]
         return cmd

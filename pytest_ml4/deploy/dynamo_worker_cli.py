@@ -15,11 +15,14 @@ import argparse
 import asyncio
 import os
 import signal
+import sys
 from typing import Any
 
 from pytest_ml4.deploy.sim_cli import target_and_faults
+from pytest_ml4.sim.faults import ActiveFaults
 from pytest_ml4.sim.dynamo_bridge import behaviour
 from pytest_ml4.sim.dynamo_worker import COMPONENTS, NAMESPACE, Worker, runtime_config
+from pytest_ml4.targets import Target
 
 
 def _write_atomically(path: str, text: str) -> None:
@@ -80,6 +83,34 @@ async def serve(runtime: Any, args: argparse.Namespace, worker: Worker) -> None:
     worker.log.raw(f"INFO dynamo worker {role}: drained, exiting")
 
 
+#: vLLM's refusal to start on a GPU another process still holds (vllm/v1/worker/utils.py ``request_memory``, the
+#: text of 0.32+; recorded in fixtures/logs/rtxpro-startup-refused.log). The share still free is made up: an orphaned
+#: EngineCore of the replaced pod holding the rest.
+FREE_MEMORY_REFUSAL = ("ValueError: Free memory on device cuda:0 ({free:.2f}/{total:.2f} GiB) on startup is less than "
+                       "desired GPU memory utilization ({util}, {wanted:.2f} GiB). Decrease GPU memory utilization or "
+                       "reduce GPU memory used by other processes.")
+ORPHAN_HELD_SHARE = 0.62
+
+
+def refuses_boot(role: str, faults: ActiveFaults, generation: int) -> bool:
+    """Fault ``prefill_crashloop=N``: a prefill worker booted by its pod's N-th replacement or later."""
+    return role == "prefill" and faults.has("prefill_crashloop") and generation >= faults.value("prefill_crashloop")
+
+
+def log_boot_refusal(log_file: str | None, target: Target, role: str) -> None:
+    """The lines a real worker's log ends with when vLLM refuses to start, then the process exits 1."""
+    engine = target.prefill_engine if role == "prefill" and target.prefill_engine else target.engine
+    total = target.hardware.memory_per_gpu_gib
+    line = FREE_MEMORY_REFUSAL.format(free=total * (1 - ORPHAN_HELD_SHARE), total=total,
+                                      util=engine.gpu_memory_utilization, wanted=total * engine.gpu_memory_utilization)
+    text = (f"ERROR [multiproc_executor.py] WorkerProc failed to start.\n{line}\n"
+            f"ERROR [core.py] EngineCore failed to start.\n")
+    if log_file:
+        with open(log_file, "a") as fh:
+            fh.write(text)
+    print(text, end="", file=sys.stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pytest_ml4.deploy.dynamo_worker_cli")
     p.add_argument("--target", required=True)
@@ -97,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     target, faults = target_and_faults(args)
+    if refuses_boot(args.role, faults, args.generation):
+        log_boot_refusal(args.log_file, target, args.role)
+        return 1
     worker = Worker(target, args.role, faults, behaviour(not args.no_bridge), args.log_file, args.generation)
     if worker.app is None:
         return 1

@@ -44,6 +44,9 @@ LABEL_DGD = "nvidia.com/dynamo-graph-deployment-name"
 LABEL_COMPONENT = "nvidia.com/dynamo-component"
 LABEL_TYPE = "nvidia.com/dynamo-component-type"
 COLLECT_EVERY_S = 0.1
+#: The kubelet's CrashLoopBackOff: a container that fails to start waits 10 s, doubling up to 5 min, before the
+#: next start (kubelet defaults), instead of being restarted in a tight loop.
+BACKOFF_FIRST_S, BACKOFF_MAX_S = 10.0, 300.0
 
 
 class Backend(Protocol):
@@ -169,6 +172,20 @@ class Container:
     previous: ContainerLog | None = None
     restart_count: int = 0
     started: dt.datetime = field(default_factory=_now)
+    #: CrashLoopBackOff: the current back-off and the monotonic time before which the watchdog does not restart it.
+    backoff_s: float = 0.0
+    next_start: float = 0.0
+
+    def start_failed(self) -> None:
+        self.backoff_s = min(max(2 * self.backoff_s, BACKOFF_FIRST_S), BACKOFF_MAX_S)
+        self.next_start = time.monotonic() + self.backoff_s
+
+    def start_succeeded(self) -> None:
+        self.backoff_s = self.next_start = 0.0
+
+    @property
+    def backing_off(self) -> bool:
+        return time.monotonic() < self.next_start
 
 
 @dataclass
@@ -189,7 +206,8 @@ class Pod:
     def to_json(self) -> dict[str, Any]:
         statuses = []
         for c in self.containers:
-            state = ({"running": {"startedAt": _iso(c.started)}} if self.phase == "Running"
+            state = ({"waiting": {"reason": "CrashLoopBackOff"}} if c.backing_off
+                     else {"running": {"startedAt": _iso(c.started)}} if self.phase == "Running"
                      else {"waiting": {"reason": "ContainerCreating"}})
             statuses.append({"name": c.name, "ready": self.ready, "restartCount": c.restart_count,
                              "image": "nvcr.io/nvidia/ai-dynamo/vllm-runtime:sim", "imageID": "sim",
@@ -224,6 +242,17 @@ def _restart_container(backend: Backend, old_log: ContainerLog | None, new_log: 
         old_log.collect()  # shutdown lines belong to the container that is going away
     new_log.start_at_end()
     start()
+
+
+def _started(container: Container, start: Callable[[], None]) -> None:
+    """Run ``start``; a process that fails to come up (it exits at boot, or its start wait gives up) puts the
+    container into back-off for the watchdog, as the kubelet does, instead of failing the thread that started it."""
+    try:
+        start()
+    except Exception:  # noqa: BLE001 - any start failure of the backend is a container that did not start
+        container.start_failed()
+    else:
+        container.start_succeeded()
 
 
 def _status(code: int, reason: str, message: str, **details: Any) -> web.Response:
@@ -331,11 +360,12 @@ class FakeKubeAPI:
         try:
             for c, old_c in zip(new.containers, old.containers):
                 with self._restart_lock(c.backend):
-                    _restart_container(c.backend, old_c.log, c.log)
+                    _started(c, lambda c=c, old_c=old_c: _restart_container(c.backend, old_c.log, c.log))
                 c.started = _now()
         finally:
             with self._lock:
-                new.phase, new.ready, new.busy = "Running", True, False
+                # A container that died at boot is not ready; the watchdog restarts it (CrashLoopBackOff).
+                new.phase, new.ready, new.busy = "Running", all(c.backend.alive() for c in new.containers), False
                 self._refresh_all()
 
     def _restart_lock(self, backend: Backend) -> threading.Lock:
@@ -346,11 +376,11 @@ class FakeKubeAPI:
         try:
             with self._restart_lock(container.backend):
                 if not container.backend.alive():  # a replacement may have restarted it meanwhile
-                    _restart_container(container.backend, None, container.log)
+                    _started(container, lambda: _restart_container(container.backend, None, container.log))
         finally:
             with self._lock:
                 container.started = _now()
-                pod.phase, pod.ready, pod.busy = "Running", True, False
+                pod.phase, pod.ready, pod.busy = "Running", container.backend.alive(), False
                 self._refresh_all()
 
     def _watchdog(self) -> None:
@@ -361,7 +391,7 @@ class FakeKubeAPI:
             for pod in pods:
                 for c in pod.containers:
                     c.log.collect()
-                    if pod.busy or pod.deleting or c.backend.alive():
+                    if pod.busy or pod.deleting or c.backing_off or c.backend.alive():
                         continue
                     with self._lock:
                         # Checked again under the lock: a deletion or another restart may have claimed the pod

@@ -117,6 +117,10 @@ def render_config(settings: ProxySettings) -> dict[str, Any]:
     entries = [m for m in cfg["model_list"] if isinstance(m, dict) and m.get("model_name") == settings.alias]
     if not entries:
         raise ProxyError(f"proxy config {settings.base_config} has no model_list entry named {settings.alias!r}")
+    # Other routes to the alias's engine (another name, a "*" catch-all) follow it to the backend started here.
+    engine_bases = {(m.get("litellm_params") or {}).get("api_base") for m in entries} - {None}
+    entries += [m for m in cfg["model_list"] if isinstance(m, dict) and m not in entries
+                and (m.get("litellm_params") or {}).get("api_base") in engine_bases]
     for entry in entries:
         params = entry.setdefault("litellm_params", {})
         # hosted_vllm/ is the provider the reference exercised; it passes vLLM extras such as min_tokens through.

@@ -79,15 +79,18 @@ _DEFINITIONS: tuple[Fault, ...] = (
           "served: a dead engine behind a proxy whose own liveness still answers 200",
           "suites/test_smoke.py (health)"),
     # dynamo_evidence_stripped: at the fault gateway only (Dynamo targets; the vLLM stack has no nvext).
-    # model_unlisted, any_model, accepts_invalid, tool_choice_none_ignored: in sim/server.py on the vLLM stack, at
-    # the fault gateway in front of the real frontend on Dynamo targets (sim/gateway.py): one name, one defect.
+    # model_unlisted, accepts_invalid, tool_choice_none_ignored: in sim/server.py on the vLLM stack, at the fault
+    # gateway in front of the real frontend on Dynamo targets (deploy/gateway.py): one name, one defect.
+    # any_model: at the fault gateway only (vLLM refuses an unknown name 404 itself; on the vLLM stack the served
+    # unknown name is a LiteLLM catch-all route, proven with the real proxy).
     Fault("dynamo_evidence_stripped", "Dynamo targets: the answers carry no nvext (worker ids, timing) and the "
           "x-dynamo-* request headers (session id, worker pins) are dropped: DYN_DISABLE_FRONTEND_NVEXT=1 or an "
           "ingress that passes only standard headers and fields (at the fault gateway)",
           "suites/test_restart.py (affinity, prefix reuse, handoff, restart identity say not judged)"),
     Fault("model_unlisted", "/v1/models lists no model (the served name is missing)",
           "suites/test_smoke.py (model list)"),
-    Fault("any_model", "requests naming an unknown model are served instead of refused with 404",
+    Fault("any_model", "Dynamo targets: requests naming an unknown model are served instead of refused with 404 (a "
+          "catch-all route at the fault gateway)",
           "suites/test_smoke.py (unknown model is refused)"),
     Fault("accepts_invalid", "requests vLLM refuses with 400 (bad tool_choice, empty tools, unknown effort, "
           "chat_template_kwargs) are served instead", "suites/test_tools.py, suites/test_reasoning.py (invalid "
@@ -246,3 +249,13 @@ register(Fault("kv_events_off", "the Dynamo workers publish no KV events: the KV
 register(Fault("token_budget_missing", "the Dynamo workers register no token budget (reject_prompt_overflow): the "
                "frontend hands an over-long prompt to a worker, which serves it", "suites/test_smoke.py (over-long "
                "prompt is refused)"))
+
+# Dynamo pod replacement: a replaced prefill pod lands while the old pod's orphaned EngineCore still holds the GPUs,
+# so vLLM refuses to start ("Free memory on device ... is less than desired GPU memory utilization", the recorded
+# real refusal of fixtures/logs/rtxpro-startup-refused.log) and the kubelet restarts it again and again
+# (CrashLoopBackOff). Counted in boots as error_after_restart is: N = 3 spares the restart suite's two rolling
+# restarts and breaks the prefill pods test_model_leaves_and_returns_while_prefill_pods_gone deletes.
+register(Fault("prefill_crashloop", "the prefill workers booted by their pod's N-th replacement (default 1) and "
+               "later ones exit at boot with vLLM's free-memory refusal: the replaced prefill pods never register",
+               "suites/test_restart.py (the model returns after the prefill pods are replaced)", default=1.0,
+               takes_value=True))

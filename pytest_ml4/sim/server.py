@@ -353,12 +353,13 @@ class SimApp:
             return raw
 
     def _checked_tool_choice(self, req: Any, body: dict[str, Any]) -> Any:
-        """vLLM's request checks; the accepts_invalid / any_model faults serve what they would refuse."""
+        """vLLM's request checks; the accepts_invalid fault serves what they would refuse. (An unknown model served
+        is a proxy's or an ingress's defect, never vLLM's: fault any_model acts at the Dynamo fault gateway, and on
+        the vLLM stack the kill matrix proves it through the real LiteLLM proxy with a catch-all route.)"""
         try:
             tool_choice = check_request(req, self.ctx, body)
         except ApiError as e:
-            lenient = ((e.status == 400 and self.faults.has("accepts_invalid"))
-                       or (e.status == 404 and self.faults.has("any_model")))
+            lenient = e.status == 400 and self.faults.has("accepts_invalid")
             if not lenient:
                 raise
             tool_choice = "auto" if req.tools else "none"
