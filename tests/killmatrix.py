@@ -23,7 +23,6 @@ from glob import iglob
 from pathlib import Path
 from typing import Any
 
-
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR
 from pytest_ml4.targets import TargetError, read_yaml_strict
 

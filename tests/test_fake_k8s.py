@@ -287,12 +287,12 @@ class BootFailingBackend(ProcBackend):
 
     def __init__(self, log_file: Path) -> None:
         self.starts: list[float] = []
-        super().__init__(log_file)
         self.failing = False
+        super().__init__(log_file)
 
     def start(self) -> None:
         self.starts.append(time.monotonic())
-        if getattr(self, "failing", False):
+        if self.failing:
             raise RuntimeError("exited at boot with status 1")
         super().start()
 

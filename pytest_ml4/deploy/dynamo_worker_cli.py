@@ -15,13 +15,14 @@ import argparse
 import asyncio
 import os
 import signal
-import sys
 from typing import Any
 
 from pytest_ml4.deploy.sim_cli import target_and_faults
-from pytest_ml4.sim.faults import ActiveFaults
 from pytest_ml4.sim.dynamo_bridge import behaviour
 from pytest_ml4.sim.dynamo_worker import COMPONENTS, NAMESPACE, Worker, runtime_config
+from pytest_ml4.sim.faults import ActiveFaults
+from pytest_ml4.sim.logfmt import vllm_line
+from pytest_ml4.sim.server import LogWriter
 from pytest_ml4.targets import Target
 
 
@@ -98,17 +99,18 @@ def refuses_boot(role: str, faults: ActiveFaults, generation: int) -> bool:
 
 
 def log_boot_refusal(log_file: str | None, target: Target, role: str) -> None:
-    """The lines a real worker's log ends with when vLLM refuses to start, then the process exits 1."""
+    """The lines a real worker's log ends with when vLLM refuses to start (in the recorded lines' shape), written
+    once: the launcher sends this process's stderr to the same file."""
     engine = target.prefill_engine if role == "prefill" and target.prefill_engine else target.engine
     total = target.hardware.memory_per_gpu_gib
-    line = FREE_MEMORY_REFUSAL.format(free=total * (1 - ORPHAN_HELD_SHARE), total=total,
-                                      util=engine.gpu_memory_utilization, wanted=total * engine.gpu_memory_utilization)
-    text = (f"ERROR [multiproc_executor.py] WorkerProc failed to start.\n{line}\n"
-            f"ERROR [core.py] EngineCore failed to start.\n")
-    if log_file:
-        with open(log_file, "a") as fh:
-            fh.write(text)
-    print(text, end="", file=sys.stderr)
+    refusal = FREE_MEMORY_REFUSAL.format(free=total * (1 - ORPHAN_HELD_SHARE), total=total,
+                                         util=engine.gpu_memory_utilization,
+                                         wanted=total * engine.gpu_memory_utilization)
+    pid = os.getpid()
+    log = LogWriter(log_file, pid)
+    log.raw(vllm_line("Worker_TP0", pid, "ERROR", "multiproc_executor.py", 771, "WorkerProc failed to start."))
+    log.raw(refusal)
+    log.raw(vllm_line("EngineCore_DP0", pid, "ERROR", "core.py", 1102, "EngineCore failed to start."))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -244,11 +244,12 @@ def _restart_container(backend: Backend, old_log: ContainerLog | None, new_log: 
     start()
 
 
-def _started(container: Container, start: Callable[[], None]) -> None:
-    """Run ``start``; a process that fails to come up (it exits at boot, or its start wait gives up) puts the
-    container into back-off for the watchdog, as the kubelet does, instead of failing the thread that started it."""
+def _restart_or_back_off(container: Container, old_log: ContainerLog | None) -> None:
+    """Restart the container's process (:func:`_restart_container`); a process that fails to come up (it exits at
+    boot, or its start wait gives up) puts the container into back-off for the watchdog, as the kubelet does,
+    instead of failing the thread that started it."""
     try:
-        start()
+        _restart_container(container.backend, old_log, container.log)
     except Exception:  # noqa: BLE001 - any start failure of the backend is a container that did not start
         container.start_failed()
     else:
@@ -360,7 +361,7 @@ class FakeKubeAPI:
         try:
             for c, old_c in zip(new.containers, old.containers):
                 with self._restart_lock(c.backend):
-                    _started(c, lambda c=c, old_c=old_c: _restart_container(c.backend, old_c.log, c.log))
+                    _restart_or_back_off(c, old_c.log)
                 c.started = _now()
         finally:
             with self._lock:
@@ -376,7 +377,7 @@ class FakeKubeAPI:
         try:
             with self._restart_lock(container.backend):
                 if not container.backend.alive():  # a replacement may have restarted it meanwhile
-                    _started(container, lambda: _restart_container(container.backend, None, container.log))
+                    _restart_or_back_off(container, None)
         finally:
             with self._lock:
                 container.started = _now()
