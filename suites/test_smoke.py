@@ -15,7 +15,12 @@ import httpx
 import pytest
 import yaml
 
-from pytest_ml4.checks.expected import Expected, assert_answer_expected, expected_for
+from pytest_ml4.checks.expected import (
+    Expected,
+    answer_to_refuse,
+    assert_answer_expected,
+    expected_for,
+)
 from pytest_ml4.checks.health import (
     assert_dynamo_workers_registered,
     assert_endpoint_healthy,
@@ -150,7 +155,8 @@ def test_unknown_model_is_refused(ml4_target: Target, http_client: httpx.Client)
 def test_over_long_prompt_is_refused(ml4_target: Target, http_client: httpx.Client) -> None:
     # "hello " is one Tekken token; 10% over max_model_len guarantees the prompt alone exceeds the context.
     prompt = "hello " * int(ml4_target.engine.max_model_len * 1.1)
-    resp = http_client.post("/chat/completions", json=_chat_body(ml4_target, prompt, max_tokens=8), timeout=120)
+    body = _chat_body(ml4_target, prompt, max_tokens=8)
+    resp = answer_to_refuse(lambda: http_client.post("/chat/completions", json=body, timeout=120), "over-long prompt")
     assert_answer_expected(resp, _expect(ml4_target, "prompt_too_long"), "over-long prompt")
 
 

@@ -25,6 +25,7 @@ from pytest_ml4.checks.dynamo import (
 )
 from pytest_ml4.checks.expected import (
     Expected,
+    answer_to_refuse,
     assert_answer_expected,
     assert_served,
     expected_for,
@@ -61,8 +62,9 @@ from pytest_ml4.dynamo_versions import (
     tool_call_drop_cause,
     within_every_release,
 )
-from pytest_ml4.locations import data_file
+from pytest_ml4.guard import DeadlineExceeded
 from pytest_ml4.kv_load import EngineMetrics
+from pytest_ml4.locations import data_file
 from pytest_ml4.logs import FileLogReader, GrammarSchemaRefused, LogView
 from pytest_ml4.probe import parse_sse_lines
 from pytest_ml4.report.environment import read_environment
@@ -250,6 +252,19 @@ def test_vllm_rows_refuse_dynamos_answers(file: Path, case: str, answer: Any) ->
     """The old false positives: vLLM's wording and shape are not what Dynamo says."""
     with pytest.raises(AssertionError):
         assert_answer_expected(answer(), row(file, "vllm", case), case)
+
+
+def test_a_refusal_that_never_comes_says_the_prompt_is_being_computed() -> None:
+    """An over-long prompt still unanswered at its deadline is being prefilled (a front cut it to fit): the check
+    fails saying so, not with the transport's exception; an answer in time is passed on untouched."""
+    def stalled() -> httpx.Response:
+        raise DeadlineExceeded("http://127.0.0.1:9/v1/chat/completions: nothing arrived within 120 s")
+
+    with pytest.raises(AssertionError, match=r"^over-long prompt: not refused: no answer before the deadline, so "
+                                             r"the deployment is computing the prompt .*nothing arrived"):
+        answer_to_refuse(stalled, "over-long prompt")
+    refused = flat(400, "invalid request", "Bad Request")
+    assert answer_to_refuse(lambda: refused, "over-long prompt") is refused
 
 
 def test_unknown_model_match_is_case_insensitive_and_the_shape_is_checked() -> None:

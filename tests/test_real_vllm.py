@@ -76,6 +76,8 @@ ERRORS: dict[str, tuple[Any, dict[str, str] | None]] = {
     "tool_choice_without_tools": ({"messages": _user("hi"), "tool_choice": "required"}, None),
     "missing_key": ({"messages": _user("hi")}, {"Authorization": ""}),
     "wrong_key": ({"messages": _user("hi")}, {"Authorization": "Bearer sk-wrong"}),
+    # The tiny deployment's max_model_len is 16384 (pytest_ml4/data/vllm/tiny_model.yaml).
+    "truncation_over_context": ({"messages": _user("hi"), "truncate_prompt_tokens": 16385}, None),
 }
 
 
@@ -185,6 +187,21 @@ def test_error_answer_equals_real_vllm(clients: dict[str, httpx.Client], case: s
     got = {side: c.post("/v1/chat/completions", json=body, headers=headers) for side, c in clients.items()}
     assert got["sim"].status_code == got["real"].status_code, {k: v.text[:300] for k, v in got.items()}
     assert got["sim"].json() == got["real"].json(), case
+
+
+@pytest.mark.parametrize("truncate", [-1, 2048])
+def test_truncated_over_long_prompt_is_served_alike(clients: dict[str, httpx.Client], truncate: int) -> None:
+    """What a front adding ``truncate_prompt_tokens`` makes of an over-long prompt (the kill matrix's
+    proxy_truncates_prompts): real vLLM serves it cut to N tokens (-1: max_model_len - 1), and so must the
+    simulator, token for token."""
+    max_model_len = _target().engine.max_model_len
+    body = {"model": _target().serving.served_model_name, "messages": _user("hello " * (max_model_len * 11 // 10)),
+            "max_tokens": 4, "reasoning_effort": "none", "truncate_prompt_tokens": truncate}
+    got = {side: c.post("/v1/chat/completions", json=body) for side, c in clients.items()}
+    assert got["real"].status_code == got["sim"].status_code == 200, {k: v.text[:300] for k, v in got.items()}
+    prompt_tokens = {side: r.json()["usage"]["prompt_tokens"] for side, r in got.items()}
+    assert prompt_tokens["sim"] == prompt_tokens["real"], prompt_tokens
+    assert prompt_tokens["real"] == (max_model_len - 1 if truncate < 0 else truncate)
 
 
 def test_malformed_json_is_rejected_alike(clients: dict[str, httpx.Client]) -> None:

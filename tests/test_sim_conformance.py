@@ -255,6 +255,29 @@ def test_prompt_of_exactly_max_model_len_gets_the_engine_wording(http: httpx.Cli
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 1
 
 
+@pytest.mark.parametrize(("truncate", "kept"), [(-1, 4095), (1000, 1000)])
+def test_truncate_prompt_tokens_serves_an_over_long_prompt_cut(http: httpx.Client, truncate: int, kept: int) -> None:
+    """vLLM 0.32's TokenizeParams: N keeps N prompt tokens, -1 keeps max_model_len - 1 (room for one output token);
+    the character pre-check does not refuse a prompt that asks to be cut. A 6000-token prompt is served."""
+    r = _chat(http, {"messages": [{"role": "user", "content": _words_for_tokens(6000)}], "max_tokens": 8,
+                     "reasoning_effort": "none", "truncate_prompt_tokens": truncate})
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    assert usage["prompt_tokens"] == kept
+    assert usage["completion_tokens"] == min(8, 4096 - kept)
+    over_chars = _chat(http, {"messages": [{"role": "user", "content": "x " * 40000}], "max_tokens": 1,
+                              "truncate_prompt_tokens": truncate})
+    assert over_chars.status_code == 200, over_chars.text
+
+
+def test_truncate_prompt_tokens_over_the_context_is_refused(http: httpx.Client) -> None:
+    r = _chat(http, {"messages": [{"role": "user", "content": "hi"}], "truncate_prompt_tokens": 4097})
+    assert (r.status_code, r.json()) == (400, {"error": {
+        "message": "truncate_prompt_tokens=4097 cannot be greater than max_model_len = 4096. Please request a "
+                   "smaller truncation size. (parameter=truncate_prompt_tokens, value=4097)",
+        "type": "BadRequestError", "param": "truncate_prompt_tokens", "code": 400}})
+
+
 def test_unknown_model_404(http: httpx.Client) -> None:
     r = _chat(http, {"model": "foo", "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 404

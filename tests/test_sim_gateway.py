@@ -37,7 +37,7 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 def test_only_gateway_faults_start_a_gateway() -> None:
     assert gateway_faults(["error_rate=1", "tool_parser_off"]) == []
     assert gateway_faults(["any_model", "error_rate=1", "model_unlisted"]) == ["any_model", "model_unlisted"]
-    assert gateway_faults(["prompt_trimmed", "token_budget_missing"]) == []
+    assert gateway_faults(["served_max_model_len=131072", "token_budget_missing"]) == []
 
 
 def test_any_model_routes_every_name_to_the_served_one() -> None:

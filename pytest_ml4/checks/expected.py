@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from pytest_ml4.client import decode_json, quote_body
+from pytest_ml4.guard import DeadlineExceeded
 from pytest_ml4.probe import StreamResult
 
 ACCEPTED = 200
@@ -153,6 +154,20 @@ def _shape_problems(body: Any, code: int, shape: str | None) -> list[str]:
     if missing:
         return [f"flat error body lacks {sorted(missing)}: {body}"]
     return [] if body.get("code") == code else [f"code {body.get('code')!r} is not the HTTP status {code}"]
+
+
+def answer_to_refuse(send: Callable[[], httpx.Response], what: str) -> httpx.Response:
+    """The answer to a request the deployment must refuse at validation, before any prefill.
+
+    A refusal costs the engine no GPU work, so a request still unanswered at its deadline is being computed: an
+    over-long prompt a front cut to fit (``truncate_prompt_tokens`` added by a proxy) and prefilled in full. Said
+    as that, not as a transport error; LiteLLM holds the response headers until the first token, so a stream
+    would not answer sooner."""
+    try:
+        return send()
+    except DeadlineExceeded as e:
+        raise AssertionError(f"{what}: not refused: no answer before the deadline, so the deployment is computing "
+                             f"the prompt instead of refusing it ({e})") from None
 
 
 def assert_answer_expected(resp: httpx.Response | StreamResult, expected: Expected, what: str) -> Any:

@@ -106,7 +106,7 @@ class GatewayFault:
     health_page: str | None = None
 
 
-#: The faults the gateway acts on (names from :mod:`pytest_ml4.sim.faults`). Not ``prompt_trimmed``: the real
+#: The faults the gateway acts on (names from :mod:`pytest_ml4.sim.faults`). No prompt-trimming fault: the real
 #: frontend's over-long-prompt answer is owned by the token budget the workers register, and a worker without one
 #: (``token_budget_missing``, recorded real behaviour) is the honest kill; a trimming gateway would be reported
 #: under that check's "no token budget" deviation, a cause it does not have.

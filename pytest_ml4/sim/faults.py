@@ -79,10 +79,12 @@ _DEFINITIONS: tuple[Fault, ...] = (
           "served: a dead engine behind a proxy whose own liveness still answers 200",
           "suites/test_smoke.py (health)"),
     # dynamo_evidence_stripped: at the fault gateway only (Dynamo targets; the vLLM stack has no nvext).
-    # model_unlisted, accepts_invalid, tool_choice_none_ignored: in sim/server.py on the vLLM stack, at the fault
-    # gateway in front of the real frontend on Dynamo targets (deploy/gateway.py): one name, one defect.
-    # any_model: at the fault gateway only (vLLM refuses an unknown name 404 itself; on the vLLM stack the served
-    # unknown name is a LiteLLM catch-all route, proven with the real proxy).
+    # model_unlisted, accepts_invalid: in sim/server.py on the vLLM stack, at the fault gateway in front of the real
+    # frontend on Dynamo targets (deploy/gateway.py): one name, one defect.
+    # any_model, tool_choice_none_ignored: at the fault gateway only. vLLM refuses an unknown name 404 and obeys
+    # tool_choice 'none' itself; on the vLLM stack these defects live in the proxy's config (a catch-all route,
+    # tool_choice among additional_drop_params) and are proven with the real LiteLLM proxy, as is an over-long
+    # prompt served (truncate_prompt_tokens added to every request: the simulator truncates as vLLM does).
     Fault("dynamo_evidence_stripped", "Dynamo targets: the answers carry no nvext (worker ids, timing) and the "
           "x-dynamo-* request headers (session id, worker pins) are dropped: DYN_DISABLE_FRONTEND_NVEXT=1 or an "
           "ingress that passes only standard headers and fields (at the fault gateway)",
@@ -99,7 +101,8 @@ _DEFINITIONS: tuple[Fault, ...] = (
           "suites/test_smoke.py (wrong API key is refused)"),
     Fault("min_tokens_ignored", "min_tokens is ignored: answers end at their natural EOS",
           "suites/test_osl.py, suites/test_perf.py (fixed output length)"),
-    Fault("tool_choice_none_ignored", "tool_choice 'none' is treated as 'auto': the model calls tools anyway",
+    Fault("tool_choice_none_ignored", "Dynamo targets: tool_choice 'none' is dropped before the frontend, which "
+          "then treats the request as 'auto': the model calls tools anyway (at the fault gateway)",
           "suites/test_tools.py (tool_choice is obeyed)"),
     Fault("served_max_model_len", "the engine serves a context of N tokens (default 131072) whatever max_model_len "
           "the target states: its --max-model-len drifted from the declared one", "suites/test_smoke.py "
@@ -108,8 +111,6 @@ _DEFINITIONS: tuple[Fault, ...] = (
           "tokenizers before v15, vllm.md 3.1): the model thinks at its default length", "suites/test_reasoning.py "
           "(each reasoning effort: none)"),
     Fault("metrics_unreadable", "/metrics answers 500", "suites/test_kv_cache.py (KV pool cross-check, peak usage)"),
-    Fault("prompt_trimmed", "every message is cut to 4000 characters before the engine sees it (a front that trims "
-          "over-long prompts instead of refusing them)", "suites/test_smoke.py (over-long prompt is refused)"),
     Fault("truncate_on_stop", "on SIGTERM, open streams are closed at once with neither finish_reason, [DONE] nor "
           "an error event (silent truncation); a Dynamo worker stops yielding without a finish", "suites/test_restart.py (in-flight streams end detectably)"),
 )

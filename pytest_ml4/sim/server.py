@@ -42,6 +42,7 @@ from pytest_ml4.sim.validation import (
     grammar_terminated,
     parse_chat,
     resolve_max_tokens,
+    truncate_prompt,
 )
 from pytest_ml4.targets import Target
 from pytest_ml4.tokenizer import (
@@ -61,8 +62,6 @@ _REASONING_FIELDS = ("reasoning", "reasoning_content", "both")
 DEFAULT_DRAIN_S = 8.0
 #: What aiohttp gives a handler still open once the drain is over before cancelling it.
 SHUTDOWN_GRACE_S = 1.0
-#: What the prompt_trimmed fault leaves of each message.
-PROMPT_TRIM_CHARS = 4000
 #: uvicorn sets no body limit; 1 GiB lets the character pre-check answer even for 1M-token contexts.
 MAX_BODY_BYTES = 1024 * 1024 * 1024
 
@@ -301,10 +300,10 @@ class SimApp:
     # ------------------------------------------------------------------ chat
     async def chat(self, request: web.Request) -> web.StreamResponse:
         try:
-            body, req = parse_chat(await self._request_bytes(request))
+            body, req = parse_chat(await request.read())
             tool_choice = self._checked_tool_choice(req, body)
-            check_prompt_chars(prompt_text_len(body), self.ctx, self.max_chars_per_token)
-            prompt_ids = self._prompt_ids(body)
+            check_prompt_chars(prompt_text_len(body), self.ctx, self.max_chars_per_token, req.truncate_prompt_tokens)
+            prompt_ids = truncate_prompt(self._prompt_ids(body), req, self.ctx)
             max_tokens, requested = resolve_max_tokens(req, len(prompt_ids), self.ctx)
             if self._scheduled_error():
                 self.metrics.inc("vllm:request_success", finished_reason="error")
@@ -337,25 +336,11 @@ class SimApp:
         return _json(self._body(out, ids, keep_parallel, forced, finish, req_id, len(prompt_ids),
                                 req.include_reasoning, seq.cached_tokens if self.prompt_details else None))
 
-    async def _request_bytes(self, request: web.Request) -> bytes:
-        """The request body; prompt_trimmed cuts every message to PROMPT_TRIM_CHARS first (a front that trims
-        over-long prompts, like LiteLLM's trim_messages, instead of letting the engine refuse them)."""
-        raw = await request.read()
-        if not self.faults.has("prompt_trimmed"):
-            return raw
-        try:
-            body = json.loads(raw)
-            for m in body.get("messages") or []:
-                if isinstance(m.get("content"), str):
-                    m["content"] = m["content"][:PROMPT_TRIM_CHARS]
-            return json.dumps(body).encode()
-        except (ValueError, AttributeError, TypeError):
-            return raw
-
     def _checked_tool_choice(self, req: Any, body: dict[str, Any]) -> Any:
-        """vLLM's request checks; the accepts_invalid fault serves what they would refuse. (An unknown model served
-        is a proxy's or an ingress's defect, never vLLM's: fault any_model acts at the Dynamo fault gateway, and on
-        the vLLM stack the kill matrix proves it through the real LiteLLM proxy with a catch-all route.)"""
+        """vLLM's request checks; the accepts_invalid fault serves what they would refuse. (An unknown model served,
+        tool_choice 'none' ignored or an over-long prompt cut are a proxy's or an ingress's defects, never vLLM's:
+        faults any_model and tool_choice_none_ignored act at the Dynamo fault gateway, and on the vLLM stack the
+        kill matrix proves them through the real LiteLLM proxy with recorded broken configs.)"""
         try:
             tool_choice = check_request(req, self.ctx, body)
         except ApiError as e:
@@ -363,8 +348,6 @@ class SimApp:
             if not lenient:
                 raise
             tool_choice = "auto" if req.tools else "none"
-        if tool_choice == "none" and req.tools and self.faults.has("tool_choice_none_ignored"):
-            tool_choice = "auto"
         return tool_choice
 
     def _scheduled_error(self) -> bool:

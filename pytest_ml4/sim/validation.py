@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pytest_ml4.tokenizer import REASONING_EFFORTS
 
@@ -83,6 +83,8 @@ class ChatRequest(BaseModel):
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
     stop: str | list[str] | None = None
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
 
 
 def _sanitize_input(value: Any) -> Any:
@@ -175,9 +177,13 @@ def check_request(req: ChatRequest, ctx: Context, raw: dict[str, Any] | None = N
     return tool_choice
 
 
-def check_prompt_chars(text_len: int, ctx: Context, max_chars_per_token: int) -> None:
+def check_prompt_chars(text_len: int, ctx: Context, max_chars_per_token: int,
+                       truncate_prompt_tokens: int | None = None) -> None:
     """0.33's character pre-check (``_text_len_check``, vllm.md §6.3): a prompt with more characters than
-    ``max_model_len`` tokens could ever hold is refused before it is tokenised at all."""
+    ``max_model_len`` tokens could ever hold is refused before it is tokenised at all, unless the request asks
+    for truncation (then the tokens are cut instead, :func:`truncate_prompt`)."""
+    if truncate_prompt_tokens is not None:
+        return
     max_input_chars = ctx.max_model_len * max_chars_per_token
     if text_len > max_input_chars:
         raise vllm_validation(
@@ -185,6 +191,33 @@ def check_prompt_chars(text_len: int, ctx: Context, max_chars_per_token: int) ->
             f"{text_len} characters (more than {max_input_chars} characters, which is the upper bound for "
             f"{ctx.max_model_len} input tokens). Please reduce the length of the input prompt.", "input_text",
             text_len, with_value=True)
+
+
+#: The side a Mistral tokenizer truncates from when the request names none: vLLM asks the tokenizer
+#: (``MistralTokenizer.truncation_side`` is its transformers tokenizer's), and transformers' default is "right".
+#: The side decides which tokens remain, never whether the request is served.
+DEFAULT_TRUNCATION_SIDE = "right"
+
+
+def truncate_prompt(prompt_ids: list[int], req: ChatRequest, ctx: Context) -> list[int]:
+    """vLLM 0.32's prompt truncation (``TokenizeParams`` in ``vllm/renderers/params.py``): ``truncate_prompt_tokens``
+    N keeps N tokens of the rendered prompt, -1 keeps ``max_model_len - 1`` (one token of room for output); N over
+    ``max_model_len`` is refused. Served where it cuts: a front that adds it to every request (a proxy's
+    ``litellm_params``) turns vLLM's refusal of an over-long prompt into an answer to a prompt the client never
+    sent."""
+    keep = req.truncate_prompt_tokens
+    if keep is None:
+        return prompt_ids
+    if keep > ctx.max_model_len:
+        raise vllm_validation(f"truncate_prompt_tokens={keep} cannot be greater than max_model_len = "
+                              f"{ctx.max_model_len}. Please request a smaller truncation size.",
+                              "truncate_prompt_tokens", keep, with_value=True)
+    if keep < 0:
+        keep = max(0, ctx.max_model_len - 1)
+    if keep >= len(prompt_ids):
+        return prompt_ids
+    side = req.truncation_side or DEFAULT_TRUNCATION_SIDE
+    return prompt_ids[len(prompt_ids) - keep:] if side == "left" else prompt_ids[:keep]
 
 
 def engine_prompt_too_long(prompt_tokens: int, max_model_len: int) -> ApiError:
