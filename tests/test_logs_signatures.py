@@ -32,6 +32,7 @@ from pytest_ml4.logs.signatures import CatalogueError, parse_catalogue
 
 LOGS = FIXTURES_DIR / "logs"
 EXPECTED: dict[str, dict[str, int]] = yaml.safe_load((LOGS / "expected.yaml").read_text())
+PROVENANCE: dict[str, list[str]] = yaml.safe_load((LOGS / "provenance.yaml").read_text())
 SEED_OOM = ("MemoryError: CUDA out of memory. Tried to allocate 792.00 MiB. GPU 0 has a total capacity of 95.06 GiB "
             "of which 751.25 MiB is free.")
 
@@ -48,9 +49,32 @@ def test_each_excerpt_matches_exactly_the_expected_signatures(name: str) -> None
     assert dict(counts) == EXPECTED[name]
 
 
-def test_every_signature_is_exercised_by_a_recorded_excerpt() -> None:
+def test_every_signature_is_exercised_by_an_excerpt() -> None:
     covered = {sig for counts in EXPECTED.values() for sig in counts}
     assert {s.name for s in load_catalogue().signatures} <= covered
+
+
+def test_every_excerpt_says_whether_its_lines_were_recorded() -> None:
+    recorded, reconstructed = set(PROVENANCE["recorded"]), set(PROVENANCE["reconstructed"])
+    assert not recorded & reconstructed
+    assert recorded | reconstructed == set(EXPECTED)
+
+
+def test_a_signature_no_recorded_line_matches_says_why() -> None:
+    """A regex proven only on lines written from prose or format strings proves what we wrote (finding 10): such a
+    signature carries ``unrecorded``, and one a recorded line matches must not (the note would be stale)."""
+    matched = {sig for name in PROVENANCE["recorded"] for sig in EXPECTED[name]}
+    for s in load_catalogue().signatures:
+        problem = ("a recorded line matches it: drop its unrecorded note" if s.unrecorded else
+                   "no recorded excerpt matches it, and it has no unrecorded reason")
+        assert (s.name in matched) != bool(s.unrecorded), f"{s.name}: {problem}"
+
+
+def test_real_vllm_0_32_banner_starts_a_boot() -> None:
+    """Real vLLM 0.32 prints an ASCII banner, not 0.33's "vLLM API server version" line: its version row marks the
+    boot (recorded: reference/real-vllm-0.32-cpu-transcripts/startup_final_eager_scripted.log line 7)."""
+    start = view("real-transcript-lines.log").first(ServerStart)
+    assert start is not None and start.version == "0.32.0"
 
 
 def test_every_signature_names_its_meaning_and_source() -> None:

@@ -43,6 +43,8 @@ class Signature:
     window: int = 40
     supersedes: tuple[str, ...] = ()
     boot_marker: int = 0
+    #: Why no real log line this project holds is known to match (fixtures/logs/provenance.yaml); empty: one is.
+    unrecorded: str = ""
 
     def search(self, text: str) -> re.Match[str] | None:
         # The literal hints skip the regex on the vast majority of lines.
@@ -75,7 +77,8 @@ def _compile(entry: dict[str, Any], where: str) -> Signature:
     return Signature(name=entry["name"], event=entry["event"], severity=entry["severity"], regex=regex,
                      meaning=" ".join(str(entry["meaning"]).split()), source=" ".join(str(entry["source"]).split()),
                      hints=tuple(entry.get("hints") or ()), context=context, window=int(entry.get("window", 40)),
-                     supersedes=tuple(entry.get("supersedes") or ()), boot_marker=int(entry.get("boot_marker", 0)))
+                     supersedes=tuple(entry.get("supersedes") or ()), boot_marker=int(entry.get("boot_marker", 0)),
+                     unrecorded=" ".join(str(entry.get("unrecorded") or "").split()))
 
 
 class Catalogue:
