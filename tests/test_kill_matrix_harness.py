@@ -21,6 +21,7 @@ from killmatrix import (
     load_matrix,
     plan_kill_run,
     read_junit,
+    run_bounded,
     run_suites,
 )
 
@@ -194,3 +195,25 @@ def test_a_nightly_profile_is_read_with_its_reason(tmp_path: Path) -> None:
     m = load_matrix("gb300-disagg", tmp_path)
     assert set(m.nightly) == {"offline", "fast", "real"} and all(m.nightly.values()), m.nightly
     assert load_matrix("rtxpro6000-tp8", tmp_path).nightly == {}
+
+
+CLEANS_UP_ON_SIGTERM = """
+import signal, sys, time
+def stop(*_):
+    open(sys.argv[1], "w").write("cleaned up")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+print("started", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_run_past_its_limit_is_stopped_with_sigterm_first(tmp_path: Path) -> None:
+    """SIGKILL would skip the run's own clean-up and leave its deployment running: the run gets SIGTERM first,
+    and the failure names the limit."""
+    marker = tmp_path / "marker"
+    with pytest.raises(AssertionError, match=r"^the run passed its 2 s limit and was stopped \(SIGTERM"):
+        run_bounded([sys.executable, "-c", CLEANS_UP_ON_SIGTERM, str(marker)], tmp_path, 2, grace_s=20)
+    assert marker.read_text() == "cleaned up"
+    done = run_bounded([sys.executable, "-c", "print('ok')"], tmp_path, 30)
+    assert (done.returncode, done.stdout) == (0, "ok\n")
