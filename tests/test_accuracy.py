@@ -20,10 +20,10 @@ from checkout import FIXTURES_DIR, REPO_ROOT
 from pytest_ml4.accuracy.bfcl import CategoryError, load, resolve_categories
 from pytest_ml4.accuracy.data import Item
 from pytest_ml4.accuracy.guard import engine_config_unread, synthetic_acceptance
-from pytest_ml4.deploy.simulator import SimServer
-from pytest_ml4.logs import FileLogReader, LogView
 from pytest_ml4.accuracy.score import score_reply
 from pytest_ml4.accuracy.stats import drop_z, items_needed, wilson
+from pytest_ml4.deploy.simulator import SimServer
+from pytest_ml4.logs import FileLogReader, LogView
 from pytest_ml4.sim.faults import ActiveFaults
 from pytest_ml4.sim.responder import plan_response
 from pytest_ml4.targets import load_target
