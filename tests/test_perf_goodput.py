@@ -1,7 +1,7 @@
 """The goodput gate against the simulator: a fault that slows only the tail fails it while the P50 gates pass, and
 the healthy deployment (the control) passes it.
 
-The fault ``tail_slow=0.1`` makes every 10th request an engine admits decode 4x slower: its ITL leaves the SLO, the
+The fault ``tail_slow=0.1`` makes every 10th request an engine admits decode 10x slower: its ITL leaves the SLO, the
 median request is untouched. Both runs use the suite's own workload spec (Poisson arrivals at the target's
 production rate, aiperf's ``--goodput``) and the suite's gate code; aiperf's good count is checked against one
 counted here from the per-request export, so the gate is not judged by a figure only aiperf computed.

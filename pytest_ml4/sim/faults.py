@@ -54,7 +54,7 @@ _DEFINITIONS: tuple[Fault, ...] = (
           default=3.0, takes_value=True),
     Fault("ttft_spike", "S seconds added to every time to first token (default 5)",
           "suites/test_perf.py (TTFT gates)", default=5.0, takes_value=True),
-    Fault("tail_slow", "a share P of requests (every round(1/P)-th one an engine admits; default 0.1) decodes 4x "
+    Fault("tail_slow", "a share P of requests (every round(1/P)-th one an engine admits; default 0.1) decodes 10x "
           "slower: the latency tail grows, the median does not", "suites/test_perf.py (goodput under SLOs; the "
           "P50 gates pass)", default=0.1, takes_value=True),
     Fault("prefix_cache_off", "the engine never serves a prompt block from its prefix cache (as with "

@@ -52,7 +52,9 @@ _MAX_RATE = 0.999
 # A request's acceptance factor stays within these bounds: position 3 (0.69) then stays near the seed's 0.61 floor.
 _SCALE_BOUNDS = (0.8, 1.2)
 #: Fault ``tail_slow``: how much slower the slowed share decodes (far past any ITL SLO, the median untouched).
-TAIL_SLOW_FACTOR = 4
+#: 10, not 4: VR200's 6.5 ms ITL times 4 stays under the workloads' 30 ms SLO, so the kill failed only when a
+#: loaded machine added the rest (a vr200-disagg nightly run passed the goodput gate under it).
+TAIL_SLOW_FACTOR = 10
 
 
 @dataclass(frozen=True)
