@@ -120,10 +120,11 @@ def _handoff_problems(turn: Turn, by_id: dict[Any, dict[str, Any]]) -> list[str]
     problems = []
     if p is None or d is None or p == d:
         problems.append(f"prefill_worker_id={p} decode_worker_id={d}: no separate prefill (aggregated serving?)")
-    if p is not None and p not in by_id:
-        problems.append(f"prefill worker {p} is not an instance the frontend lists")
-    elif p is not None and "prefill" not in str(by_id[p].get("component", "")):
-        problems.append(f"prefill worker {p} belongs to component {by_id[p].get('component')!r}")
+    if p is not None:
+        if p not in by_id:
+            problems.append(f"prefill worker {p} is not an instance the frontend lists")
+        elif "prefill" not in str(by_id[p].get("component", "")):
+            problems.append(f"prefill worker {p} belongs to component {by_id[p].get('component')!r}")
     if d is not None and d not in by_id:
         problems.append(f"decode worker {d} is not an instance the frontend lists")
     return problems

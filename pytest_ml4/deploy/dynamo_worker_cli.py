@@ -95,7 +95,7 @@ ORPHAN_HELD_SHARE = 0.62
 
 def refuses_boot(role: str, faults: ActiveFaults, generation: int) -> bool:
     """Fault ``prefill_crashloop=N``: a prefill worker booted by its pod's N-th replacement or later."""
-    return role == "prefill" and faults.has("prefill_crashloop") and generation >= faults.value("prefill_crashloop")
+    return role == "prefill" and faults.from_restart("prefill_crashloop", generation)
 
 
 def log_boot_refusal(log_file: str | None, target: Target, role: str) -> None:

@@ -242,8 +242,7 @@ class Worker:
     def broken_by_restart(self) -> bool:
         """``error_after_restart=N``: the engine booted by the N-th restart (and later ones) fails every request,
         while its /health still says ready (a restart that picked up a broken image or config)."""
-        faults = self.app.faults
-        return faults.has("error_after_restart") and self.generation >= faults.value("error_after_restart")
+        return self.app.faults.from_restart("error_after_restart", self.generation)
 
     def publish_kv_events(self, publisher: Any) -> None:
         self.kv_events = KvEvents(publisher, self.target.engine.block_size)

@@ -165,6 +165,11 @@ class ActiveFaults:
         spec = self._by_name.get(name)
         return default if spec is None or spec.value is None else spec.value
 
+    def from_restart(self, name: str, generation: int) -> bool:
+        """Fault ``name=N`` holds for an engine the N-th restart of its process (or pod) booted, or a later one
+        (``generation``: 0 for the first start); the faults that break only a restarted engine read it."""
+        return self.has(name) and generation >= self.value(name)
+
     def __bool__(self) -> bool:
         return bool(self.specs)
 

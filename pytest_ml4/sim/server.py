@@ -353,7 +353,7 @@ class SimApp:
     def _scheduled_error(self) -> bool:
         """error_rate: a random fraction; error_every=K: the 1st, K+1th, 2K+1th ... request (deterministic)."""
         self.chat_requests += 1
-        if self.faults.has("error_after_restart") and self.cfg.generation >= self.faults.value("error_after_restart"):
+        if self.faults.from_restart("error_after_restart", self.cfg.generation):
             return True  # only the engine the N-th restart booted is broken
         if self.faults.has("error_every"):
             every = max(1, int(self.faults.value("error_every")))
