@@ -22,6 +22,7 @@ from pytest_ml4.logs.events import (
     EVENT_TYPES,
     AvailableKvMemory,
     CudaOom,
+    EngineArgsLogged,
     EngineFailure,
     GrammarKill,
     GrammarSchemaRefused,
@@ -48,7 +49,7 @@ from pytest_ml4.logs.signatures import Catalogue, Signature, load_catalogue
 from pytest_ml4.targets import Target
 
 __all__ = [
-    "EVENT_TYPES", "AvailableKvMemory", "Catalogue", "CudaOom", "EngineFailure", "FileLogReader", "GrammarKill", "GrammarSchemaRefused",
+    "EVENT_TYPES", "AvailableKvMemory", "Catalogue", "CudaOom", "EngineArgsLogged", "EngineFailure", "FileLogReader", "GrammarKill", "GrammarSchemaRefused",
     "HealthCanaryFailure", "JournaldLogReader", "KvCacheSize", "KvMaxConcurrency", "KvTransferFailure", "LogEvent",
     "LogReadError", "LogReader", "LogRecord", "LogView", "NoKvMemory", "ServerStart", "Signature",
     "SpecDecodeMetrics", "StartupRefused", "StatsLine", "SymmMemUnsupported", "load_catalogue", "parse_events",

@@ -8,6 +8,7 @@ the failures, and an excerpt around matched lines to quote and attach.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
 from collections.abc import Sequence
@@ -251,10 +252,26 @@ class SpeculativeSetting(LogEvent):
         return "synthetic" in self.spec.lower()
 
 
+@dataclass(frozen=True, kw_only=True)
+class EngineArgsLogged(LogEvent):
+    """vLLM's ``non-default args`` line as a dict (Python's repr, read with ``ast.literal_eval``: never executed);
+    empty when the repr holds something that is not a literal."""
+
+    args: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+
+    @classmethod
+    def fields_from(cls, g: dict[str, str]) -> dict[str, Any]:
+        try:
+            parsed = ast.literal_eval(g.get("args", ""))
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return {}
+        return {"args": parsed} if isinstance(parsed, dict) else {}
+
+
 EVENT_TYPES: dict[str, type[LogEvent]] = {c.__name__: c for c in (
     CudaOom, StartupRefused, NoKvMemory, EngineFailure, GrammarKill, GrammarSchemaRefused, SymmMemUnsupported, KvCacheSize,
     KvMaxConcurrency, AvailableKvMemory, StatsLine, SpecDecodeMetrics, KvTransferFailure, HealthCanaryFailure,
-    ServerStart, SpeculativeSetting)}
+    ServerStart, SpeculativeSetting, EngineArgsLogged)}
 E = TypeVar("E", bound=LogEvent)
 
 

@@ -1,0 +1,260 @@
+"""A target being written: each field's value with where it came from, filled source by source.
+
+A field keeps the first value offered (:meth:`Draft.offer`): the sources are applied in the order of
+``pytest_ml4/data/discover/fields.yaml`` (flags, /v1/models, /metrics, /health, the engine log), and a required
+field none of them showed gets its estimate last. Which source sets which field is that table, not code.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, TypeAdapter
+
+from pytest_ml4.control.dynamo import role_instance_ids
+from pytest_ml4.discover.probe import DiscoverError, Shown
+from pytest_ml4.locations import data_file
+from pytest_ml4.logs import EngineArgsLogged, LogView
+from pytest_ml4.targets import Engine, Hardware, Serving, Target, Topology
+
+FIELDS_FILE = data_file("discover", "fields.yaml")
+HARDWARE_FILE = data_file("discover", "hardware.yaml")
+
+#: The model class of each section, to give a value the field's type (a label "64" becomes 64).
+SECTIONS: dict[str, type[BaseModel]] = {"engine": Engine, "hardware": Hardware, "serving": Serving,
+                                        "topology": Topology}
+
+
+@cache
+def fields_table() -> dict[str, Any]:
+    return dict(yaml.safe_load(FIELDS_FILE.read_text(encoding="utf-8")))
+
+
+@cache
+def hardware_table() -> dict[str, dict[str, Any]]:
+    return dict(yaml.safe_load(HARDWARE_FILE.read_text(encoding="utf-8"))["families"])
+
+
+@dataclass(frozen=True)
+class Value:
+    value: Any
+    source: str
+
+    @property
+    def estimated(self) -> bool:
+        return self.source.startswith("estimate")
+
+
+@dataclass
+class Draft:
+    """Dotted field path -> :class:`Value`, in the order fields were first offered."""
+
+    values: dict[str, Value] = field(default_factory=dict)
+
+    def offer(self, path: str, value: Any, source: str) -> None:
+        """Set ``path`` unless an earlier source already did; the value takes the model field's type."""
+        if path not in self.values:
+            self.values[path] = Value(typed(path, value), source)
+
+    def get(self, path: str, default: Any = None) -> Any:
+        v = self.values.get(path)
+        return v.value if v is not None else default
+
+    def estimated(self) -> list[tuple[str, Value]]:
+        return [(p, v) for p, v in self.values.items() if v.estimated]
+
+
+def typed(path: str, value: Any) -> Any:
+    """``value`` as the target model's field at ``path`` types it (strings from Prometheus labels)."""
+    section, _, name = path.partition(".")
+    model = SECTIONS.get(section)
+    info = model.model_fields.get(name) if model is not None and "." not in name else None
+    if info is None or value is None or isinstance(value, (dict, list)):
+        return value  # a section (speculative) stays a mapping for the YAML
+    try:
+        return TypeAdapter(info.annotation).validate_python(value)
+    except ValueError:
+        return value  # the loader names the field when the whole file is validated
+
+
+# ------------------------------------------------------------------------------------------------ flags
+def from_hardware(draft: Draft, family: str, gpus: int, gpu: str | None, memory_gib: float | None,
+                  bandwidth_tb_s: float | None) -> None:
+    draft.offer("hardware.family", family, "flag --hardware")
+    draft.offer("hardware.count", gpus, "flag --gpus")
+    if gpu:
+        draft.offer("hardware.gpu", gpu, "flag --gpu")
+    if memory_gib:
+        draft.offer("hardware.memory_per_gpu_gib", memory_gib, "flag --gpu-memory-gib")
+    if bandwidth_tb_s:
+        draft.offer("hardware.memory_bandwidth_tb_s", bandwidth_tb_s, "flag --bandwidth-tb-s")
+    row = hardware_table().get(family)
+    if row is None:
+        missing = [flag for flag, path in (("--gpu NAME", "hardware.gpu"),
+                                           ("--gpu-memory-gib GIB", "hardware.memory_per_gpu_gib"),
+                                           ("--bandwidth-tb-s TBS", "hardware.memory_bandwidth_tb_s"))
+                   if path not in draft.values]
+        if missing:
+            raise DiscoverError(f"--hardware {family}: no figures for this family in {HARDWARE_FILE} (known: "
+                                f"{', '.join(sorted(hardware_table()))}); pass {' '.join(missing)}")
+        row = {"interconnect": "unknown", "compute_capability": "unknown"}
+    for name, value in row.items():
+        draft.offer(f"hardware.{name}", value, f"estimate: {family} spec sheet ({HARDWARE_FILE.name})")
+    if gpus > 8:
+        draft.offer("hardware.nodes", math.ceil(gpus / 8), "estimate: 8 GPUs a node")
+
+
+# ------------------------------------------------------------------------------------------------ endpoint
+def served_card(shown: Shown, model: str | None) -> dict[str, Any]:
+    """The model card the target is about: ``--model``, else the only (first) one listed."""
+    if model is None:
+        return shown.models[0]
+    for card in shown.models:
+        if card.get("id") == model:
+            return card
+    listed = ", ".join(str(c.get("id")) for c in shown.models)
+    raise DiscoverError(f"--model {model}: {shown.models_url} does not list it (listed: {listed})")
+
+
+def from_models(draft: Draft, shown: Shown, card: dict[str, Any]) -> None:
+    src = f"discovered: {shown.models_url}"
+    draft.offer("serving.served_model_name", card["id"], src)
+    for key in fields_table()["models_context_keys"]:
+        if isinstance(card.get(key), int):
+            draft.offer("engine.max_model_len", card[key], f"{src} ({key})")
+    if isinstance(card.get("root"), str) and card["root"]:
+        draft.offer("engine.model_path", card["root"], f"{src} (root)")
+    if shown.requires_key is not None:
+        answer = "refused" if shown.requires_key else "answered"
+        draft.offer("endpoint.requires_api_key", shown.requires_key, f"{src} {answer} a request without the key")
+    if shown.version:
+        draft.offer("engine.version", shown.version, f"discovered: {shown.version_url}")
+
+
+def from_metrics(draft: Draft, shown: Shown, served: str) -> None:
+    snap = shown.metrics
+    if snap is None:
+        return
+    table = fields_table()
+    for family, path in table["metric_gauges"].items():
+        samples = snap.samples(family, model=served) or snap.samples(family)
+        if samples:
+            draft.offer(path, samples[0].value, f"discovered: {shown.metrics_url} {family}")
+    info = snap.samples("vllm:cache_config_info")
+    if info:
+        for label, path in table["cache_config_labels"].items():
+            if info[0].labels.get(label) not in (None, "", "None"):
+                draft.offer(path, info[0].labels[label],
+                            f"discovered: {shown.metrics_url} vllm:cache_config_info {label}")
+
+
+def from_health(draft: Draft, shown: Shown) -> None:
+    """A Dynamo frontend's worker list sets the stack and the topology (prefill component or not)."""
+    if shown.health is None:
+        draft.offer("serving.stack", "vllm", f"discovered: {shown.health_url} lists no Dynamo workers")
+        draft.offer("topology.kind", "single_node", "discovered: one vLLM server")
+        return
+    src = f"discovered: {shown.health_url}"
+    draft.offer("serving.stack", "dynamo+vllm", f"{src} lists Dynamo worker instances")
+    roles = role_instance_ids(shown.health)
+    prefill, decode = len(roles["prefill"]), len(roles["decode"])
+    if decode == 0:
+        raise DiscoverError(f"{shown.health_url} lists no worker on a generate endpoint: start the workers first")
+    if prefill:
+        draft.offer("topology.kind", "disagg", f"{src} ({prefill} prefill component instance(s))")
+        draft.offer("topology.prefill_workers", prefill, f"{src} prefill instances")
+        draft.offer("topology.decode_workers", decode, f"{src} decode instances")
+    else:
+        draft.offer("topology.kind", "agg", f"{src} (no prefill component)")
+        draft.offer("topology.workers", decode, f"{src} worker instances")
+
+
+# ------------------------------------------------------------------------------------------------ log
+def from_log(draft: Draft, view: LogView) -> bool:
+    """The engine's last ``non-default args`` line; False when the log has none."""
+    event = view.last(EngineArgsLogged)
+    if event is None or not event.args:
+        return False
+    table = fields_table()
+    src = f"discovered: {view.source} non-default args"
+    for key, path in table["engine_args"].items():
+        if key in event.args:
+            draft.offer(path, _arg_value(key, event.args[key]), f"{src} ({key})")
+    for key, value in table["engine_args_defaults"].items():
+        if key not in event.args:
+            draft.offer(table["engine_args"][key], value, f"{src}: no {key}, vLLM's default")
+    return True
+
+
+def _arg_value(key: str, value: Any) -> Any:
+    if key == "speculative_config" and isinstance(value, dict):
+        spec = {"method": str(value.get("method", "unknown")),
+                "num_speculative_tokens": int(value.get("num_speculative_tokens") or 1)}
+        if any("synthetic" in str(k) for k in value):
+            spec["synthetic_acceptance"] = True
+        return spec
+    return value
+
+
+# ------------------------------------------------------------------------------------------------ estimates
+def env_prefix(name: str) -> str:
+    """``ML4_<NAME>`` for the variable names the target gives (``my-h200`` -> ``ML4_MY_H200``)."""
+    return "ML4_" + re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").upper()
+
+
+def estimates(draft: Draft, name: str) -> None:
+    """Required fields no source showed (and the sections a live run needs that no endpoint shows)."""
+    for path, row in fields_table()["estimates"].items():
+        if path == "serving.dynamo_version" and draft.get("serving.stack") != "dynamo+vllm":
+            continue
+        draft.offer(path, row["value"], f"estimate: {row['how']}")
+    if "engine.model_path" not in draft.values:
+        draft.offer("engine.model_path", draft.get("serving.served_model_name"),
+                    "estimate: the served name; set the path the engine loads")
+    workers = draft.get("topology.workers", 1) if draft.get("topology.kind") == "agg" else (
+        draft.get("topology.prefill_workers", 0) + draft.get("topology.decode_workers", 0)
+        if draft.get("topology.kind") == "disagg" else 1)
+    draft.offer("topology.tensor_parallel", max(1, int(draft.get("hardware.count", 1)) // max(1, workers)),
+                f"estimate: --gpus / {workers} worker(s); set each worker's --tensor-parallel-size")
+    if draft.get("topology.kind") == "disagg":
+        for path, v in list(draft.values.items()):
+            if path.startswith("engine."):
+                draft.offer("prefill_" + path, v.value, f"estimate: the decode workers' {path} ({v.source}); set "
+                                                        f"the prefill workers' own")
+    if draft.get("serving.stack") == "dynamo+vllm":
+        roles = ("prefill", "decode") if draft.get("topology.kind") == "disagg" else ("worker",)
+        draft.offer("endpoint.worker_metrics_url_env",
+                    {role: f"{env_prefix(name)}_{role.upper()}_METRICS" for role in roles},
+                    "estimate: set each variable to its workers' /metrics URLs, comma-separated (the vllm:* "
+                    "families live there, not on the frontend)")
+    access = fields_table()["access_estimates"][draft.get("serving.stack", "vllm")]
+    for section in ("logs", "control"):
+        if not any(p.startswith(section + ".") for p in draft.values):
+            for key, value in access[section].items():
+                draft.offer(f"{section}.{key}", name if value == "NAME" else value, f"estimate: {access['how'][section]}")
+
+
+def target_from(draft: Draft) -> dict[str, Any]:
+    """The nested mapping the YAML holds (values only)."""
+    out: dict[str, Any] = {}
+    for path, v in draft.values.items():
+        *parents, leaf = path.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = v.value
+    return out
+
+
+def check(data: dict[str, Any], where: str) -> Target:
+    """The loader's verdict on the mapping (``TargetError`` naming the field)."""
+    from pathlib import Path
+
+    from pytest_ml4.targets import parse_target
+
+    return parse_target(data, Path(where))

@@ -1,0 +1,194 @@
+"""``ml4-target new`` (``python -m pytest_ml4.discover``) against running deployments, over real HTTP.
+
+The vLLM deployment is the embedded simulator process serving a bundled target: what it serves is that target's
+YAML, which the tests read as the oracle (never the discovery code). The Dynamo deployment is a local server
+answering with a real Dynamo 1.6.1 frontend's recorded pages (fixtures/discover/README.md).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from checkout import FIXTURES_DIR
+from ml4_http_stub import Scripted, StubServer
+
+from pytest_ml4.deploy.launcher import free_port
+from pytest_ml4.deploy.simulator import SimServer
+from pytest_ml4.logs import EngineArgsLogged, FileLogReader, LogView
+from pytest_ml4.targets import Target, load_target
+
+SIM_TARGET = "rtxpro6000-tp8"
+KEY_VAR = "ML4_DISCOVER_TEST_KEY"
+KEY = "sk-discover-" + secrets.token_hex(8)
+HARDWARE = ["--hardware", "gb300", "--gpus", "8"]
+DISCOVER = FIXTURES_DIR / "discover"
+
+
+@pytest.fixture(scope="module")
+def oracle() -> Target:
+    return load_target(SIM_TARGET)
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServer]:
+    """The simulator (``python -m pytest_ml4.deploy.sim_cli``) serving the RTX PRO target, its key from KEY_VAR's
+    twin: the target names LLM_API_KEY, set for the child only."""
+    var = load_target(SIM_TARGET).endpoint.api_key_env or "LLM_API_KEY"
+    with SimServer(SIM_TARGET, log_file=tmp_path_factory.mktemp("sim") / "engine.log", env={var: KEY}) as server:
+        yield server
+
+
+def run_new(team: Path, *args: str, key: str | None = KEY) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != KEY_VAR}
+    if key is not None:
+        env[KEY_VAR] = key
+    return subprocess.run([sys.executable, "-m", "pytest_ml4.discover", "new", *args], cwd=team, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def line_of(text: str, key: str) -> str:
+    """The first line of the YAML text that sets ``key`` (with its provenance comment)."""
+    return next(ln for ln in text.splitlines() if ln.strip().startswith(f"{key}:"))
+
+
+def test_new_target_from_the_simulator(sim: SimServer, oracle: Target, tmp_path: Path) -> None:
+    r = run_new(tmp_path, "mine", "--endpoint", sim.base_url, "--api-key-env", KEY_VAR, *HARDWARE)
+    assert r.returncode == 0, r.stderr
+    path = tmp_path / "targets" / "mine.yaml"
+    target = load_target(path)
+    served = oracle.serving.engine_served_model_name or oracle.serving.served_model_name
+    assert target.serving.served_model_name == served
+    assert target.engine.max_model_len == oracle.engine.max_model_len
+    assert target.engine.version == oracle.engine.version
+    assert (target.engine.block_size, target.engine.kv_cache_dtype, target.engine.gpu_memory_utilization) == (
+        oracle.engine.block_size, oracle.engine.kv_cache_dtype, oracle.engine.gpu_memory_utilization)
+    assert target.engine.model_path == oracle.engine.model_path
+    assert (target.serving.stack, target.topology.kind) == ("vllm", "single_node")
+    assert target.endpoint.api_key_env == KEY_VAR and target.endpoint.requires_api_key is True
+    assert (target.hardware.family, target.hardware.count) == ("gb300", 8)
+
+    text = path.read_text()
+    assert f"# discovered: {sim.base_url}/models" in line_of(text, "served_model_name")
+    assert "# discovered:" in line_of(text, "block_size") and "vllm:cache_config_info" in line_of(text, "block_size")
+    assert "# flag --gpus" in line_of(text, "count")
+    assert "# estimate:" in line_of(text, "max_num_seqs")
+    header = [ln for ln in text.splitlines() if ln.startswith("#")]
+    assert any("engine.max_num_seqs" in ln for ln in header), header
+    assert "engine.max_num_seqs" in r.stdout and "not discovered" in r.stdout
+    assert KEY not in text + r.stdout + r.stderr
+
+
+def test_the_engine_log_gives_the_flags(sim: SimServer, oracle: Target, tmp_path: Path) -> None:
+    r = run_new(tmp_path, "mine", "--endpoint", sim.base_url, "--api-key-env", KEY_VAR, *HARDWARE,
+                "--log-file", str(sim.log_file))
+    assert r.returncode == 0, r.stderr
+    path = tmp_path / "targets" / "mine.yaml"
+    target = load_target(path)
+    want = oracle.engine
+    assert (target.engine.max_num_seqs, target.engine.max_num_batched_tokens) == (want.max_num_seqs,
+                                                                                  want.max_num_batched_tokens)
+    assert (target.engine.reasoning_parser, target.engine.tool_call_parser) == (want.reasoning_parser,
+                                                                                want.tool_call_parser)
+    assert target.engine.speculative == want.speculative
+    assert target.topology.tensor_parallel == oracle.topology.tensor_parallel
+    assert (target.logs.kind, target.logs.path) == ("file", str(sim.log_file))
+    text = path.read_text()
+    assert "non-default args (max_num_seqs)" in line_of(text, "max_num_seqs")
+    assert "engine.max_num_seqs" not in r.stdout
+    assert KEY not in text + r.stdout
+
+
+def test_an_argument_the_log_leaves_out_has_vllms_default(sim: SimServer, tmp_path: Path) -> None:
+    """Real vLLM 0.32's line (fixtures/logs) names no speculative_config: the engine runs none."""
+    log = FIXTURES_DIR / "logs" / "real-vllm-0.32-startup.log"
+    r = run_new(tmp_path, "mine", "--endpoint", sim.base_url, "--api-key-env", KEY_VAR, *HARDWARE, "--log-file", str(log))
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "targets" / "mine.yaml").read_text()
+    assert load_target(tmp_path / "targets" / "mine.yaml").engine.speculative is None
+    assert "no speculative_config, vLLM's default" in line_of(text, "speculative")
+
+
+def test_the_real_non_default_args_line_is_parsed() -> None:
+    log = FIXTURES_DIR / "logs" / "real-vllm-0.32-startup.log"
+    event = LogView(FileLogReader(log).read(), str(log)).last(EngineArgsLogged)
+    assert event is not None
+    assert (event.args["tool_call_parser"], event.args["max_model_len"]) == ("mistral", 2048)
+    assert event.args["served_model_name"] == ["tiny-mistral"]
+
+
+def test_refuses_to_overwrite_without_force(sim: SimServer, tmp_path: Path) -> None:
+    path = tmp_path / "targets" / "mine.yaml"
+    path.parent.mkdir()
+    path.write_text("# mine, by hand\n")
+    args = ("mine", "--endpoint", sim.base_url, "--api-key-env", KEY_VAR, *HARDWARE)
+    r = run_new(tmp_path, *args)
+    assert r.returncode == 2 and path.read_text() == "# mine, by hand\n"
+    refusal = f"ml4-target: error: {Path('targets') / 'mine.yaml'} exists: pass --force to overwrite it"
+    assert r.stderr.strip().splitlines() == [refusal]
+    assert run_new(tmp_path, *args, "--force").returncode == 0
+    assert load_target(path).name == "mine"
+
+
+@pytest.mark.parametrize("case", ["wrong key", "unset variable", "unreachable"])
+def test_bad_input_fails_in_one_line(case: str, sim: SimServer, tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1" if case == "unreachable" else sim.base_url
+    key = {"wrong key": "sk-wrong-" + secrets.token_hex(4), "unset variable": None}.get(case, KEY)
+    r = run_new(tmp_path, "mine", "--endpoint", url, "--api-key-env", KEY_VAR, *HARDWARE, key=key)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ml4-target: error:"), r.stderr
+    named = {"wrong key": [f"{url}/models", KEY_VAR, "refused"], "unset variable": [KEY_VAR, "not set"],
+             "unreachable": [f"{url}/models", "unreachable"]}[case]
+    assert all(n in lines[0] for n in named), lines[0]
+    assert not (tmp_path / "targets" / "mine.yaml").exists()
+    assert KEY not in r.stderr + r.stdout
+
+
+def test_an_unknown_family_needs_its_figures(sim: SimServer, tmp_path: Path) -> None:
+    r = run_new(tmp_path, "mine", "--endpoint", sim.base_url, "--api-key-env", KEY_VAR, "--hardware", "x9000",
+                "--gpus", "8")
+    assert r.returncode == 2
+    assert "--hardware x9000" in r.stderr and "--gpu-memory-gib" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+@pytest.fixture
+def dynamo_frontend() -> Iterator[StubServer]:
+    """A frontend answering with a real Dynamo 1.6.1 frontend's recorded /health, /v1/models and /metrics."""
+    routes = {"/health": Scripted(200, "application/json",
+                                  [(DISCOVER / "dynamo-1.6.1-health-2workers.json").read_bytes()]),
+              "/v1/models": Scripted(200, "application/json", [(DISCOVER / "dynamo-1.6.1-models.json").read_bytes()]),
+              "/metrics": Scripted(200, "text/plain; charset=utf-8",
+                                   [(DISCOVER / "dynamo-1.6.1-frontend-metrics.txt").read_bytes()])}
+    with StubServer(routes) as server:
+        yield server
+
+
+def test_a_dynamo_frontend_gives_stack_topology_and_engine_config(dynamo_frontend: StubServer,
+                                                                   tmp_path: Path) -> None:
+    r = run_new(tmp_path, "dyn", "--endpoint", dynamo_frontend.base_url, *HARDWARE, "--dgd", "ml4-agg",
+                "--namespace", "llm")
+    assert r.returncode == 0, r.stderr
+    path = tmp_path / "targets" / "dyn.yaml"
+    target = load_target(path)
+    # The recording: two workers on `generate` (health-2workers.json); context_window 16384 (models.json);
+    # dynamo_frontend_model_max_num_seqs 16, _kv_cache_block_size 128, _max_num_batched_tokens 4096 (metrics).
+    assert (target.serving.stack, target.topology.kind, target.topology.workers) == ("dynamo+vllm", "agg", 2)
+    assert target.topology.tensor_parallel == 4  # 8 GPUs over 2 workers, an estimate
+    assert target.serving.served_model_name == "tiny-mistral"
+    assert target.engine.max_model_len == 16384
+    assert (target.engine.max_num_seqs, target.engine.block_size, target.engine.max_num_batched_tokens) == (
+        16, 128, 4096)
+    assert (target.logs.kind, target.logs.dgd, target.logs.namespace) == ("kubernetes", "ml4-agg", "llm")
+    assert target.endpoint.requires_api_key is False
+    text = path.read_text()
+    assert "/health" in line_of(text, "workers") and "# discovered:" in line_of(text, "workers")
+    assert "dynamo_frontend_model_max_num_seqs" in line_of(text, "max_num_seqs")
+    assert "(context_window)" in line_of(text, "max_model_len")
+    assert "# estimate:" in line_of(text, "dynamo_version") and "serving.dynamo_version" in r.stdout
+    assert "/version: HTTP 404" in r.stdout  # the frontend has no /version: listed, not guessed silently
