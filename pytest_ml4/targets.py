@@ -24,7 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR, resolve_from, target_root
 
-HardwareFamily = Literal["rtxpro", "gb300", "vr200"]
+#: Any lowercase GPU family name (rtxpro, gb300, vr200, h100, h200, b200, gb200, mi300x, ...): what is known per
+#: family (preflight rules, memory model, simulator) is the table pytest_ml4/data/hardware/families.yaml; a family
+#: it does not list is still a valid target, its family-keyed checks then say "no calibration for <family>".
+FAMILY_PATTERN = r"^[a-z][a-z0-9]*([-_][a-z0-9]+)*$"
 TopologyKind = Literal["single_node", "agg", "disagg"]
 WorkerRole = Literal["worker", "prefill", "decode"]
 
@@ -40,12 +43,12 @@ class _Strict(BaseModel):
 
 class Hardware(_Strict):
     gpu: str
-    family: HardwareFamily
+    family: str = Field(pattern=FAMILY_PATTERN)
     count: int = Field(gt=0)
     memory_per_gpu_gib: float = Field(gt=0)
-    memory_bandwidth_tb_s: float = Field(gt=0, description="HBM/GDDR bandwidth per GPU, TB/s")
-    interconnect: str
-    compute_capability: str
+    memory_bandwidth_tb_s: float | None = Field(default=None, gt=0, description="HBM/GDDR bandwidth per GPU, TB/s")
+    interconnect: str | None = None
+    compute_capability: str | None = None
     nodes: int = Field(default=1, gt=0)
     symmetric_memory: bool = True
     source: str = ""

@@ -37,7 +37,7 @@ def test_unknown_target_lists_the_known_ones() -> None:
     "mutate, field",
     [
         (lambda d: d["engine"].update(max_num_seqs="many"), "engine.max_num_seqs"),
-        (lambda d: d["hardware"].update(family="h100"), "hardware.family"),
+        (lambda d: d["hardware"].update(family="H100"), "hardware.family"),
         (lambda d: d["engine"].update(max_num_seq=16), "engine.max_num_seq"),
         (lambda d: d.pop("endpoint"), "endpoint"),
     ],

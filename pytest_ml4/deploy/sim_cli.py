@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_ml4.hardware import simulation_refusal
 from pytest_ml4.sim.faults import ActiveFaults, FaultError, describe
 from pytest_ml4.targets import (
     Target,
@@ -101,6 +102,9 @@ def target_and_faults(args: argparse.Namespace) -> tuple[Target, ActiveFaults]:
     line. Shared with the Dynamo worker (:mod:`pytest_ml4.deploy.dynamo_worker_cli`)."""
     try:
         target = load_with_overrides(args.target, args.overrides)
+        refusal = simulation_refusal(target.hardware)
+        if refusal:
+            raise TargetError(f"target {target.name}: {refusal}")
         faults = ActiveFaults([*target_faults(target), *args.fault])
         return engine_launch(target, faults), faults
     except (TargetError, FaultError) as e:

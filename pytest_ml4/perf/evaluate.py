@@ -25,7 +25,7 @@ class SweepVerdict:
     gates: list[g.GateResult]
     deviations: list[Deviation]
     knee: int | None
-    roofline: Roofline
+    roofline: Roofline | None  # None: the target gives no memory bandwidth
     full_run: bool
     baseline_path: str | None = None
 
@@ -133,7 +133,7 @@ def write_sweep_outputs(run_dir: Path, target: Target, settings: SweepSettings, 
                                                    "conditions": dict(baseline.conditions),
                                                    "provenance": baseline.provenance.as_dict(),
                                                    "deviations": deviation_dicts(verdict.deviations)},
-        "roofline": verdict.roofline.as_dict(),
+        "roofline": verdict.roofline.as_dict() if verdict.roofline else None,
         "plots": [_rel(p, run_dir) for p in plots],
         "passed": verdict.passed,
     }

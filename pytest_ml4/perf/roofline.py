@@ -9,7 +9,8 @@ speculative decoding multiplies that by the acceptance length). All inputs are e
   recipes (seed 002: "1,051B-parameter mixture-of-experts model (54B active)");
 * NVFP4 = 4-bit values plus one FP8 scale per 16 values = 4.5 bits per parameter;
 * bandwidth: ``target.hardware.memory_bandwidth_tb_s`` (itself a spec-sheet estimate) times the GPUs of one
-  replica (``topology.tensor_parallel``);
+  replica (``topology.tensor_parallel``); a target that does not give it has no roofline (``None``: reported as
+  not computed, never gated);
 * KV-cache reads, activations and interconnect traffic are ignored, so the real bound is lower.
 """
 
@@ -57,8 +58,11 @@ def active_params(target: Target) -> float:
 
 
 def roofline(target: Target, measured_tok_s_user: float | None = None,
-             concurrency: int | None = None) -> Roofline:
-    """The bound for ``target`` and, when given, the measured single-sequence decode rate as a share of it."""
+             concurrency: int | None = None) -> Roofline | None:
+    """The bound for ``target`` and, when given, the measured single-sequence decode rate as a share of it; None
+    when the target does not give ``hardware.memory_bandwidth_tb_s``."""
+    if target.hardware.memory_bandwidth_tb_s is None:
+        return None
     gpus = target.topology.tensor_parallel
     bw = target.hardware.memory_bandwidth_tb_s * gpus
     params = active_params(target)

@@ -18,7 +18,7 @@ Schema (``"schema": "ml4-perf-summary/1"``)::
         "baseline": {"path": str, "full_run": bool,
                      "deviations": [{"concurrency", "figure", "measured", "baseline", "change", "limit",
                                      "regressed"}]} | null,
-        "roofline": {<Roofline fields>, "label": "ESTIMATE ..."},
+        "roofline": {<Roofline fields>, "label": "ESTIMATE ..."} | null (no hardware.memory_bandwidth_tb_s),
         "plots": [str (relative)],
         "passed": bool
       },

@@ -114,6 +114,8 @@ class Ml4State:
                 raise pytest.UsageError(f"--target: {err}") from None
         elif self.use_sim:
             raise pytest.UsageError(f"--sim needs --target; known targets: {', '.join(known_targets(self.targets_dir))}")
+        if self.use_sim and self.target is not None:
+            _check_simulable(self.target)
         self.dynamo_bridge = _dynamo_bridge(config, self)
         self.declared_target = self.target
         if self.sim_engine == "vllm" and self.target is not None and self.target.is_dynamo:
@@ -230,6 +232,14 @@ def _sim_engine(config: pytest.Config, use_sim: bool, faults: tuple[str, ...]) -
         raise pytest.UsageError("--ml4-fault needs the embedded simulator: real vLLM (--sim-engine vllm) has no "
                                 "faults to inject")
     return engine
+
+
+def _check_simulable(target: Target) -> None:
+    from pytest_ml4.hardware import simulation_refusal
+
+    refusal = simulation_refusal(target.hardware)
+    if refusal:
+        raise pytest.UsageError(f"target {target.name}: {refusal}")
 
 
 def _check_no_proxy(target: Target, use_sim: bool, endpoint: str | None) -> None:

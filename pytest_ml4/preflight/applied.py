@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from pytest_ml4.hardware import has_memory_model, no_memory_calibration
 from pytest_ml4.locations import data_file
 from pytest_ml4.preflight.model import (
     DgdDocument,
@@ -36,7 +37,8 @@ class Need:
     """What a rule needs of a document: whether the document has it, why not, and what would give it."""
 
     has: Callable[[Document], bool]
-    reason: str
+    #: Why not; a callable gives the reason for the first document lacking the need (e.g. naming its family).
+    reason: str | Callable[[Document], str]
     #: Whether naming a target (``--target``, ``# ml4-target:``) would meet the need.
     a_target_meets_it: bool = False
 
@@ -55,6 +57,9 @@ NEEDS: dict[str, Need] = {
                    "needs the target's hardware spec and engine defaults, and no target is known", True),
     "rtxpro-hardware": _family_only("rtxpro", "RTX PRO 6000"),
     "vr200-hardware": _family_only("vr200", "VR200"),
+    # The memory model is calibrated or estimated per family (pytest_ml4/data/hardware/families.yaml).
+    "memory-model": Need(lambda d: d.hardware.family is None or has_memory_model(d.hardware.family),
+                         lambda d: no_memory_calibration(d.hardware.family)),
 }
 
 
@@ -133,4 +138,6 @@ def not_applied(rule: Rule, documents: list[Document], found_any: bool) -> NotAp
     name, paths = next(iter(lacking.items()))
     judged = sum(1 for d in mine if d.path not in {p for ps in lacking.values() for p in ps})
     need = NEEDS[name]
-    return NotApplied(rule.id, need.reason, tuple(paths), _flag() if need.a_target_meets_it else None, judged)
+    first = next(d for d in mine if d.path == paths[0])
+    reason = need.reason(first) if callable(need.reason) else need.reason
+    return NotApplied(rule.id, reason, tuple(paths), _flag() if need.a_target_meets_it else None, judged)

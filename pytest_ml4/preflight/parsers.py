@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from pytest_ml4.hardware import family_of_product
 from pytest_ml4.preflight.args import parse_flags
 from pytest_ml4.preflight.model import (
     UNKNOWN_HARDWARE,
@@ -277,9 +278,6 @@ def parse_dgd(data: dict[str, Any], path: str, lines: list[str], start: int) -> 
     return doc
 
 
-_GPU_FAMILIES = (("GB300", "gb300"), ("VR200", "vr200"), ("RUBIN", "vr200"), ("RTX-PRO-6000", "rtxpro"),
-                 ("RTX PRO 6000", "rtxpro"))
-
 
 def _gpu_products(obj: Any) -> list[str]:
     found: list[str] = []
@@ -299,9 +297,9 @@ def _gpu_products(obj: Any) -> list[str]:
 def infer_hardware(data: dict[str, Any]) -> HardwareInfo:
     """The GPU family from a ``nvidia.com/gpu.product`` node affinity/selector (reference dynamo.md §8)."""
     for product in _gpu_products(data):
-        for needle, family in _GPU_FAMILIES:
-            if needle in product.upper():
-                return HardwareInfo(family=family, origin=f"node affinity {product}")
+        family = family_of_product(product)  # pytest_ml4/data/hardware/families.yaml
+        if family is not None:
+            return HardwareInfo(family=family, origin=f"node affinity {product}")
     return UNKNOWN_HARDWARE
 
 
