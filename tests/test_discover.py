@@ -26,7 +26,7 @@ from pytest_ml4.targets import Target, load_target
 SIM_TARGET = "rtxpro6000-tp8"
 KEY_VAR = "ML4_DISCOVER_TEST_KEY"
 KEY = "sk-discover-" + secrets.token_hex(8)
-HARDWARE = ["--hardware", "gb300", "--gpus", "8"]
+HARDWARE = ["--hardware", "h200", "--gpus", "8"]
 DISCOVER = FIXTURES_DIR / "discover"
 
 
@@ -58,7 +58,8 @@ def line_of(text: str, key: str) -> str:
 
 
 def test_new_target_from_the_simulator(sim: SimServer, oracle: Target, tmp_path: Path) -> None:
-    r = run_new(tmp_path, "mine", "--endpoint", sim.base_url, "--api-key-env", KEY_VAR, *HARDWARE)
+    r = run_new(tmp_path, "mine", "--endpoint", sim.base_url, "--api-key-env", KEY_VAR, *HARDWARE,
+                "--gpu", "NVIDIA H200 NVL")
     assert r.returncode == 0, r.stderr
     path = tmp_path / "targets" / "mine.yaml"
     target = load_target(path)
@@ -71,7 +72,8 @@ def test_new_target_from_the_simulator(sim: SimServer, oracle: Target, tmp_path:
     assert target.engine.model_path == oracle.engine.model_path
     assert (target.serving.stack, target.topology.kind) == ("vllm", "single_node")
     assert target.endpoint.api_key_env == KEY_VAR and target.endpoint.requires_api_key is True
-    assert (target.hardware.family, target.hardware.count) == ("gb300", 8)
+    assert (target.hardware.family, target.hardware.count, target.hardware.gpu) == ("h200", 8, "NVIDIA H200 NVL")
+    assert target.hardware.memory_bandwidth_tb_s is None  # a spec sheet's figure would feed the roofline
 
     text = path.read_text()
     assert f"# discovered: {sim.base_url}/models" in line_of(text, "served_model_name")
@@ -81,6 +83,8 @@ def test_new_target_from_the_simulator(sim: SimServer, oracle: Target, tmp_path:
     header = [ln for ln in text.splitlines() if ln.startswith("#")]
     assert any("engine.max_num_seqs" in ln for ln in header), header
     assert "engine.max_num_seqs" in r.stdout and "not discovered" in r.stdout
+    assert "gates.knee_not_before: not set" in r.stdout and "hardware.memory_bandwidth_tb_s: not set" in r.stdout
+    assert "# flag --gpu" in line_of(text, "gpu") and "# estimate:" in line_of(text, "memory_per_gpu_gib")
     assert KEY not in text + r.stdout + r.stderr
 
 

@@ -87,22 +87,20 @@ def from_hardware(draft: Draft, family: str, gpus: int, gpu: str | None, memory_
                   bandwidth_tb_s: float | None) -> None:
     draft.offer("hardware.family", family, "flag --hardware")
     draft.offer("hardware.count", gpus, "flag --gpus")
-    if gpu:
-        draft.offer("hardware.gpu", gpu, "flag --gpu")
-    if memory_gib:
-        draft.offer("hardware.memory_per_gpu_gib", memory_gib, "flag --gpu-memory-gib")
-    if bandwidth_tb_s:
-        draft.offer("hardware.memory_bandwidth_tb_s", bandwidth_tb_s, "flag --bandwidth-tb-s")
+    for path, value, flag in (("hardware.gpu", gpu, "--gpu"), ("hardware.memory_per_gpu_gib", memory_gib,
+                                                               "--gpu-memory-gib"),
+                              ("hardware.memory_bandwidth_tb_s", bandwidth_tb_s, "--bandwidth-tb-s")):
+        if value:
+            draft.offer(path, value, f"flag {flag}")
     row = hardware_table().get(family)
     if row is None:
         missing = [flag for flag, path in (("--gpu NAME", "hardware.gpu"),
-                                           ("--gpu-memory-gib GIB", "hardware.memory_per_gpu_gib"),
-                                           ("--bandwidth-tb-s TBS", "hardware.memory_bandwidth_tb_s"))
+                                           ("--gpu-memory-gib GIB", "hardware.memory_per_gpu_gib"))
                    if path not in draft.values]
         if missing:
             raise DiscoverError(f"--hardware {family}: no figures for this family in {HARDWARE_FILE} (known: "
                                 f"{', '.join(sorted(hardware_table()))}); pass {' '.join(missing)}")
-        row = {"interconnect": "unknown", "compute_capability": "unknown"}
+        row = {}
     for name, value in row.items():
         draft.offer(f"hardware.{name}", value, f"estimate: {family} spec sheet ({HARDWARE_FILE.name})")
     if gpus > 8:

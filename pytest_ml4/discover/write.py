@@ -103,7 +103,9 @@ def new_target(req: NewTarget, environ: dict[str, str] | None = None) -> Written
         check(data, str(path))
     except TargetError as err:
         raise DiscoverError(f"the target written from {shown.base_url} does not validate: {err}") from None
-    undiscovered = _grouped(draft) + notes
+    unset = [f"{path}: not set: {how}" for path, how in fields_table()["optional_unset"].items()
+             if path not in draft.values]
+    undiscovered = _grouped(draft) + notes + unset
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render(draft, _header(req, shown.base_url, undiscovered), data), encoding="utf-8")
     return Written(path, undiscovered)
