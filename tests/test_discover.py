@@ -12,14 +12,18 @@ import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 from checkout import FIXTURES_DIR
 from ml4_http_stub import Scripted, StubServer
 
+from pytest_ml4.deploy.fake_k8s import FakeKubeAPI
 from pytest_ml4.deploy.launcher import free_port
 from pytest_ml4.deploy.simulator import SimServer
+from pytest_ml4.locations import BUNDLED_TARGETS_DIR
 from pytest_ml4.logs import EngineArgsLogged, FileLogReader, LogView
 from pytest_ml4.targets import Target, load_target
 
@@ -44,12 +48,19 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServer]:
         yield server
 
 
-def run_new(team: Path, *args: str, key: str | None = KEY) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != KEY_VAR}
+def run_new(team: Path, *args: str, key: str | None = KEY,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # No kubeconfig of the machine's: only a test's own fake API server is ever asked.
+    env = {**{k: v for k, v in os.environ.items() if k != KEY_VAR}, "KUBECONFIG": str(team / "no-kubeconfig"),
+           **(env or {})}
     if key is not None:
         env[KEY_VAR] = key
     return subprocess.run([sys.executable, "-m", "pytest_ml4.discover", "new", *args], cwd=team, env=env,
                           capture_output=True, text=True, timeout=120, check=False)
+
+
+def text_of(path: Path) -> str:
+    return path.read_text()
 
 
 def line_of(text: str, key: str) -> str:
@@ -175,8 +186,7 @@ def dynamo_frontend() -> Iterator[StubServer]:
 
 def test_a_dynamo_frontend_gives_stack_topology_and_engine_config(dynamo_frontend: StubServer,
                                                                    tmp_path: Path) -> None:
-    r = run_new(tmp_path, "dyn", "--endpoint", dynamo_frontend.base_url, *HARDWARE, "--dgd", "ml4-agg",
-                "--namespace", "llm")
+    r = run_new(tmp_path, "dyn", "--endpoint", dynamo_frontend.base_url, *HARDWARE)
     assert r.returncode == 0, r.stderr
     path = tmp_path / "targets" / "dyn.yaml"
     target = load_target(path)
@@ -188,7 +198,8 @@ def test_a_dynamo_frontend_gives_stack_topology_and_engine_config(dynamo_fronten
     assert target.engine.max_model_len == 16384
     assert (target.engine.max_num_seqs, target.engine.block_size, target.engine.max_num_batched_tokens) == (
         16, 128, 4096)
-    assert (target.logs.kind, target.logs.dgd, target.logs.namespace) == ("kubernetes", "ml4-agg", "llm")
+    assert (target.logs.kind, target.logs.dgd, target.logs.namespace_env) == ("kubernetes", "dyn", "ML4_NAMESPACE")
+    assert "# estimate:" in line_of(text_of(path), "dgd")
     assert target.endpoint.requires_api_key is False
     text = path.read_text()
     assert "/health" in line_of(text, "workers") and "# discovered:" in line_of(text, "workers")
@@ -196,3 +207,83 @@ def test_a_dynamo_frontend_gives_stack_topology_and_engine_config(dynamo_fronten
     assert "(context_window)" in line_of(text, "max_model_len")
     assert "# estimate:" in line_of(text, "dynamo_version") and "serving.dynamo_version" in r.stdout
     assert "/version: HTTP 404" in r.stdout  # the frontend has no /version: listed, not guessed silently
+
+
+@contextmanager
+def fake_cluster(folder: Path, target: str) -> Iterator[tuple[FakeKubeAPI, dict[str, str]]]:
+    """A fake Kubernetes API holding a bundled target's DGD (its manifest) in namespace llm, and a kubeconfig
+    naming it."""
+    docs = yaml.safe_load_all((BUNDLED_TARGETS_DIR / target / "deploy.yaml").read_text())
+    dgd = next(d for d in docs if d.get("kind") == "DynamoGraphDeployment")
+    api = FakeKubeAPI()
+    api.add_dgd("llm", dgd["metadata"]["name"], dgd["spec"])
+    api.start()
+    kubeconfig = folder / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": api.url}}], "users": [{"name": "u", "user": {}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}]}))
+    try:
+        yield api, {"KUBECONFIG": str(kubeconfig)}
+    finally:
+        api.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[FakeKubeAPI, dict[str, str]]]:
+    with fake_cluster(tmp_path, "gb300-agg") as made:
+        yield made
+
+
+def test_the_dgd_gives_replicas_worker_flags_and_release(dynamo_frontend: StubServer, cluster: tuple[FakeKubeAPI,
+                                                         dict[str, str]], tmp_path: Path) -> None:
+    api, env = cluster
+    oracle = load_target("gb300-agg")
+    r = run_new(tmp_path, "dyn", "--endpoint", dynamo_frontend.base_url, *HARDWARE, "--dgd", "mistral-large-4-agg-gb300",
+                "--namespace", "llm", env=env)
+    assert r.returncode == 0, r.stderr
+    assert ("GET", "/apis/nvidia.com/v1beta1/namespaces/llm/dynamographdeployments/mistral-large-4-agg-gb300") in \
+        api.calls
+    path = tmp_path / "targets" / "dyn.yaml"
+    target = load_target(path)
+    assert (target.topology.kind, target.topology.workers) == (oracle.topology.kind, oracle.topology.workers)
+    assert target.topology.tensor_parallel == oracle.topology.tensor_parallel
+    assert target.serving.dynamo_version == oracle.serving.dynamo_version
+    assert target.engine.speculative == oracle.engine.speculative
+    assert (target.engine.gpu_memory_utilization, target.engine.kv_offloading_size_gib) == (
+        oracle.engine.gpu_memory_utilization, oracle.engine.kv_offloading_size_gib)
+    assert target.engine.disable_hybrid_kv_cache_manager is True
+    assert (target.logs.dgd, target.logs.namespace, target.control.dgd) == (
+        "mistral-large-4-agg-gb300", "llm", "mistral-large-4-agg-gb300")
+    text = path.read_text()
+    assert "# discovered: DGD llm/mistral-large-4-agg-gb300" in line_of(text, "tensor_parallel")
+    assert "worker image tag" in line_of(text, "dynamo_version")
+    assert "serving.dynamo_version" not in r.stdout
+
+
+def test_an_unknown_dgd_fails_in_one_line(dynamo_frontend: StubServer, cluster: tuple[FakeKubeAPI, dict[str, str]],
+                                          tmp_path: Path) -> None:
+    r = run_new(tmp_path, "dyn", "--endpoint", dynamo_frontend.base_url, *HARDWARE, "--dgd", "nope", "--namespace",
+                "llm", env=cluster[1])
+    assert r.returncode == 2
+    refusal = "ml4-target: error: --dgd nope --namespace llm: the Kubernetes API answered HTTP 404 Not Found"
+    assert r.stderr.strip().splitlines() == [refusal]
+
+
+def test_a_disaggregated_dgd_sets_both_roles(dynamo_frontend: StubServer, tmp_path: Path) -> None:
+    """gb300-disagg's DGD (2 prefill + 2 decode) behind the recorded frontend that lists two workers: the DGD's
+    replicas are written, the difference is listed."""
+    oracle = load_target("gb300-disagg")
+    assert oracle.prefill_engine is not None
+    with fake_cluster(tmp_path, "gb300-disagg") as (_api, env):
+        r = run_new(tmp_path, "dis", "--endpoint", dynamo_frontend.base_url, "--hardware", "gb300", "--gpus", "16",
+                    "--dgd", "mistral-large-4-disagg-gb300", "--namespace", "llm", env=env)
+    assert r.returncode == 0, r.stderr
+    target = load_target(tmp_path / "targets" / "dis.yaml")
+    assert (target.topology.kind, target.topology.prefill_workers, target.topology.decode_workers) == (
+        "disagg", oracle.topology.prefill_workers, oracle.topology.decode_workers)
+    assert target.prefill_engine is not None
+    assert target.prefill_engine.max_num_batched_tokens == oracle.prefill_engine.max_num_batched_tokens
+    assert target.prefill_engine.speculative == oracle.prefill_engine.speculative
+    assert set(target.endpoint.worker_metrics_url_env) == {"prefill", "decode"}
+    assert "lists 2 worker instance(s) now, the DGD declares 4" in r.stdout

@@ -26,8 +26,8 @@ FIELDS_FILE = data_file("discover", "fields.yaml")
 HARDWARE_FILE = data_file("discover", "hardware.yaml")
 
 #: The model class of each section, to give a value the field's type (a label "64" becomes 64).
-SECTIONS: dict[str, type[BaseModel]] = {"engine": Engine, "hardware": Hardware, "serving": Serving,
-                                        "topology": Topology}
+SECTIONS: dict[str, type[BaseModel]] = {"engine": Engine, "prefill_engine": Engine, "hardware": Hardware,
+                                        "serving": Serving, "topology": Topology}
 
 
 @cache
@@ -151,25 +151,31 @@ def from_metrics(draft: Draft, shown: Shown, served: str) -> None:
                             f"discovered: {shown.metrics_url} vllm:cache_config_info {label}")
 
 
-def from_health(draft: Draft, shown: Shown) -> None:
-    """A Dynamo frontend's worker list sets the stack and the topology (prefill component or not)."""
+def from_health(draft: Draft, shown: Shown) -> list[str]:
+    """A Dynamo frontend's worker list sets the stack and the topology (prefill component or not); when the DGD
+    already declared the topology, a different count registered now is returned as a note."""
     if shown.health is None:
         draft.offer("serving.stack", "vllm", f"discovered: {shown.health_url} lists no Dynamo workers")
         draft.offer("topology.kind", "single_node", "discovered: one vLLM server")
-        return
+        return []
     src = f"discovered: {shown.health_url}"
     draft.offer("serving.stack", "dynamo+vllm", f"{src} lists Dynamo worker instances")
     roles = role_instance_ids(shown.health)
     prefill, decode = len(roles["prefill"]), len(roles["decode"])
     if decode == 0:
         raise DiscoverError(f"{shown.health_url} lists no worker on a generate endpoint: start the workers first")
-    if prefill:
-        draft.offer("topology.kind", "disagg", f"{src} ({prefill} prefill component instance(s))")
-        draft.offer("topology.prefill_workers", prefill, f"{src} prefill instances")
-        draft.offer("topology.decode_workers", decode, f"{src} decode instances")
-    else:
-        draft.offer("topology.kind", "agg", f"{src} (no prefill component)")
-        draft.offer("topology.workers", decode, f"{src} worker instances")
+    seen = {"topology.prefill_workers": prefill, "topology.decode_workers": decode} if prefill else {
+        "topology.workers": decode}
+    if "topology.kind" in draft.values:
+        declared = sum(draft.get(p, 0) for p in ("topology.workers", "topology.prefill_workers",
+                                                  "topology.decode_workers"))
+        return [] if declared == prefill + decode else [
+            f"{shown.health_url} lists {prefill + decode} worker instance(s) now, the DGD declares {declared}"]
+    draft.offer("topology.kind", "disagg" if prefill else "agg",
+                f"{src} ({prefill} prefill instance(s))" if prefill else f"{src} (no prefill component)")
+    for path, n in seen.items():
+        draft.offer(path, n, f"{src} {path.rsplit('.', 1)[1].replace('_', ' ')} (instances on generate)")
+    return []
 
 
 # ------------------------------------------------------------------------------------------------ log
@@ -182,14 +188,14 @@ def from_log(draft: Draft, view: LogView) -> bool:
     src = f"discovered: {view.source} non-default args"
     for key, path in table["engine_args"].items():
         if key in event.args:
-            draft.offer(path, _arg_value(key, event.args[key]), f"{src} ({key})")
+            draft.offer(path, arg_value(key, event.args[key]), f"{src} ({key})")
     for key, value in table["engine_args_defaults"].items():
         if key not in event.args:
             draft.offer(table["engine_args"][key], value, f"{src}: no {key}, vLLM's default")
     return True
 
 
-def _arg_value(key: str, value: Any) -> Any:
+def arg_value(key: str, value: Any) -> Any:
     if key == "speculative_config" and isinstance(value, dict):
         spec = {"method": str(value.get("method", "unknown")),
                 "num_speculative_tokens": int(value.get("num_speculative_tokens") or 1)}
@@ -222,8 +228,8 @@ def estimates(draft: Draft, name: str) -> None:
     if draft.get("topology.kind") == "disagg":
         for path, v in list(draft.values.items()):
             if path.startswith("engine."):
-                draft.offer("prefill_" + path, v.value, f"estimate: the decode workers' {path} ({v.source}); set "
-                                                        f"the prefill workers' own")
+                draft.offer("prefill_" + path, v.value, v.source if v.estimated else
+                            f"estimate: the decode workers' {path} ({v.source}); set the prefill workers' own")
     if draft.get("serving.stack") == "dynamo+vllm":
         roles = ("prefill", "decode") if draft.get("topology.kind") == "disagg" else ("worker",)
         draft.offer("endpoint.worker_metrics_url_env",

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from pytest_ml4.discover.dgd import from_dgd, read_dgd
 from pytest_ml4.discover.draft import (
     Draft,
     check,
@@ -88,8 +89,10 @@ def new_target(req: NewTarget, environ: dict[str, str] | None = None) -> Written
     card = served_card(shown, req.model)
     from_models(draft, shown, card)
     from_metrics(draft, shown, card["id"])
-    from_health(draft, shown)
     notes = list(shown.unread)
+    if req.dgd and req.namespace:
+        notes += from_dgd(draft, read_dgd(req.dgd, req.namespace))
+    notes += from_health(draft, shown)
     if shown.health is None and not (shown.metrics and any(n.startswith("vllm:") for n in shown.metrics.names())):
         notes.append(f"{shown.metrics_url}: no vllm:* families (behind a proxy: pass --metrics-url with the "
                      f"engine's /metrics)")
