@@ -22,6 +22,7 @@ from ml4_http_stub import Scripted, StubServer
 
 from pytest_ml4.deploy.fake_k8s import FakeKubeAPI
 from pytest_ml4.deploy.launcher import free_port
+from pytest_ml4.deploy.litellm import LiteLLMProxy, ProxySettings
 from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR
 from pytest_ml4.logs import EngineArgsLogged, FileLogReader, LogView
@@ -287,3 +288,37 @@ def test_a_disaggregated_dgd_sets_both_roles(dynamo_frontend: StubServer, tmp_pa
     assert target.prefill_engine.speculative == oracle.prefill_engine.speculative
     assert set(target.endpoint.worker_metrics_url_env) == {"prefill", "decode"}
     assert "lists 2 worker instance(s) now, the DGD declares 4" in r.stdout
+
+
+def test_behind_a_litellm_proxy(sim: SimServer, oracle: Target, tmp_path: Path) -> None:
+    """The real LiteLLM proxy (the RTX PRO target's config) in front of the simulator: the alias from the proxy,
+    the engine's served name and context from the engine's server, the retries from the config file."""
+    assert oracle.serving.proxy is not None
+    settings = ProxySettings.from_target(oracle, sim.base_url)
+    with LiteLLMProxy(settings, tmp_path / "proxy", env={**os.environ, settings.key_env: KEY}) as proxy:
+        r = run_new(tmp_path, "mine", "--endpoint", proxy.base_url, "--api-key-env", KEY_VAR, *HARDWARE,
+                    "--metrics-url", f"{sim.url}/metrics", "--litellm-config", str(proxy.config_file))
+    assert r.returncode == 0, r.stderr
+    target = load_target(tmp_path / "targets" / "mine.yaml")
+    assert target.serving.stack == "vllm+litellm" and target.serving.proxy is not None
+    assert target.serving.proxy.model_alias == oracle.serving.proxy.model_alias == target.serving.served_model_name
+    assert target.serving.engine_served_model_name == oracle.serving.engine_served_model_name
+    assert (target.serving.proxy.num_retries, target.serving.proxy.max_retries) == (
+        oracle.serving.proxy.num_retries, oracle.serving.proxy.max_retries)
+    assert target.engine.max_model_len == oracle.engine.max_model_len
+    assert target.engine.version == oracle.engine.version
+    assert target.endpoint.metrics_url_env == "ML4_MINE_METRICS_URL"
+    text = (tmp_path / "targets" / "mine.yaml").read_text()
+    assert f"# discovered: {sim.url}/v1/models" in line_of(text, "max_model_len")
+    assert KEY not in text + r.stdout + r.stderr
+
+
+def test_credentials_in_the_url_never_reach_the_file(dynamo_frontend: StubServer, tmp_path: Path) -> None:
+    secret = "pw-" + secrets.token_hex(6)
+    url = dynamo_frontend.base_url.replace("http://", f"http://ops:{secret}@")
+    r = run_new(tmp_path, "dyn", "--endpoint", url, *HARDWARE)
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "targets" / "dyn.yaml").read_text()
+    assert secret not in text + r.stdout + r.stderr
+    assert load_target(tmp_path / "targets" / "dyn.yaml").endpoint.default_url == dynamo_frontend.base_url
+    assert "set ML4_DYN_URL to the full URL" in line_of(text, "default_url")

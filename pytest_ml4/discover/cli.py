@@ -1,8 +1,9 @@
 """``ml4-target`` (``python -m pytest_ml4.discover``): write a target file for a running deployment.
 
     ml4-target new NAME --endpoint URL [--api-key-env VAR] --hardware FAMILY --gpus N [--gpu NAME]
-                        [--log-file PATH] [--unit UNIT [--ssh-host-env VAR]] [--dgd NAME [--namespace NS]]
-                        [--metrics-url URL] [--dynamo-version TAG] [--model NAME] [--out DIR] [--force]
+                        [--log-file PATH] [--unit UNIT [--ssh-host-env VAR]] [--dgd NAME --namespace NS]
+                        [--metrics-url URL [--litellm-config PATH]] [--dynamo-version TAG] [--model NAME]
+                        [--out DIR] [--force]
 
 Exit codes: 0 written, 2 bad input or the deployment could not be read (one line on stderr naming the URL,
 variable, file or option). The API key is read from the variable ``--api-key-env`` names and never printed.
@@ -33,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--gpu-memory-gib", type=float, metavar="GIB", help="memory per GPU (a family not known)")
     new.add_argument("--bandwidth-tb-s", type=float, metavar="TBS", help="memory bandwidth per GPU, TB/s")
     new.add_argument("--metrics-url", metavar="URL", help="an engine's /metrics, when --endpoint is a proxy")
+    new.add_argument("--litellm-config", metavar="PATH", help="the LiteLLM proxy's config, when --endpoint is the "
+                     "proxy (needs --metrics-url)")
     new.add_argument("--log-file", metavar="PATH", help="the engine's log: its 'non-default args' line")
     new.add_argument("--unit", metavar="UNIT", help="the engine's systemd unit (logs from journald, restarts)")
     new.add_argument("--ssh-host-env", metavar="VAR", help="variable naming the host the unit runs on (ssh)")
@@ -48,13 +51,17 @@ def build_parser() -> argparse.ArgumentParser:
 def _request(ns: argparse.Namespace) -> NewTarget:
     if ns.gpus < 1:
         raise DiscoverError(f"--gpus {ns.gpus}: must be at least 1")
-    if ns.namespace and not ns.dgd:
-        raise DiscoverError("--namespace needs --dgd (the DynamoGraphDeployment it names)")
+    if bool(ns.namespace) != bool(ns.dgd):
+        raise DiscoverError("--dgd and --namespace go together (the DynamoGraphDeployment and its namespace)")
+    if ns.litellm_config and not ns.metrics_url:
+        raise DiscoverError("--litellm-config needs --metrics-url (the engine's /metrics behind the proxy: its "
+                            "server also answers /v1/models and /version)")
     if ns.ssh_host_env and not ns.unit:
         raise DiscoverError("--ssh-host-env needs --unit (the systemd unit on that host)")
     return NewTarget(name=ns.name, endpoint=ns.endpoint, hardware=ns.hardware.lower(), gpus=ns.gpus,
                      api_key_env=ns.api_key_env, gpu=ns.gpu, gpu_memory_gib=ns.gpu_memory_gib,
-                     bandwidth_tb_s=ns.bandwidth_tb_s, metrics_url=ns.metrics_url, log_file=ns.log_file,
+                     bandwidth_tb_s=ns.bandwidth_tb_s, metrics_url=ns.metrics_url,
+                     litellm_config=ns.litellm_config, log_file=ns.log_file,
                      unit=ns.unit, ssh_host_env=ns.ssh_host_env, dgd=ns.dgd, namespace=ns.namespace,
                      dynamo_version=ns.dynamo_version, model=ns.model, out=ns.out, force=ns.force)
 

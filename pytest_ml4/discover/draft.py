@@ -122,16 +122,23 @@ def served_card(shown: Shown, model: str | None) -> dict[str, Any]:
 def from_models(draft: Draft, shown: Shown, card: dict[str, Any]) -> None:
     src = f"discovered: {shown.models_url}"
     draft.offer("serving.served_model_name", card["id"], src)
-    for key in fields_table()["models_context_keys"]:
-        if isinstance(card.get(key), int):
-            draft.offer("engine.max_model_len", card[key], f"{src} ({key})")
-    if isinstance(card.get("root"), str) and card["root"]:
-        draft.offer("engine.model_path", card["root"], f"{src} (root)")
+    for where, each in ((shown.engine_models_url, shown.engine_models[:1]), (shown.models_url, [card])):
+        for engine_card in each:
+            _model_card(draft, engine_card, f"discovered: {where}")
     if shown.requires_key is not None:
         answer = "refused" if shown.requires_key else "answered"
         draft.offer("endpoint.requires_api_key", shown.requires_key, f"{src} {answer} a request without the key")
     if shown.version:
         draft.offer("engine.version", shown.version, f"discovered: {shown.version_url}")
+
+
+def _model_card(draft: Draft, card: dict[str, Any], src: str) -> None:
+    """The engine's context length and model path from its model card."""
+    for key in fields_table()["models_context_keys"]:
+        if isinstance(card.get(key), int):
+            draft.offer("engine.max_model_len", card[key], f"{src} ({key})")
+    if isinstance(card.get("root"), str) and card["root"]:
+        draft.offer("engine.model_path", card["root"], f"{src} (root)")
 
 
 def from_metrics(draft: Draft, shown: Shown, served: str) -> None:

@@ -45,6 +45,9 @@ class Shown:
     #: A Dynamo frontend's ``/health`` body (a vLLM server answers an empty 200: None).
     health: dict[str, Any] | None = None
     health_url: str = ""
+    #: Behind a proxy: the engine's own model cards (``--metrics-url``'s server), where the context length is.
+    engine_models: list[dict[str, Any]] = field(default_factory=list)
+    engine_models_url: str = ""
     #: Pages that could not be read, one line each (``/version: HTTP 404``).
     unread: list[str] = field(default_factory=list)
 
@@ -65,6 +68,8 @@ def probe(ep: Endpoint, key_source: str | None = None) -> Shown:
     with make_httpx(ep) as http:
         shown = _models(http, ep)
         shown.requires_key = _requires_key(ep) if ep.api_key else None
+        if ep.metrics_url:
+            _engine_models(http, ep, shown)
         _version(http, ep, shown)
         _metrics(http, ep.effective_metrics_url, shown)
         _health(http, ep, shown)
@@ -112,6 +117,18 @@ def _page(http: httpx.Client, url: str, shown: Shown) -> httpx.Response | None:
         shown.unread.append(resp if isinstance(resp, str) else f"{display_url(url)}: HTTP {resp.status_code}")
         return None
     return resp
+
+
+def _engine_models(http: httpx.Client, ep: Endpoint, shown: Shown) -> None:
+    url = f"{ep.engine_root_url}/v1/models"
+    shown.engine_models_url = display_url(url)
+    resp = _page(http, url, shown)
+    try:
+        cards = resp.json().get("data") if resp is not None else None
+    except (ValueError, AttributeError):
+        cards = None
+    if isinstance(cards, list):
+        shown.engine_models = [c for c in cards if isinstance(c, dict) and c.get("id")]
 
 
 def _version(http: httpx.Client, ep: Endpoint, shown: Shown) -> None:

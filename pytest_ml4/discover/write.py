@@ -36,8 +36,10 @@ from pytest_ml4.discover.draft import (
     target_from,
 )
 from pytest_ml4.discover.probe import DiscoverError, endpoint_for, probe
+from pytest_ml4.discover.proxy import from_litellm
 from pytest_ml4.logs import FileLogReader, LogView
 from pytest_ml4.targets import TargetError
+from pytest_ml4.urls import display_url
 
 #: The order of a target file's top-level keys (the bundled targets' order).
 SECTION_ORDER = ("name", "description", "source", "hardware", "topology", "serving", "engine", "prefill_engine",
@@ -57,6 +59,7 @@ class NewTarget:
     gpu_memory_gib: float | None = None
     bandwidth_tb_s: float | None = None
     metrics_url: str | None = None
+    litellm_config: str | None = None
     log_file: str | None = None
     unit: str | None = None
     ssh_host_env: str | None = None
@@ -90,8 +93,10 @@ def new_target(req: NewTarget, environ: dict[str, str] | None = None) -> Written
     from_models(draft, shown, card)
     from_metrics(draft, shown, card["id"])
     notes = list(shown.unread)
-    if req.dgd and req.namespace:
+    if req.dgd and req.namespace:  # the command line gives both or neither
         notes += from_dgd(draft, read_dgd(req.dgd, req.namespace))
+    if req.litellm_config:
+        notes += from_litellm(draft, req.litellm_config, shown, card["id"])
     notes += from_health(draft, shown)
     if shown.health is None and not (shown.metrics and any(n.startswith("vllm:") for n in shown.metrics.names())):
         notes.append(f"{shown.metrics_url}: no vllm:* families (behind a proxy: pass --metrics-url with the "
@@ -141,21 +146,25 @@ def _log_view(log_file: str) -> LogView:
 
 def _from_flags(draft: Draft, req: NewTarget) -> None:
     today = dt.date.today().isoformat()
+    # Credentials and query strings never reach the file (a key may travel as ?api_key=): the URL variable can
+    # carry the full URL at run time.
+    url = display_url(req.endpoint)
     draft.offer("name", req.name, "flag NAME")
-    draft.offer("description", f"written by ml4-target new from {req.endpoint} on {today}", "flag --endpoint")
-    draft.offer("source", f"ml4-target new: what the deployment at {req.endpoint} showed on {today}; estimates "
+    draft.offer("description", f"written by ml4-target new from {url} on {today}", "flag --endpoint")
+    draft.offer("source", f"ml4-target new: what the deployment at {url} showed on {today}; estimates "
                           "marked in the file", "flag --endpoint")
     from_hardware(draft, req.hardware, req.gpus, req.gpu, req.gpu_memory_gib, req.bandwidth_tb_s)
     prefix = env_prefix(req.name)
     draft.offer("endpoint.url_env", f"{prefix}_URL", "set by ml4-target new: a URL there replaces default_url")
-    draft.offer("endpoint.default_url", req.endpoint, "flag --endpoint")
+    draft.offer("endpoint.default_url", url, "flag --endpoint" if url == req.endpoint else
+                f"flag --endpoint without its credentials or query: set {prefix}_URL to the full URL")
     if req.api_key_env:
         draft.offer("endpoint.api_key_env", req.api_key_env, "flag --api-key-env")
     else:
         draft.offer("endpoint.requires_api_key", False, "flag: no --api-key-env")
     if req.metrics_url:
         draft.offer("endpoint.metrics_url_env", f"{prefix}_METRICS_URL",
-                    f"flag --metrics-url: set this variable to {req.metrics_url} for a run")
+                    f"flag --metrics-url: set this variable to {display_url(req.metrics_url)} for a run")
     if req.dynamo_version:
         draft.offer("serving.dynamo_version", req.dynamo_version, "flag --dynamo-version")
     _access_flags(draft, req)
