@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from checkout import FIXTURES_DIR
+from checkout import FIXTURES_DIR, REPO_ROOT
 from ml4_http_stub import Scripted, StubServer
 
 from pytest_ml4.deploy.fake_k8s import FakeKubeAPI
@@ -322,3 +322,16 @@ def test_credentials_in_the_url_never_reach_the_file(dynamo_frontend: StubServer
     assert secret not in text + r.stdout + r.stderr
     assert load_target(tmp_path / "targets" / "dyn.yaml").endpoint.default_url == dynamo_frontend.base_url
     assert "set ML4_DYN_URL to the full URL" in line_of(text, "default_url")
+
+
+def test_the_written_target_runs_the_smoke_gate(sim: SimServer, tmp_path: Path) -> None:
+    """What `ml4-target new` writes is a target the suites run with: the smoke gate against the same simulator."""
+    assert run_new(tmp_path, "mine", "--endpoint", sim.base_url, "--api-key-env", KEY_VAR, *HARDWARE,
+                   "--log-file", str(sim.log_file)).returncode == 0
+    env = {**os.environ, KEY_VAR: KEY}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--target", "mine",
+                        f"--target-dir={tmp_path / 'targets'}", f"--ml4-reports={tmp_path / 'reports'}",
+                        str(REPO_ROOT / "suites"), "-m", "smoke"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and "failed" not in r.stdout
