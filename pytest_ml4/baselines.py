@@ -38,15 +38,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from pytest_ml4.locations import baselines_dir
+from pytest_ml4.locations import BASELINES_FOLDER, DATA_DIR, baselines_dir, resolve_from  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from pytest_ml4.targets import Target
 
 #: The layout every baseline file states (``"format"``); a file without it predates the one store.
 FORMAT = "ml4-baseline/1"
-#: What a baseline measures, and the file a target's baseline of that kind has in :func:`baselines_dir` when no
-#: option names one (perf: the target file's ``perf.baseline`` names it).
+#: What a baseline measures, and the file a target's baseline of that kind has under ``baselines/`` (the team's,
+#: else the package's) when no option names one (perf: the target file's ``perf.baseline`` names it).
 BASELINE_FILES: dict[str, str] = {
     "perf": "{target}.json",
     "accuracy": "accuracy-{target}.json",
@@ -117,8 +117,9 @@ def usable_on(prov: Provenance, path: str | Path, *, live: bool, explicit: bool)
 
 
 def default_baseline(kind: str, target: str, root: Path | None = None) -> Path:
-    """The stored baseline of ``kind`` for ``target`` when no option names one."""
-    return baselines_dir(root) / BASELINE_FILES[kind].format(target=target)
+    """The stored baseline of ``kind`` for ``target`` when no option names one: the team's file in ``root``'s
+    ``baselines/`` first, else the package's; neither: the team's path (where recording it puts it)."""
+    return resolve_from(root or DATA_DIR, Path(BASELINES_FOLDER) / BASELINE_FILES[kind].format(target=target))
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ Per-version differences live in the table, not in ``if`` chains: a suite asks ``
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ import yaml
 from pytest_ml4.locations import data_file
 
 VERSIONS_FILE = data_file("dynamo", "versions.yaml")
+#: Where a team's repository keeps its own rows (beside its ``targets/``); they take precedence.
+TEAM_VERSIONS = Path("dynamo") / "versions.yaml"
 
 
 class DynamoVersionError(ValueError):
@@ -133,23 +136,70 @@ def load_table(path: Path = VERSIONS_FILE) -> dict[str, DynamoBehaviour]:
     return {str(v): _row(str(v), raw, path) for v, raw in data["versions"].items()}
 
 
+def team_file(root: Path | None) -> Path | None:
+    """A team's own rows: ``dynamo/versions.yaml`` in its repository (the folder holding its ``targets/``)."""
+    if root is None:
+        return None
+    path = Path(root) / TEAM_VERSIONS
+    return path if path.is_file() and path.resolve() != VERSIONS_FILE.resolve() else None
+
+
+def table(root: Path | None = None, path: Path = VERSIONS_FILE) -> dict[str, DynamoBehaviour]:
+    """The package's rows with the team's (``root``/dynamo/versions.yaml) on top: a team row of the same release
+    replaces the package's."""
+    team = team_file(root)
+    return {**load_table(path), **(load_table(team) if team is not None else {})}
+
+
 def target_row(target: Any) -> DynamoBehaviour | None:
-    """The row of the Dynamo release ``target`` declares (``serving.dynamo_version``); None for a target not
-    served by Dynamo or declaring no release."""
+    """The row of the Dynamo release ``target`` declares (``serving.dynamo_version``), looked up in the package's
+    and the team's tables (``target.root``); a release in neither gets an assumed ``estimate`` row
+    (:func:`row_for`). None for a target not served by Dynamo or declaring no release."""
     version = getattr(target.serving, "dynamo_version", None) if target.is_dynamo else None
-    return behaviour(version) if version else None
+    return row_for(version, getattr(target, "root", None)) if version else None
 
 
-def behaviour(version: str, path: Path = VERSIONS_FILE) -> DynamoBehaviour | None:
-    """The row for ``version`` (exact key first, then a row whose ``covers`` pattern matches); None if unknown."""
-    table = load_table(path)
-    if version in table:
-        return table[version]
-    return next((row for row in table.values() if any(fnmatch.fnmatchcase(version, c) for c in row.covers)), None)
+def behaviour(version: str, path: Path = VERSIONS_FILE, root: Path | None = None) -> DynamoBehaviour | None:
+    """The row for ``version`` (exact key first, then a row whose ``covers`` pattern matches), the team's rows under
+    ``root`` first; None if unknown."""
+    rows = table(root, path)
+    if version in rows:
+        return rows[version]
+    return next((row for row in rows.values() if any(fnmatch.fnmatchcase(version, c) for c in row.covers)), None)
 
 
-def known_versions(path: Path = VERSIONS_FILE) -> list[str]:
-    return sorted(load_table(path))
+def known_versions(path: Path = VERSIONS_FILE, root: Path | None = None) -> list[str]:
+    return sorted(table(root, path))
+
+
+def release_key(version: str) -> tuple[int, ...]:
+    """The numeric release of a version or image tag (``1.7.0-mistral-large-4-dev.1`` -> (1, 7, 0))."""
+    match = re.match(r"v?(\d+(?:\.\d+)*)", version)
+    return tuple(int(x) for x in match.group(1).split(".")) if match else ()
+
+
+def assumed_base(version: str, root: Path | None = None) -> tuple[DynamoBehaviour, str]:
+    """The known row an unknown release is assumed to behave as, and why that one: the nearest lower release (a
+    later release keeps what its predecessor parses until a transcript shows otherwise), else the lowest known."""
+    rows = sorted(table(root).values(), key=lambda r: (release_key(r.version), r.version))
+    key = release_key(version)
+    lower = [r for r in rows if release_key(r.version) <= key]
+    if lower:
+        return lower[-1], "the nearest lower known release"
+    return rows[0], "the lowest known release: none is lower"
+
+
+def row_for(version: str, root: Path | None = None) -> DynamoBehaviour:
+    """The row for ``version``; for a release in no table, the :func:`assumed_base` row's behaviour as an
+    ``estimate`` that names what it is assumed from (summary.json and the Allure environment show it)."""
+    known = behaviour(version, root=root)
+    if known is not None:
+        return known
+    base, why = assumed_base(version, root)
+    where = f"{TEAM_VERSIONS} of your repository" if root is not None else "a versions table"
+    return replace(base, version=version, status="estimate", covers=(), emulation=dict(base.emulation),
+                   source=f"assumed: {version} is in no versions table, taken to behave as {base.version} ({why}, "
+                          f"{base.status}); add a row for it to {where} once observed")
 
 
 def image_version(image: str | None) -> str | None:
@@ -161,7 +211,7 @@ def image_version(image: str | None) -> str | None:
     return last.split(":", 1)[1] if ":" in last else None
 
 
-def tool_call_drop_cause(version: str, parser: str | None = ROW_PARSER) -> str | None:
+def tool_call_drop_cause(version: str, parser: str | None = ROW_PARSER, root: Path | None = None) -> str | None:
     """Why no tool call comes back from a Dynamo ``version`` whose workers run the tool parser ``parser``
     (``--dyn-tool-call-parser``; the target's ``engine.tool_call_parser``), as far as the deployment's own
     configuration explains it; None where it does not (the row says the form is parsed, or the version is unknown:
@@ -177,10 +227,10 @@ def tool_call_drop_cause(version: str, parser: str | None = ROW_PARSER) -> str |
         return (f"the workers run the `{parser}` tool-call parser (engine.tool_call_parser / --dyn-tool-call-parser "
                 f"{parser}), which does not read Mistral Large 4's [TOOL_CALLS] output; run "
                 f"--dyn-tool-call-parser {ROW_PARSER}")
-    row = behaviour(version)
+    row = behaviour(version, root=root)
     if row is None or row.mistral_v11_tool_calls_parsed:
         return None
-    parsed = [v for v, r in load_table().items() if r.mistral_v11_tool_calls_parsed]
+    parsed = [v for v, r in table(root).items() if r.mistral_v11_tool_calls_parsed]
     return (f"Dynamo {version}'s `mistral` tool parser silently drops Mistral Large 4's "
             f"[TOOL_CALLS]name[ARGS]{{...}} form (no tool_calls; content null or the raw markup, finish_reason stop; "
             f"pytest_ml4/data/dynamo/versions.yaml mistral_v11_tool_calls_parsed: false, {row.status}); serve it with a "
@@ -196,10 +246,11 @@ def _functions(tools: list[dict[str, object]]) -> list[tuple[str, dict[str, Any]
     return out  # type: ignore[return-value]
 
 
-def guided_json_refusal(version: str, tools: list[dict[str, object]]) -> tuple[str, str] | None:
+def guided_json_refusal(version: str, tools: list[dict[str, object]],
+                        root: Path | None = None) -> tuple[str, str] | None:
     """``(tool name, keyword)`` of the first tool whose parameter schema uses a keyword the version's guided-JSON
     grammar refuses (``guided_json_refused_keywords``), or None."""
-    row = behaviour(version)
+    row = behaviour(version, root=root)
     if row is None or not row.guided_json_refused_keywords:
         return None
     for name, fn in _functions(tools):
@@ -239,7 +290,7 @@ def emulated_grammar_reason(declared: str, running: str | None, engine: str = ""
 
 
 def guided_refusal_cause(version: str, tool_choice: object, tools: list[dict[str, object]],
-                         logged: Callable[[], tuple[str, ...]] = tuple) -> str | None:
+                         logged: Callable[[], tuple[str, ...]] = tuple, root: Path | None = None) -> str | None:
     """The cause to name when a ``tool_choice`` required/named request failed on a release whose guided-JSON
     grammar refuses a keyword of the tools' schemas, or None (not a guided choice, no such keyword). ``logged``
     returns the keywords the engine log's ``Grammar error: Unimplemented keys`` line names: the log is the better
@@ -250,7 +301,7 @@ def guided_refusal_cause(version: str, tool_choice: object, tools: list[dict[str
         # A named choice puts only that tool's parameters into the grammar (real-dynamo-vllm.md).
         chosen = (tool_choice.get("function") or {}).get("name")
         tools = [t for t in tools if (t.get("function") or {}).get("name") == chosen]  # type: ignore[union-attr]
-    refusal = guided_json_refusal(version, tools)
+    refusal = guided_json_refusal(version, tools, root)
     keys = logged()
     if keys:
         tool = next((name for name, fn in _functions(tools) if first_schema_keyword(fn.get("parameters"), keys)),

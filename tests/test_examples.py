@@ -94,7 +94,7 @@ def test_job_runs_the_suite_against_the_frontend_and_keeps_the_report() -> None:
     env = {e.name: e.value for e in container.env}
     target = load_target(env["ML4_TARGET"])
     assert env["ML4_TARGET"] in known_targets() and target.is_dynamo
-    assert env["DGD"] == target.logs.dgd
+    assert env["DGD"] == target.control.dgd
     assert env["ENDPOINT"] == f"{env['DGD']}-frontend:8000"
     assert env[target.endpoint.url_env] == "http://$(ENDPOINT)/v1"
     assert pod.restart_policy == "Never" and pod.service_account_name == docs["ServiceAccount"]["metadata"]["name"]

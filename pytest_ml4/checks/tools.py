@@ -254,6 +254,8 @@ class ToolChat(ChatSession):
     #: Why this run cannot judge the declared release's guided-JSON schema limits (its workers are another
     #: release emulating it), or None.
     grammar_not_judged: str | None = None
+    #: The repository whose dynamo/versions.yaml rows take precedence (the target's root).
+    versions_root: Path | None = None
 
     def on(self, target: Target, conventions: Mapping[str, Any] | None, worker_engine: Mapping[str, Any] | None,
            logs: Any) -> ToolChat:
@@ -263,7 +265,9 @@ class ToolChat(ChatSession):
         if target.is_dynamo and target.serving.dynamo_version:
             self.dynamo_version = target.serving.dynamo_version
             # The parser the deployment's workers run (what the target declares for --dyn-tool-call-parser).
-            self.no_call_cause = tool_call_drop_cause(self.dynamo_version, target.engine.tool_call_parser)
+            self.versions_root = target.root  # a team's dynamo/versions.yaml rows come first
+            self.no_call_cause = tool_call_drop_cause(self.dynamo_version, target.engine.tool_call_parser,
+                                                      self.versions_root)
             self.logs = logs
             self.grammar_not_judged = emulated_grammar_reason(self.dynamo_version, *running_release(worker_engine))
         row = (conventions or {}).get(target.serving.stack)
@@ -288,7 +292,7 @@ class ToolChat(ChatSession):
         if self.dynamo_version is None:
             return None
         return guided_refusal_cause(self.dynamo_version, body.get("tool_choice"), body.get("tools") or [],
-                                    lambda: refused_keys_logged(self.logs, since))
+                                    lambda: refused_keys_logged(self.logs, since), self.versions_root)
 
     def assert_obeyed(self, answer: Answer, tools: list[dict[str, Any]], tool_choice: Any,
                       expect_tool: str | None) -> list[Any]:

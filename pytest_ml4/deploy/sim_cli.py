@@ -55,7 +55,7 @@ def load_with_overrides(target: str, exprs: list[str]) -> Target:
     merged: dict[str, Any] = {}
     for expr in exprs:
         merged = deep_merge(merged, parse_override(expr))
-    return load_target(target, overrides=merged or None)
+    return load_target(target, overrides=merged or None, option="--set")
 
 
 def target_faults(target: Target) -> list[str]:

@@ -64,15 +64,16 @@ class KubernetesLogReader(LogReader):
     @classmethod
     def for_target(cls, target: Target, env: Mapping[str, str] | None = None, *,
                    api: k8s_client.ApiClient | None = None, role: str = "all") -> KubernetesLogReader:
-        """The reader for a target whose ``logs.kind`` is ``kubernetes`` (kubeconfig unless ``api`` is given)."""
+        """The reader for a target whose ``logs.kind`` is ``kubernetes``: the pods of ``control.dgd`` (kubeconfig unless
+        ``api`` is given)."""
         env = os.environ if env is None else env
-        logs = target.logs
-        ns = logs.namespace or (env.get(logs.namespace_env) if logs.namespace_env else None)
-        if not ns or not logs.dgd:
+        where = target.control  # the DGD and its namespace are given once, under control
+        ns = where.namespace or (env.get(where.namespace_env) if where.namespace_env else None)
+        if not ns or not where.dgd:
             raise LogReadError(f"target {target.name}: Kubernetes logs need a namespace "
-                               f"({logs.namespace_env or 'logs.namespace'}) and logs.dgd")
+                               f"({where.namespace_env or 'control.namespace'}) and control.dgd")
         try:
-            return cls(api or api_client(), ns, logs.dgd, role=role)
+            return cls(api or api_client(), ns, where.dgd, role=role)
         except KubeConfigError as err:
             raise LogReadError(str(err)) from None
 

@@ -191,8 +191,8 @@ def ml4_restart_logs(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: E
     path = pytestconfig.getoption("ml4_log_file") or pytestconfig.getini("ml4_log_file")
     if path:
         return FileLogReader(path)
-    if ml4_kube_api is not None and ml4_kube_namespace and ml4_target.logs.dgd:
+    if ml4_kube_api is not None and ml4_kube_namespace and ml4_target.control.dgd:
         from pytest_ml4.logs.kubernetes import KubernetesLogReader
 
-        return KubernetesLogReader(ml4_kube_api, ml4_kube_namespace, ml4_target.logs.dgd, role="workers")
+        return KubernetesLogReader(ml4_kube_api, ml4_kube_namespace, ml4_target.control.dgd, role="workers")
     return reader_for_target(ml4_target, sim=ml4_sim)

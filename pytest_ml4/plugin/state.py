@@ -109,9 +109,10 @@ class Ml4State:
             name = os.environ["ML4_TARGET"]
         if name:
             try:
-                self.target = load_target(name, self.targets_dir, overrides=self.overrides or None)
+                self.target = load_target(name, self.targets_dir, overrides=self.overrides or None,
+                                          option="--ml4-set")
             except TargetError as err:
-                raise pytest.UsageError(f"--target: {err}") from None
+                raise pytest.UsageError(str(err) if err.from_override else f"--target: {err}") from None
         elif self.use_sim:
             raise pytest.UsageError(f"--sim needs --target; known targets: {', '.join(known_targets(self.targets_dir))}")
         if self.use_sim and self.target is not None:

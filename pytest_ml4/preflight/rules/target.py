@@ -59,9 +59,8 @@ def engine_drift(site: EngineSite) -> list[str]:
 def dgd_drift(doc: DgdDocument, target: Target) -> list[str]:
     """DGD name (restart control and log reading find pods by it) and replica counts vs the target."""
     out: list[str] = []
-    for section, name in (("control.dgd", target.control.dgd), ("logs.dgd", target.logs.dgd)):
-        if name and name != doc.name:
-            out.append(f"DGD name {doc.name} vs {section} {name}")
+    if target.control.dgd and target.control.dgd != doc.name:
+        out.append(f"DGD name {doc.name} vs control.dgd {target.control.dgd}")
     topo = target.topology
     for role, want in (("agg", topo.workers if topo.kind == "agg" else None),
                        ("prefill", topo.prefill_workers or None), ("decode", topo.decode_workers or None)):
