@@ -199,7 +199,9 @@ def test_a_dynamo_frontend_gives_stack_topology_and_engine_config(dynamo_fronten
     assert target.engine.max_model_len == 16384
     assert (target.engine.max_num_seqs, target.engine.block_size, target.engine.max_num_batched_tokens) == (
         16, 128, 4096)
-    assert (target.logs.kind, target.logs.dgd, target.logs.namespace_env) == ("kubernetes", "dyn", "ML4_NAMESPACE")
+    assert target.logs.kind == "kubernetes"
+    assert (target.control.kind, target.control.dgd, target.control.namespace_env) == ("kubernetes", "dyn",
+                                                                                        "ML4_NAMESPACE")
     assert "# estimate:" in line_of(text_of(path), "dgd")
     assert target.endpoint.requires_api_key is False
     text = path.read_text()
@@ -211,11 +213,12 @@ def test_a_dynamo_frontend_gives_stack_topology_and_engine_config(dynamo_fronten
 
 
 @contextmanager
-def fake_cluster(folder: Path, target: str) -> Iterator[tuple[FakeKubeAPI, dict[str, str]]]:
-    """A fake Kubernetes API holding a bundled target's DGD (its manifest) in namespace llm, and a kubeconfig
-    naming it."""
-    docs = yaml.safe_load_all((BUNDLED_TARGETS_DIR / target / "deploy.yaml").read_text())
-    dgd = next(d for d in docs if d.get("kind") == "DynamoGraphDeployment")
+def fake_cluster(folder: Path, target: str, manifest_text: str | None = None
+                 ) -> Iterator[tuple[FakeKubeAPI, dict[str, str]]]:
+    """A fake Kubernetes API holding a bundled target's DGD (its manifest, or ``manifest_text``) in namespace llm,
+    and a kubeconfig naming it."""
+    text = manifest_text or (BUNDLED_TARGETS_DIR / target / "deploy.yaml").read_text()
+    dgd = next(d for d in yaml.safe_load_all(text) if d.get("kind") == "DynamoGraphDeployment")
     api = FakeKubeAPI()
     api.add_dgd("llm", dgd["metadata"]["name"], dgd["spec"])
     api.start()
@@ -254,8 +257,8 @@ def test_the_dgd_gives_replicas_worker_flags_and_release(dynamo_frontend: StubSe
     assert (target.engine.gpu_memory_utilization, target.engine.kv_offloading_size_gib) == (
         oracle.engine.gpu_memory_utilization, oracle.engine.kv_offloading_size_gib)
     assert target.engine.disable_hybrid_kv_cache_manager is True
-    assert (target.logs.dgd, target.logs.namespace, target.control.dgd) == (
-        "mistral-large-4-agg-gb300", "llm", "mistral-large-4-agg-gb300")
+    assert (target.logs.kind, target.control.dgd, target.control.namespace) == (
+        "kubernetes", "mistral-large-4-agg-gb300", "llm")
     text = path.read_text()
     assert "# discovered: DGD llm/mistral-large-4-agg-gb300" in line_of(text, "tensor_parallel")
     assert "worker image tag" in line_of(text, "dynamo_version")
@@ -335,3 +338,15 @@ def test_the_written_target_runs_the_smoke_gate(sim: SimServer, tmp_path: Path) 
                        text=True, timeout=600, check=False)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and "failed" not in r.stdout
+
+
+def test_a_dgd_image_of_an_unknown_release_is_written_and_listed(dynamo_frontend: StubServer, tmp_path: Path) -> None:
+    text = (BUNDLED_TARGETS_DIR / "gb300-agg" / "deploy.yaml").read_text()
+    known = load_target("gb300-agg").serving.dynamo_version
+    assert known and f":{known}" in text
+    with fake_cluster(tmp_path, "gb300-agg", text.replace(f":{known}", ":9.9.0")) as (_api, env):
+        r = run_new(tmp_path, "dyn", "--endpoint", dynamo_frontend.base_url, *HARDWARE, "--dgd",
+                    "mistral-large-4-agg-gb300", "--namespace", "llm", env=env)
+    assert r.returncode == 0, r.stderr
+    assert load_target(tmp_path / "targets" / "dyn.yaml").serving.dynamo_version == "9.9.0"
+    assert "serving.dynamo_version 9.9.0: in no versions table" in r.stdout

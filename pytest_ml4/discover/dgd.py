@@ -2,12 +2,13 @@
 
 The object is parsed as ``ml4-preflight`` parses a DGD file (:func:`pytest_ml4.preflight.parsers.parse_dgd`): roles,
 replicas, each worker's engine flags and image. The replicas it declares set the topology (``/health`` shows only
-the workers registered at that moment); the worker flags set the engine; the image tag is the Dynamo release when
-``pytest_ml4/data/dynamo/versions.yaml`` knows it.
+the workers registered at that moment); the worker flags set the engine; the image tag is the Dynamo release (one
+in no versions table is listed: the suite then assumes the nearest lower known release).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client as k8s_client
@@ -23,7 +24,7 @@ from pytest_ml4.control.k8s import (
 )
 from pytest_ml4.discover.draft import Draft, arg_value, fields_table
 from pytest_ml4.discover.probe import DiscoverError
-from pytest_ml4.dynamo_versions import behaviour
+from pytest_ml4.dynamo_versions import behaviour, image_version, row_for
 from pytest_ml4.preflight.model import DgdComponent, DgdDocument, EngineArgs
 from pytest_ml4.preflight.parsers import parse_dgd
 
@@ -43,8 +44,9 @@ def read_dgd(name: str, namespace: str, host: str | None = None) -> DgdDocument:
     return parse_dgd(obj, f"DGD {namespace}/{name}", [], 0)
 
 
-def from_dgd(draft: Draft, doc: DgdDocument) -> list[str]:
-    """Topology, engine flags, router and release from the DGD; returns notes on what it could not give."""
+def from_dgd(draft: Draft, doc: DgdDocument, root: Path | None = None) -> list[str]:
+    """Topology, engine flags, router and release from the DGD; returns notes on what it could not give. ``root``:
+    the team's folder (its ``dynamo/versions.yaml`` rows count too)."""
     src = f"discovered: {doc.path}"
     prefill, decode, agg = doc.by_role("prefill"), doc.by_role("decode"), doc.by_role("agg")
     if prefill or decode:
@@ -66,7 +68,7 @@ def from_dgd(draft: Draft, doc: DgdDocument) -> list[str]:
             for flag, path in fields_table()["dgd_frontend_flags"].items():
                 if comp.frontend.args.get(flag) is not None:
                     draft.offer(path, comp.frontend.args.get(flag), f"{src} {comp.name} --{flag}")
-    return _release(draft, main, src)
+    return _release(draft, main, src, root)
 
 
 def _replicas(comps: list[DgdComponent]) -> int:
@@ -86,12 +88,12 @@ def _engine(draft: Draft, section: str, args: EngineArgs, src: str) -> None:
         draft.offer(f"{section}.{name}", value, f"{src}: no flag for it, none runs")
 
 
-def _release(draft: Draft, main: list[DgdComponent], src: str) -> list[str]:
-    image = main[0].image if main else None
-    if not image or ":" not in image.rsplit("/", 1)[-1]:
+def _release(draft: Draft, main: list[DgdComponent], src: str, root: Path | None) -> list[str]:
+    tag = image_version(main[0].image if main else None)
+    if tag is None:
         return [f"{src}: no worker image tag to read the Dynamo release from"]
-    tag = image.rsplit(":", 1)[1]
-    if behaviour(tag) is None:
-        return [f"{src}: image tag {tag} is not a Dynamo release pytest_ml4/data/dynamo/versions.yaml knows"]
     draft.offer("serving.dynamo_version", tag, f"{src} worker image tag")
+    if behaviour(tag, root=root) is None:
+        base = row_for(tag, root)
+        return [f"serving.dynamo_version {tag}: in no versions table ({base.source})"]
     return []

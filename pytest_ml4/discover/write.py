@@ -94,7 +94,7 @@ def new_target(req: NewTarget, environ: dict[str, str] | None = None) -> Written
     from_metrics(draft, shown, card["id"])
     notes = list(shown.unread)
     if req.dgd and req.namespace:  # the command line gives both or neither
-        notes += from_dgd(draft, read_dgd(req.dgd, req.namespace))
+        notes += from_dgd(draft, read_dgd(req.dgd, req.namespace), Path(req.out).resolve().parent)
     if req.litellm_config:
         notes += from_litellm(draft, req.litellm_config, shown, card["id"])
     notes += from_health(draft, shown)
@@ -171,22 +171,21 @@ def _from_flags(draft: Draft, req: NewTarget) -> None:
 
 
 def _access_flags(draft: Draft, req: NewTarget) -> None:
-    """Where logs are read and how the engine restarts, as the flags say."""
+    """Where logs are read and how the engine restarts, as the flags say (an explicit log file first)."""
+    if req.log_file:
+        draft.offer("logs.kind", "file", "flag --log-file")
+        draft.offer("logs.path", str(Path(req.log_file).resolve()), "flag --log-file")
     if req.dgd:
-        for section in ("logs", "control"):
-            draft.offer(f"{section}.kind", "kubernetes", "flag --dgd")
-            draft.offer(f"{section}.dgd", req.dgd, "flag --dgd")
-            if req.namespace:
-                draft.offer(f"{section}.namespace", req.namespace, "flag --namespace")
+        draft.offer("logs.kind", "kubernetes", "flag --dgd (the pods of control.dgd)")
+        draft.offer("control.kind", "kubernetes", "flag --dgd")
+        draft.offer("control.dgd", req.dgd, "flag --dgd")
+        draft.offer("control.namespace", req.namespace, "flag --namespace")
     if req.unit:
         for section in ("logs", "control"):
             draft.offer(f"{section}.kind", "journald" if section == "logs" else "systemd", "flag --unit")
             draft.offer(f"{section}.unit", req.unit, "flag --unit")
             if req.ssh_host_env:
                 draft.offer(f"{section}.ssh_host_env", req.ssh_host_env, "flag --ssh-host-env")
-    if req.log_file:
-        draft.offer("logs.kind", "file", "flag --log-file")
-        draft.offer("logs.path", str(Path(req.log_file).resolve()), "flag --log-file")
 
 
 def _document(draft: Draft) -> dict[str, Any]:
