@@ -93,6 +93,9 @@ def new_target(req: NewTarget, environ: dict[str, str] | None = None) -> Written
     from_models(draft, shown, card)
     from_metrics(draft, shown, card["id"])
     notes = list(shown.unread)
+    if len(shown.models) > 1 and req.model is None:
+        listed = ", ".join(str(c["id"]) for c in shown.models)
+        notes.append(f"{shown.models_url} lists {listed}: described {card['id']} (pass --model NAME for another)")
     if req.dgd and req.namespace:  # the command line gives both or neither
         notes += from_dgd(draft, read_dgd(req.dgd, req.namespace), Path(req.out).resolve().parent)
     if req.litellm_config:
