@@ -3,17 +3,22 @@
 The package carries its run-time tables, its bundled targets and its stored baselines under ``pytest_ml4/data/``
 (read through :mod:`importlib.resources`, so an installed copy finds them as a checkout does); ``fixtures/`` in a
 checkout holds only the recordings and data the project's own tests read. A platform team keeps its own targets in
-its own repository: the targets directory is the one given (``--target-dir`` / ini ``ml4_target_dir``), else the
-``targets/`` folder of pytest's rootdir, else the package's bundled targets. Works without pytest; imports nothing
-of the project, so every module may import it.
+its own repository: the targets directory is the one given (``--target-dir`` relative to the current directory,
+ini ``ml4_target_dir`` relative to the ini file's folder), else the ``targets/`` folder of pytest's rootdir, else
+the package's bundled targets. The suites the package carries are found through the import system
+(:func:`suites_dir`), so a pip install, a wheel and an editable install find them alike. Works without pytest;
+imports nothing of the project, so every module may import it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from importlib import resources
 from pathlib import Path
 
 _PACKAGE = "pytest_ml4"
+#: The checkout's ``suites/`` as the package ships it (``setup.py``'s ``package_dir``).
+SUITES_PACKAGE = f"{_PACKAGE}.suites"
 
 
 def _package_dir() -> Path:
@@ -32,8 +37,22 @@ DATA_DIR = PACKAGE_DIR / "data"
 BUNDLED_TARGETS_DIR = DATA_DIR / "targets"
 TARGETS_FOLDER = "targets"
 BASELINES_FOLDER = "baselines"
-#: The suites an installed copy carries (``suites/`` of the checkout, installed as ``pytest_ml4/suites``).
-BUNDLED_SUITES_DIR = PACKAGE_DIR / "suites"
+
+
+def suites_dir() -> Path | None:
+    """The folder of the suites the imported package carries, or None when there is none.
+
+    Asked of the import system, not derived from ``PACKAGE_DIR``: a pip install or a wheel puts them at
+    ``pytest_ml4/suites``, but an editable install (``pip install -e``, what ``scripts/install.sh`` makes) leaves
+    them at the checkout's ``suites/`` and maps the name there with its finder. A source tree imported through
+    ``PYTHONPATH`` with no install at all has no such mapping: there ``setup.py`` sits beside the package and says
+    ``suites/`` is the folder.
+    """
+    spec = importlib.util.find_spec(SUITES_PACKAGE)
+    found = [Path(p) for p in (spec.submodule_search_locations or [])] if spec is not None else []
+    if not found and (PACKAGE_PARENT / "setup.py").is_file():
+        found = [PACKAGE_PARENT / "suites"]
+    return next((p for p in found if p.is_dir()), None)
 
 
 def data_file(*parts: str) -> Path:
@@ -41,12 +60,13 @@ def data_file(*parts: str) -> Path:
     return DATA_DIR.joinpath(*parts)
 
 
-def targets_dir(given: str | Path | None = None, rootdir: Path | None = None) -> Path:
-    """The directory target names are looked up in: ``given`` (relative to ``rootdir``), else ``rootdir``'s
-    ``targets/`` when it has one, else the bundled targets."""
+def targets_dir(given: str | Path | None = None, rootdir: Path | None = None, relative_to: Path | None = None) -> Path:
+    """The directory target names are looked up in: ``given`` (relative to ``relative_to``: the current directory
+    for ``--target-dir``, the ini file's folder for ``ml4_target_dir``), else ``rootdir``'s ``targets/`` when it
+    has one, else the bundled targets."""
     if given:
         path = Path(given)
-        return path if path.is_absolute() or rootdir is None else rootdir / path
+        return path if path.is_absolute() or relative_to is None else relative_to / path
     if rootdir is not None and (rootdir / TARGETS_FOLDER).is_dir():
         return rootdir / TARGETS_FOLDER
     return BUNDLED_TARGETS_DIR

@@ -1,15 +1,18 @@
-"""The suite installed by pip (not editable, not this checkout) runs a platform team's own target from its own
-repository: the package finds its data, its bundled suites and the team's ``targets/`` without a checkout.
+"""The suite installed by pip runs a platform team's own target from its own repository: the package finds its
+data, its bundled suites and the team's ``targets/`` without a checkout, whether pip installed it as a wheel
+(``pip install PATH``) or editable (``pip install -e PATH``, what ``scripts/install.sh`` makes), from any folder.
 
-Nothing is downloaded: the checkout's package sources (without ``fixtures/``, ``tests/`` or ``.git``: what a
-wheel may need is there or nowhere) are installed with ``--no-deps`` (its build backend from pip's configured
-index, as ``scripts/install.sh`` gets it) and the dependencies are this venv's, made visible by a ``.pth`` file.
+Nothing is downloaded: a copy of the checkout's package sources (without ``fixtures/``, ``tests/`` or ``.git``: what
+a wheel may need is there or nowhere) is installed with ``--no-deps`` (its build backend from pip's configured
+index, as ``scripts/install.sh`` gets it) into a fresh venv outside the checkout, and the dependencies are this
+venv's, made visible by a ``.pth`` file. An install takes a few seconds; the collection runs well under one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -49,14 +52,108 @@ def _package_sources(where: Path) -> Path:
     return src
 
 
-def _team_repository(where: Path) -> Path:
-    """A team's repository: one target of its own (the RTX PRO seed's, renamed), nothing else."""
+def _team_repository(where: Path, targets: str = "targets", name: str = TEAM_TARGET) -> Path:
+    """A team's repository: one target of its own (the RTX PRO seed's, renamed) in ``targets``, nothing else."""
     team = where / "team"
-    (team / "targets").mkdir(parents=True)
+    (team / targets).mkdir(parents=True)
     data = yaml.safe_load((BUNDLED_TARGETS_DIR / "rtxpro6000-tp8.yaml").read_text())
-    data["name"] = TEAM_TARGET
-    (team / "targets" / f"{TEAM_TARGET}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    data["name"] = name
+    (team / targets / f"{name}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     return team
+
+
+def _clean_env() -> dict[str, str]:
+    """This process's environment without what would point the child at this checkout or preset a target."""
+    drop = ("PYTHONPATH", "VIRTUAL_ENV", "ML4_TARGET", "PYTEST_ADDOPTS")
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+def _install(where: Path, *, editable: bool) -> Path:
+    """A fresh venv under ``where`` with the package sources' copy installed into it; returns its python."""
+    python = _fresh_venv(where)
+    argv = [str(python), "-m", "pip", "install", "--no-deps", "--quiet",
+            *(["-e"] if editable else []), str(_package_sources(where))]
+    install = subprocess.run(argv, env=_clean_env(), cwd=where, capture_output=True, text=True, timeout=600,
+                             check=False)
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    return python
+
+
+class Installed:
+    """One install: its python, where the package and its suites landed, and how to run pytest with it."""
+
+    def __init__(self, where: Path, kind: str) -> None:
+        self.where = where
+        self.kind = kind
+        self.python = _install(where, editable=kind == "editable")
+        code = "import pytest_ml4.locations as l; print(l.PACKAGE_DIR); print(l.suites_dir())"
+        probe = subprocess.run([str(self.python), "-c", code],
+                               env=_clean_env(), cwd=where, capture_output=True, text=True, timeout=60, check=True)
+        package, suites = probe.stdout.split()
+        self.package, self.suites = Path(package), Path(suites)
+
+    def pytest(self, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(self.python), "-m", "pytest", "-p", "no:cacheprovider", *args], env=_clean_env(),
+                              cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.fixture(scope="module", params=["pip", "editable"])
+def installed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """``pip install COPY`` (a wheel built and installed) and ``pip install -e COPY`` (the checkout's layout kept:
+    ``suites/`` stays beside the package, reached only through the editable finder)."""
+    return Installed(tmp_path_factory.mktemp(f"install-{request.param}"), request.param)
+
+
+def _collected(run: subprocess.CompletedProcess[str]) -> int:
+    """The count of ``N tests collected`` (0 when the line is missing)."""
+    found = re.search(r"^(\d+) tests? collected", run.stdout, re.MULTILINE)
+    return int(found.group(1)) if found else 0
+
+
+def test_each_install_places_its_suites_where_only_the_import_system_knows(installed: Installed) -> None:
+    """Caught: the suites were looked for at ``pytest_ml4/suites`` only, which an editable install never has."""
+    assert (installed.suites / "test_smoke.py").is_file(), installed.suites
+    if installed.kind == "pip":
+        assert installed.suites == installed.package / "suites" and installed.package.is_relative_to(installed.where)
+    else:
+        assert not (installed.package / "suites").exists(), "an editable install leaves suites/ beside the package"
+        assert installed.suites == installed.package.parent / "suites" != REPO_ROOT / "suites"
+
+
+def test_a_team_folder_collects_the_installed_suites(installed: Installed, tmp_path: Path) -> None:
+    """Caught: under an editable install ``pytest --target mine --collect-only`` in a team's repository said
+    ``no tests collected`` and exited 5."""
+    team = _team_repository(tmp_path)
+    run = installed.pytest("--target", TEAM_TARGET, "--collect-only", "-q", cwd=team)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert _collected(run) > 0 and "test_smoke.py::test_health" in run.stdout, run.stdout[-2000:]
+    pyargs = installed.pytest("--target", TEAM_TARGET, "--collect-only", "-q", "--pyargs", "pytest_ml4.suites",
+                              cwd=team)
+    assert pyargs.returncode == 0, pyargs.stdout[-2000:] + pyargs.stderr[-2000:]
+    assert _collected(pyargs) == _collected(run)
+    module = installed.pytest("--collect-only", "-q", "--pyargs", "pytest_ml4.suites.test_smoke::test_health",
+                              cwd=team)
+    # pytest names a test of a lone file argument outside the rootdir "::name" (the file is the argument).
+    assert _collected(module) == 1 and "::test_health" in module.stdout, module.stdout[-2000:]
+
+
+def test_target_dir_is_relative_to_the_current_folder_not_the_rootdir(installed: Installed, tmp_path: Path) -> None:
+    """The team's ini sits at its repository's top (pytest's rootdir); the gate runs from ``gate/``, whose own
+    ``targets/`` holds the target: ``--target-dir=targets`` means ``gate/targets``, as a shell user reads it."""
+    team = _team_repository(tmp_path, targets="gate/targets", name="gate-rtx")
+    (team / "pytest.ini").write_text("[pytest]\n")
+    run = installed.pytest("--target", "gate-rtx", "--target-dir=targets", "--collect-only", cwd=team / "gate")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert f"rootdir: {team}" in run.stdout and "<Function test_health>" in run.stdout, run.stdout[:2000]
+
+
+def test_a_run_that_collects_nothing_says_why_in_one_line(installed: Installed, tmp_path: Path) -> None:
+    team = _team_repository(tmp_path)
+    run = installed.pytest("--target", TEAM_TARGET, "--collect-only", "-q", "-m", "no_such_marker", cwd=team)
+    assert run.returncode == pytest.ExitCode.NO_TESTS_COLLECTED, run.stdout[-2000:] + run.stderr[-2000:]
+    lines = [ln for ln in run.stderr.splitlines() if ln.startswith("ERROR:")]
+    expected = f"ERROR: ml4: no test under {installed.suites} matches -m 'no_such_marker' for target {TEAM_TARGET}"
+    assert lines == [expected], run.stderr
 
 
 @pytest.mark.nightly
@@ -64,12 +161,8 @@ def test_the_pip_installed_suite_runs_a_teams_own_target_from_its_repository(tmp
     """Caught: the package found its tables, targets and suites only through the checkout (``REPO_ROOT``).
     Nightly: it takes about two minutes on two busy cores (a wheel build, an install, LiteLLM and the simulator
     starting), over CI's budget for one test."""
-    python = _fresh_venv(tmp_path)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "ML4_TARGET")}
-    install = subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "--quiet",
-                              str(_package_sources(tmp_path))],
-                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
-    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    python = _install(tmp_path, editable=False)
+    env = _clean_env()
     where = subprocess.run([str(python), "-c", "import pytest_ml4.locations as l; print(l.PACKAGE_DIR)"],
                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True)
     package = Path(where.stdout.strip())

@@ -13,7 +13,9 @@ a path that does not exist yet) nothing happened and the run goes on.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,7 @@ from _pytest.config.findpaths import (
     determine_setup,  # pytest's own rule, so the comparison is exact
 )
 
-from pytest_ml4.locations import BUNDLED_SUITES_DIR, data_file
+from pytest_ml4.locations import PACKAGE_DIR, SUITES_PACKAGE, data_file, suites_dir
 
 PATH_OPTIONS_FILE = data_file("plugin", "path_options.yaml")
 
@@ -78,10 +80,62 @@ def pytest_load_initial_conftests(early_config: pytest.Config, args: list[str]) 
                             f"write {opt}={value}")
 
 
+def _target_given(config: pytest.Config) -> str | None:
+    return config.getoption("ml4_target") or config.getini("ml4_target") or os.environ.get("ML4_TARGET")
+
+
+def pyarg_path(arg: str, suites: Path) -> str:
+    """``pytest_ml4.suites[.module][::name]`` as the path it names; any other argument as given. The suites folder
+    holds no ``__init__.py`` (a namespace package), which pytest's own ``--pyargs`` does not resolve."""
+    name, sep, rest = arg.partition("::")
+    if name == SUITES_PACKAGE:
+        return f"{suites}{sep}{rest}"
+    if name.startswith(SUITES_PACKAGE + "."):
+        module = name.removeprefix(SUITES_PACKAGE + ".").replace(".", "/")
+        return f"{suites / module}.py{sep}{rest}"
+    return arg
+
+
+def holds_test_modules(folder: Path, patterns: Sequence[str]) -> bool:
+    """Whether ``folder`` itself (not its subfolders) holds a file pytest collects as a test module."""
+    return any(fnmatch(entry.name, pattern) for entry in folder.iterdir() if entry.is_file() for pattern in patterns)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """A team runs the installed suite from its own repository: given a target and no test path (and no
-    ``testpaths``), the run collects the suites the package carries instead of the team's folder."""
-    if config.args_source is not pytest.Config.ArgsSource.INVOCATION_DIR or not BUNDLED_SUITES_DIR.is_dir():
+    ``testpaths``), the run collects the suites the package carries instead of the team's folder, unless that
+    folder holds test modules of its own at its top (then it runs those, as pytest would: a plugin's own tests
+    work that way); ``--pyargs pytest_ml4.suites`` names them from anywhere."""
+    suites = suites_dir()
+    if suites is not None and config.option.pyargs:
+        config.args = [pyarg_path(arg, suites) for arg in config.args]
+    if config.args_source is not pytest.Config.ArgsSource.INVOCATION_DIR or not _target_given(config):
         return
-    if config.getoption("ml4_target") or config.getini("ml4_target") or os.environ.get("ML4_TARGET"):
-        config.args = [str(BUNDLED_SUITES_DIR)]
+    if holds_test_modules(config.invocation_params.dir, config.getini("python_files")):
+        return
+    if suites is None:
+        raise pytest.UsageError(f"--target: the package's suites were not found (import {SUITES_PACKAGE} finds no "
+                                f"folder; {PACKAGE_DIR} is the package): reinstall it with pip, or give the "
+                                f"suites' folder as a test path")
+    config.args = [str(suites)]
+
+
+def nothing_collected(config: pytest.Config) -> str:
+    """Why a run with a target collected no test, in one line: where it looked and what deselected everything."""
+    where = ", ".join(config.args) or str(config.invocation_params.dir)
+    filters = [f"{flag} {value!r}" for flag, value in (("-m", config.getoption("markexpr")),
+                                                        ("-k", config.getoption("keyword"))) if value]
+    suites = suites_dir()
+    hint = "" if suites is None or str(suites) in config.args else f" (the package's suites are in {suites})"
+    if filters:
+        return f"ml4: no test under {where} matches {' and '.join(filters)} for target {_target_given(config)}{hint}"
+    return f"ml4: no test found under {where} for target {_target_given(config)}{hint}"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A gate that ran nothing is no verdict: say why in one line (the exit status stays pytest's 5)."""
+    config = session.config
+    if exitstatus != pytest.ExitCode.NO_TESTS_COLLECTED or hasattr(config, "workerinput") or not _target_given(config):
+        return
+    sys.stderr.write(f"ERROR: {nothing_collected(config)}\n")

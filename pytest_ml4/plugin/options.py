@@ -16,8 +16,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="deployment target: a name from the targets directory or a path to a target YAML "
              "(ini: ml4_target)")
     add("--target-dir", dest="ml4_target_dir", default=None, metavar="DIR",
-        help="where --target names are looked up (default: the rootdir's targets/ when it has one, else "
-             "the targets the package carries; ini: ml4_target_dir)")
+        help="where --target names are looked up, relative to the current directory (default: the rootdir's "
+             "targets/ when it has one, else the targets the package carries; ini: ml4_target_dir, relative to "
+             "the ini file's folder)")
     add("--sim", dest="ml4_sim", action="store_true", default=None,
         help="run against the embedded vLLM/Dynamo simulator started on a free loopback port (ini: ml4_sim)")
     add("--endpoint", dest="ml4_endpoint", default=None, metavar="URL",
@@ -51,7 +52,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
              "(ini: ml4_sim_engine)")
     parser.addini("ml4_sim_engine", "engine behind --sim: sim | vllm (see --sim-engine)", default="sim")
     parser.addini("ml4_target", "default deployment target (name or path)", default=None)
-    parser.addini("ml4_target_dir", "where target names are looked up (see --target-dir)", default=None)
+    parser.addini("ml4_target_dir", "where target names are looked up, relative to this file's folder "
+                  "(see --target-dir)", default=None)
     parser.addini("ml4_sim", "use the embedded simulator by default", type="bool", default=False)
     parser.addini("ml4_reports", "folder for per-run artifact folders", default="reports")
     parser.addini("ml4_no_proxy", "bypass the target's proxy (see --ml4-no-proxy)", type="bool", default=False)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from pytest_ml4.client import Endpoint
 from pytest_ml4.deploy.embedded import (
     ENGINES,
     Deployment,
@@ -23,13 +24,12 @@ from pytest_ml4.deploy.embedded import (
     attach,
     start,
 )
-from pytest_ml4.client import Endpoint
 from pytest_ml4.deploy.endpoint import EndpointUnusable, endpoint_for
 from pytest_ml4.endpoint_lock import EndpointLock
 from pytest_ml4.guard import Deadlines, parse_deadlines
+from pytest_ml4.locations import targets_dir
 from pytest_ml4.plugin.option_group import int_opt, opt
 from pytest_ml4.report.redact import redact
-from pytest_ml4.locations import targets_dir
 from pytest_ml4.targets import (
     Target,
     TargetError,
@@ -86,7 +86,7 @@ class Ml4State:
     def from_config(cls, config: pytest.Config) -> Ml4State:
         self = cls(config)
         wi = getattr(config, "workerinput", None)
-        self.targets_dir = targets_dir(opt(config, "ml4_target_dir", "ml4_target_dir"), config.rootpath)
+        self.targets_dir = _targets_dir(config)
         self.faults = tuple(config.getoption("ml4_faults") or ())
         self.use_sim = bool(opt(config, "ml4_sim", "ml4_sim"))
         if self.faults and not self.use_sim:
@@ -262,3 +262,14 @@ def simulator_answers(config: pytest.Config, endpoint: object) -> bool:
 def session_deadlines(config: pytest.Config, target: Any) -> Deadlines:
     """The target's derived deadlines with those the option or ini (``--ml4-deadlines``) sets."""
     return Deadlines.for_target(target).overriding(**parse_deadlines(opt(config, "ml4_deadlines", "ml4_deadlines")))
+
+
+def _targets_dir(config: pytest.Config) -> Path:
+    """``--target-dir`` relative to the directory pytest was started in (what a shell user means by a relative
+    path), ini ``ml4_target_dir`` relative to the ini file's folder (pytest's convention for paths in an ini)."""
+    given = config.getoption("ml4_target_dir")
+    if given:
+        return targets_dir(given, config.rootpath, relative_to=config.invocation_params.dir)
+    ini = config.getini("ml4_target_dir")
+    base = config.inipath.parent if config.inipath is not None else config.rootpath
+    return targets_dir(ini or None, config.rootpath, relative_to=base)
