@@ -151,7 +151,8 @@ def test_reasoning_share_of_output_is_measured(chat: ChatSession, ml4_target: Ta
                  record_property)
     if not stream:
         save_share_if_asked(ml4_share_baseline, rows, conditions, deployment_provenance(
-            ml4_target, ml4_endpoint.model, sys.argv, ml4_endpoint.simulated), float(spec["tolerance"]))
+            ml4_target, ml4_endpoint.model, sys.argv, ml4_endpoint.simulated, ml4_endpoint.base_url),
+            float(spec["tolerance"]))
     try:
         assert_share_within_baseline(rows, conditions, ml4_share_baseline)
     except BaselineRefused as err:   # a baseline that cannot judge this run: one line, no traceback
