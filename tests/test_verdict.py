@@ -89,6 +89,10 @@ def test_ml4_report_verdict_prints_the_runs_lines_and_exits_as_it_did(tmp_path: 
     assert doc["verdict"]["overall"] == "NOT JUDGED" and doc["verdict"]["exit_status"] == EXIT_NOT_JUDGED
     assert {a["area"]: a["verdict"] for a in doc["verdict"]["areas"]} == {
         "smoke": "PASS", "reasoning": "NOT JUDGED", "restart": "DOES NOT APPLY"}
+    # A suite gate is passed only when the area passed: one whose checks do not apply is never true.
+    assert {g["name"]: (g["passed"], g["outcome"]) for g in doc["gates"]} == {
+        "suite: reasoning": (None, "not_judged"), "suite: restart": (None, "does_not_apply"),
+        "suite: smoke": (True, "passed")}
     assert doc["reasons"] == {
         "not_judged": [{"nodeid": "suites/test_reasoning.py::test_share",
                         "reason": "no baseline recorded for this deployment"}],

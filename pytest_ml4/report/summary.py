@@ -22,7 +22,10 @@ from typing import Any
 
 from pytest_ml4.report.redact import redact
 from pytest_ml4.report.verdict import (
+    GATE_OUTCOMES,
+    GATE_PASSED,
     RunVerdict,
+    area_verdict,
     run_verdict,
     skip_reasons,
     verdict_lines,
@@ -136,23 +139,17 @@ def _accuracy_gates(acc: Mapping[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def suite_gates(checks: Iterable[CheckRecord]) -> list[dict[str, Any]]:
-    """One gate per suite: failed when one of its checks failed or broke; else not judged (``passed`` None) when
-    one could not judge, else passed (skips do not fail a suite). A not-judged check never makes a suite pass."""
-    by_suite: dict[str, Counter[str]] = {}
+    """One gate per suite, its area verdict (:func:`pytest_ml4.report.verdict.area_verdict`): ``passed`` True only
+    for a pass, False for a failure, None (never true) when not judged, not applying or skipped."""
+    by_suite: dict[str, list[dict[str, Any]]] = {}
     for c in checks:
-        by_suite.setdefault(c.suite, Counter())[c.outcome] += 1
-    return [{"name": f"suite: {suite}", "passed": _suite_passed(counts), "outcome": _suite_outcome(counts),
-             "value": dict(counts), "source": "checks"} for suite, counts in sorted(by_suite.items())]
-
-
-def _suite_outcome(counts: Counter[str]) -> str:
-    if counts["failed"] + counts["broken"]:
-        return "failed"
-    return NOT_JUDGED if counts[NOT_JUDGED] else "passed"
-
-
-def _suite_passed(counts: Counter[str]) -> bool | None:
-    return {"failed": False, NOT_JUDGED: None, "passed": True}[_suite_outcome(counts)]
+        by_suite.setdefault(c.suite, []).append(asdict(c))
+    gates = []
+    for suite, records in sorted(by_suite.items()):
+        verdict = area_verdict(suite, records)
+        gates.append({"name": f"suite: {suite}", "passed": GATE_PASSED.get(verdict.verdict),
+                      "outcome": GATE_OUTCOMES[verdict.verdict], "value": verdict.counts, "source": "checks"})
+    return gates
 
 
 def build_summary(*, run_dir: Path, target: str | None, simulated: bool, faults: Iterable[str],

@@ -37,6 +37,10 @@ PRECEDENCE: tuple[tuple[tuple[str, ...], str], ...] = (
     (("does_not_apply",), DOES_NOT_APPLY),
     (("skipped",), SKIPPED),
 )
+#: A suite gate of ``summary.json`` from its area verdict: its outcome, and ``passed`` (True only for a pass).
+GATE_OUTCOMES = {FAIL: "failed", NOT_JUDGED: "not_judged", PASS: "passed", DOES_NOT_APPLY: "does_not_apply",
+                 SKIPPED: "skipped"}
+GATE_PASSED = {FAIL: False, PASS: True}
 #: pytest exit statuses of a run that judged what it selected: 0 (passed), 1 (a check failed), 5 (nothing
 #: selected) and :data:`EXIT_NOT_JUDGED`. Anything else (2 interrupted, 3 internal error, 4 usage) has no verdict.
 FINISHED_EXITS = (0, 1, 5, EXIT_NOT_JUDGED)
