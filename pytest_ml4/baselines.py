@@ -37,8 +37,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from urllib.parse import urlsplit
 
-from pytest_ml4.locations import BASELINES_FOLDER, DATA_DIR, baselines_dir, resolve_from  # noqa: F401 (re-exported)
+from pytest_ml4.locations import (  # noqa: F401 (baselines_dir re-exported)
+    BASELINES_FOLDER,
+    DATA_DIR,
+    PACKAGE_DIR,
+    baselines_dir,
+    resolve_from,
+)
 
 if TYPE_CHECKING:
     from pytest_ml4.targets import Target
@@ -72,7 +79,7 @@ def direction(figure: str) -> int:
 #: real measurement (seed 000's perf table).
 KINDS = ("simulator", "deployment", "seed")
 #: The fields a deployment-recorded baseline states.
-DEPLOYMENT_FIELDS = ("deployment", "model", "image", "date", "command")
+DEPLOYMENT_FIELDS = ("deployment", "endpoint", "model", "image", "date", "command")
 
 
 class BaselineRefused(ValueError):
@@ -120,6 +127,37 @@ def default_baseline(kind: str, target: str, root: Path | None = None) -> Path:
     """The stored baseline of ``kind`` for ``target`` when no option names one: the team's file in ``root``'s
     ``baselines/`` first, else the package's; neither: the team's path (where recording it puts it)."""
     return resolve_from(root or DATA_DIR, Path(BASELINES_FOLDER) / BASELINE_FILES[kind].format(target=target))
+
+
+#: Suite marker and ``-k`` selection that measure each kind (the record command a not-judged check names).
+RECORDED_BY: dict[str, str] = {
+    "perf": "-m perf", "accuracy": "-m accuracy", "reasoning-share": "-m reasoning -k share_of_output",
+}
+
+
+def recording_path(kind: str, target: Target) -> Path:
+    """Where ``--ml4-record-baselines`` writes ``kind`` for ``target``: the team's ``baselines/`` beside its
+    ``targets/`` (created), the perf baseline at the path the target's ``perf.baseline`` names when it names one.
+    The next run finds it there (:func:`default_baseline`, ``Target.resolve``)."""
+    if kind == "perf" and target.perf.baseline:
+        named = Path(target.perf.baseline)
+        return named if named.is_absolute() else target.root / named
+    return target.root / BASELINES_FOLDER / BASELINE_FILES[kind].format(target=target.name)
+
+
+def package_target(target: Target) -> bool:
+    """True when the target's folder is inside the installed package (a bundled target): never recorded into."""
+    return target.root.resolve().is_relative_to(PACKAGE_DIR.resolve())
+
+
+def record_command(kind: str, target: Target) -> str:
+    """The command that records this deployment's ``kind`` baseline, and where it writes (the team's path)."""
+    cmd = f"pytest --target {target.name} {RECORDED_BY[kind]} --ml4-record-baselines"
+    if package_target(target):
+        return (f"{cmd} from a repository holding targets/{target.name}.yaml (a copy of the bundled target): it "
+                f"writes {BASELINES_FOLDER}/{recording_path(kind, target).name} beside that targets/ folder, never "
+                f"into the installed package")
+    return f"{cmd} (writes {recording_path(kind, target)})"
 
 
 @dataclass(frozen=True)
@@ -213,13 +251,17 @@ def pick_baseline(explicit: Path | None, default: Path, load: Callable[[Path], B
 
 
 def deployment_provenance(target: Target, model: str, command: Sequence[str] | str,
-                          simulated: bool) -> dict[str, Any]:
-    """The provenance block a save option writes: the deployment, the served model, the image as the target
-    declares it (the API does not tell), now, and the command as typed (secrets never travel in argv)."""
+                          simulated: bool, endpoint: str | None = None) -> dict[str, Any]:
+    """The provenance block a save option writes: the deployment, the endpoint's host (no path, no credentials),
+    the served model, the image as the target declares it (the API does not tell), now, and the command as typed
+    (secrets never travel in argv)."""
     cmd = command if isinstance(command, str) else " ".join(command)
     image = f"vLLM {target.engine.version}" + (f", Dynamo {target.serving.dynamo_version}"
                                                if target.serving.dynamo_version else "")
-    return {"kind": "simulator" if simulated else "deployment", "deployment": target.name, "model": model,
+    host = urlsplit(endpoint).hostname if endpoint else None
+    port = urlsplit(endpoint).port if endpoint else None
+    return {"kind": "simulator" if simulated else "deployment", "deployment": target.name,
+            **({"endpoint": f"{host}:{port}" if port else host} if host else {}), "model": model,
             "image": f"{image} (as {target.name}'s target file declares)",
             "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "command": cmd}
 

@@ -50,4 +50,4 @@ def test_accuracy_vs_baseline(ml4_accuracy) -> None:  # type: ignore[no-untyped-
     if run.baseline_refused:
         pytest.fail(run.baseline_refused, pytrace=False)
     assert_no_significant_drop(run.drops, run.baseline.path if run.baseline else None, run.baseline_missing,
-                               run.options.tolerance, run.options.alpha)
+                               run.options.tolerance, run.options.alpha, recorded=run.recorded)

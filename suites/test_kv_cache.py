@@ -89,12 +89,10 @@ def test_peak_kv_usage_under_limit(kv_load: LoadResult, session_view: LogView, m
     assert_peak_kv_usage_under_limit(session_view, ml4_target, kv_load, kv_report, unchecked=engine_metrics.missing)
 
 
+@pytest.mark.applies_if("engine.speculative", why="it runs no speculative decoding")
+@pytest.mark.applies_if("gates.spec_acceptance_length", "gates.spec_position_rate",
+                        why="no spec-decode acceptance range in its gates")
 def test_spec_decode_acceptance_within_range(kv_load: LoadResult, session_view: LogView, ml4_target: Target,
                                              engine_metrics: EngineMetrics, kv_report: VerdictReport) -> None:
-    spec, gates = ml4_target.engine.speculative, ml4_target.gates
-    if spec is None:
-        pytest.skip(f"target {ml4_target.name} runs no speculative decoding")
-    if gates.spec_acceptance_length is None and gates.spec_position_rate is None:
-        pytest.skip(f"target {ml4_target.name} sets no spec-decode acceptance range in its gates")
     assert_spec_decode_acceptance_within_range(session_view, ml4_target, kv_load, kv_report,
                                                unchecked=engine_metrics.missing)

@@ -151,7 +151,8 @@ def test_reasoning_share_of_output_is_measured(chat: ChatSession, ml4_target: Ta
                  record_property)
     if not stream:
         save_share_if_asked(ml4_share_baseline, rows, conditions, deployment_provenance(
-            ml4_target, ml4_endpoint.model, sys.argv, ml4_endpoint.simulated), float(spec["tolerance"]))
+            ml4_target, ml4_endpoint.model, sys.argv, ml4_endpoint.simulated, ml4_endpoint.base_url),
+            float(spec["tolerance"]))
     try:
         assert_share_within_baseline(rows, conditions, ml4_share_baseline)
     except BaselineRefused as err:   # a baseline that cannot judge this run: one line, no traceback
@@ -159,6 +160,7 @@ def test_reasoning_share_of_output_is_measured(chat: ChatSession, ml4_target: Ta
 
 
 @STREAM
+@pytest.mark.applies_if("gates.reasoning_share", why="the seed figure this check compares with")
 def test_reasoning_share_at_seed_conditions(chat: ChatSession, ml4_target: Target, ml4_run_dir: Path,
                                             record_property: Any, stream: bool) -> None:
     """Under seed 000's own conditions the reasoning share is the seed's figure.
@@ -166,7 +168,7 @@ def test_reasoning_share_at_seed_conditions(chat: ChatSession, ml4_target: Targe
     Seed 000 measured "reasoning tokens are 50-68 % of the output" with aiperf at ``min_tokens = max_tokens =
     4096``; this check asks the same (``seed_share``) and compares with the target's ``gates.reasoning_share``.
     A nightly cost: four answers of 4096 tokens, about 3 min of a c1 deployment (deselect it from the post-deploy
-    gate with ``-k "not seed_conditions"``). Without a seed figure for the target it is not judged."""
+    gate with ``-k "not seed_conditions"``). Without a seed figure for the target it does not apply."""
     spec = DATA["seed_share"]
     n = int(spec["output_tokens"])
     conditions = share_conditions(chat, spec["prompts"], n, n)

@@ -200,21 +200,31 @@ def test_smoke_chat_after_restart(requests_run: RestartRun, ml4_restart_endpoint
 
 # ----------------------------------------------------------------------------------------------- Dynamo
 @pytest.mark.dynamo
-def test_session_affinity_and_prefix_reuse(requests_run: RestartRun, ml4_restart_endpoint: Endpoint, ml4_target: Target,
-                                           restart_spec: dict[str, Any]) -> None:
-    """A session stays on its worker even where KV routing would move it, and a continuation reuses the cached
-    prefix by the router's own figures (pytest_ml4.checks.dynamo)."""
-    from pytest_ml4.checks.dynamo import assert_prefix_reused, assert_session_affinity
-    from pytest_ml4.control.dynamo import run_affinity_probe, run_conversation
+def test_prefix_reused_after_restart(requests_run: RestartRun, ml4_restart_endpoint: Endpoint, ml4_target: Target,
+                                     restart_spec: dict[str, Any]) -> None:
+    """A continuation reuses the cached prefix by the router's own figures (pytest_ml4.checks.dynamo)."""
+    from pytest_ml4.checks.dynamo import assert_prefix_reused
+    from pytest_ml4.control.dynamo import run_conversation
 
     cached = assert_prefix_reused(run_conversation(ml4_restart_endpoint, restart_spec["conversation"]),
                                   ml4_target.engine.block_size)
+    print(f"continuation reused {cached} cached tokens")
+
+
+@pytest.mark.dynamo
+@pytest.mark.replicas("kv_routed", 2, why="affinity is observable only between two workers the KV router chooses "
+                                          "from")
+def test_session_affinity(requests_run: RestartRun, ml4_restart_endpoint: Endpoint, ml4_target: Target,
+                          restart_spec: dict[str, Any]) -> None:
+    """A session stays on its worker even where KV routing would move it (pytest_ml4.checks.dynamo)."""
+    from pytest_ml4.checks.dynamo import assert_session_affinity
+    from pytest_ml4.control.dynamo import run_affinity_probe
+
     probe = run_affinity_probe(ml4_restart_endpoint, restart_spec["affinity"], topology=ml4_target.topology.kind)
-    if probe.not_applicable:
-        not_judged(f"continuation reused {cached} cached tokens; affinity not observable: {probe.not_applicable}")
+    if probe.not_applicable:  # the target declares two workers, but /health shows fewer: evidence missing
+        not_judged(f"affinity not observable: {probe.not_applicable}")
     worker = assert_session_affinity(probe)
-    print(f"session pinned to worker {worker} against its cached prefix on {probe.other_worker}; continuation "
-          f"reused {cached} cached tokens")
+    print(f"session pinned to worker {worker} against its cached prefix on {probe.other_worker}")
 
 
 @pytest.mark.disagg
@@ -250,6 +260,10 @@ def test_model_leaves_and_returns_while_prefill_pods_gone(requests_run: RestartR
 
 
 @pytest.mark.dynamo
+@pytest.mark.embedded_only(why="on a cluster the restart suite deletes pods, whose workers drain on SIGTERM "
+                               "instead of crashing")
+@pytest.mark.replicas("stream", 2, why="a crashed stream needs another worker to migrate to; the outage is "
+                                       "test_new_requests_during_restart's")
 def test_worker_crash_under_a_stream(requests_run: RestartRun, ml4_dynamo_sim: Any, ml4_restart_endpoint: Endpoint,
                                      restart_spec: dict[str, Any], record_property: Any, ml4_target: Target) -> None:
     """A worker SIGKILLed under a running stream (a crash: no deregistration, no drain): with the frontend's
@@ -259,16 +273,8 @@ def test_worker_crash_under_a_stream(requests_run: RestartRun, ml4_dynamo_sim: A
     worker): there is no other worker to continue on, the crash is the single-replica outage
     test_new_requests_during_restart judges."""
     from pytest_ml4.checks.restart import assert_stream_survives_worker_crash
-    from pytest_ml4.checks.verdict import NotJudged
     from pytest_ml4.control.crash import run_crash
 
-    role, replicas = ml4_target.topology.stream_role()
-    if replicas == 1:
-        pytest.skip(f"does not apply: {ml4_target.name} has one {role} worker, so a crashed stream has no "
-                    f"other worker to migrate to (the outage is judged by test_new_requests_during_restart)")
-    if ml4_dynamo_sim is None:
-        raise NotJudged("a worker crash is staged only on the embedded deployment (--sim): on a cluster the "
-                        "restart suite deletes pods, whose workers drain on SIGTERM instead of crashing")
     run = run_crash(ml4_restart_endpoint, ml4_dynamo_sim, restart_spec["crash"],
                     ml4_dynamo_sim.frontend.migration_limit)
     attach_text(run.report(), "worker crash timeline: the worker killed, the stream migrated or ended")

@@ -160,9 +160,8 @@ def test_over_long_prompt_is_refused(ml4_target: Target, http_client: httpx.Clie
     assert_answer_expected(resp, _expect(ml4_target, "prompt_too_long"), "over-long prompt")
 
 
+@pytest.mark.applies_if("endpoint.requires_api_key", why="the deployment asks for no key")
 def test_wrong_api_key_is_refused(ml4_target: Target, ml4_endpoint: Endpoint) -> None:
-    if not ml4_target.endpoint.requires_api_key:
-        pytest.skip(f"target {ml4_target.name} requires no API key ({ml4_target.serving.stack})")
     resp = httpx.post(ml4_endpoint.base_url + "/chat/completions", json=_chat_body(ml4_target, "hi", max_tokens=8),
                       headers={"Authorization": "Bearer wrong-key-for-smoke-test"}, timeout=30)
     assert_answer_expected(resp, _expect(ml4_target, "bad_api_key"), "wrong API key")

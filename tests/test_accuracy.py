@@ -200,7 +200,8 @@ def test_suite_passes_vs_stored_baseline_and_fails_under_accuracy_drop(pytester:
                               "accuracy not compared with "
                               "*accuracy-rtxpro6000-tp8.json: measured under other conditions (baseline vs this "
                               "run: size 200 vs 40); record one under these conditions with: pytest --target "
-                              "rtxpro6000-tp8 -m accuracy --accuracy-save=*")])
+                              "rtxpro6000-tp8 -m accuracy --ml4-record-baselines from a repository holding "
+                              "targets/rtxpro6000-tp8.yaml*")])
     ok.stdout.fnmatch_lines(["*[[]ml4 accuracy[]] 80/80 items*"])
     doc = json.loads(saved.read_text())
     assert set(doc["figures"]) == {"irrelevance", "live_irrelevance"} and doc["conditions"]["size"] == 40
@@ -248,9 +249,11 @@ def test_a_live_run_is_never_judged_by_the_simulators_baseline() -> None:
     live = _accuracy_run(None)
     judge_against_baseline(live, target, live=True)
     assert live.baseline is None and not live.baseline_refused
+    # The hint records into the team's folder, never the package's (the bundled target's folder).
     assert "was made by the simulator, not recorded on this deployment; record one with: pytest --target " \
-           "rtxpro6000-tp8 -m accuracy --accuracy-save=pytest_ml4/data/baselines/accuracy-rtxpro6000-tp8.json" \
-           in live.baseline_missing
+           "rtxpro6000-tp8 -m accuracy --ml4-record-baselines from a repository holding targets/rtxpro6000-tp8.yaml " \
+           "(a copy of the bundled target): it writes baselines/accuracy-rtxpro6000-tp8.json beside that targets/ " \
+           "folder, never into the installed package" in live.baseline_missing
     named = _accuracy_run(default)
     judge_against_baseline(named, target, live=True)
     assert named.baseline is None and "\n" not in named.baseline_refused

@@ -115,3 +115,42 @@ def test_report_generated_offline_renders_the_run(pytester: pytest.Pytester,
                  for name, tc in cases.items() if tc["status"] in ("failed", "broken")}
     assert {n: [c] for n, c in shown.items()} == predicted
     assert set(shown.values()) == {GATE, PROTOCOL, DEFECT}
+
+
+NOT_JUDGED_RUN = textwrap.dedent('''
+    import pytest
+    from pytest_ml4.checks.verdict import not_judged
+
+    @pytest.mark.smoke
+    def test_health_answers():
+        pass
+
+    @pytest.mark.reasoning
+    def test_reasoning_share():
+        not_judged("no baseline recorded for this deployment; record one with: pytest --ml4-record-baselines")
+
+    @pytest.mark.restart
+    def test_does_not_apply():
+        pytest.skip("does not apply: one worker")
+''')
+
+
+def test_a_not_judged_gate_is_no_pass_ring_and_has_its_own_category(pytester: pytest.Pytester) -> None:
+    """Allure 2's overview ring is passed / (passed + failed + broken): drawn as a skip, a not-judged gate left it
+    at 100 %. Written as broken it takes the ring below, under the "Not judged" category alone."""
+    pytester.makepyfile(test_checks=NOT_JUDGED_RUN)
+    reports = pytester.path / "reports"
+    result = pytester.runpytest_subprocess("--target", "rtxpro6000-tp8", "--ml4-reports", str(reports), "-p",
+                                           "no:cacheprovider")
+    assert result.ret == 6, result.stdout.str()[-2000:]
+    (run,) = [p for p in reports.iterdir() if p.is_dir()]
+    _generate(run, "--render")
+    overview = json.loads((run / "report-render.json").read_text())["overview_text"]
+    assert "\n50%\n" in overview and "100%" not in overview, overview[:600]
+    cases = {tc["name"]: tc for tc in embedded_files(run / "allure-report" / "index.html",
+                                                     "data/test-cases/").values()}
+    assert cases["Reasoning share"]["status"] == "broken" and cases["Does not apply"]["status"] == "skipped"
+    shown = {leaf["name"]: cat["name"]
+             for cat in embedded_files(run / "allure-report" / "index.html")["data/categories.json"]["children"]
+             for leaf in _leaves(cat)}
+    assert shown == {"Reasoning share": NOT_JUDGED_CAT}, "in no other category (no gate failure, no test defect)"

@@ -171,7 +171,7 @@ def test_the_real_frontend_answers_the_refusal_as_real_1_6_1(public_1_6_1: Any) 
 
 
 # ------------------------------------------------------------------------------------------------ evidence stripped
-EVIDENCE_CHECKS = ("test_recovery_time", "test_session_affinity_and_prefix_reuse")
+EVIDENCE_CHECKS = ("test_recovery_time", "test_session_affinity")
 
 
 def _restart_outcomes(tmp: Path, *faults: str) -> dict[str, str]:

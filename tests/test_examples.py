@@ -76,6 +76,9 @@ def test_github_workflow_gates_after_deploy_and_nightly() -> None:
     for cmd in ("ml4-report generate", "ml4-report compare", "ml4-report scan", "ml4-report latest"):
         assert cmd in scripts, cmd
     assert wf["jobs"]["gate"]["env"]["LLM_API_KEY"] == "${{ secrets.LLM_API_KEY }}"
+    # The job summary shows the verdict lines (not judged and does not apply included), not a pass count.
+    (summary,) = [s["run"] for s in steps if "GITHUB_STEP_SUMMARY" in s.get("run", "")]
+    assert "ml4-report verdict" in summary
     uses = [s["uses"] for s in steps if "uses" in s]
     assert any(u.startswith("actions/cache/restore@") for u in uses), "earlier runs feed the trend"
     assert any(u.startswith("actions/upload-artifact@") for u in uses)
@@ -87,6 +90,7 @@ def test_gitlab_job_gates_after_deploy_and_nightly() -> None:
     sources = " ".join(r["if"] for r in gate["rules"])
     assert '"schedule"' in sources and "trigger" in sources
     assert "ml4-report generate" in " ".join(gate["after_script"])
+    assert "ml4-report verdict" in " ".join(gate["after_script"])
     assert gate["artifacts"]["reports"]["junit"] == "reports/junit.xml"
     assert gate["resource_group"].startswith("ml4-")
     assert any("ml4-report compare" in line for line in nightly["script"])
@@ -128,7 +132,7 @@ def test_job_runs_the_suite_against_the_frontend_and_keeps_the_report() -> None:
     assert {m.name: m.mount_path for m in container.volume_mounts}[next(
         v.name for v in pod.volumes if v.config_map)] == f"{container.working_dir}/targets"
     assert f"create configmap {targets} --from-file=targets/" in (EXAMPLES / "kubernetes" / "ml4-gate-job.yaml").read_text()
-    assert "ml4-report generate" in script and "ml4-report compare" in script
+    assert "ml4-report generate" in script and "ml4-report compare" in script and "ml4-report verdict" in script
     mounts = {m.name: m.mount_path for m in container.volume_mounts}
     claim = next(v.persistent_volume_claim.claim_name for v in pod.volumes if v.persistent_volume_claim)
     assert claim == docs["PersistentVolumeClaim"]["metadata"]["name"]

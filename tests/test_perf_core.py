@@ -368,7 +368,7 @@ def test_a_targets_simulator_baseline_judges_simulator_runs_only(tmp_path: Path)
     live = choose_perf_baseline(None, target, live=True)
     assert live.baseline is None
     assert live.missing.startswith(f"the target's perf.baseline {sim} was made by the simulator, not recorded on this "
-                                   f"deployment; record one with: pytest --target rtxpro6000-tp8 -m perf --perf-save")
+                                   f"deployment; record one with: pytest --target rtxpro6000-tp8 -m perf --ml4-record-baselines")
     none = choose_perf_baseline(None, load_target("gb300-agg", overrides={"perf": {"baseline": None}}), live=True)
     assert none.baseline is None and none.missing.startswith("no stored baseline for this target (perf.baseline)")
     with pytest.raises(pytest.UsageError, match="made by the simulator and cannot judge a live deployment"):

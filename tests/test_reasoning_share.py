@@ -40,7 +40,7 @@ BASELINE = ShareBaseline.load(SIM_BASELINE)
 PROMPTS = list(BASELINE.shares)
 CONDITIONS = dict(BASELINE.conditions)
 FAST = {"sim": {"ttft_s": 0.005, "itl_ms": 0.2}}
-RECORD = "pytest --target rtxpro6000-tp8 -m reasoning -k share_of_output --reasoning-share-save="
+RECORD = "pytest --target rtxpro6000-tp8 -m reasoning -k share_of_output --ml4-record-baselines"
 
 
 def _rows(*shares: float) -> list[dict[str, object]]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ml4.checks.verdict import EXIT_NOT_JUDGED
 from pytest_ml4.report.categories import categorize, load_categories
 from pytest_ml4.report.environment import read_environment
 from pytest_ml4.report.redact import Redactor
@@ -116,7 +117,8 @@ def test_single_process_run_writes_a_complete_redacted_report(pytester: pytest.P
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["target"] == "rtxpro6000-tp8" and summary["exit_status"] == 1
-    assert summary["tests"] == {"total": 8, "passed": 3, "failed": 3, "broken": 1, "skipped": 1, "not_judged": 0}
+    assert summary["tests"] == {"total": 8, "passed": 3, "failed": 3, "broken": 1, "skipped": 1, "not_judged": 0,
+                                "does_not_apply": 0}
     checks = {c["nodeid"].split("::")[1]: c for c in summary["checks"]}
     assert checks["test_ttft_gate"]["categories"] == [GATE]
     assert checks["test_needs_healthy"]["categories"] == [GATE]
@@ -221,35 +223,59 @@ def test_a_check_that_could_not_judge_is_recorded_as_not_judged_never_passed(pyt
     reports = pytester.path / "reports"
     result = pytester.runpytest_subprocess("--target", "rtxpro6000-tp8", "--ml4-reports", str(reports), "-rs",
                                            "-p", "no:cacheprovider")
-    assert result.ret == 0
+    assert result.ret == EXIT_NOT_JUDGED, "a run with a not-judged check is not signed: its own exit status"
     # The exit line counts it apart from skips, and the reason is listed with the check.
     assert result.parseoutcomes() == {"skipped": 1, "not_judged": 1}
     result.stdout.fnmatch_lines(["NOT JUDGED test_checks.py::test_peak_kv_usage: no worker /metrics URL*",
                                  "*= 1 skipped, 1 not_judged in *"])
     (run_dir,) = [p for p in reports.iterdir() if p.is_dir()]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["tests"] == {"total": 2, "passed": 0, "failed": 0, "broken": 0, "skipped": 1, "not_judged": 1}
+    assert summary["exit_status"] == EXIT_NOT_JUDGED
+    assert summary["tests"] == {"total": 2, "passed": 0, "failed": 0, "broken": 0, "skipped": 1, "not_judged": 1,
+                                "does_not_apply": 0}
     checks = {c["nodeid"].split("::")[1]: c for c in summary["checks"]}
     assert checks["test_peak_kv_usage"]["outcome"] == "not_judged"
     assert checks["test_peak_kv_usage"]["message"].startswith("not judged: no worker /metrics URL")
     assert checks["test_plain_skip"]["outcome"] == "skipped"
+    assert checks["test_plain_skip"]["message"] == "needs a disaggregated target", "every skip keeps its reason"
     # The suite's gate is not judged, not passed.
     assert [(g["passed"], g["outcome"]) for g in summary["gates"] if g["name"] == "suite: kv"] == [(None, "not_judged")]
     results = {r["name"]: r for r in _results(run_dir / "allure-results")}
-    assert {n: r["status"] for n, r in results.items()} == {"Peak kv usage": "skipped", "Plain skip": "skipped"}
-    # The Allure report's Categories tab counts it under its own category (Allure 2's matching rule).
-    assert categorize("skipped", results["Peak kv usage"]["statusDetails"]["message"]) == [NOT_JUDGED_CAT]
+    # Allure: never a skip (a skip leaves the overview's ring at 100 %), filed under its own category only.
+    assert {n: r["status"] for n, r in results.items()} == {"Peak kv usage": "broken", "Plain skip": "skipped"}
+    assert categorize("broken", results["Peak kv usage"]["statusDetails"]["message"]) == [NOT_JUDGED_CAT]
     assert categorize("skipped", results["Plain skip"]["statusDetails"]["message"]) == []
 
 
-@pytest.mark.parametrize("how", [["--ml4-not-judged-fails"], ["-o", "ml4_not_judged_fails=true"]])
-def test_not_judged_fails_the_run_when_asked(pytester: pytest.Pytester, how: list[str]) -> None:
-    """For sign-off, a check that could not judge fails the run (option or its ini twin); a plain skip does not."""
+def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess("--target", "rtxpro6000-tp8", "--ml4-reports", "reports", "--ml4-no-allure",
+                                         "-p", "no:cacheprovider", *args)
+
+
+@pytest.mark.parametrize("how", [["--ml4-allow-not-judged"], ["-o", "ml4_allow_not_judged=true"]])
+def test_an_exploratory_run_may_allow_not_judged(pytester: pytest.Pytester, how: list[str]) -> None:
+    """--ml4-allow-not-judged (or its ini twin) gives exit 0 back, and says the run is no sign-off."""
     pytester.makepyfile(test_checks=NOT_JUDGED_CHECKS)
-    result = pytester.runpytest_subprocess("--target", "rtxpro6000-tp8", "--ml4-reports", "reports", "--ml4-no-allure",
-                                           "-p", "no:cacheprovider", *how)
+    result = _run(pytester, *how)
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["ml4: 1 check(s) not judged, allowed by --ml4-allow-not-judged*not a sign-off",
+                                 ("overall *NOT JUDGED *1 check(s) not judged: not a sign-off (allowed by "
+                                  "--ml4-allow-not-judged) (exit 0)")])
+    assert _run(pytester, "-k", "plain_skip").ret == 0, "a plain skip is no not-judged check"
+
+
+FAILED_AND_NOT_JUDGED = NOT_JUDGED_CHECKS + textwrap.dedent('''
+    @pytest.mark.smoke
+    def test_health():
+        assert False, "GET /health answered 503"
+''')
+
+
+def test_a_failure_wins_over_not_judged(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_checks=FAILED_AND_NOT_JUDGED)
+    result = _run(pytester)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(["ml4: 1 check(s) not judged: the run fails (--ml4-not-judged-fails*"])
-    plain = pytester.runpytest_subprocess("--target", "rtxpro6000-tp8", "--ml4-reports", "reports", "--ml4-no-allure",
-                                          "-p", "no:cacheprovider", "-k", "plain_skip", *how)
-    assert plain.ret == 0
+    result.stdout.fnmatch_lines(["*= ml4 verdict =*",
+                                 "smoke *FAIL *test_health: AssertionError: GET /health answered 503*",
+                                 "kv *NOT JUDGED *test_peak_kv_usage: no worker /metrics URL*",
+                                 "overall *FAIL *1 check(s) failed (exit 1)"])

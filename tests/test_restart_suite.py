@@ -24,7 +24,7 @@ def test_rtxpro_suite_passes_through_the_proxy_with_retries(pytester: pytest.Pyt
     # the machine's speed, so they bridge it on a busy CI box too.
     result = run_suite(pytester, tmp_path)
     out = result.stdout.str()
-    result.assert_outcomes(passed=6, skipped=4)   # 4: the Dynamo-only and disagg-only checks
+    result.assert_outcomes(passed=6, skipped=5)   # 5: the Dynamo-only and disagg-only checks
     # The requests crossed the outage and the proxy retried them.
     assert "x-litellm-attempted-retries total 0" not in out, out[-3000:]
     assert "in-flight streams during the restart:" in out
@@ -33,7 +33,7 @@ def test_rtxpro_suite_passes_through_the_proxy_with_retries(pytester: pytest.Pyt
 def test_proxy_without_retries_fails_the_no_client_error_check(pytester: pytest.Pytester, tmp_path: Path) -> None:
     result = run_suite(pytester, tmp_path, "--ml4-proxy-retries", "0", "-k", "new_requests")
     out = result.stdout.str()
-    result.assert_outcomes(failed=1, deselected=9)
+    result.assert_outcomes(failed=1, deselected=10)
     assert "FAILED" in out and "test_new_requests_during_restart" in out
     assert "allows no client-visible error during a restart" in out
     assert "litellm.InternalServerError" in out and "Cannot connect to host" in out
@@ -43,7 +43,7 @@ def test_proxy_without_retries_fails_the_no_client_error_check(pytester: pytest.
 def test_gb300_disagg_suite_passes_against_the_fake_api_server(pytester: pytest.Pytester, tmp_path: Path) -> None:
     result = run_suite(pytester, tmp_path, target="gb300-disagg", timeout=600)
     out = result.stdout.str()
-    result.assert_outcomes(passed=10)   # with the worker crash under a stream
+    result.assert_outcomes(passed=11)   # with the worker crash under a stream
     assert "rolling, one pod at a time" in out  # restarted through the Kubernetes API (fake server), pod by pod
     assert "session pinned to worker" in out and "prefilled on instance" in out
     assert "model left /v1/models after" in out

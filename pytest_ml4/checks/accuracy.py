@@ -35,8 +35,12 @@ def assert_every_request_answered(results: Sequence[ItemResult]) -> None:
 
 
 def assert_no_significant_drop(drops: Sequence[Drop], baseline: Path | None, missing: str, tolerance: float,
-                               alpha: float) -> None:
-    """No category dropped significantly; not judged without a baseline (``missing`` says why there is none)."""
+                               alpha: float, recorded: Path | None = None) -> None:
+    """No category dropped significantly; not judged without a baseline (``missing`` says why there is none);
+    passes as recorded when this run wrote the deployment's baseline (``recorded``, --ml4-record-baselines)."""
+    if recorded is not None:
+        print(f"accuracy recorded as this deployment's baseline: {recorded}")
+        return
     if baseline is None:
         not_judged(f"accuracy (figures in accuracy-summary.json): {missing}")
     assert not drops, (

@@ -303,6 +303,8 @@ class ShareBaselineChoice:
     save: Path | None = None
     explicit: bool = False
     record: str = ""
+    #: ``--ml4-record-baselines``: this run writes the baseline (``save``) and compares with none.
+    recording: bool = False
 
 
 def save_share_if_asked(choice: ShareBaselineChoice, rows: list[Mapping[str, Any]], conditions: Mapping[str, Any],
@@ -314,11 +316,15 @@ def save_share_if_asked(choice: ShareBaselineChoice, rows: list[Mapping[str, Any
 
 def assert_share_within_baseline(rows: list[Mapping[str, Any]], conditions: Mapping[str, Any],
                                  choice: ShareBaselineChoice) -> None:
-    """Each prompt's share stays within the tolerance of the deployment's baseline. Not judged without one or
-    with one of other conditions that was not named; :class:`BaselineRefused` for a baseline that cannot judge
+    """Each prompt's share stays within the tolerance of the deployment's baseline (passes as recorded while
+    ``--ml4-record-baselines`` writes it). Not judged without one or with one of other conditions that was not named; :class:`BaselineRefused` for a baseline that cannot judge
     this run (refused when chosen, or named and of other conditions)."""
     if choice.refused:
         raise BaselineRefused(choice.refused)
+    if choice.recording:   # passes as recorded: the shares just measured are the baseline the next run judges by
+        print(f"reasoning share: recording this deployment's baseline {choice.save} (the non-streamed answers); "
+              f"the next run judges against it")
+        return
     base = choice.baseline
     if base is None:
         shares = ", ".join(f"{r['share']:.1%}" for r in rows)

@@ -39,6 +39,7 @@ pytest_plugins = [
     "pytest_ml4.plugin.perf",
     "pytest_ml4.plugin.preflight",
     "pytest_ml4.plugin.reasoning",
+    "pytest_ml4.plugin.record",
     "pytest_ml4.plugin.report",
     "pytest_ml4.plugin.restart",
 ]

@@ -36,7 +36,10 @@ from pytest_ml4.baselines import (
     default_baseline,
     deployment_provenance,
     pick_baseline,
+    record_command,
+    recording_path,
 )
+from pytest_ml4.plugin.record import recording
 from pytest_ml4.plugin.state import simulator_answers
 from pytest_ml4.targets import Target
 from pytest_ml4.plugin.option_group import group as ml4_group
@@ -44,7 +47,6 @@ from pytest_ml4.plugin.option_group import opt
 
 SUMMARY_FILE = "accuracy-summary.json"
 #: How a deployment's accuracy baseline is recorded (named by the gate when it cannot judge without one).
-RECORD_COMMAND = "pytest --target {target} -m accuracy --accuracy-save=pytest_ml4/data/baselines/accuracy-{target}.json"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -136,6 +138,8 @@ class AccuracyRun:
     #: Why no baseline judges this run (not judged), or the one line refusing the baseline given.
     baseline_missing: str = ""
     baseline_refused: str = ""
+    #: ``--ml4-record-baselines``: the baseline this run wrote (it compares with none).
+    recorded: Path | None = None
 
     def summary(self) -> dict[str, Any]:
         o = self.options
@@ -147,6 +151,7 @@ class AccuracyRun:
                 "engine_config_unread": self.engine_unread or None,
                 "passed": not self.refused and not self.drops and self.baseline is not None,
                 "not_judged": self.baseline_missing or None,
+                "recorded": str(self.recorded) if self.recorded else None,
                 "baseline_refused": self.baseline_refused or None,
                 "drop_categories": [d.category for d in self.drops],
                 "categories": {c: {**s.as_dict(), "total": self.totals.get(c)} for c, s in self.scores.items()},
@@ -164,7 +169,7 @@ def judge_against_baseline(run: AccuracyRun, target: Target, live: bool) -> None
     try:
         base, run.baseline_missing = pick_baseline(run.options.baseline, default_baseline("accuracy", target.name, target.root),
                                                    load_baseline, live=live,
-                                                   record=RECORD_COMMAND.format(target=target.name),
+                                                   record=record_command("accuracy", target),
                                                    other_conditions=lambda b: b.refusal(run.conditions))
     except BaselineRefused as err:
         run.baseline_refused = str(err)
@@ -195,11 +200,15 @@ def run_accuracy(config: pytest.Config, target: Target, declared: Target, endpoi
         run.results = run_items(http, api, ds, settings, progress)
         run.scores = summarize(run.results, opts.categories)
         run.conditions = run_conditions(api.version, opts.size, opts.seed)
-        judge_against_baseline(run, target, live=not simulator_answers(config, endpoint))
-        if opts.save is not None:
-            save_baseline(opts.save, run.scores, target.name, run.conditions,
+        save = opts.save
+        if recording(config):   # this run sets the baseline: nothing to compare with
+            run.recorded = save = save or recording_path("accuracy", target)
+        else:
+            judge_against_baseline(run, target, live=not simulator_answers(config, endpoint))
+        if save is not None:
+            save_baseline(save, run.scores, target.name, run.conditions,
                           deployment_provenance(target, endpoint.model, sys.argv,
-                                                bool(getattr(endpoint, "simulated", False))))
+                                                bool(getattr(endpoint, "simulated", False)), endpoint.base_url))
     (run_dir / SUMMARY_FILE).write_text(json.dumps(run.summary(), indent=2) + "\n")
     return run
 

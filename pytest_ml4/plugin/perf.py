@@ -22,6 +22,9 @@ from pytest_ml4.client import Endpoint
 from pytest_ml4.baselines import (
     BaselineRefused,
     deployment_provenance,
+    package_target,
+    record_command,
+    recording_path,
     usable_on,
 )
 from pytest_ml4.perf.baseline import Baseline, BaselineError, parse_compare_fail
@@ -49,6 +52,7 @@ from pytest_ml4.perf.workloads import (
 )
 from pytest_ml4.plugin.option_group import group as ml4_group
 from pytest_ml4.plugin.option_group import opt
+from pytest_ml4.plugin.record import recording
 from pytest_ml4.targets import Target
 from pytest_ml4.tools import ToolMissing
 
@@ -225,15 +229,13 @@ class SweepOutcome:
     secrets: list[str] = field(default_factory=list, repr=False)
     #: Why no baseline judges this sweep ("" when one does).
     baseline_missing: str = ""
+    #: ``--ml4-record-baselines``: the baseline this sweep wrote (it compares with none).
+    recorded: Path | None = None
 
 
 @pytest.fixture(scope="session")
 def ml4_perf_settings(pytestconfig: pytest.Config, ml4_target: Target) -> SweepSettings:
     return perf_settings(pytestconfig, ml4_target)
-
-
-#: The command a missing perf baseline names.
-RECORD_PERF_BASELINE = "pytest --target {target} -m perf --perf-save PATH (then set perf.baseline: PATH)"
 
 
 @dataclass(frozen=True)
@@ -251,6 +253,8 @@ def ml4_perf_baseline_choice(pytestconfig: pytest.Config, ml4_target: Target,
     """``--perf-baseline`` or the target's ``perf.baseline``. A baseline without provenance is refused with one
     line; one the simulator made, on a live run: refused when the option named it, else no baseline (the target's
     file judges simulator runs, a live deployment needs its own recording)."""
+    if recording(pytestconfig):   # this run sets the baseline: nothing to compare with
+        return PerfBaselineChoice(None, "recording this deployment's baseline (--ml4-record-baselines)")
     return choose_perf_baseline(opt(pytestconfig, "ml4_perf_baseline", "ml4_perf_baseline"), ml4_target,
                                 live=not ml4_endpoint.simulated)
 
@@ -261,16 +265,18 @@ def ml4_perf_baseline(ml4_perf_baseline_choice: PerfBaselineChoice) -> Baseline 
 
 
 def choose_perf_baseline(option: str | None, target: Target, *, live: bool) -> PerfBaselineChoice:
-    record = RECORD_PERF_BASELINE.format(target=target.name)
+    record = record_command("perf", target)
     if option:
         given = Path(str(option))
         # A path the user typed is relative to the working directory; the target's is relative to the repository.
         return PerfBaselineChoice(load_perf_baseline(given if given.is_absolute() or given.exists()
                                                      else target.resolve(str(option)), live=live))
-    if not target.perf.baseline:
+    # The target's perf.baseline, else what --ml4-record-baselines wrote into the team's baselines/ (a bundled
+    # target names its own file or has none).
+    path = target.resolve(target.perf.baseline) if target.perf.baseline else recording_path("perf", target)
+    if not target.perf.baseline and (package_target(target) or not path.is_file()):
         return PerfBaselineChoice(None, f"no stored baseline for this target (perf.baseline) and none given with "
                                         f"--perf-baseline; record one with: {record}")
-    path = target.resolve(target.perf.baseline)
     baseline = load_perf_baseline(path, live=False)   # unreadable or without provenance: refused, one line
     if usable_on(baseline.provenance, path, live=live, explicit=False):
         return PerfBaselineChoice(baseline)
@@ -426,6 +432,9 @@ def ml4_perf_sweep(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint
     outputs = write_sweep_outputs(ml4_run_dir, ml4_target, settings, points, verdict, ml4_perf_baseline,
                                   bool(ml4_endpoint.simulated), out_dir=root)
     save = pytestconfig.getoption("ml4_perf_save")
+    recorded = None
+    if recording(pytestconfig):
+        recorded = save = save or recording_path("perf", ml4_target)
     if save:
         from pytest_ml4.perf.baseline import save_baseline
         from pytest_ml4.perf.evaluate import figures_of
@@ -433,8 +442,8 @@ def ml4_perf_sweep(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint
         save_baseline(save, ml4_target.name, figures_of(points), settings.conditions(),
                       ml4_perf_baseline.tolerances if ml4_perf_baseline else {"tok_s_user": 0.1, "itl_p50_ms": 0.1},
                       {**deployment_provenance(ml4_target, ml4_endpoint.model, sys.argv,
-                                               bool(ml4_endpoint.simulated)),
+                                               bool(ml4_endpoint.simulated), ml4_endpoint.base_url),
                        "source": f"pytest-ml4 perf sweep, run folder {ml4_run_dir.name}"})
     yield SweepOutcome(settings=settings, points=points, verdict=verdict, outputs=outputs,
                        baseline=ml4_perf_baseline, secrets=[ml4_endpoint.api_key] if ml4_endpoint.api_key else [],
-                       baseline_missing=ml4_perf_baseline_choice.missing)
+                       baseline_missing=ml4_perf_baseline_choice.missing, recorded=recorded)

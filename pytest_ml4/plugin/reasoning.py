@@ -7,15 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ml4.baselines import BaselineRefused, default_baseline, pick_baseline
+from pytest_ml4.baselines import (
+    BaselineRefused,
+    default_baseline,
+    pick_baseline,
+    record_command,
+    recording_path,
+)
 from pytest_ml4.checks.reasoning import ShareBaseline, ShareBaselineChoice
 from pytest_ml4.plugin.option_group import group as ml4_group
+from pytest_ml4.plugin.record import recording
 from pytest_ml4.plugin.state import simulator_answers
 from pytest_ml4.targets import Target
-
-#: How a deployment's reasoning-share baseline is recorded (named by a check that could not judge without one).
-RECORD_COMMAND = ("pytest --target {target} -m reasoning -k share_of_output "
-                  "--reasoning-share-save=pytest_ml4/data/baselines/reasoning-share-{target}.json")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -32,7 +35,10 @@ def ml4_share_baseline(pytestconfig: pytest.Config, ml4_target: Target, ml4_endp
     given = pytestconfig.getoption("ml4_reasoning_share_baseline")
     save = pytestconfig.getoption("ml4_reasoning_share_save")
     default = default_baseline("reasoning-share", ml4_target.name, ml4_target.root)
-    record = RECORD_COMMAND.format(target=ml4_target.name)
+    record = record_command("reasoning-share", ml4_target)
+    if recording(pytestconfig):   # this run sets the baseline: nothing to compare with
+        return ShareBaselineChoice(None, save=Path(save) if save else recording_path("reasoning-share", ml4_target),
+                                   record=record, recording=True)
     common = {"save": Path(save) if save else None, "explicit": bool(given), "record": record}
     try:
         # Conditions depend on the request defaults the suite sends; it refuses other ones itself.

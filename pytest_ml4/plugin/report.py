@@ -26,7 +26,12 @@ from typing import Any
 import allure_commons
 import pytest
 
-from pytest_ml4.checks.verdict import NOT_JUDGED_PREFIX, NotJudged
+from pytest_ml4.checks.verdict import (
+    DOES_NOT_APPLY_PREFIX,
+    EXIT_NOT_JUDGED,
+    NOT_JUDGED_PREFIX,
+    NotJudged,
+)
 from pytest_ml4.plugin.option_group import group as ml4_group
 from pytest_ml4.report import labels as _labels
 from pytest_ml4.report.attach import ExchangeRecorder
@@ -50,9 +55,11 @@ from pytest_ml4.report.redact import DEFAULT as REDACTOR
 from pytest_ml4.report.redact import register_secret_env
 from pytest_ml4.report.results import RedactingFileLogger, write_crash_result
 from pytest_ml4.report.summary import (
+    DOES_NOT_APPLY,
     NOT_JUDGED,
     CheckRecord,
     build_summary,
+    verdict_lines_of,
     write_summary,
 )
 
@@ -71,10 +78,10 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                          "given (ini: ml4_allure = false)")
     parser.addini("ml4_allure", "write Allure results under <run folder>/allure-results by default",
                   type="bool", default=True)
-    group.addoption("--ml4-not-judged-fails", dest="ml4_not_judged_fails", action="store_true", default=None,
-                    help="fail the run (exit status 1) when a check could not judge, for sign-off "
-                         "(ini: ml4_not_judged_fails = true)")
-    parser.addini("ml4_not_judged_fails", "a not-judged check fails the run (see --ml4-not-judged-fails)",
+    group.addoption("--ml4-allow-not-judged", dest="ml4_allow_not_judged", action="store_true", default=None,
+                    help=f"exit 0 although a check was not judged, for exploratory runs (default: such a run exits "
+                         f"{EXIT_NOT_JUDGED}, never signed) (ini: ml4_allow_not_judged = true)")
+    parser.addini("ml4_allow_not_judged", "a not-judged check leaves the exit status 0 (see --ml4-allow-not-judged)",
                   type="bool", default=False)
 
 
@@ -293,7 +300,7 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -
     """A not-judged check is counted apart on pytest's exit line (``2 passed, 1 not_judged``), never as a skip."""
     if getattr(report, "ml4_status", None) == NOT_JUDGED:
         return NOT_JUDGED, "n", "NOT JUDGED"
-    return None
+    return None  # a check that does not apply stays a skip here (it never ran); the verdict lines count it apart
 
 
 def _skip_reason(report: pytest.TestReport) -> str:
@@ -315,6 +322,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     report.ml4_title = rs.titles.get(item.nodeid, item.name)
     if report.skipped and _skip_reason(report).startswith(NOT_JUDGED_PREFIX):
         report.ml4_status = NOT_JUDGED
+    elif report.skipped and _skip_reason(report).startswith(DOES_NOT_APPLY_PREFIX):
+        report.ml4_status = DOES_NOT_APPLY
     elif report.failed:
         exc = call.excinfo.value if call.excinfo is not None else None
         # allure-pytest's rule: assertion failures are "failed" (a verdict), anything else is "broken".
@@ -363,6 +372,7 @@ class _ControllerHooks:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.rs: _ReportState = config.stash[_STATE]
+        self.summary: dict[str, Any] | None = None   # the summary.json written at session end
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == _XDIST_CRASH_WHEN and "crashed while running" in str(report.longrepr):
@@ -399,19 +409,19 @@ class _ControllerHooks:
                             started=self.rs.started, finished=time.time(), exit_status=int(exitstatus),
                             interrupted=interrupted)
         write_summary(state.run_dir, doc)
+        self.summary = doc
 
     def _not_judged(self) -> list[CheckRecord]:
         return [c for c in self.rs.checks.values() if c.outcome == NOT_JUDGED]
 
-    def _not_judged_fails(self) -> bool:
-        wanted = self.config.getoption("ml4_not_judged_fails") or self.config.getini("ml4_not_judged_fails")
-        return bool(wanted) and bool(self._not_judged())
+    def _allowed(self) -> bool:
+        return bool(self.config.getoption("ml4_allow_not_judged") or self.config.getini("ml4_allow_not_judged"))
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if self._not_judged_fails() and exitstatus == pytest.ExitCode.OK:
-            # Sign-off: a check that could not judge is a gap in the evidence, not a pass.
-            session.exitstatus = exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self._not_judged() and exitstatus == pytest.ExitCode.OK and not self._allowed():
+            # A check that could not judge is a gap in the evidence, not a pass; a failure (1) wins over it.
+            session.exitstatus = exitstatus = EXIT_NOT_JUDGED
         state = _ml4_state(self.config)
         alluredir = _alluredir(self.config)
         run_dir = state.run_dir if state is not None and state.target is not None else None
@@ -444,12 +454,24 @@ class _ControllerHooks:
         terminalreporter.section("not judged (the check ran, its evidence was missing: never a pass)", sep="-")
         for c in checks:
             terminalreporter.write_line(f"NOT JUDGED {c.nodeid}: {c.message.removeprefix(NOT_JUDGED_PREFIX)}")
-        if self._not_judged_fails():
-            terminalreporter.write_line(f"ml4: {len(checks)} check(s) not judged: the run fails "
-                                        f"(--ml4-not-judged-fails / ml4_not_judged_fails)")
+        if self._allowed():
+            terminalreporter.write_line(f"ml4: {len(checks)} check(s) not judged, allowed by --ml4-allow-not-judged "
+                                        f"(ml4_allow_not_judged): an exploratory run, not a sign-off")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         self._summarize_not_judged(terminalreporter)
+        self._report_location(terminalreporter)
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        """The verdict at a glance, as the console's last lines (after pytest's own count line)."""
+        terminal = config.pluginmanager.get_plugin("terminalreporter")
+        if self.summary is None or terminal is None:
+            return
+        terminal.write_sep("=", "ml4 verdict")
+        for line in verdict_lines_of(self.summary):
+            terminal.write_line(line)
+
+    def _report_location(self, terminalreporter: Any) -> None:
         alluredir = _alluredir(self.config)
         state = _ml4_state(self.config)
         if not alluredir or state is None or state.run_dir is None:
@@ -541,8 +563,8 @@ def _record_check(rs: _ReportState, report: pytest.TestReport) -> None:
                           if isinstance(value, dict) and "conditions" in value})
     if report.skipped and check.outcome == "passed":
         check.outcome = getattr(report, "ml4_status", None) or "skipped"
-        if check.outcome == NOT_JUDGED:
-            check.message = REDACTOR.redact_text(_skip_reason(report))[:500]
+        # Every skip keeps its reason: summary.json and the verdict lines show why a check did not count.
+        check.message = REDACTOR.redact_text(_skip_reason(report))[:500]
     elif report.failed and check.outcome in ("passed", "skipped"):
         check.outcome = getattr(report, "ml4_status", "broken")
         crash = getattr(report.longrepr, "reprcrash", None)

@@ -4,6 +4,7 @@
     ml4-report compare [--runs reports/]     latest run vs previous and vs baseline; trend PNG; exit 1 on regression
     ml4-report latest [--runs reports/]      print the newest run folder (for CI scripts)
     ml4-report scan PATH... [--secret-env V] fail (exit 1) when any file holds a secret
+    ml4-report verdict [RUN]                 the run's verdict lines (per area, overall); exits as the run did
 
 Everything runs offline: the Allure CLI and Chromium are local installs (scripts/install.d/30-allure.sh).
 """
@@ -30,7 +31,13 @@ from pytest_ml4.report.history import (
 )
 from pytest_ml4.report.redact import DEFAULT as REDACTOR
 from pytest_ml4.report.redact import Redactor, register_secret_env
-from pytest_ml4.report.summary import run_target, runs_in, stored_runs
+from pytest_ml4.report.summary import (
+    load_summary,
+    run_target,
+    runs_in,
+    stored_runs,
+    verdict_lines_of,
+)
 from pytest_ml4.targets import TargetError, load_target
 from pytest_ml4.tools import ToolMissing
 
@@ -61,6 +68,11 @@ def _parser() -> argparse.ArgumentParser:
     la = sub.add_parser("latest", help="print the newest run folder (for CI scripts)")
     la.add_argument("--runs", type=Path, default=Path("reports"), help="folder holding the run folders")
     la.add_argument("--target", help="only runs of this target")
+
+    v = sub.add_parser("verdict", help="print a run's verdict lines and exit with the run's exit status")
+    v.add_argument("run", nargs="?", type=Path, help="run folder or its summary.json (default: the newest under --runs)")
+    v.add_argument("--runs", type=Path, default=Path("reports"), help="folder holding the run folders")
+    v.add_argument("--target", help="the newest run of this target (without RUN)")
 
     s = sub.add_parser("scan", help="fail when any file holds an API key or bearer token")
     s.add_argument("paths", nargs="+", type=Path)
@@ -127,9 +139,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 return EXIT_USAGE
     comp = compare_runs(runs, baseline, tolerance)
     if comp.previous is None and comp.baseline is None:
-        print(f"ml4-report compare: nothing to compare: run {comp.latest} of target {target_name} has no earlier "
-              f"run with results under {args.runs} and no baseline", file=sys.stderr)
-        return EXIT_USAGE
+        # A first run is not an error: the next one has this one to compare with.
+        print(f"ml4-report compare: first run: {comp.latest} of target {target_name} has no earlier run with "
+              f"results under {args.runs} and no baseline; nothing to compare yet")
+        return EXIT_OK
     print(format_table(comp))
     png = args.png or args.runs / runs[-1]["run_id"] / "trend.png"
     drawn = trend_png(runs, png, baseline)
@@ -149,6 +162,25 @@ def cmd_scan(args: argparse.Namespace) -> int:
     return EXIT_REGRESSION if leaks else EXIT_OK
 
 
+def cmd_verdict(args: argparse.Namespace) -> int:
+    run = args.run
+    if run is None:
+        runs = runs_in(args.runs, args.target, with_results=True)
+        if not runs:
+            print(f"ml4-report verdict: no run folder with results under {args.runs}", file=sys.stderr)
+            return EXIT_USAGE
+        run = runs[-1]
+    try:
+        doc = load_summary(run)
+    except (OSError, ValueError) as err:
+        print(f"ml4-report verdict: {run}: no readable summary.json ({err})", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"ml4 verdict of {doc.get('run_id')} (target {doc.get('target')})")
+    for line in verdict_lines_of(doc):
+        print(line)
+    return int(doc.get("exit_status", EXIT_USAGE))
+
+
 def cmd_latest(args: argparse.Namespace) -> int:
     runs = runs_in(args.runs, args.target, with_results=True)
     if not runs:
@@ -160,7 +192,8 @@ def cmd_latest(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handler = {"generate": cmd_generate, "compare": cmd_compare, "scan": cmd_scan, "latest": cmd_latest}[args.command]
+    handler = {"generate": cmd_generate, "compare": cmd_compare, "scan": cmd_scan, "latest": cmd_latest,
+               "verdict": cmd_verdict}[args.command]
     return handler(args)
 
 

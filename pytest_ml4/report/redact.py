@@ -40,8 +40,9 @@ FRAGMENT_SECRET_LEN = 20
 _SCHEME_RE = re.compile(r"(?i)\b(bearer|basic)(\s+)(?!\*\*\*)[A-Za-z0-9._~+/=:-]{6,}")
 _SK_RE = re.compile(r"\bsk-(?!\*\*\*)[A-Za-z0-9_-]{8,}")
 _KEY_NAMES = r"(?:x-)?api[_-]?key|access[_-]?token|auth[_-]?token|refresh[_-]?token|client[_-]?secret|password|passwd"
-# Values that are already masks or empty placeholders (vLLM logs "api_key': '[redacted]'") are not secrets.
-_PLACEHOLDER = r"(?:\*\*\*|\[redacted\]|<redacted>|redacted\b|none\b|null\b|\$\{?[A-Za-z_])"
+# Values that are already masks or empty placeholders (vLLM logs "api_key': '[redacted]'") are not secrets, nor are
+# references to a variable: a shell's ${VAR} and LiteLLM's config syntax os.environ/VAR.
+_PLACEHOLDER = r"(?:\*\*\*|\[redacted\]|<redacted>|redacted\b|none\b|null\b|\$\{?[A-Za-z_]|os\.environ/[A-Za-z_])"
 _PAIR_RE = re.compile(
     r"(?i)(?<![A-Za-z0-9_])((?:" + _KEY_NAMES + r")[\"']?\s*[:=]\s*\[?\s*[\"']?)(?!" + _PLACEHOLDER
     + r")([^\"'\s,&;}\]]{4,})"

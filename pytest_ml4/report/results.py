@@ -3,6 +3,8 @@
 * :class:`RedactingFileLogger` replaces allure-python's ``AllureFileLogger``: every result, container and
   attachment passes through the run's :class:`~pytest_ml4.report.redact.Redactor` before it touches disk, so a
   secret in an exception message, a captured log or an attachment cannot reach the report.
+* A not-judged check (allure-pytest writes it as a skip) gets Allure's status ``broken``
+  (:func:`not_judged_as_broken`, category "Not judged"): never drawn as a skip or a pass.
 * :func:`write_crash_result` records a test whose xdist worker died as **broken** (allure-python writes nothing
   for it, allure-framework/allure-python#825; tooling.md §2), so the report is not greener than pytest's verdict.
 """
@@ -20,6 +22,7 @@ from allure_commons.logger import AllureFileLogger
 from allure_commons.model2 import Label, Status, StatusDetails, TestResult
 from allure_commons.utils import md5, now
 
+from pytest_ml4.checks.verdict import NOT_JUDGED_PREFIX
 from pytest_ml4.report.redact import Redactor, redact
 
 # Attachments with these suffixes are text and get scrubbed; others (png, ...) are copied as they are.
@@ -42,7 +45,7 @@ class RedactingFileLogger(AllureFileLogger):
         # Same as the parent, but the serialised dict is redacted first (messages, traces, parameters, names).
         from attr import asdict
 
-        data = self._redact(asdict(item, filter=lambda _, v: v or v is False))
+        data = self._redact(not_judged_as_broken(asdict(item, filter=lambda _, v: v or v is False)))
         filename = item.file_pattern.format(prefix=_uuid.uuid4())
         tmp = self._report_dir / f"{filename}.tmp"
         tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
@@ -62,6 +65,20 @@ class RedactingFileLogger(AllureFileLogger):
         if Path(file_name).suffix.lower() != ".png":
             data = self._redact(data)
         super().report_attached_data(data, file_name)
+
+
+#: Allure's status for a not-judged check. Allure 2's overview ring is passed / (passed + failed + broken): a
+#: skip, and also "unknown", left it at 100 % over a run with a not-judged gate (rendered with ml4-report generate
+#: --render); "broken" takes it below, and the "Not judged" category names it.
+NOT_JUDGED_STATUS = "broken"
+
+
+def not_judged_as_broken(data: dict[str, Any]) -> dict[str, Any]:
+    """A result allure-pytest wrote as skipped whose message says ``not judged: `` gets :data:`NOT_JUDGED_STATUS`."""
+    message = str((data.get("statusDetails") or {}).get("message") or "").removeprefix("Skipped: ")
+    if data.get("status") == "skipped" and message.startswith(NOT_JUDGED_PREFIX):
+        data["status"] = NOT_JUDGED_STATUS
+    return data
 
 
 def write_crash_result(alluredir: Path, nodeid: str, message: str, labels: dict[str, str] | None = None,

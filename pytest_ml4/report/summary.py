@@ -21,13 +21,24 @@ from pathlib import Path
 from typing import Any
 
 from pytest_ml4.report.redact import redact
+from pytest_ml4.report.verdict import (
+    GATE_OUTCOMES,
+    GATE_PASSED,
+    RunVerdict,
+    area_verdict,
+    run_verdict,
+    skip_reasons,
+    verdict_lines,
+)
 
 SCHEMA_VERSION = 1
 PERF_SUMMARY_NAME = "perf-summary.json"
 SUMMARY_NAME = "summary.json"
 #: A gating check that ran but could not judge (:class:`pytest_ml4.checks.verdict.NotJudged`): never a pass.
 NOT_JUDGED = "not_judged"
-OUTCOMES = ("passed", "failed", "broken", "skipped", NOT_JUDGED)
+#: A check that does not apply to the target (decided at collection, with its reason): never a pass either.
+DOES_NOT_APPLY = "does_not_apply"
+OUTCOMES = ("passed", "failed", "broken", "skipped", NOT_JUDGED, DOES_NOT_APPLY)
 
 
 @dataclass
@@ -37,7 +48,7 @@ class CheckRecord:
     nodeid: str
     title: str
     suite: str
-    outcome: str = "passed"      # passed | failed | broken | skipped | not_judged
+    outcome: str = "passed"      # passed | failed | broken | skipped | not_judged | does_not_apply
     duration_s: float = 0.0
     message: str = ""
     categories: list[str] = field(default_factory=list)
@@ -128,23 +139,17 @@ def _accuracy_gates(acc: Mapping[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def suite_gates(checks: Iterable[CheckRecord]) -> list[dict[str, Any]]:
-    """One gate per suite: failed when one of its checks failed or broke; else not judged (``passed`` None) when
-    one could not judge, else passed (skips do not fail a suite). A not-judged check never makes a suite pass."""
-    by_suite: dict[str, Counter[str]] = {}
+    """One gate per suite, its area verdict (:func:`pytest_ml4.report.verdict.area_verdict`): ``passed`` True only
+    for a pass, False for a failure, None (never true) when not judged, not applying or skipped."""
+    by_suite: dict[str, list[dict[str, Any]]] = {}
     for c in checks:
-        by_suite.setdefault(c.suite, Counter())[c.outcome] += 1
-    return [{"name": f"suite: {suite}", "passed": _suite_passed(counts), "outcome": _suite_outcome(counts),
-             "value": dict(counts), "source": "checks"} for suite, counts in sorted(by_suite.items())]
-
-
-def _suite_outcome(counts: Counter[str]) -> str:
-    if counts["failed"] + counts["broken"]:
-        return "failed"
-    return NOT_JUDGED if counts[NOT_JUDGED] else "passed"
-
-
-def _suite_passed(counts: Counter[str]) -> bool | None:
-    return {"failed": False, NOT_JUDGED: None, "passed": True}[_suite_outcome(counts)]
+        by_suite.setdefault(c.suite, []).append(asdict(c))
+    gates = []
+    for suite, records in sorted(by_suite.items()):
+        verdict = area_verdict(suite, records)
+        gates.append({"name": f"suite: {suite}", "passed": GATE_PASSED.get(verdict.verdict),
+                      "outcome": GATE_OUTCOMES[verdict.verdict], "value": verdict.counts, "source": "checks"})
+    return gates
 
 
 def build_summary(*, run_dir: Path, target: str | None, simulated: bool, faults: Iterable[str],
@@ -155,6 +160,7 @@ def build_summary(*, run_dir: Path, target: str | None, simulated: bool, faults:
     perf = read_perf_summary(run_dir)
     accuracy = read_accuracy_summary(run_dir)
     counts = Counter(c.outcome for c in checks)
+    records = [asdict(c) for c in checks]
     suites: dict[str, dict[str, int]] = {}
     for c in checks:
         suites.setdefault(c.suite, {o: 0 for o in OUTCOMES})[c.outcome] += 1
@@ -172,6 +178,10 @@ def build_summary(*, run_dir: Path, target: str | None, simulated: bool, faults:
         # pytest.ExitCode.INTERRUPTED (Ctrl-C, SIGTERM) or a failed start: the figures are partial or absent.
         "interrupted": int(exit_status) == 2 if interrupted is None else interrupted,
         "tests": {"total": len(checks), **{o: counts.get(o, 0) for o in OUTCOMES}},
+        # The verdict at a glance (pytest_ml4.report.verdict): overall, per area, with the first reason each.
+        "verdict": run_verdict(records, int(exit_status)).as_dict(),
+        # Why each check that reached no pass/fail verdict did not: not judged, does not apply, skipped.
+        "reasons": skip_reasons(records),
         "suites": suites,
         "gates": suite_gates(checks) + perf["gates"] + _accuracy_gates(accuracy),
         "perf": {str(c): figs for c, figs in sorted(perf["points"].items())},
@@ -179,9 +189,19 @@ def build_summary(*, run_dir: Path, target: str | None, simulated: bool, faults:
         "perf_settings": perf["settings"],
         "perf_baseline": perf["baseline"],
         "accuracy": accuracy,
-        "checks": [asdict(c) for c in checks],
+        "checks": records,
     }
     return redact(doc)
+
+
+def verdict_lines_of(doc: Mapping[str, Any]) -> list[str]:
+    """The verdict lines of a run from its summary (recomputed from the checks, so an older summary works too)."""
+    return verdict_lines(verdict_of(doc))
+
+
+def verdict_of(doc: Mapping[str, Any]) -> RunVerdict:
+    """A run's verdict from its summary: its checks and the exit status it recorded."""
+    return run_verdict(doc.get("checks") or [], int(doc.get("exit_status", 0)))
 
 
 def _iso(ts: float) -> str:
