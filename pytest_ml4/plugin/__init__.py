@@ -34,6 +34,7 @@ pytest_plugins = [
     "pytest_ml4.plugin.fixtures",
     "pytest_ml4.plugin.accuracy",
     "pytest_ml4.plugin.args",
+    "pytest_ml4.plugin.breaker",
     "pytest_ml4.plugin.guard",
     "pytest_ml4.plugin.logs",
     "pytest_ml4.plugin.perf",
