@@ -32,6 +32,7 @@ pytest_plugins = [
     "pytest_ml4.plugin.options",
     "pytest_ml4.plugin.markers",
     "pytest_ml4.plugin.fixtures",
+    "pytest_ml4.plugin.access",
     "pytest_ml4.plugin.accuracy",
     "pytest_ml4.plugin.args",
     "pytest_ml4.plugin.breaker",

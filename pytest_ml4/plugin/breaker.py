@@ -48,7 +48,7 @@ def _not_sent(reason: str) -> pytest.skip.Exception:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     health = _health(item.config)
-    if health is None or _has(item, "no_endpoint"):
+    if health is None or _has(item, "no_endpoint") or item.get_closest_marker("skip") is not None:
         return
     health.check = item.nodeid
     trip = health.trip()
