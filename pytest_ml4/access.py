@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import yaml
 
+from pytest_ml4.deploy import processes
 from pytest_ml4.locations import data_file
 from pytest_ml4.targets import Target
 from pytest_ml4.urls import display_url
@@ -110,7 +111,7 @@ def _command(argv: list[str], says: str, expect: str | None = None) -> tuple[boo
     if shutil.which(argv[0]) is None:
         return False, f"{argv[0]} not found on PATH"
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_S, check=False)
+        done = processes.run(argv, capture_output=True, text=True, timeout=COMMAND_S, check=False)
     except subprocess.TimeoutExpired:
         return False, f"`{shlex.join(argv)}` did not finish within {COMMAND_S:g} s"
     out = done.stdout.strip()
