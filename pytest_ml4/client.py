@@ -72,6 +72,9 @@ class Endpoint:
     worker_metrics_urls: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
     #: Per-request limits of every client made from this endpoint (derived from the target, set by options).
     deadlines: Deadlines = field(default_factory=Deadlines, hash=False)
+    #: The run's breaker (:class:`pytest_ml4.breaker.EndpointHealth`) every client made from this endpoint reports
+    #: to and asks before sending; None: each request on its own.
+    health: Any = field(default=None, hash=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.base_url.rstrip("/").endswith("/v1"):
@@ -174,7 +177,7 @@ def make_openai(ep: Endpoint, timeout: float | None = None) -> openai.OpenAI:
     and any answer that is not UTF-8 JSON (or is an error inside a 200) fails as one assertion naming the URL.
     """
     d = _deadlines(ep, timeout)
-    http = httpx.Client(transport=GuardedTransport(d, validate_json=True), timeout=_httpx_timeout(d),
+    http = httpx.Client(transport=GuardedTransport(d, validate_json=True, health=ep.health), timeout=_httpx_timeout(d),
                         follow_redirects=True)
     return _GuardedOpenAI(base_url=ep.base_url, api_key=ep.api_key or "EMPTY", max_retries=0,
                           timeout=_httpx_timeout(d), default_headers=dict(ep.headers) or None, http_client=http)
@@ -183,7 +186,7 @@ def make_openai(ep: Endpoint, timeout: float | None = None) -> openai.OpenAI:
 def make_async_openai(ep: Endpoint, timeout: float | None = None) -> openai.AsyncOpenAI:
     """The asyncio twin of :func:`make_openai` (bursts of parallel requests)."""
     d = _deadlines(ep, timeout)
-    http = httpx.AsyncClient(transport=AsyncGuardedTransport(d, validate_json=True), timeout=_httpx_timeout(d),
+    http = httpx.AsyncClient(transport=AsyncGuardedTransport(d, validate_json=True, health=ep.health), timeout=_httpx_timeout(d),
                              follow_redirects=True)
     return _GuardedAsyncOpenAI(base_url=ep.base_url, api_key=ep.api_key or "EMPTY", max_retries=0,
                                timeout=_httpx_timeout(d), default_headers=dict(ep.headers) or None,
@@ -194,7 +197,7 @@ def make_httpx(ep: Endpoint, timeout: float | None = None) -> httpx.Client:
     """An httpx client rooted at the base URL (``http.post("/chat/completions", ...)``) with bearer auth, guarded."""
     d = _deadlines(ep, timeout)
     return httpx.Client(base_url=ep.base_url + "/", headers=ep.auth_headers(), timeout=_httpx_timeout(d),
-                        transport=GuardedTransport(d))
+                        transport=GuardedTransport(d, health=ep.health))
 
 
 def check_reachable(ep: Endpoint, timeout: float = CONNECT_TIMEOUT_S, key_source: str | None = None) -> str | None:

@@ -54,6 +54,10 @@ class EndpointMisbehaved(AssertionError):
 class DeadlineExceeded(httpx.TimeoutException, EndpointMisbehaved):
     """A connect, first-byte, idle or overall deadline passed."""
 
+    #: Nothing arrived (connect, first byte, idle): the endpoint stalled. False for the overall deadline of an
+    #: answer whose bytes kept coming (slow but alive); :mod:`pytest_ml4.breaker` trips only on a stall.
+    stalled = True
+
 
 class CrossOriginRedirect(httpx.TransportError, EndpointMisbehaved):
     """The endpoint redirected to another origin; the guard never follows it."""
@@ -173,7 +177,9 @@ class _Plan:
     def waited(self) -> float:
         return time.monotonic() - self.t0
 
-    def headers_arrived(self, request: httpx.Request) -> None:
+    def headers_arrived(self, request: httpx.Request, health: Any = None) -> None:
+        if health is not None:
+            health.saw_answer()
         # httpcore reads the body with the read timeout it finds in this dict when the body is first read.
         request.extensions["timeout"]["read"] = min(self.idle_s, self.overall_s)
 
@@ -222,8 +228,8 @@ class _Progress:
 class _BodyWatch:
     """Applies the idle, overall and size limits to a body as it arrives."""
 
-    def __init__(self, plan: _Plan, response: httpx.Response) -> None:
-        self.plan = plan
+    def __init__(self, plan: _Plan, response: httpx.Response, health: Any = None) -> None:
+        self.plan, self.health = plan, health
         self.progress = _Progress(response.headers.get("content-type", "").startswith("text/event-stream"))
         self.size = 0
         self.head = bytearray()
@@ -241,14 +247,22 @@ class _BodyWatch:
         if now - self.last_progress > p.idle_s:
             raise self.idle()
         if now - p.t0 > p.overall_s:
-            raise DeadlineExceeded(f"{p.url}: answer not finished within the overall deadline of {p.overall_s:g} s "
-                                   f"(waited {p.waited():.1f} s; {self._arrived()})")
+            slow = DeadlineExceeded(f"{p.url}: answer not finished within the overall deadline of {p.overall_s:g} s "
+                                    f"(waited {p.waited():.1f} s; {self._arrived()})")
+            slow.stalled = False
+            raise slow
 
     def idle(self) -> DeadlineExceeded:
         p = self.plan
         return DeadlineExceeded(f"{p.url}: no progress for {time.monotonic() - self.last_progress:.1f} s, over the "
                                 f"idle deadline of {p.idle_s:g} s (keep-alive comments are not progress; waited "
                                 f"{p.waited():.1f} s in all; {self._arrived()})")
+
+    def report(self, err: EndpointMisbehaved) -> EndpointMisbehaved:
+        """Tell the run's breaker (:mod:`pytest_ml4.breaker`) what ended this body; returns ``err``."""
+        if self.health is not None:
+            self.health.observe(err, self.plan.url)
+        return err
 
     def _arrived(self) -> str:
         return f"{self.size:,} bytes arrived: {quote_bytes(bytes(self.head), self.size, 300)}"
@@ -264,7 +278,9 @@ class _GuardedStream(httpx.SyncByteStream):
                 self.watch.seen(chunk)
                 yield chunk
         except httpx.ReadTimeout:
-            raise self.watch.idle() from None
+            raise self.watch.report(self.watch.idle()) from None
+        except EndpointMisbehaved as err:
+            raise self.watch.report(err) from None
 
     def close(self) -> None:
         self.inner.close()
@@ -280,7 +296,9 @@ class _AsyncGuardedStream(httpx.AsyncByteStream):
                 self.watch.seen(chunk)
                 yield chunk
         except httpx.ReadTimeout:
-            raise self.watch.idle() from None
+            raise self.watch.report(self.watch.idle()) from None
+        except EndpointMisbehaved as err:
+            raise self.watch.report(err) from None
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -318,6 +336,20 @@ def _refuse_bad_json(plan: _Plan, response: httpx.Response) -> None:
                         f"{ctype or 'none'}): {quote_bytes(response.content)}")
 
 
+def _before_sending(health: Any, plan: _Plan) -> None:
+    """The run's breaker (:mod:`pytest_ml4.breaker`) refuses a request once the endpoint was judged gone."""
+    if health is not None:
+        health.before_request(plan.url)
+
+
+def _failed(health: Any, plan: _Plan, err: httpx.TransportError) -> Exception:
+    """The error a failed send raises, told to the breaker first."""
+    failure = plan.transport_error(err)
+    if health is not None:
+        health.observe(failure, plan.url)
+    return failure
+
+
 #: The connection pool of every client: httpx's defaults but an idle connection reused for at most 2 s. uvicorn
 #: (LiteLLM's proxy, vLLM) closes an idle keep-alive connection after 5 s, which is also httpx's default expiry, so a
 #: request sent on a pooled connection just as the server closes it is reset before it is served (2 of 456 BFCL
@@ -330,22 +362,23 @@ class GuardedTransport(httpx.BaseTransport):
     """An httpx transport applying :class:`Deadlines`, the redirect rule and the size cap (see the module doc)."""
 
     def __init__(self, deadlines: Deadlines, *, validate_json: bool = False,
-                 inner: httpx.BaseTransport | None = None) -> None:
-        self.deadlines, self.validate_json = deadlines, validate_json
+                 inner: httpx.BaseTransport | None = None, health: Any = None) -> None:
+        self.deadlines, self.validate_json, self.health = deadlines, validate_json, health
         self.inner = inner or httpx.HTTPTransport(limits=POOL_LIMITS)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         plan = _Plan.of(request, self.deadlines)
+        _before_sending(self.health, plan)
         try:
             response = self.inner.handle_request(request)
         except httpx.TransportError as err:
-            raise plan.transport_error(err) from None
+            raise _failed(self.health, plan, err) from None
         refused = plan.redirect(request, response)
         if refused is not None:
             response.close()
             raise refused
-        plan.headers_arrived(request)
-        response.stream = _GuardedStream(response.stream, _BodyWatch(plan, response))
+        plan.headers_arrived(request, self.health)
+        response.stream = _GuardedStream(response.stream, _BodyWatch(plan, response, self.health))
         if self.validate_json and _judged_as_json(response):
             try:
                 response.read()
@@ -362,22 +395,23 @@ class AsyncGuardedTransport(httpx.AsyncBaseTransport):
     """The asyncio twin of :class:`GuardedTransport`."""
 
     def __init__(self, deadlines: Deadlines, *, validate_json: bool = False,
-                 inner: httpx.AsyncBaseTransport | None = None) -> None:
-        self.deadlines, self.validate_json = deadlines, validate_json
+                 inner: httpx.AsyncBaseTransport | None = None, health: Any = None) -> None:
+        self.deadlines, self.validate_json, self.health = deadlines, validate_json, health
         self.inner = inner or httpx.AsyncHTTPTransport(limits=POOL_LIMITS)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         plan = _Plan.of(request, self.deadlines)
+        _before_sending(self.health, plan)
         try:
             response = await self.inner.handle_async_request(request)
         except httpx.TransportError as err:
-            raise plan.transport_error(err) from None
+            raise _failed(self.health, plan, err) from None
         refused = plan.redirect(request, response)
         if refused is not None:
             await response.aclose()
             raise refused
-        plan.headers_arrived(request)
-        response.stream = _AsyncGuardedStream(response.stream, _BodyWatch(plan, response))
+        plan.headers_arrived(request, self.health)
+        response.stream = _AsyncGuardedStream(response.stream, _BodyWatch(plan, response, self.health))
         if self.validate_json and _judged_as_json(response):
             try:
                 await response.aread()

@@ -6,6 +6,7 @@ Built once by the core's ``pytest_configure`` from the options; every plugin mod
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import os
 import secrets
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from pytest_ml4.breaker import EndpointHealth
 from pytest_ml4.client import Endpoint
 from pytest_ml4.deploy.embedded import (
     ENGINES,
@@ -71,12 +73,19 @@ class Ml4State:
         self.deployment: Deployment | None = None
         self.is_worker = hasattr(config, "workerinput")
         self._endpoint_lock: EndpointLock | None = None
+        self._endpoint_health: EndpointHealth | None = None
 
     def endpoint_lock(self) -> EndpointLock:
         """The run folder's endpoint lock (one per process: see EndpointLock)."""
         if self._endpoint_lock is None:
             self._endpoint_lock = EndpointLock(self.ensure_run_dir())
         return self._endpoint_lock
+
+    def endpoint_health(self) -> EndpointHealth:
+        """The run's breaker (``pytest_ml4.breaker``), shared by every process through the run folder."""
+        if self._endpoint_health is None:
+            self._endpoint_health = EndpointHealth.in_folder(self.ensure_run_dir())
+        return self._endpoint_health
 
     def shares_endpoint_with_other_processes(self) -> bool:
         """True in an xdist worker of a run with a target: other workers send requests to the same endpoint."""
@@ -165,12 +174,15 @@ class Ml4State:
         unreachable, secrets masked (the line may quote what the endpoint answered)."""
         assert self.target is not None
         try:
-            return endpoint_for(self.target, self.deployment if self.use_sim else None,
-                                endpoint_url=self.config.getoption("ml4_endpoint"),
-                                key_var=self.config.getoption("ml4_api_key_env") or self.target.endpoint.api_key_env,
-                                deadlines=session_deadlines(self.config, self.target))
+            ep = endpoint_for(self.target, self.deployment if self.use_sim else None,
+                              endpoint_url=self.config.getoption("ml4_endpoint"),
+                              key_var=self.config.getoption("ml4_api_key_env") or self.target.endpoint.api_key_env,
+                              deadlines=session_deadlines(self.config, self.target))
         except EndpointUnusable as err:
             pytest.exit(redact(str(err)), returncode=err.returncode)
+        health = self.endpoint_health()
+        health.saw_answer()  # endpoint_for's check got an answer: a refused connection from now on is a death
+        return dataclasses.replace(ep, health=health)
 
     @property
     def bypasses_proxy(self) -> bool:

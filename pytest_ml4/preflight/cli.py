@@ -33,7 +33,48 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list-rules", action="store_true", help="print the rules with their sources and exit")
     p.add_argument("--quiet", action="store_true", help="errors only")
     p.add_argument("--verbose", action="store_true", help="also list each document and the hardware it maps to")
+    p.add_argument("--access", action="store_true",
+                   help="with --target: list each access the suites need (endpoint URL, API key, worker metrics, "
+                        "logs, restart rights), set or missing, reachable or not, and what each enables; exit 1 when "
+                        "one a suite needs is missing or not reachable")
+    p.add_argument("--suites", default=None, metavar="S,S",
+                   help="--access: only these suites (markers, comma-separated; default: all)")
     return p
+
+
+def _access(target_name: str | None, suites: str | None) -> int:
+    """``--access``: one line per access, then which suites cannot be judged (pytest_ml4/access.py)."""
+    from pytest_ml4.access import blocking, needs_table, survey
+
+    if not target_name:
+        print("ml4-preflight: --access needs --target NAME", file=sys.stderr)
+        return 2
+    known = list(needs_table()["suites"])
+    chosen = [s.strip() for s in suites.split(",") if s.strip()] if suites else known
+    unknown = [s for s in chosen if s not in known]
+    if unknown:
+        print(f"ml4-preflight: --suites: unknown suite(s) {', '.join(unknown)}; known: {', '.join(known)}",
+              file=sys.stderr)
+        return 2
+    try:
+        target = load_target(target_name)
+    except TargetError as err:
+        print(f"ml4-preflight: {err}", file=sys.stderr)
+        return 2
+    accesses = survey(target, chosen)
+    print(f"ml4-preflight: access of target {target.name} for {', '.join(chosen)} (probes connect within 2 s)")
+    for a in accesses:
+        print(f"  {a.line()}")
+    stuck: dict[str, list[str]] = {}
+    for suite in chosen:
+        access = blocking(accesses, suite)
+        if access is not None:
+            stuck.setdefault(access.why_not_judged(), []).append(suite)
+    for why, names in stuck.items():
+        print(f"ml4-preflight: {', '.join(names)} cannot be judged: {why}")
+    if not stuck:
+        print(f"ml4-preflight: every access the {len(chosen)} suite(s) need is set and reachable")
+    return 1 if stuck else 0
 
 
 def _list_rules() -> None:
@@ -47,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list_rules:
         _list_rules()
         return 0
+    if args.access:
+        return _access(args.target, args.suites)
     if not args.paths:
         print("ml4-preflight: give at least one PATH (or --list-rules)", file=sys.stderr)
         return 2
