@@ -244,8 +244,9 @@ def _logs(ctx: _Context) -> tuple[str, str, bool | None, str]:
         argv = ["journalctl", "-u", str(logs.unit), "-n", "1", "-q", "--no-pager"]
         ok, detail = _command([*SSH, host, *argv] if host else argv, "the unit's journal has lines")
         return where, SET, ok, detail
-    ns, ok, detail = _kube(ctx, logs.namespace_env, logs.namespace, (("list", "pods"), ("get", "pods/log")))
-    return f"kubernetes pods/log of DGD {logs.dgd}", SET if ns else MISSING, ok, detail
+    ctl = ctx.target.control   # a Kubernetes target names its DGD and namespace once, under control
+    ns, ok, detail = _kube(ctx, ctl.namespace_env, ctl.namespace, (("list", "pods"), ("get", "pods/log")))
+    return f"kubernetes pods/log of DGD {ctl.dgd}", SET if ns else MISSING, ok, detail
 
 
 def _restart(ctx: _Context) -> tuple[str, str, bool | None, str]:
