@@ -195,6 +195,10 @@ class Control(_Strict):
     namespace_env: str | None = None
     namespace: str | None = None
     restart_timeout_s: float = Field(default=900, gt=0)
+    #: Declared seconds from one worker pod's deletion (or the engine's stop) to its replacement registered and
+    #: serving: the bound of each pod's leave and register phases in the restart suite (README "Deadlines";
+    #: under --sim the embedded deployment's figure, pytest_ml4/data/restart/deployment-start.yaml).
+    worker_start_s: float = Field(default=600, gt=0)
 
 
 class Gates(_Strict):

@@ -27,6 +27,7 @@ from pytest_ml4.control.base import (
     model_listed_check,
     wait_for,
 )
+from pytest_ml4.control.budget import LEAVE, REGISTER
 from pytest_ml4.control.k8s import dgd_status, list_pods, pod_ready
 
 #: Why Dynamo answers that succeed can lack ``nvext`` (worker ids, timing): said whenever a check cannot see the
@@ -57,6 +58,8 @@ class KubernetesController(Controller):
         # role -> uids of the pods deleted by the last trigger, and how many pods the role had before it
         self._deleted: dict[str, set[str]] = {}
         self._expected: dict[str, int] = {}
+        #: The worker instances the frontend listed before the last deletion (the leave phase waits them out).
+        self._listed_before: frozenset[str] = frozenset()
 
     def describe(self) -> str:
         how = "rolling, one pod at a time" if self.rolling else "all at once"
@@ -79,8 +82,9 @@ class KubernetesController(Controller):
     def trigger(self, progress: Progress | None = None) -> dict[str, Any]:
         self._deleted, self._expected = {}, {}
         if not self.rolling:
+            self._listed_before = self.engines()
             return {"deleted_pods": {role: self.delete_pods(role) for role in self.roles}}
-        deadline = time.monotonic() + self.timeout_s
+        deadline = self.restart_deadline or time.monotonic() + self.timeout_s
         deleted: dict[str, list[str]] = {}
         instances = self.frontend_instances()
         for role in self.roles:
@@ -90,15 +94,38 @@ class KubernetesController(Controller):
             self._deleted[role] = set()
             self._expected[role] = len(pods)
             for pod in pods:
+                self._listed_before = self.engines()
                 self._deleted[role].add(pod.metadata.uid)
                 self.core.delete_namespaced_pod(pod.metadata.name, self.namespace)
                 deleted.setdefault(role, []).append(pod.metadata.name)
+                # Each pod's leave and register phases share the workers' declared start time.
+                pod_deadline = min(deadline, time.monotonic() + self.worker_start_s) if self.worker_start_s \
+                    else deadline
+                wait_for(f"{pod.metadata.name} gone and its worker unlisted by the frontend",
+                         self._old_workers_left(all_of_them=False), pod_deadline, progress, phase=LEAVE)
                 wait_for(f"replacement of {pod.metadata.name} Running and Ready", self._replacements_ready,
-                         deadline, progress)
+                         pod_deadline, progress, phase=REGISTER)
                 # Ready is not yet discovered: the next deletion waits until the frontend routes to the new worker.
                 wait_for(f"frontend /health listing {instances} worker instances", self._instances_at_least(instances),
-                         deadline, progress)
+                         pod_deadline, progress, phase=REGISTER)
         return {"deleted_pods": deleted}
+
+    def _old_workers_left(self, all_of_them: bool) -> Check:
+        """The deleted pods are gone and their workers' instances unlisted by the frontend (a worker deregisters on
+        SIGTERM once drained): every one of them, or, in a rolling restart, the one just deleted."""
+        before = self._listed_before
+
+        def check() -> str | None:
+            lingering = [p.metadata.name for role, old in self._deleted.items() for p in self.pods(role)
+                         if p.metadata.uid in old]
+            if lingering:
+                return f"old pods still present {lingering}"
+            still = sorted(before & self.engines())
+            gone = len(before) - len(still)
+            if before and (len(still) if all_of_them else not gone):
+                return f"old worker instances still listed by the frontend: {still}"
+            return None
+        return check
 
     def _replacements_ready(self) -> str | None:
         problems: list[str] = []
@@ -148,8 +175,15 @@ class KubernetesController(Controller):
         status = dgd_status(self.custom, self.namespace, self.dgd)
         return None if status.serving else status.describe()
 
+    #: The readiness condition of the leave phase (the others are the new workers registering).
+    LEAVE_CHECK = "old pods gone and their workers unlisted by the frontend"
+
+    def phase_of(self, what: str) -> str:
+        return LEAVE if what == self.LEAVE_CHECK else REGISTER
+
     def ready_checks(self) -> list[tuple[str, Check]]:
-        return [("replacement pods Running and Ready", self._replacements_ready),
+        return [(self.LEAVE_CHECK, self._old_workers_left(all_of_them=True)),
+                ("replacement pods Running and Ready", self._replacements_ready),
                 (f"DGD {self.dgd} Ready=True and state successful", self._dgd_serving),
                 ("frontend /health 200", health_check(self.frontend_url)),
                 (f"{self.model} in /v1/models", model_listed_check(self.base_url, self.model, self._api_key))]
