@@ -70,6 +70,11 @@ class KubernetesController(Controller):
 
     def delete_pods(self, role: str) -> list[str]:
         """Delete every pod of ``role``; returns their names. Nothing matched is an error, not a silent pass."""
+        self._deleted, self._expected = {}, {}
+        self._listed_before = self.engines()
+        return self._delete_role(role)
+
+    def _delete_role(self, role: str) -> list[str]:
         pods = self.pods(role)
         if not pods:
             raise RestartError(f"no {role} pods found for DGD {self.namespace}/{self.dgd}")
@@ -81,9 +86,9 @@ class KubernetesController(Controller):
 
     def trigger(self, progress: Progress | None = None) -> dict[str, Any]:
         self._deleted, self._expected = {}, {}
+        self._listed_before = self.engines()
         if not self.rolling:
-            self._listed_before = self.engines()
-            return {"deleted_pods": {role: self.delete_pods(role) for role in self.roles}}
+            return {"deleted_pods": {role: self._delete_role(role) for role in self.roles}}
         deadline = self.restart_deadline or time.monotonic() + self.timeout_s
         deleted: dict[str, list[str]] = {}
         instances = self.frontend_instances()
@@ -94,7 +99,7 @@ class KubernetesController(Controller):
             self._deleted[role] = set()
             self._expected[role] = len(pods)
             for pod in pods:
-                self._listed_before = self.engines()
+                listed = self.engines()
                 self._deleted[role].add(pod.metadata.uid)
                 self.core.delete_namespaced_pod(pod.metadata.name, self.namespace)
                 deleted.setdefault(role, []).append(pod.metadata.name)
@@ -102,7 +107,7 @@ class KubernetesController(Controller):
                 pod_deadline = min(deadline, time.monotonic() + self.worker_start_s) if self.worker_start_s \
                     else deadline
                 wait_for(f"{pod.metadata.name} gone and its worker unlisted by the frontend",
-                         self._old_workers_left(all_of_them=False), pod_deadline, progress, phase=LEAVE)
+                         self._old_workers_left(listed, pods=1), pod_deadline, progress, phase=LEAVE)
                 wait_for(f"replacement of {pod.metadata.name} Running and Ready", self._replacements_ready,
                          pod_deadline, progress, phase=REGISTER)
                 # Ready is not yet discovered: the next deletion waits until the frontend routes to the new worker.
@@ -110,20 +115,21 @@ class KubernetesController(Controller):
                          pod_deadline, progress, phase=REGISTER)
         return {"deleted_pods": deleted}
 
-    def _old_workers_left(self, all_of_them: bool) -> Check:
-        """The deleted pods are gone and their workers' instances unlisted by the frontend (a worker deregisters on
-        SIGTERM once drained): every one of them, or, in a rolling restart, the one just deleted."""
-        before = self._listed_before
+    def _old_workers_left(self, listed: frozenset[str], pods: int | None = None) -> Check:
+        """The deleted pods are gone and as many of the worker instances ``listed`` before as pods were deleted
+        (``pods``, default all the restart deleted) are unlisted by the frontend: a worker is one instance id, and
+        it deregisters on SIGTERM once drained. The workers of roles not restarted stay listed."""
 
         def check() -> str | None:
             lingering = [p.metadata.name for role, old in self._deleted.items() for p in self.pods(role)
                          if p.metadata.uid in old]
             if lingering:
                 return f"old pods still present {lingering}"
-            still = sorted(before & self.engines())
-            gone = len(before) - len(still)
-            if before and (len(still) if all_of_them else not gone):
-                return f"old worker instances still listed by the frontend: {still}"
+            want = sum(len(old) for old in self._deleted.values()) if pods is None else pods
+            gone = listed - self.engines()
+            if listed and len(gone) < min(want, len(listed)):
+                return (f"{len(gone)} of the {want} deleted workers unlisted by the frontend; still listed: "
+                        f"{sorted(listed & self.engines())}")
             return None
         return check
 
@@ -181,8 +187,11 @@ class KubernetesController(Controller):
     def phase_of(self, what: str) -> str:
         return LEAVE if what == self.LEAVE_CHECK else REGISTER
 
+    def _leave_check(self) -> str | None:
+        return self._old_workers_left(self._listed_before)()
+
     def ready_checks(self) -> list[tuple[str, Check]]:
-        return [(self.LEAVE_CHECK, self._old_workers_left(all_of_them=True)),
+        return [(self.LEAVE_CHECK, self._leave_check),
                 ("replacement pods Running and Ready", self._replacements_ready),
                 (f"DGD {self.dgd} Ready=True and state successful", self._dgd_serving),
                 ("frontend /health 200", health_check(self.frontend_url)),
