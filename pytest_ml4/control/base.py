@@ -113,8 +113,8 @@ def wait_for(what: str, check: Check, deadline: float, progress: Progress | None
             _say(progress, f"waiting for {what}: {state}")
         now = time.monotonic()
         if now >= deadline:
-            raise RestartTimeout(f"timed out after {now - start:.1f} s waiting for {what}"
-                                 + (f" ({phase})" if phase else "") + f"; last seen: {state}",
+            raise RestartTimeout(f"timed out after {now - start:.1f} s waiting for {what}; last seen: {state}"
+                                 + (f" (phase: {phase})" if phase else ""),
                                  phase=phase, what=what, last_seen=state, waited_s=now - start)
         if now - last_announce >= ANNOUNCE_EVERY_S:
             last_announce = now
