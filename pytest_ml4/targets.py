@@ -248,6 +248,10 @@ class Control(_Strict):
     namespace: str | None = Field(default=None, description="the DGD's namespace (instead of namespace_env)")
     restart_timeout_s: float = Field(default=900, gt=0, description=(
         "how long a restart may take to serve again, seconds"))
+    worker_start_s: float = Field(default=600, gt=0, description=(
+        "declared seconds from one worker pod's deletion (or the engine's stop) to its replacement registered and "
+        "serving: the bound of each pod's leave and register phases in the restart suite (under --sim the embedded "
+        "deployment's own figure)"))
 
     @model_validator(mode="after")
     def _need(self) -> "Control":

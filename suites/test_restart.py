@@ -31,10 +31,12 @@ from pytest_ml4.checks.restart import (
     assert_in_flight_streams_ended_detectably,
     assert_recovery_within_limit,
     assert_restart_finished,
+    assert_scenario_judgeable,
 )
 from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.client import Endpoint, make_httpx
 from pytest_ml4.control.base import RestartError
+from pytest_ml4.control.budget import RestartBudget, pods_replaced_in_turn
 from pytest_ml4.control.scenario import (
     RestartRun,
     SingleReplicaOutage,
@@ -85,25 +87,50 @@ def kv_before(ml4_restart_logs: Any, ml4_target: Target) -> dict[str, bool]:
 
 
 @pytest.fixture(scope="module")
-def streams_run(ml4_restart_controller: Any, ml4_restart_endpoint: Endpoint, ml4_target: Target,
-                restart_spec: dict[str, Any], kv_before: dict[str, bool]) -> RestartRun:
+def restart_budget(ml4_restart_controller: Any, ml4_target: Target, ml4_proxy: Any,
+                   restart_spec: dict[str, Any]) -> RestartBudget:
+    """Each restart scenario's bounds, derived from the target (README "Deadlines")."""
+    window = _retry_window(ml4_target, ml4_proxy)
+    return RestartBudget.for_target(ml4_target, pods=pods_replaced_in_turn(ml4_restart_controller),
+                                    retry_window_s=window.bridged_s if window else 0.0,
+                                    probe_max_tokens=int(restart_spec["probe"]["max_tokens"]))
+
+
+STREAMS_SCENARIO = "restart with streams in flight"
+REQUESTS_SCENARIO = "restart with new requests"
+
+
+def _scenario(label: str, controller: Any, endpoint: Endpoint, target: Target, spec: dict[str, Any],
+              budget: RestartBudget, progress: Any, **kind: bool) -> RestartRun:
     from pytest_ml4.control.scenario import run_restart_scenario
 
-    run = run_restart_scenario(ml4_restart_controller, ml4_restart_endpoint, spec=restart_spec, with_requests=False,
-                               recovery_limit_s=ml4_target.gates.recovery_time_s_max)
+    progress(f"[ml4 restart] {label}: bound {budget.describe()}")
+    run = run_restart_scenario(controller, endpoint, spec=spec, recovery_limit_s=target.gates.recovery_time_s_max,
+                               budget=budget, progress=lambda line: progress(f"[ml4 restart] {label} {line}"),
+                               **kind)
     print(run.report())
     return run
 
 
 @pytest.fixture(scope="module")
-def requests_run(streams_run: RestartRun, ml4_restart_controller: Any, ml4_restart_endpoint: Endpoint,
-                 ml4_target: Target, restart_spec: dict[str, Any]) -> RestartRun:
-    from pytest_ml4.control.scenario import run_restart_scenario
+def streams_run(ml4_restart_controller: Any, ml4_restart_endpoint: Endpoint, ml4_target: Target,
+                restart_spec: dict[str, Any], kv_before: dict[str, bool], restart_budget: RestartBudget,
+                ml4_restart_progress: Any) -> RestartRun:
+    return _scenario(STREAMS_SCENARIO, ml4_restart_controller, ml4_restart_endpoint, ml4_target, restart_spec,
+                     restart_budget, ml4_restart_progress, with_requests=False)
 
-    run = run_restart_scenario(ml4_restart_controller, ml4_restart_endpoint, spec=restart_spec, with_streams=False,
-                               recovery_limit_s=ml4_target.gates.recovery_time_s_max)
-    print(run.report())
-    return run
+
+@pytest.fixture(scope="module")
+def requests_run(streams_run: RestartRun, ml4_restart_controller: Any, ml4_restart_endpoint: Endpoint,
+                 ml4_target: Target, restart_spec: dict[str, Any], restart_budget: RestartBudget,
+                 ml4_restart_progress: Any) -> RestartRun:
+    if streams_run.timed_out is not None or streams_run.not_run:
+        # The deployment did not come back from the first restart: a second one would wait out its bound again.
+        why = streams_run.not_run or (f"the {STREAMS_SCENARIO} before it failed {streams_run.timed_out.phase} "
+                                      f"(last seen: {streams_run.timed_out.last_seen})")
+        return RestartRun.skipped(getattr(ml4_restart_controller, "kind", "?"), why)
+    return _scenario(REQUESTS_SCENARIO, ml4_restart_controller, ml4_restart_endpoint, ml4_target, restart_spec,
+                     restart_budget, ml4_restart_progress, with_streams=False)
 
 
 def test_in_flight_streams_end_detectably(streams_run: RestartRun, record_property: Any) -> None:
@@ -154,7 +181,7 @@ def test_new_requests_during_restart(requests_run: RestartRun, ml4_target: Targe
 def test_recovery_time(requests_run: RestartRun, ml4_target: Target, record_property: Any) -> None:
     """Trigger to the first answer of a new engine (never one of the old engine) within the target's limit."""
     attach_text(requests_run.timeline_report(), "restart timeline: old engine's last answer, new engine's first")
-    assert_restart_finished(requests_run)
+    assert_scenario_judgeable(requests_run, REQUESTS_SCENARIO)
     took = assert_recovery_within_limit(requests_run, ml4_target.gates.recovery_time_s_max)
     record_property("restart_recovery_s", round(took, 2))
     if requests_run.timeline and requests_run.timeline.outage_s is not None:
@@ -164,7 +191,7 @@ def test_recovery_time(requests_run: RestartRun, ml4_target: Target, record_prop
 
 def test_fresh_boot_in_logs(requests_run: RestartRun, ml4_restart_logs: Any, ml4_target: Target) -> None:
     """Every engine's log shows a boot that started after the restart began."""
-    assert_restart_finished(requests_run)
+    assert_scenario_judgeable(requests_run, REQUESTS_SCENARIO)
     for view, _ in _views(ml4_restart_logs, ml4_target):
         start = view.first(ServerStart)
         assert start is not None, f"no server-start line since the last boot of {view.source}:\n{view.tail(15)}"
@@ -177,7 +204,7 @@ def test_fresh_boot_in_logs(requests_run: RestartRun, ml4_restart_logs: Any, ml4
 def test_kv_pool_and_no_oom_after_restart(requests_run: RestartRun, ml4_restart_logs: Any, ml4_target: Target,
                                           kv_before: dict[str, bool]) -> None:
     """The KV verdicts of ``pytest_ml4.checks.kv`` after the restart: no failure line, no verdict worse than before."""
-    assert_restart_finished(requests_run)
+    assert_scenario_judgeable(requests_run, REQUESTS_SCENARIO)
     problems = []
     for view, runs in _views(ml4_restart_logs, ml4_target):
         for verdict in (no_failures_verdict(view), kv_pool_verdict(view, runs), max_concurrency_verdict(view, runs)):
@@ -189,7 +216,7 @@ def test_kv_pool_and_no_oom_after_restart(requests_run: RestartRun, ml4_restart_
 
 def test_smoke_chat_after_restart(requests_run: RestartRun, ml4_restart_endpoint: Endpoint,
                                   restart_spec: dict[str, Any]) -> None:
-    assert_restart_finished(requests_run)
+    assert_scenario_judgeable(requests_run, REQUESTS_SCENARIO)
     probe = restart_spec["probe"]
     with make_httpx(ml4_restart_endpoint) as http:
         reply = send_probe(http, probe_body(ml4_restart_endpoint.model, probe), probe["expect_substring"])
@@ -203,6 +230,7 @@ def test_smoke_chat_after_restart(requests_run: RestartRun, ml4_restart_endpoint
 def test_prefix_reused_after_restart(requests_run: RestartRun, ml4_restart_endpoint: Endpoint, ml4_target: Target,
                                      restart_spec: dict[str, Any]) -> None:
     """A continuation reuses the cached prefix by the router's own figures (pytest_ml4.checks.dynamo)."""
+    assert_scenario_judgeable(requests_run, REQUESTS_SCENARIO)
     from pytest_ml4.checks.dynamo import assert_prefix_reused
     from pytest_ml4.control.dynamo import run_conversation
 
@@ -217,6 +245,7 @@ def test_prefix_reused_after_restart(requests_run: RestartRun, ml4_restart_endpo
 def test_session_affinity(requests_run: RestartRun, ml4_restart_endpoint: Endpoint, ml4_target: Target,
                           restart_spec: dict[str, Any]) -> None:
     """A session stays on its worker even where KV routing would move it (pytest_ml4.checks.dynamo)."""
+    assert_scenario_judgeable(requests_run, REQUESTS_SCENARIO)
     from pytest_ml4.checks.dynamo import assert_session_affinity
     from pytest_ml4.control.dynamo import run_affinity_probe
 
@@ -230,6 +259,7 @@ def test_session_affinity(requests_run: RestartRun, ml4_restart_endpoint: Endpoi
 @pytest.mark.disagg
 def test_disagg_prefill_decode_handoff(requests_run: RestartRun, ml4_restart_endpoint: Endpoint,
                                        restart_spec: dict[str, Any]) -> None:
+    assert_scenario_judgeable(requests_run, REQUESTS_SCENARIO)
     from pytest_ml4.checks.dynamo import assert_prefill_decode_handoff
     from pytest_ml4.control.dynamo import frontend_instances, run_conversation
 
@@ -243,14 +273,18 @@ def test_disagg_prefill_decode_handoff(requests_run: RestartRun, ml4_restart_end
 
 @pytest.mark.disagg
 def test_model_leaves_and_returns_while_prefill_pods_gone(requests_run: RestartRun, ml4_restart_controller: Any,
-                                                          ml4_restart_endpoint: Endpoint) -> None:
+                                                          ml4_restart_endpoint: Endpoint,
+                                                          restart_budget: RestartBudget) -> None:
     """With every prefill pod deleted the model is hidden (incomplete worker set), then listed again."""
+    assert_scenario_judgeable(requests_run, REQUESTS_SCENARIO)
     from pytest_ml4.control.dynamo import watch_model_visibility
     from pytest_ml4.control.kubernetes import KubernetesController
 
     if not isinstance(ml4_restart_controller, KubernetesController):
         raise RestartError(f"disaggregated targets restart through Kubernetes, got {ml4_restart_controller!r}")
-    vis = watch_model_visibility(ml4_restart_controller, ml4_restart_endpoint, "prefill")
+    # Every prefill pod at once: one worker start time, then the first answer's allowance.
+    vis = watch_model_visibility(ml4_restart_controller, ml4_restart_endpoint, "prefill",
+                                 timeout_s=restart_budget.worker_start_s + restart_budget.first_answer_s)
     print(f"deleted {vis.deleted}; /v1/models states seen: {vis.seen}")
     assert vis.left_after_s is not None, (f"the model stayed in /v1/models while the prefill pods {vis.deleted} were "
                                           f"gone (states seen: {vis.seen})")
@@ -265,18 +299,21 @@ def test_model_leaves_and_returns_while_prefill_pods_gone(requests_run: RestartR
 @pytest.mark.replicas("stream", 2, why="a crashed stream needs another worker to migrate to; the outage is "
                                        "test_new_requests_during_restart's")
 def test_worker_crash_under_a_stream(requests_run: RestartRun, ml4_dynamo_sim: Any, ml4_restart_endpoint: Endpoint,
-                                     restart_spec: dict[str, Any], record_property: Any, ml4_target: Target) -> None:
+                                     restart_spec: dict[str, Any], record_property: Any, ml4_target: Target,
+                                     restart_budget: RestartBudget) -> None:
     """A worker SIGKILLed under a running stream (a crash: no deregistration, no drain): with the frontend's
     ``--migration-limit`` the stream continues on another worker, without it the client gets Dynamo's in-band
     error event; the processes the killed worker leaves behind are found, ended and named in the timeline.
     Not where the role holding the stream has one replica (vr200-agg's one worker, vr200-disagg's one decode
     worker): there is no other worker to continue on, the crash is the single-replica outage
     test_new_requests_during_restart judges."""
+    assert_scenario_judgeable(requests_run, REQUESTS_SCENARIO)
     from pytest_ml4.checks.restart import assert_stream_survives_worker_crash
     from pytest_ml4.control.crash import run_crash
 
     run = run_crash(ml4_restart_endpoint, ml4_dynamo_sim, restart_spec["crash"],
-                    ml4_dynamo_sim.frontend.migration_limit)
+                    ml4_dynamo_sim.frontend.migration_limit,
+                    recover_s=restart_budget.worker_start_s + restart_budget.first_answer_s)
     attach_text(run.report(), "worker crash timeline: the worker killed, the stream migrated or ended")
     print(run.report())
     if run.crash is not None:

@@ -24,9 +24,27 @@ BAD_VERDICTS = ("silently_truncated",)
 
 
 def assert_restart_finished(run: RestartRun) -> RestartResult:
+    """The scenario's own check: the restart completed within its bound. A scenario past its bound fails here
+    naming its phase (once: the checks depending on it call :func:`assert_scenario_judgeable`); one not run is
+    not judged."""
+    if run.not_run:
+        raise NotJudged(run.not_run)
+    if run.timed_out is not None:
+        raise AssertionError(run.report())   # its first line is the phase that ran past its bound
     if run.restart is None:
         raise AssertionError(f"the restart did not complete: {run.restart_error}\n{run.report()}")
     return run.restart
+
+
+def assert_scenario_judgeable(run: RestartRun, scenario: str) -> RestartResult:
+    """For the checks that depend on a scenario: not judged when it ran past its bound or was not run (its own
+    check says why, once), else as :func:`assert_restart_finished`."""
+    if run.not_run:
+        raise NotJudged(run.not_run)
+    if run.timed_out is not None:
+        raise NotJudged(f"the {scenario} failed {run.timed_out.phase} (past its {run.timed_out.bound_s:.0f} s "
+                        f"bound; last seen: {run.timed_out.last_seen})")
+    return assert_restart_finished(run)
 
 
 def assert_in_flight_streams_ended_detectably(run: RestartRun) -> dict[str, int]:

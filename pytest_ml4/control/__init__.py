@@ -48,7 +48,14 @@ def controller_for(target: Target, *, root_url: str, base_url: str, api_key: str
     Dynamo targets always restart through the Kubernetes API (``kube_api``: an ``ApiClient``, pointed at the fake
     API server in ``--sim`` runs), so the same code path is exercised in CI and against a cluster.
     """
-    env = dict(os.environ) if env is None else env
+    ctl = _controller(target, root_url=root_url, base_url=base_url, api_key=api_key, sim=sim, kube_api=kube_api,
+                      roles=roles, namespace=namespace, env=dict(os.environ) if env is None else env)
+    ctl.worker_start_s = target.control.worker_start_s
+    return ctl
+
+
+def _controller(target: Target, *, root_url: str, base_url: str, api_key: str | None, sim: Any, kube_api: Any,
+                roles: tuple[str, ...], namespace: str | None, env: dict[str, str]) -> Controller:
     model = target.serving.engine_served_model_name or target.serving.served_model_name
     timeout = target.control.restart_timeout_s
     if target.control.kind == "kubernetes":

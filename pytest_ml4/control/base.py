@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from pytest_ml4.control.budget import REGISTER
 from pytest_ml4.metrics import MetricsError, scrape
 
 log = logging.getLogger("pytest_ml4.control")
@@ -35,7 +36,13 @@ class RestartError(RuntimeError):
 
 
 class RestartTimeout(RestartError):
-    """A restart did not finish in time; the message names the unmet condition and the last state seen."""
+    """A restart did not finish in time; the message names the unmet condition and the last state seen, and
+    ``phase`` the restart phase it was in (:mod:`pytest_ml4.control.budget`; "" when the wait names none)."""
+
+    def __init__(self, message: str, *, phase: str = "", what: str = "", last_seen: str = "",
+                 waited_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.phase, self.what, self.last_seen, self.waited_s = phase, what, last_seen, waited_s
 
 
 @dataclass
@@ -85,11 +92,12 @@ def engine_start_time(metrics_url: str, timeout: float = 2.0) -> str | None:
 
 
 def wait_for(what: str, check: Check, deadline: float, progress: Progress | None = None,
-             interval: float = POLL_S) -> WaitStep:
-    """Poll ``check`` until it returns None or the monotonic ``deadline`` passes (then :class:`RestartTimeout`)."""
+             interval: float = POLL_S, phase: str = "") -> WaitStep:
+    """Poll ``check`` until it returns None or the monotonic ``deadline`` passes (then :class:`RestartTimeout`
+    naming ``phase``, the restart phase this wait belongs to)."""
     start = time.monotonic()
     seen: list[str] = []
-    _say(progress, f"waiting for {what}")
+    _say(progress, f"{phase}: {what}" if phase else f"waiting for {what}")
     last_announce = start
     while True:
         try:
@@ -105,10 +113,13 @@ def wait_for(what: str, check: Check, deadline: float, progress: Progress | None
             _say(progress, f"waiting for {what}: {state}")
         now = time.monotonic()
         if now >= deadline:
-            raise RestartTimeout(f"timed out after {now - start:.1f} s waiting for {what}; last seen: {state}")
+            raise RestartTimeout(f"timed out after {now - start:.1f} s waiting for {what}; last seen: {state}"
+                                 + (f" (phase: {phase})" if phase else ""),
+                                 phase=phase, what=what, last_seen=state, waited_s=now - start)
         if now - last_announce >= ANNOUNCE_EVERY_S:
             last_announce = now
-            _say(progress, f"still waiting for {what} ({now - start:.0f} s): {state}")
+            _say(progress, f"still waiting for {what} ({now - start:.0f} s of {deadline - start:.0f} s"
+                           + (f", {phase}" if phase else "") + f"): {state}")
         time.sleep(min(interval, max(0.0, deadline - now)))
 
 
@@ -161,15 +172,28 @@ class Controller(ABC):
         """Request fields that make an answer name its engine (the scenario's per-request evidence), if any."""
         return {}
 
+    #: The declared time of one worker's replacement (``control.worker_start_s``): a rolling restart bounds each
+    #: pod's leave and register phases by it (None: only the restart's whole limit applies).
+    worker_start_s: float | None = None
+    #: The monotonic time the running restart must be done by (set by :meth:`restart` before the trigger).
+    restart_deadline: float | None = None
+
+    def phase_of(self, what: str) -> str:
+        """The restart phase a readiness condition belongs to (:mod:`pytest_ml4.control.budget`): the new engine
+        coming up, unless a controller says otherwise."""
+        return REGISTER
+
     def wait_ready(self, timeout: float | None = None, progress: Progress | None = None) -> list[WaitStep]:
         deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
-        return [wait_for(what, check, deadline, progress) for what, check in self.ready_checks()]
+        return [wait_for(what, check, deadline, progress, phase=self.phase_of(what))
+                for what, check in self.ready_checks()]
 
     def restart(self, timeout: float | None = None, progress: Progress | None = None) -> RestartResult:
         """Trigger the restart, then wait for every readiness condition; the whole is bounded by ``timeout``."""
         budget = self.timeout_s if timeout is None else timeout
         wall = time.time()
         t0 = time.monotonic()
+        self.restart_deadline = t0 + budget
         _say(progress, f"restarting {self.describe()} (limit {budget:.0f} s)")
         details = self.trigger(progress)
         trigger_s = time.monotonic() - t0

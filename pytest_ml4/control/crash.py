@@ -58,8 +58,9 @@ class Crasher(Protocol):
     def migration_evidence(self, instance_id: Any) -> str | None:
         """The frontend's own log line naming a migration off ``instance_id``, or None."""
 
-    def recover(self) -> None:
-        """Bring the killed worker back (a replacement pod) and wait until the deployment serves."""
+    def recover(self, timeout: float) -> None:
+        """Bring the killed worker back (a replacement pod) and wait until the deployment serves, at most
+        ``timeout`` seconds."""
 
 
 @dataclass
@@ -111,10 +112,11 @@ def _read(http: httpx.Client, body: dict[str, Any], on_data: Callable[[int], Non
 
 
 def run_crash(endpoint: Endpoint, crasher: Crasher, spec: dict[str, Any], migration_limit: int,
-              recover: bool = True) -> CrashRun:
+              recover: bool = True, recover_s: float = 240.0) -> CrashRun:
     """Stream ``spec`` (``prompt``, ``max_tokens``, ``min_tokens``, ``kill_after_events``), SIGKILL its worker
-    after ``kill_after_events`` data events, read the stream to its end, then bring the worker back (unless
-    ``recover`` is False: the caller tears the deployment down anyway)."""
+    after ``kill_after_events`` data events, read the stream to its end, then bring the worker back within
+    ``recover_s`` (the suite derives it from the workers' start time; unless ``recover`` is False: the caller
+    tears the deployment down anyway)."""
     body = _stream_body(endpoint.model, spec)
     after = int(spec["kill_after_events"])
     t0 = time.monotonic()
@@ -143,7 +145,7 @@ def run_crash(endpoint: Endpoint, crasher: Crasher, spec: dict[str, Any], migrat
     crash = crashes[0][1] if crashes else None
     evidence = crasher.migration_evidence(crash.instance_id) if crash is not None else None
     if crash is not None and recover:
-        crasher.recover()
+        crasher.recover(recover_s)
         timeline.append((time.monotonic() - t0, f"{crash.worker} replaced, deployment serving again"))
     return CrashRun(migration_limit, stream, crash, after, timeline, gap, evidence,
                     expected_error=dict(spec.get("unmigrated_error") or {}))

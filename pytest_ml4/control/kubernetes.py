@@ -27,6 +27,7 @@ from pytest_ml4.control.base import (
     model_listed_check,
     wait_for,
 )
+from pytest_ml4.control.budget import LEAVE, REGISTER
 from pytest_ml4.control.k8s import dgd_status, list_pods, pod_ready
 
 #: Why Dynamo answers that succeed can lack ``nvext`` (worker ids, timing): said whenever a check cannot see the
@@ -57,6 +58,8 @@ class KubernetesController(Controller):
         # role -> uids of the pods deleted by the last trigger, and how many pods the role had before it
         self._deleted: dict[str, set[str]] = {}
         self._expected: dict[str, int] = {}
+        #: The worker instances the frontend listed before the last deletion (the leave phase waits them out).
+        self._listed_before: frozenset[str] = frozenset()
 
     def describe(self) -> str:
         how = "rolling, one pod at a time" if self.rolling else "all at once"
@@ -67,6 +70,11 @@ class KubernetesController(Controller):
 
     def delete_pods(self, role: str) -> list[str]:
         """Delete every pod of ``role``; returns their names. Nothing matched is an error, not a silent pass."""
+        self._deleted, self._expected = {}, {}
+        self._listed_before = self.engines()
+        return self._delete_role(role)
+
+    def _delete_role(self, role: str) -> list[str]:
         pods = self.pods(role)
         if not pods:
             raise RestartError(f"no {role} pods found for DGD {self.namespace}/{self.dgd}")
@@ -78,9 +86,10 @@ class KubernetesController(Controller):
 
     def trigger(self, progress: Progress | None = None) -> dict[str, Any]:
         self._deleted, self._expected = {}, {}
+        self._listed_before = self.engines()
         if not self.rolling:
-            return {"deleted_pods": {role: self.delete_pods(role) for role in self.roles}}
-        deadline = time.monotonic() + self.timeout_s
+            return {"deleted_pods": {role: self._delete_role(role) for role in self.roles}}
+        deadline = self.restart_deadline or time.monotonic() + self.timeout_s
         deleted: dict[str, list[str]] = {}
         instances = self.frontend_instances()
         for role in self.roles:
@@ -90,15 +99,39 @@ class KubernetesController(Controller):
             self._deleted[role] = set()
             self._expected[role] = len(pods)
             for pod in pods:
+                listed = self.engines()
                 self._deleted[role].add(pod.metadata.uid)
                 self.core.delete_namespaced_pod(pod.metadata.name, self.namespace)
                 deleted.setdefault(role, []).append(pod.metadata.name)
+                # Each pod's leave and register phases share the workers' declared start time.
+                pod_deadline = min(deadline, time.monotonic() + self.worker_start_s) if self.worker_start_s \
+                    else deadline
+                wait_for(f"{pod.metadata.name} gone and its worker unlisted by the frontend",
+                         self._old_workers_left(listed, pods=1), pod_deadline, progress, phase=LEAVE)
                 wait_for(f"replacement of {pod.metadata.name} Running and Ready", self._replacements_ready,
-                         deadline, progress)
+                         pod_deadline, progress, phase=REGISTER)
                 # Ready is not yet discovered: the next deletion waits until the frontend routes to the new worker.
                 wait_for(f"frontend /health listing {instances} worker instances", self._instances_at_least(instances),
-                         deadline, progress)
+                         pod_deadline, progress, phase=REGISTER)
         return {"deleted_pods": deleted}
+
+    def _old_workers_left(self, listed: frozenset[str], pods: int | None = None) -> Check:
+        """The deleted pods are gone and as many of the worker instances ``listed`` before as pods were deleted
+        (``pods``, default all the restart deleted) are unlisted by the frontend: a worker is one instance id, and
+        it deregisters on SIGTERM once drained. The workers of roles not restarted stay listed."""
+
+        def check() -> str | None:
+            lingering = [p.metadata.name for role, old in self._deleted.items() for p in self.pods(role)
+                         if p.metadata.uid in old]
+            if lingering:
+                return f"old pods still present {lingering}"
+            want = sum(len(old) for old in self._deleted.values()) if pods is None else pods
+            gone = listed - self.engines()
+            if listed and len(gone) < min(want, len(listed)):
+                return (f"{len(gone)} of the {want} deleted workers unlisted by the frontend; still listed: "
+                        f"{sorted(listed & self.engines())}")
+            return None
+        return check
 
     def _replacements_ready(self) -> str | None:
         problems: list[str] = []
@@ -148,8 +181,18 @@ class KubernetesController(Controller):
         status = dgd_status(self.custom, self.namespace, self.dgd)
         return None if status.serving else status.describe()
 
+    #: The readiness condition of the leave phase (the others are the new workers registering).
+    LEAVE_CHECK = "old pods gone and their workers unlisted by the frontend"
+
+    def phase_of(self, what: str) -> str:
+        return LEAVE if what == self.LEAVE_CHECK else REGISTER
+
+    def _leave_check(self) -> str | None:
+        return self._old_workers_left(self._listed_before)()
+
     def ready_checks(self) -> list[tuple[str, Check]]:
-        return [("replacement pods Running and Ready", self._replacements_ready),
+        return [(self.LEAVE_CHECK, self._leave_check),
+                ("replacement pods Running and Ready", self._replacements_ready),
                 (f"DGD {self.dgd} Ready=True and state successful", self._dgd_serving),
                 ("frontend /health 200", health_check(self.frontend_url)),
                 (f"{self.model} in /v1/models", model_listed_check(self.base_url, self.model, self._api_key))]

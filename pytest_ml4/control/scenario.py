@@ -34,10 +34,11 @@ import httpx
 import yaml
 
 from pytest_ml4.client import Endpoint, make_httpx, quote_body
-from pytest_ml4.control.base import Controller, Progress, RestartResult
+from pytest_ml4.control.base import Controller, Progress, RestartResult, RestartTimeout
+from pytest_ml4.control.budget import FIRST_ANSWER, PhaseTimeout, RestartBudget
+from pytest_ml4.deploy.litellm import attempted_retries
 from pytest_ml4.locations import data_file
 from pytest_ml4.probe import StreamResult, probe_chat_stream
-from pytest_ml4.deploy.litellm import attempted_retries
 
 REQUESTS_FILE = data_file("restart", "requests.yaml")
 STALE_FILE = data_file("restart", "stale-instances.yaml")
@@ -161,10 +162,26 @@ class RestartRun:
     #: Why no answer could name the engine that served it although the controller asked for that evidence
     #: (None: the evidence came, or the controller asks for none).
     evidence_missing: str | None = None
+    #: The phase the scenario was in when it ran past its derived bound (None: it ended in time).
+    timed_out: PhaseTimeout | None = None
+    #: Why the scenario was not run at all (an earlier scenario of the session failed its phase).
+    not_run: str | None = None
+    budget: RestartBudget | None = None
+
+    @classmethod
+    def skipped(cls, controller: str, why: str) -> RestartRun:
+        """A scenario not run: its checks are not judged, with ``why``."""
+        return cls(controller, None, why, time.time(), not_run=why)
 
     def report(self) -> str:
+        if self.not_run:
+            return f"restart scenario not run: {self.not_run}"
         lines = [f"restart by {self.controller}: "
                  + (self.restart.summary() if self.restart else f"FAILED: {self.restart_error}")]
+        if self.timed_out is not None:
+            lines.insert(0, str(self.timed_out))
+        if self.budget is not None:
+            lines.append(f"bound: {self.budget.describe()}")
         lines += [s.line() for s in self.streams] + [r.line() for r in self.requests]
         lines.append(f"recovery: {self.recovery_s:.2f} s" if self.recovery_s is not None else "recovery: never")
         if self.timeline is not None:
@@ -268,7 +285,7 @@ def missing_identity_evidence(controller: Controller, body: dict[str, Any], engi
 # ----------------------------------------------------------------------------------------------- the scenario
 def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: dict[str, Any] | None = None,
                          with_streams: bool = True, with_requests: bool = True, recovery_limit_s: float = 600.0,
-                         progress: Progress | None = None,
+                         progress: Progress | None = None, budget: RestartBudget | None = None,
                          http_factory: Callable[[Endpoint], httpx.Client] = make_httpx) -> RestartRun:
     """Restart under load and record what the clients saw (see the module docstring).
 
@@ -276,15 +293,22 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
     every ``probe.interval_s`` while the restart runs. The suite runs them as two restarts: an engine that drains
     its streams on SIGTERM stays unreachable for the rest of their output, so new requests are judged on a restart
     of their own (the outage a proxy's retries must bridge is then the restart itself).
+
+    ``budget`` (:class:`~pytest_ml4.control.budget.RestartBudget`) bounds each phase: the restart by its
+    ``restart_s`` (each pod of a rolling restart by the workers' start time), the wait for the new engine's first
+    answer by ``total_s`` when that is shorter than the recovery gate; past a bound the run records the phase
+    (``timed_out``) instead of waiting on. ``progress`` gets each line the scenario and its controller say, with the
+    elapsed time.
     """
     spec = spec or load_requests()
     flight, probe = spec["in_flight"], spec["probe"]
     notes: list[str] = []
 
     def say(msg: str) -> None:
-        notes.append(f"{time.monotonic() - t_base:7.2f}s {msg}")
+        line = f"{time.monotonic() - t_base:7.2f}s {msg}"
+        notes.append(line)
         if progress:
-            progress(msg)
+            progress(line)
 
     t_base = time.monotonic()
     controller.prepare()
@@ -324,7 +348,10 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
 
     def restart_worker() -> None:
         try:
-            box["result"] = controller.restart(progress=say)
+            box["result"] = controller.restart(timeout=budget.restart_s if budget else None, progress=say)
+        except RestartTimeout as err:
+            box["error"] = f"{type(err).__name__}: {err}"
+            box["timeout"] = err
         except Exception as err:  # noqa: BLE001 - recorded and judged by the checks
             box["error"] = f"{type(err).__name__}: {err}"
 
@@ -357,12 +384,18 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
         restarter.join(float(probe["interval_s"]))
     # The restart is bounded by the controller's own limit, not the recovery gate: a rolling restart of several
     # replicas outlasts the first new engine's answer, and the next scenario must not start while it still runs.
-    restart_limit_s = max(recovery_limit_s, controller.timeout_s)
+    # With a budget the restart thread ends by its own deadline (the controller's waits are bounded by it).
+    restart_limit_s = (budget.restart_s + budget.answer_s if budget
+                       else max(recovery_limit_s, controller.timeout_s))
     restarter.join(restart_limit_s)
     for th in senders:
         th.join(restart_limit_s)
     timeline = build_timeline(old_engine, outcomes, old_peers, evidence)
-    deadline = t_trigger + recovery_limit_s
+    # The gate judges a slow recovery; a budget shorter than the gate ends the wait as the phase's timeout.
+    wait_s = min(recovery_limit_s, budget.total_s) if budget else recovery_limit_s
+    deadline = t_trigger + wait_s
+    if timeline.first_new_s is None and "error" not in box:
+        say(f"{FIRST_ANSWER} (until +{wait_s:.0f} s after the trigger)")
     while timeline.first_new_s is None and "error" not in box and time.monotonic() < deadline:
         # No new engine has answered yet: keep asking until one does (bounded by the gate).
         request_worker(len(outcomes))
@@ -371,9 +404,18 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
             time.sleep(float(probe["interval_s"]))
     for th in stream_threads:
         th.join(restart_limit_s)
+    timed_out = _phase_timeout(box.get("timeout"), budget)
+    if timed_out is None and budget and timeline.first_new_s is None and "error" not in box \
+            and budget.total_s < recovery_limit_s:
+        last = max(outcomes, key=lambda o: o.done_s).line() if outcomes else "no request was answered"
+        timed_out = PhaseTimeout(FIRST_ANSWER, budget.total_s, time.monotonic() - t_trigger,
+                                 "an answer of an engine other than the old ones", last)
+    if timed_out is not None:
+        say(str(timed_out))
     run = RestartRun(controller.kind, box.get("result"), box.get("error"), triggered_wall,
                      requests=sorted(outcomes, key=lambda o: o.index), recovery_s=timeline.first_new_s,
-                     progress=notes, timeline=timeline, evidence_missing=evidence_missing)
+                     progress=notes, timeline=timeline, evidence_missing=evidence_missing, timed_out=timed_out,
+                     budget=budget)
     for i, res in enumerate(streams):
         if res is None:
             run.streams.append(StreamOutcome(i, "silently_truncated", "the stream never returned", 0, False))
@@ -382,6 +424,14 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
         in_flight = res.t_start < t_trigger and (res.t_end is None or res.t_end > t_trigger)
         run.streams.append(StreamOutcome(i, verdict, detail, len(res.events), in_flight))
     return run
+
+
+def _phase_timeout(err: RestartTimeout | None, budget: RestartBudget | None) -> PhaseTimeout | None:
+    """The controller's timeout as the scenario's phase failure (its bound: the pod's or the whole restart's)."""
+    if err is None or budget is None:
+        return None
+    bound = budget.worker_start_s if budget.pods > 1 else budget.restart_s
+    return PhaseTimeout(err.phase or "waiting for the restart", bound, err.waited_s, err.what, err.last_seen)
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,19 @@ def log_boot_refusal(log_file: str | None, target: Target, role: str) -> None:
     log.raw(vllm_line("EngineCore_DP0", pid, "ERROR", "core.py", 1102, "EngineCore failed to start."))
 
 
+def never_registers(faults: ActiveFaults, generation: int) -> bool:
+    """Fault ``restart_never_registers=N``: a worker booted by its pod's N-th replacement or later."""
+    return faults.from_restart("restart_never_registers", generation)
+
+
+def hang_unregistered(log_file: str | None, role: str) -> int:
+    """Stay up without registering (as a worker stuck before its registration does) until SIGTERM or SIGINT."""
+    LogWriter(log_file, os.getpid()).raw(f"INFO dynamo worker {role}: starting; registration does not complete")
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # sigwait needs them blocked
+    signal.sigwait({signal.SIGTERM, signal.SIGINT})
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pytest_ml4.deploy.dynamo_worker_cli")
     p.add_argument("--target", required=True)
@@ -133,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     if refuses_boot(args.role, faults, args.generation):
         log_boot_refusal(args.log_file, target, args.role)
         return 1
+    if never_registers(faults, args.generation):
+        return hang_unregistered(args.log_file, args.role)
     worker = Worker(target, args.role, faults, behaviour(not args.no_bridge), args.log_file, args.generation)
     if worker.app is None:
         return 1

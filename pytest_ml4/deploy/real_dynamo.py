@@ -124,8 +124,14 @@ class RealDynamoWorker(DynamoWorker):
                     # How the scripted model writes: the declared Dynamo version's emulation on 1.6.1.
                     OUTPUT_ENV: json.dumps(self.owner.model_output),
                     PACE_ENV: str(tiny_model()["serve"]["decode_pace_ms"]["dynamo.vllm"])})
+        position = self.owner.workers.index(self)
         if disagg.is_disagg_role(self.role):
-            env.update(disagg.worker_env(self.side_channel_port, self.owner.workers.index(self)))
+            env.update(disagg.worker_env(self.side_channel_port, position))
+        else:
+            # vLLM's `auto` binding puts every worker's engine on the first core (`local_rank=0, core ids=[0]`,
+            # the other one reserved): a replacement then boots on the core the serving worker is busy on
+            # (docs/notes/restart-real-workers-2026-12-04.md). One core of its own per worker, as disaggregated.
+            env["VLLM_CPU_OMP_THREADS_BIND"] = str(disagg.own_core(position))
         return env
 
     def ready(self) -> bool:

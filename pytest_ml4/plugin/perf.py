@@ -141,9 +141,10 @@ def _run_dir(config: pytest.Config) -> Path:
     return get_state(config).ensure_run_dir()
 
 
-def progress_writer(config: pytest.Config) -> Callable[[str], None]:
-    """Where sweep progress lines go: the progress file always, the terminal when this process owns it."""
-    path = _run_dir(config) / PROGRESS_FILE
+def progress_writer(config: pytest.Config, file: str = PROGRESS_FILE) -> Callable[[str], None]:
+    """Where progress lines of a long step go (the sweep's; the restart suite's with its own ``file``): the
+    progress file always, the terminal when this process owns it."""
+    path = _run_dir(config) / file
     path.parent.mkdir(parents=True, exist_ok=True)
     is_worker = hasattr(config, "workerinput")
     reporter = None if is_worker else config.pluginmanager.get_plugin("terminalreporter")

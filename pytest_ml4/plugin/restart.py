@@ -13,7 +13,9 @@ Fixtures (session scope):
 * ``ml4_kube_api`` — a ``kubernetes`` ApiClient for Dynamo targets (kubeconfig / ``--ml4-kube-host``; under
   ``--sim`` the fake API server of ``pytest_ml4/deploy/fake_k8s.py`` serving the DynamoSim's processes as pods);
 * ``ml4_kube_namespace``, ``ml4_restart_endpoint`` (where the restart suite sends requests),
-  ``ml4_restart_controller`` and ``ml4_restart_logs`` (the engine log reader the post-restart checks use).
+  ``ml4_restart_controller`` and ``ml4_restart_logs`` (the engine log reader the post-restart checks use);
+* ``ml4_restart_progress`` — where a restart scenario's progress lines go (phase, elapsed, what it waits for): the
+  terminal as the perf sweep's do, and ``<run dir>/restart/progress.log``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ if TYPE_CHECKING:  # annotations only: the fixtures import what they start lazil
 
 #: Namespace of the simulated DGD when the target names none in the environment.
 SIM_NAMESPACE = "ml4-sim"
+#: The restart scenarios' progress lines, in the run folder.
+PROGRESS_FILE = "restart/progress.log"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -196,3 +200,11 @@ def ml4_restart_logs(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: E
 
         return KubernetesLogReader(ml4_kube_api, ml4_kube_namespace, ml4_target.control.dgd, role="workers")
     return reader_for_target(ml4_target, sim=ml4_sim)
+
+
+@pytest.fixture(scope="session")
+def ml4_restart_progress(pytestconfig: pytest.Config) -> Any:
+    """Writes a restart scenario's progress line to the terminal (as the perf sweep's) and the run folder."""
+    from pytest_ml4.plugin.perf import progress_writer
+
+    return progress_writer(pytestconfig, PROGRESS_FILE)

@@ -108,6 +108,11 @@ class Ml4State:
 
             # What the tiny CPU deployment really is; --ml4-set still goes on top.
             self.overrides = deep_merge(self.overrides, tiny_overrides())
+        if self.use_sim:
+            from pytest_ml4.control.budget import deployment_start_overrides
+
+            # The embedded deployment's own worker start time bounds the restart phases; --ml4-set still wins.
+            self.overrides = deep_merge(self.overrides, deployment_start_overrides(self.sim_engine))
         for expr in config.getoption("ml4_set") or ():
             try:
                 self.overrides = deep_merge(self.overrides, parse_override(expr))

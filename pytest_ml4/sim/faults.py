@@ -265,3 +265,11 @@ register(Fault("prefill_crashloop", "the prefill workers booted by their pod's N
                "later ones exit at boot with vLLM's free-memory refusal: the replaced prefill pods never register",
                "suites/test_restart.py (the model returns after the prefill pods are replaced)", default=1.0,
                takes_value=True))
+
+# Dynamo pod replacement: the replaced worker starts but never registers with the frontend (a hung model load, a
+# discovery backend it cannot reach): the pod stays not Ready and the model is served by the other workers only.
+register(Fault("restart_never_registers", "the Dynamo workers booted by their pod's N-th replacement (default 1) "
+               "and later ones start but never register with the frontend: the replaced pod never comes back",
+               "suites/test_restart.py (the restart scenario fails past its bound naming the phase 'waiting for the "
+               "new worker to register'; the checks depending on it are not judged)", default=1.0,
+               takes_value=True))
