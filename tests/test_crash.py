@@ -149,6 +149,8 @@ def test_a_stopped_process_that_leaves_nothing_records_nothing(tmp_path: Path) -
     pgid = proc.pid
     _wait_for_member(pgid, lambda members: len(members) == 2)
     os.killpg(pgid, signal.SIGTERM)   # the whole group ends on its own: nothing left behind
+    # ... once its members have finished exiting: a child still tearing down when stop() looks is a leftover.
+    _wait_for_member(pgid, lambda members: not members)
     proc.stop()
     assert proc.kills == [] and group_members(pgid) == []
 

@@ -105,11 +105,13 @@ def test_the_suites_are_found_through_the_import_system() -> None:
 
 
 def test_a_folder_without_test_modules_collects_the_suites_one_with_them_its_own(pytester: pytest.Pytester) -> None:
-    suites = pytester.runpytest("--target", "rtxpro6000-tp8", "--collect-only", "-q")
+    # In a subprocess: the suites' module names (test_accuracy, ...) are also the project's own tests' names, which
+    # an xdist worker may have imported already.
+    suites = pytester.runpytest_subprocess("--target", "rtxpro6000-tp8", "--collect-only", "-q")
     assert suites.ret == pytest.ExitCode.OK
     suites.stdout.fnmatch_lines(["*test_smoke.py::test_health", "* tests collected*"])
     pytester.makepyfile("def test_own():\n    pass\n")
-    own = pytester.runpytest("--target", "rtxpro6000-tp8", "--collect-only", "-q")
+    own = pytester.runpytest_subprocess("--target", "rtxpro6000-tp8", "--collect-only", "-q")
     own.stdout.fnmatch_lines(["*::test_own", "1 test collected*"])
 
 

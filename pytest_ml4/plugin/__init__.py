@@ -30,6 +30,8 @@ from pytest_ml4.targets import known_targets
 
 pytest_plugins = [
     "pytest_ml4.plugin.options",
+    # Before the modules that import it (accuracy, perf, reasoning), so pytest rewrites its asserts as a plugin's.
+    "pytest_ml4.plugin.record",
     "pytest_ml4.plugin.markers",
     "pytest_ml4.plugin.fixtures",
     "pytest_ml4.plugin.access",
@@ -41,7 +43,6 @@ pytest_plugins = [
     "pytest_ml4.plugin.perf",
     "pytest_ml4.plugin.preflight",
     "pytest_ml4.plugin.reasoning",
-    "pytest_ml4.plugin.record",
     "pytest_ml4.plugin.report",
     "pytest_ml4.plugin.restart",
 ]
