@@ -49,6 +49,10 @@ class DynamoBehaviour:
     #: How a deployment on public Dynamo 1.6.1 is made to behave as this version (real dynamo.vllm workers under
     #: ``--sim-engine vllm``): what the scripted model emits; empty for a version that runs as itself.
     emulation: dict[str, object] = field(default_factory=dict)
+    #: The frontend honours the worker pin headers (``x-dynamo-worker-instance-id``, with
+    #: ``x-dynamo-prefill-instance-id`` when disaggregated); optional in a row, absent = true (the answers'
+    #: ``nvext.worker_id`` still says whether a pin was honoured).
+    pins_workers: bool = True
 
     @property
     def verified(self) -> bool:
@@ -73,7 +77,8 @@ ROW_PARSER = "mistral"
 def _row(version: str, raw: object, path: Path) -> DynamoBehaviour:
     if not isinstance(raw, dict):
         raise DynamoVersionError(f"{path}: versions.{version} must be a mapping")
-    unknown = set(raw) - set(_BOOL_FIELDS) - {"source", "covers", "status", "emulation", *_LIST_FIELDS}
+    unknown = set(raw) - set(_BOOL_FIELDS) - {"source", "covers", "status", "emulation", "pins_workers",
+                                               *_LIST_FIELDS}
     if unknown:
         raise DynamoVersionError(f"{path}: versions.{version}: unknown field(s) {sorted(unknown)}")
     for name in _BOOL_FIELDS:
@@ -88,7 +93,10 @@ def _row(version: str, raw: object, path: Path) -> DynamoBehaviour:
         raise DynamoVersionError(f"{path}: versions.{version}.source must say which transcript verified the row "
                                  f"or what the estimate is inferred from")
     lists = {name: _strings(raw, name, version, path) for name in _LIST_FIELDS}
-    return DynamoBehaviour(version=version, source=source, status=str(raw["status"]), **lists,
+    pins = raw.get("pins_workers", True)
+    if not isinstance(pins, bool):
+        raise DynamoVersionError(f"{path}: versions.{version}.pins_workers must be true or false, got {pins!r}")
+    return DynamoBehaviour(version=version, source=source, status=str(raw["status"]), **lists, pins_workers=pins,
                            covers=tuple(str(c) for c in raw.get("covers") or ()),
                            emulation=_emulation(version, raw.get("emulation"), path),
                            **{name: raw[name] for name in _BOOL_FIELDS})

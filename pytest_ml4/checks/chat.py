@@ -42,6 +42,8 @@ class Answer:
     result: StreamResult | None = None
     #: Served through a LiteLLM proxy (its ``x-litellm-*`` response headers were present).
     via_litellm: bool = False
+    #: Dynamo's ``nvext`` of the answer (worker ids, timing) when the request asked for it; None when absent.
+    nvext: dict[str, Any] | None = None
 
     @property
     def where(self) -> str:
@@ -76,12 +78,10 @@ def ask(openai_client: openai.OpenAI, http_client: httpx.Client, body: dict[str,
         transcript_dir: Path | None = None, name: str = "chat") -> Answer:
     """Send ``body``; a failed request or a broken stream fails here with the reason."""
     if stream:
-        result = probe_chat_stream(http_client, {**body, "stream_options": {"include_usage": True}})
+        result = send_stream(http_client, body)
         if transcript_dir is not None:
             save_transcript(transcript_dir, name, result)
-        assert_stream_clean(result, "streamed")
-        return Answer(True, result.message(), result.finish_reason, result.usage, result,
-                      via_litellm=served_by_litellm(result.headers))
+        return stream_answer(result)
     try:
         raw = openai_client.chat.completions.with_raw_response.create(**sdk_kwargs(body))
         completion = raw.parse()
@@ -96,7 +96,25 @@ def ask(openai_client: openai.OpenAI, http_client: httpx.Client, body: dict[str,
     data = completion.model_dump()
     choice = data["choices"][0]
     return Answer(False, choice["message"], choice.get("finish_reason"), data.get("usage"),
-                  via_litellm=served_by_litellm(raw.headers))
+                  via_litellm=served_by_litellm(raw.headers), nvext=data.get("nvext"))
+
+
+def send_stream(http_client: httpx.Client, body: dict[str, Any]) -> StreamResult:
+    """The streamed request as the checks send it (with the usage chunk), recorded by the stream probe."""
+    return probe_chat_stream(http_client, {**body, "stream_options": {"include_usage": True}})
+
+
+def stream_answer(result: StreamResult) -> Answer:
+    """A recorded stream as an :class:`Answer`; a broken stream (grammar, error event, HTTP error) fails here."""
+    assert_stream_clean(result, "streamed")
+    return Answer(True, result.message(), result.finish_reason, result.usage, result,
+                  via_litellm=served_by_litellm(result.headers), nvext=streamed_nvext(result))
+
+
+def streamed_nvext(result: StreamResult) -> dict[str, Any] | None:
+    """The ``nvext`` a Dynamo frontend puts on the chunks of a stream (the last chunk carrying one), or None."""
+    found = [e.data["nvext"] for e in result.events if isinstance(e.data, dict) and isinstance(e.data.get("nvext"), dict)]
+    return found[-1] if found else None
 
 
 def served_by_litellm(headers: Any) -> bool:

@@ -274,7 +274,7 @@ class DynamoWorker(DynamoProcess):
     def argv(self) -> list[str]:
         cmd = [str(self.owner.python), "-m", "pytest_ml4.deploy.dynamo_worker_cli", "--target", str(self.target_file),
                "--role", self.role, "--model-dir", str(self.owner.model_dir), "--log-file", str(self.log_file),
-               "--id-file", str(self.id_file), "--generation", str(self.generation)]
+               "--id-file", str(self.id_file), "--generation", str(self.generation), "--index", str(self.index)]
         for expr in self.overrides:
             cmd += ["--set", expr]
         for f in self.faults:
@@ -305,6 +305,19 @@ def started_workers(declared: int, faults: Sequence[str], role: str = "worker") 
     fault = "workers_down" if role == "worker" else f"{role}_workers_down"
     down = ActiveFaults(faults).value(fault, 0.0)
     return max(1, declared - int(down))
+
+
+def refuse_idle_only_worker(faults: Sequence[str], roles: Sequence[tuple[str, Any]]) -> None:
+    """``only_worker=K`` must name a worker that starts: a fault acting on none would kill nothing."""
+    active = ActiveFaults(faults)
+    if not active.has("only_worker"):
+        return
+    k = int(active.value("only_worker"))
+    counts = {role: sum(1 for r, _ in roles if r == role) for role, _ in roles}
+    if k < 0 or k >= max(counts.values()):
+        raise ValueError(f"fault only_worker={k}: no such worker; the deployment starts "
+                         + ", ".join(f"{n} {role} worker(s)" for role, n in counts.items())
+                         + " (K counts a role's workers from 0 in start order)")
 
 
 class DynamoSim(Engine):
@@ -345,6 +358,7 @@ class DynamoSim(Engine):
                 decode_workers or target.topology.decode_workers, faults, "decode")
         else:
             roles += [("worker", over)] * started_workers(agg_workers or target.topology.workers, faults)
+        refuse_idle_only_worker(faults, roles)
         primary = "decode" if target.topology.kind == "disagg" else "worker"
         self.workers: list[DynamoWorker] = []
         counts: dict[str, int] = {}

@@ -1,7 +1,7 @@
 """The simulated engine's Dynamo worker process: ``@dynamo_worker``, ``register_llm``, ``serve_endpoint``.
 
     python -m pytest_ml4.deploy.dynamo_worker_cli --target PATH --role worker|prefill|decode --model-dir DIR
-        [--log-file F] [--fault NAME[=VALUE]]... [--set section.field=value]... [--no-bridge] [--generation N]
+        [--log-file F] [--fault NAME[=VALUE]]... [--set section.field=value]... [--no-bridge] [--generation N] [--index K]
 
 Runs inside the Dynamo venv (``scripts/install.d/50-dynamo.sh``) with the checkout on ``PYTHONPATH``; started by
 :class:`pytest_ml4.deploy.dynamo.DynamoWorker`. What it serves (:class:`pytest_ml4.sim.dynamo_worker.Worker`) is
@@ -137,12 +137,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], dest="overrides")
     p.add_argument("--no-bridge", action="store_true")
     p.add_argument("--generation", type=int, default=0, help="restarts of this worker's pod before this boot")
+    p.add_argument("--index", type=int, default=0,
+                   help="this worker's place among its role's workers in start order (fault only_worker)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     target, faults = target_and_faults(args)
+    faults = faults.for_worker(args.index)
     if refuses_boot(args.role, faults, args.generation):
         log_boot_refusal(args.log_file, target, args.role)
         return 1

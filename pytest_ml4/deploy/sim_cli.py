@@ -106,6 +106,9 @@ def target_and_faults(args: argparse.Namespace) -> tuple[Target, ActiveFaults]:
         if refusal:
             raise TargetError(f"target {target.name}: {refusal}")
         faults = ActiveFaults([*target_faults(target), *args.fault])
+        if faults.has("only_worker") and not target.is_dynamo:
+            raise FaultError(f"fault only_worker acts on one worker of a Dynamo deployment; target {target.name} "
+                             f"runs one engine ({target.serving.stack})")
         return engine_launch(target, faults), faults
     except (TargetError, FaultError) as e:
         print(f"error: {e}", file=sys.stderr)

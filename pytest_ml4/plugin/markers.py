@@ -48,7 +48,7 @@ OTHER_MARKERS = {
 NEED_MARKERS = {
     "applies_if": "applies_if(FIELD, ..., why=TEXT): applies only where the target sets one of these dotted fields",
     "replicas": "replicas(ROLE, N): needs N workers of a role (stream: those holding a running stream; kv_routed: "
-                "those the KV router places by prefix)",
+                "those the KV router places by prefix; largest: the role with the most workers)",
     "embedded_only": "stages its event through the embedded deployment (--sim, either engine); a live cluster cannot",
 }
 
@@ -70,10 +70,19 @@ def _routed_role(target: Target) -> tuple[str, int]:
     return topo.stream_role()
 
 
+def _largest_role(target: Target) -> tuple[str, int]:
+    """The role with the most workers (disaggregated: prefill or decode): where one worker could answer apart."""
+    topo = target.topology
+    if topo.kind == "disagg":
+        return max(("prefill", topo.prefill_workers), ("decode", topo.decode_workers), key=lambda r: r[1])
+    return topo.stream_role()
+
+
 #: Role name of ``replicas(ROLE, N)`` -> (the role's name on this target, its replica count).
 ROLES: dict[str, Callable[[Target], tuple[str, int]]] = {
     "stream": lambda t: t.topology.stream_role(),
     "kv_routed": _routed_role,
+    "largest": _largest_role,
 }
 
 

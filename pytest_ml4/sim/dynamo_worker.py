@@ -244,6 +244,11 @@ class Worker:
         while its /health still says ready (a restart that picked up a broken image or config)."""
         return self.app.faults.from_restart("error_after_restart", self.generation)
 
+    def one_worker_fault(self, name: str) -> bool:
+        """A parser fault confined to this worker (``only_worker``): the frontend's parsers are the deployment's,
+        so it shows in this worker's output (faults.py ``ONE_WORKER_FAULTS``)."""
+        return self.app.faults.has(name) and self.app.faults.has("only_worker")
+
     def publish_kv_events(self, publisher: Any) -> None:
         self.kv_events = KvEvents(publisher, self.target.engine.block_size)
         self.app.engine.on_prefix_cache = self.kv_events
@@ -260,7 +265,7 @@ class Worker:
 
         text = self.app.tok._tok.decode(list(request.get("token_ids") or []), special_token_policy=SpecialTokenPolicy.KEEP)
         body = conversation(text)
-        effort = reasoning_effort_of(request)
+        effort = None if self.one_worker_fault("reasoning_parser_off") else reasoning_effort_of(request)
         if effort is None and not self.mode.think_without_effort:
             effort = "none"
         if effort is not None:
@@ -299,6 +304,8 @@ class Worker:
         self.refuse_unimplemented_schema(guided)
         out = app._generate(body, limits, tool_choice, max_tokens)
         form = GUIDED if guided is not None else self.mode.tool_form
+        if guided is None and self.one_worker_fault("tool_parser_off"):
+            form = UNPARSED_FORM
         reply = reply_ids(out, app.tok, form, max_tokens)
         if self.broken_by_restart:
             # As vLLM's dead engine answers (EngineDeadError); Dynamo turns the error finish into its 500.
@@ -355,6 +362,9 @@ class Worker:
             raise
 
 
+#: The tool-call form a worker with its own ``tool_parser_off`` writes (``only_worker``): Mistral Large 4's
+#: ``[TOOL_CALLS]name[ARGS]{...}``, which 1.6.1's ``mistral`` parser drops (content null, no tool_calls).
+UNPARSED_FORM = "v11"
 #: Dynamo's parsers run in the frontend, configured by what the worker registers (``--dyn-tool-call-parser
 #: mistral``/``--dyn-reasoning-parser mistral`` in the seed's manifests); a parser fault leaves it unregistered.
 PARSERS = {"tool_call_parser": "tool_parser_off", "reasoning_parser": "reasoning_parser_off"}
@@ -370,7 +380,8 @@ def runtime_config(target: Target, faults: ActiveFaults) -> Any:
     rc.max_num_seqs = e.max_num_seqs
     rc.max_num_batched_tokens = e.max_num_batched_tokens
     for field_name, fault in PARSERS.items():
-        if not faults.has(fault):
+        # Under only_worker every worker registers the same parsers: the frontend reads one card per model.
+        if not faults.has(fault) or faults.has("only_worker"):
             setattr(rc, field_name, getattr(e, field_name) or SEED_PARSER)
     # Without a token budget the frontend does not refuse an over-long prompt (real-dynamo.md "context length";
     # transcripts python-worker/44 vs 45): the token_budget_missing fault is that worker.

@@ -170,6 +170,14 @@ class ActiveFaults:
         (``generation``: 0 for the first start); the faults that break only a restarted engine read it."""
         return self.has(name) and generation >= self.value(name)
 
+    def for_worker(self, index: int) -> ActiveFaults:
+        """The faults worker ``index`` of a Dynamo deployment runs with (its place among the workers of its role,
+        in start order, from 0): under ``only_worker=K`` the faults of :data:`ONE_WORKER_FAULTS` act on worker K
+        alone (of each role), every other fault on every worker."""
+        if not self.has("only_worker") or index == int(self.value("only_worker")):
+            return self
+        return ActiveFaults(s for s in self.specs if s.name not in ONE_WORKER_FAULTS)
+
     def __bool__(self) -> bool:
         return bool(self.specs)
 
@@ -272,4 +280,20 @@ register(Fault("restart_never_registers", "the Dynamo workers booted by their po
                "and later ones start but never register with the frontend: the replaced pod never comes back",
                "suites/test_restart.py (the restart scenario fails past its bound naming the phase 'waiting for the "
                "new worker to register'; the checks depending on it are not judged)", default=1.0,
+               takes_value=True))
+
+# One worker of a Dynamo deployment answers wrong (a rolling update half done, a pod with stale arguments, a node
+# with another image): the answer-level faults below act on worker K only (ActiveFaults.for_worker). The parsers run
+# in the frontend, configured once per model from the card the first worker registers (1.6.1 logs one "Selected
+# model parser route" per model), so a parser fault confined to one worker shows in that worker's output instead:
+# its tool calls in Mistral Large 4's own form, which the deployment's parser drops; its requests' reasoning_effort
+# unread, as a frontend without a reasoning parser passes none (the same answers as the whole-deployment faults'
+# Dynamo form). ARCHITECTURE.md Decisions, "One worker's faults".
+ONE_WORKER_FAULTS = ("reasoning_parser_off", "tool_parser_off", "invalid_tool_json", "min_tokens_ignored")
+register(Fault("only_worker", "Dynamo targets: the answer-level faults given with it (" + ", ".join(ONE_WORKER_FAULTS)
+               + ") act on worker K only (default 1): K counts the workers of a role from 0 in the deployment's "
+               "start order (pytest_ml4/deploy/dynamo.py; on disagg worker K of each role, the decode one writes the "
+               "answer); tool_parser_off there writes the worker's calls in the form the frontend's parser drops, "
+               "reasoning_parser_off leaves its requests' reasoning_effort unread",
+               "suites/test_replicas.py (every worker answers right, naming the worker)", default=1.0,
                takes_value=True))
