@@ -115,8 +115,8 @@ def _wrong_message(probe: str, wrong: Mapping[tuple[WorkerRef, ...], str],
                    right: Mapping[tuple[WorkerRef, ...], int]) -> str:
     bad = "; ".join(f"{_names(who)} answered wrong: {verdict}" for who, verdict in wrong.items())
     good = ", ".join(_names(who) for who in right) or "none"
-    return (f"{probe}: {len(wrong)} of {len(wrong) + len(right)} workers answered wrong: {bad} (answered right: "
-            f"{good}): a deployment whose router keeps a client on the right ones passes every other check")
+    return (f"{probe}: {bad} (answered right: {good}): a deployment whose router keeps a client on the workers "
+            f"that answer right passes every other check")
 
 
 def _unreached_message(probe: str, unreached: list[WorkerRef], right: Mapping[tuple[WorkerRef, ...], int],
