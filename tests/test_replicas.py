@@ -200,6 +200,20 @@ def test_one_bad_worker_of_two_fails_the_gate_naming_it_while_the_suites_pass_on
                    for m in failed.values()), failed
         assert "usage.completion_tokens" in failed["fixed_length-64-stream"]
 
+        # A release that cannot pin: unpinned rounds, each answer attributed from nvext.worker_id; a worker /health
+        # lists that the router never picks (here an instance no process serves) is not judged, named. The KV router
+        # may keep every round on the worker holding the probe's prefix: a real worker can be named unreached too.
+        none_probe = [p for p in reach.probes if p.name == "tool_choice-none-nonstream"]
+        ghost = {"instance_id": 4242, "endpoint": "generate", "component": "backend"}
+        unpinned = reach_every_worker({**health, "instances": [*health["instances"], ghost]}, "agg", none_probe,
+                                      sender(ep, oai), False, 1)
+        assert len(unpinned.replies) == 3 and not unpinned.pinned   # 1 round per worker, 3 workers listed
+        assert {w for r in unpinned.replies for w in r.answered_by(["worker"])} <= {WorkerRef("worker", good),
+                                                                                   WorkerRef("worker", bad)}
+        with pytest.raises(NotJudged, match=r"worker 4242(, worker \d+)? listed by /health never answered it \(the release cannot "
+                                            r"pin \(pins_workers: false"):
+            assert_every_worker_answers_right(unpinned, none_probe[0].name, judge)
+
         tools = yaml.safe_load(TOOLS_FILE.read_text())
         reasoning_q = yaml.safe_load((TOOLS_FILE.parent / "reasoning.yaml").read_text())["question"]
         spec = tools["tool_choice"]
