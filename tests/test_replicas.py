@@ -65,10 +65,10 @@ def test_only_worker_is_refused_where_there_is_one_engine(capsys: pytest.Capture
 
 
 def test_only_worker_must_name_a_worker_that_starts() -> None:
-    from pytest_ml4.deploy.dynamo import refuse_idle_only_worker
+    from pytest_ml4.deploy.dynamo import DynamoStartError, refuse_idle_only_worker
 
     refuse_idle_only_worker(["only_worker=1"], [("worker", []), ("worker", [])])
-    with pytest.raises(ValueError, match=r"only_worker=2: no such worker; the deployment starts 2 aggregated worker\(s\)"):
+    with pytest.raises(DynamoStartError, match=r"only_worker=2: no such worker; the deployment starts 2 aggregated worker\(s\)"):
         refuse_idle_only_worker(["only_worker=2"], [("worker", []), ("worker", [])])
 
 

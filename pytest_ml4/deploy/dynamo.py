@@ -315,7 +315,7 @@ def refuse_idle_only_worker(faults: Sequence[str], roles: Sequence[tuple[str, An
     k = int(active.value("only_worker"))
     counts = {role: sum(1 for r, _ in roles if r == role) for role, _ in roles}
     if k < 0 or k >= max(counts.values()):
-        raise ValueError(f"fault only_worker={k}: no such worker; the deployment starts "
+        raise DynamoStartError(f"fault only_worker={k}: no such worker; the deployment starts "
                          + ", ".join(f"{n} {'aggregated' if role == 'worker' else role} worker(s)"
                                      for role, n in counts.items())
                          + " (K counts a role's workers from 0 in start order)")
