@@ -20,6 +20,7 @@ pin the deployment ignored shows as an answer from another worker. Judging is :m
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -240,7 +241,10 @@ def reach_every_worker(health: Any, topology: str, probes: list[Probe], send: Se
                                                             f"{str(health)[:200]}")
     routes = pinned_routes(workers) if pins else []
     if pins and routes:
-        return Reach(workers, [send(route, p) for route in routes for p in probes], True, probes)
+        # One thread per route: each worker answers its probes one at a time, the workers side by side.
+        with ThreadPoolExecutor(len(routes)) as pool:
+            per_route = list(pool.map(lambda route: [send(route, p) for p in probes], routes))
+        return Reach(workers, [r for replies in per_route for r in replies], True, probes)
     replies: list[Reply] = []
     want = {(w, p.name) for w in listed for p in probes}
     for _ in range(rounds * max(len(ids) for ids in workers.values())):
