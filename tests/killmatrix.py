@@ -56,10 +56,8 @@ MESSAGE_ONLY_UNTIL_CONVERTED = (
     "suites/test_kv_cache.py::test_kv_pool_holds_the_target_requirement",
     "suites/test_kv_cache.py::test_max_concurrency_at_max_model_len",
     "suites/test_perf.py::test_zero_errors",
-    "suites/test_tools.py::test_parallel_calls",
-    "suites/test_tools.py::test_parallel_tool_calls_false_keeps_one_call",
-    "suites/test_tools.py::test_round_trip_answer_uses_the_tool_result",
-    "suites/test_tools.py::*",
+    # the cause a versions row appends to a guided request's failure (ToolChat.ask) is being reworked (item 6)
+    "suites/test_tools.py::test_tool_schemas_are_accepted_under_guided_decoding",
     "suites/test_reasoning.py::*",
     "suites/test_osl.py::*",
     "suites/test_kv_cache.py::*",
@@ -106,6 +104,13 @@ class Expect:
     message: str | None = None
     only: tuple[str, ...] = ("*",)
     exclude: tuple[str, ...] = ()
+    #: Instances of one check that fail on different verdicts under the same kill (a streamed answer's grammar, a
+    #: non-streamed one's content): one expectation per group of instances, each with its ``only``/``except``.
+    parts: tuple[Expect, ...] = ()
+
+    def for_node(self, node: str) -> Expect:
+        """The expectation judging one instance (the part covering it, for a kill given as a list)."""
+        return next((p for p in self.parts if p.covers(node)), self)
 
     def pattern(self, node: str) -> str | None:
         """The regex for one instance: ``<param>`` stands for its parametrize id (a preflight rule's name must
@@ -113,6 +118,8 @@ class Expect:
         return None if self.message is None else self.message.replace("<param>", re.escape(param_id(node) or ""))
 
     def covers(self, node: str) -> bool:
+        if self.parts:
+            return any(p.covers(node) for p in self.parts)
         param = param_id(node)
         if param is None:
             return True
@@ -193,9 +200,12 @@ def param_id(node: str) -> str | None:
 
 # ------------------------------------------------------------------------------------------------ loading
 def _expect(path: Path, key: str, kill: str, raw: Any) -> Expect:
-    """``{kill: CODE}`` or ``{kill: {code: CODE, message: REGEX, only: [...], except: [...]}}``; a regex alone only
+    """``{kill: CODE}`` or ``{kill: {code: CODE, message: REGEX, only: [...], except: [...]}}``, or a list of these
+    covering different instances; a regex alone only
     for the checks still awaiting their conversion (:data:`MESSAGE_ONLY_UNTIL_CONVERTED`)."""
     where = f"{path.name}: {key}: killed_by.{kill}"
+    if isinstance(raw, list):
+        return Expect(parts=tuple(_expect(path, key, kill, part) for part in raw))
     if isinstance(raw, str):
         raw = {"code": raw} if CODE_FORM.match(raw) else {"message": raw}
     if not isinstance(raw, dict) or not ({"code", "message"} & set(raw)):
@@ -473,6 +483,7 @@ def plan_kill_run(m: Matrix, kills: list[Kill], profile: str, root: Path = REPO)
 def judge_named(outcome: Outcome, node: str, kill: Kill, expect: Expect) -> str | None:
     """Why the named check did not fail as its kill requires, or None: the code it raised, the place it raised it
     from (codes.yaml's ``from``), and the message where the matrix gives a regex."""
+    expect = expect.for_node(node)
     if outcome.status != "failed":
         return f"{node}: {outcome.status} under {kill.name} ({kill.why})"
     if expect.code is not None:

@@ -279,7 +279,7 @@ def test_every_code_a_matrix_names_says_where_it_is_raised() -> None:
 
     from pytest_ml4.checks.codes import CODES_FILE, declared_origins
 
-    named = {(t, e.code) for t in TARGETS for c in load_matrix(t).checks.values()
-             for e in c.killed_by.values() if e.code}
+    named = {(t, p.code) for t in TARGETS for c in load_matrix(t).checks.values()
+             for e in c.killed_by.values() for p in (e.parts or (e,)) if p.code}
     bare = sorted(f"{t}: {code}" for t, code in named if not declared_origins(code))
     assert not bare, f"codes named by kill matrices without `from:` in {CODES_FILE}: {bare}"
