@@ -62,7 +62,6 @@ MESSAGE_ONLY_UNTIL_CONVERTED = (
     "suites/test_kv_cache.py::*",
     "suites/test_perf.py::*",
     "suites/test_restart.py::*",
-    "suites/test_accuracy.py::*",
 )
 
 
