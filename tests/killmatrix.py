@@ -59,7 +59,6 @@ MESSAGE_ONLY_UNTIL_CONVERTED = (
     # the cause a versions row appends to a guided request's failure (ToolChat.ask) is being reworked (item 6)
     "suites/test_tools.py::test_tool_schemas_are_accepted_under_guided_decoding",
     "suites/test_osl.py::test_no_request_killed_by_the_grammar",
-    "suites/test_restart.py::*",
 )
 
 
