@@ -48,17 +48,16 @@ STOP_GRACE_S = 60
 VERDICT_KEYS = ("killed_by", "measurement", "skipped", "pending")
 #: What a verdict code looks like (``area.property``): a ``killed_by`` string of this form is a code, else a regex.
 CODE_FORM = re.compile(r"^[a-z0-9_]+(?:\.[a-z0-9_]+)+$")
-#: Checks (``*`` globs on the key) whose kills may still name a message regex without a code, until their checks
-#: raise codes: the fault-per-property conversion (issue 35, item 3) rewrites some checks and their kills
-#: together. Every other expectation names a code; the tuple empties as the conversion lands.
+#: Checks (``*`` globs on the key) whose kills may still name a bare message regex: their checks and kills are being
+#: reworked together (issue 35: a fault per property, item 3; a cause only with evidence, item 6). Every other
+#: expectation names a code; the tuple empties as those land.
 MESSAGE_ONLY_UNTIL_CONVERTED = (
-    "suites/test_kv_cache.py::test_peak_kv_usage_under_limit",
-    "suites/test_kv_cache.py::test_kv_pool_holds_the_target_requirement",
-    "suites/test_kv_cache.py::test_max_concurrency_at_max_model_len",
-    "suites/test_perf.py::test_zero_errors",
-    # the cause a versions row appends to a guided request's failure (ToolChat.ask) is being reworked (item 6)
-    "suites/test_tools.py::test_tool_schemas_are_accepted_under_guided_decoding",
-    "suites/test_osl.py::test_no_request_killed_by_the_grammar",
+    "suites/test_kv_cache.py::test_peak_kv_usage_under_limit",          # item 3: KV usage above the limit
+    "suites/test_kv_cache.py::test_kv_pool_holds_the_target_requirement",  # item 3: a pool short in the log
+    "suites/test_kv_cache.py::test_max_concurrency_at_max_model_len",   # item 3: as above
+    "suites/test_perf.py::test_zero_errors",                            # item 3: the error-rate gate itself
+    "suites/test_osl.py::test_no_request_killed_by_the_grammar",        # item 3: a grammar kill in Dynamo's log
+    "suites/test_tools.py::test_tool_schemas_are_accepted_under_guided_decoding",  # item 6: ToolChat.ask's cause
 )
 
 
