@@ -234,5 +234,5 @@ def test_sessions_reuse_the_shared_prefix(ml4_perf_workloads: Any, ml4_target: T
           f"{floor.tokens:.0f} (system prompt {floor.system:.0f}, earlier turns {floor.turns:.0f})")
     require(hits >= floor.tokens, "perf.prefix_reuse",
             lambda: f"sessions: the engines served {hits:.0f} prompt tokens from their prefix cache ({share:.1%} of "
-        f"{queries:.0f}), fewer than the {floor.tokens:.0f} guaranteed by {floor.describe(w.system_prompt_tokens)} "
-        f"over {run.requests} requests on {engines} engine(s)")
+                    f"{queries:.0f}), fewer than the {floor.tokens:.0f} guaranteed by {floor.describe(w.system_prompt_tokens)} "
+                    f"over {run.requests} requests on {engines} engine(s)")

@@ -177,7 +177,7 @@ def test_new_requests_during_restart(requests_run: RestartRun, ml4_target: Targe
         # Every request succeeded: prove they really crossed the outage (else the check measured nothing).
         require(retries > 0, "restart.no_retry",
                 lambda: "no request needed a retry: none was sent while the engine was down, so the "
-                             "no-client-error check proved nothing\n" + requests_run.report())
+                        "no-client-error check proved nothing\n" + requests_run.report())
 
 
 def test_recovery_time(requests_run: RestartRun, ml4_target: Target, record_property: Any) -> None:
@@ -227,7 +227,7 @@ def test_smoke_chat_after_restart(requests_run: RestartRun, ml4_restart_endpoint
         reply = send_probe(http, probe_body(ml4_restart_endpoint.model, probe), probe["expect_substring"])
     require(reply.status == 200 and reply.error is None, "restart.chat_failed",
             lambda: f"chat after the restart failed: HTTP {reply.status}: "
-                                                         f"{reply.error}")
+                    f"{reply.error}")
     require(reply.ok, "restart.chat_wrong_answer",
             lambda: f"chat after the restart answered without {probe['expect_substring']!r}")
 
@@ -296,10 +296,10 @@ def test_model_leaves_and_returns_while_prefill_pods_gone(requests_run: RestartR
     print(f"deleted {vis.deleted}; /v1/models states seen: {vis.seen}")
     require(vis.left_after_s is not None, "restart.model_not_unlisted",
             lambda: f"the model stayed in /v1/models while the prefill pods {vis.deleted} were "
-                                          f"gone (states seen: {vis.seen})")
+                    f"gone (states seen: {vis.seen})")
     require(vis.returned_after_s is not None, "restart.model_not_back",
             lambda: f"the model did not come back to /v1/models after the prefill pods "
-                                              f"{vis.deleted} were replaced (states seen: {vis.seen})")
+                    f"{vis.deleted} were replaced (states seen: {vis.seen})")
     print(f"model left /v1/models after {vis.left_after_s:.2f} s, returned after {vis.returned_after_s:.2f} s")
 
 

@@ -125,7 +125,7 @@ def test_stream_answers_known_question_with_clean_grammar(ml4_target: Target, ht
     result = probe_chat_stream(http_client, body)
     assert_stream_clean(result)  # one line naming the URL: "stream from URL: HTTP 503: ..." or "...: no answer: ..."
     require(not result.error_events, "stream.error_event", lambda: f"in-band error events in the stream: "
-                                                                    f"{result.error_events}")
+                                                                   f"{result.error_events}")
     assert QUESTION["expect_substring"] in result.content, f"wrong streamed answer: {result.content!r}"
     require(result.finish_reason == "stop", "stream.finish_reason", lambda: f"finish_reason {result.finish_reason!r}")
     require(result.ttft_s is not None and result.ttft_s > 0, "stream.no_first_token",

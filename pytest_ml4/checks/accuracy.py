@@ -33,7 +33,7 @@ def assert_every_request_answered(results: Sequence[ItemResult]) -> None:
     errors = [r for r in results if r.error_type.startswith(UNANSWERED)]
     require(not errors, "accuracy.requests_failed",
             lambda: f"{len(errors)}/{len(results)} BFCL requests failed, e.g. {errors[0].id}: "
-                        f"{errors[0].error_type} {errors[0].errors[0][:200]}")
+                    f"{errors[0].error_type} {errors[0].errors[0][:200]}")
 
 
 def assert_no_significant_drop(drops: Sequence[Drop], baseline: Path | None, missing: str, tolerance: float,
@@ -47,4 +47,4 @@ def assert_no_significant_drop(drops: Sequence[Drop], baseline: Path | None, mis
         not_judged(f"accuracy (figures in accuracy-summary.json): {missing}")
     require(not drops, "accuracy.regression",
             lambda: f"accuracy regression vs baseline {baseline} (tolerance {tolerance * 100:g} points, "
-        f"alpha {alpha:g}): " + "; ".join(d.describe() for d in drops))
+                    f"alpha {alpha:g}): " + "; ".join(d.describe() for d in drops))

@@ -65,9 +65,9 @@ def assert_session_affinity(run: AffinityRun) -> Any:
                                    f"affinity cannot be told from load balancing\n{listing}")
     if second.worker(field) != first.worker(field):
         fail("dynamo.affinity_off", f"one {SESSION_HEADER} was served by {name} workers {first.worker(field)} and "
-                             f"{second.worker(field)}: the second turn followed its cached prefix to the other "
-                             f"worker, session affinity is off (router session-affinity TTL unset, or the vLLM "
-                             f"chat processor dropped the header)\n{listing}")
+                                    f"{second.worker(field)}: the second turn followed its cached prefix to the other "
+                                    f"worker, session affinity is off (router session-affinity TTL unset, or the vLLM "
+                                    f"chat processor dropped the header)\n{listing}")
     moved = [f"{f} {first.worker(f)} -> {second.worker(f)}" for f in run.phase.also_bound
              if second.worker(f) != first.worker(f)]
     if moved:

@@ -127,7 +127,7 @@ def assert_served(resp: httpx.Response | StreamResult, what: str) -> None:
     check that only tolerates a proxy's 200 and then asks the engine (tools' invalid requests) is not about it."""
     errors = resp.error_events if isinstance(resp, StreamResult) else []
     require(not errors, "answer.not_served", lambda: f"{what}: HTTP 200 but the stream carried an in-band error "
-                                                      f"event: accepted, not served: {quote_body(json.dumps(errors[0]))}")
+                                                     f"event: accepted, not served: {quote_body(json.dumps(errors[0]))}")
 
 
 def error_object(body: Any) -> Mapping[str, Any]:

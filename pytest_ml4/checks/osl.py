@@ -99,8 +99,8 @@ def assert_streamed_count_exactly_n(streamed: Streamed, n: int) -> None:
         print(f"engine token counter: {streamed.engine_tokens:.0f} tokens generated ({streamed.counter})")
         require(streamed.engine_tokens == n * len(streamed.results), "osl.engine_count_not_n",
                 lambda: f"the engine generated {streamed.engine_tokens:.0f} tokens ({streamed.counter}) for "
-            f"{len(streamed.results)} requests of exactly {n} (no other traffic may hit the endpoint while this "
-            f"module runs)")
+                        f"{len(streamed.results)} requests of exactly {n} (no other traffic may hit the endpoint while this "
+                        f"module runs)")
     else:
         print(f"engine token counter not readable ({streamed.counter}): judged on the per-chunk usage only")
     require(per_chunk or streamed.engine_tokens is not None, "osl.no_streamed_count",

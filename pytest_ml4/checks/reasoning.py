@@ -70,10 +70,10 @@ def assert_reasoning_separated(message: Mapping[str, Any], where: str) -> str:
     for marker in ("[THINK]", "[/THINK]"):
         if marker in content:
             fail("reasoning.markup_in_content", f"{where}: reasoning parser off: {marker!r} leaked into content: "
-                                       f"{quote_body(content)}")
+                                                f"{quote_body(content)}")
     require(reasoning, "reasoning.not_separated",
             lambda: f"{where}: no reasoning field although the model reasons by default (reasoning parser not "
-                       f"configured?); content: {quote_body(content)}")
+                    f"configured?); content: {quote_body(content)}")
     # A long reasoning repeated verbatim in content means the parser copied instead of splitting; short ones
     # ("4.") may legitimately recur in an answer.
     if len(reasoning.strip()) >= 40:
@@ -89,7 +89,7 @@ def assert_reasoning_tokens_agree(reasoning: str, usage: Mapping[str, Any] | Non
     reported = reasoning_tokens(usage)
     require(reported is not None, "reasoning.usage_no_field",
             lambda: f"{where}: usage has no completion_tokens_details.reasoning_tokens "
-                                  f"(reasoning parser not configured on the server?): {usage}")
+                    f"(reasoning parser not configured on the server?): {usage}")
     if isinstance(counter, int):
         counter = TokenCounter(None, counter)
     seen = counter.count(reasoning)
@@ -100,8 +100,8 @@ def assert_reasoning_tokens_agree(reasoning: str, usage: Mapping[str, Any] | Non
                              f"reasoning re-tokenises to {seen} tokens")
     require(abs(reported - seen) <= slack, "reasoning.usage_disagrees",
             lambda: f"{where}: usage reports {reported} reasoning tokens but the reasoning "
-                                           f"re-tokenises to {seen} (allowed difference {slack}; "
-                                           f"{counter.describe()})")
+                    f"re-tokenises to {seen} (allowed difference {slack}; "
+                    f"{counter.describe()})")
     completion = (usage or {}).get("completion_tokens")
     if isinstance(completion, int):
         require(reported <= completion, "reasoning.usage_over_completion",
@@ -130,7 +130,7 @@ def assert_right_answer(answer: Answer, expect_substring: str, where: str | None
     """The answer (content, not reasoning) holds the known answer to the question."""
     require(expect_substring in answer.content, "reasoning.wrong_answer",
             lambda: f"{where or answer.where}: wrong answer {at}: "
-                                                f"{answer.content!r}")
+                    f"{answer.content!r}")
 
 
 def assert_reasoned_answer(answer: Answer, expect_substring: str) -> None:
@@ -161,7 +161,7 @@ def assert_effort_honoured(answer: Answer, effort: str, expect_substring: str,
                 lambda: f"{answer.where}: reasoning_effort none still produced reasoning: {answer.reasoning!r}")
         require(not reasoning_tokens(answer.usage), "reasoning.effort_none_usage",
                 lambda: f"{answer.where}: reasoning_effort none but usage reports "
-                                                    f"{reasoning_tokens(answer.usage)} reasoning tokens")
+                        f"{reasoning_tokens(answer.usage)} reasoning tokens")
     else:
         reasoning = assert_reasoning_separated(answer.message, f"{answer.where}, effort {effort}")
         assert_reasoning_tokens_agree(reasoning, answer.usage, counter, f"{answer.where}, effort {effort}")
@@ -203,7 +203,7 @@ def share_row(prompt: str, usage: Mapping[str, Any] | None, where: str) -> dict[
     share = reasoning_share(usage)
     require(share is not None, "reasoning.share_unmeasurable",
             lambda: f"{where}: cannot measure the reasoning share: usage lacks reasoning_tokens or "
-                               f"completion_tokens (reasoning parser not configured?): {usage}")
+                    f"completion_tokens (reasoning parser not configured?): {usage}")
     return {"prompt": prompt, "completion_tokens": (usage or {})["completion_tokens"],
             "reasoning_tokens": reasoning_tokens(usage), "share": round(share, 4)}
 
@@ -365,4 +365,4 @@ def assert_share_in_seed_band(mean: float, band: Sequence[float] | None, n: int,
     lo, hi = band
     require(lo - SHARE_TOLERANCE <= mean <= hi + SHARE_TOLERANCE, "reasoning.share_outside_seed_band",
             lambda: f"reasoning share {mean:.1%} at min_tokens = max_tokens = {n} outside seed 000's {lo:.0%}-{hi:.0%} "
-        f"(gates.reasoning_share): {rows}")
+                    f"(gates.reasoning_share): {rows}")

@@ -95,7 +95,7 @@ def assert_client_errors_as_allowed(run: RestartRun, allowed: bool, *, retry_win
     wrong = [r for r in run.requests if r.ok and not r.answer_ok]
     if wrong:
         fail("restart.wrong_answers", "requests answered 200 during the restart with a wrong answer:\n"
-                             + "\n".join(r.line() for r in wrong))
+                                      + "\n".join(r.line() for r in wrong))
     return failed
 
 
@@ -142,11 +142,11 @@ def _assert_single_replica_outage(outage: SingleReplicaOutage, run: RestartRun, 
     odd = [r for r in failed if not outage.documented(r)]
     if odd:
         fail("restart.single_replica_outage", f"{head}, but {len(odd)} failure(s) are not among them (documented: "
-                             f"{[str(a) for a in outage.answers]}); first: HTTP {odd[0].status}: "
-                             f"{odd[0].error}\n{listing}")
+                                              f"{[str(a) for a in outage.answers]}); first: HTTP {odd[0].status}: "
+                                              f"{odd[0].error}\n{listing}")
     if run.restart is None or not max(run.requests, key=lambda r: r.sent_s).ok:
         fail("restart.single_replica_outage", f"{head}, but the deployment did not answer again after the restart "
-                             f"({run.restart_error or 'last request failed'})\n{listing}")
+                                              f"({run.restart_error or 'last request failed'})\n{listing}")
 
 
 def assert_stream_survives_worker_crash(run: CrashRun) -> str:
@@ -196,6 +196,6 @@ def _assert_unmigrated(run: CrashRun, report: str) -> str:
     seen = {k: error.get(k) for k in wanted} if isinstance(error, dict) else {}
     if seen != wanted or not run.stream.done:
         fail("crash.wrong_error_event", f"the stream's in-band error after its worker's SIGKILL is {event} (done="
-                             f"{run.stream.done}), real Dynamo 1.6.1 sends {{'error': {wanted}}} then [DONE]\n"
-                             f"{report}")
+                                        f"{run.stream.done}), real Dynamo 1.6.1 sends {{'error': {wanted}}} then [DONE]\n"
+                                        f"{report}")
     return f"stream ended with Dynamo's error event {error} and [DONE] (migration off)"
