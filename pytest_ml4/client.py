@@ -25,6 +25,7 @@ import httpx
 import openai
 import yaml
 
+from pytest_ml4.checks.codes import Violation
 from pytest_ml4.guard import (
     AsyncGuardedTransport,
     Deadlines,
@@ -49,11 +50,15 @@ class EndpointConfigError(ValueError):
     """The endpoint cannot be described (missing URL or API-key variable); the message is one line."""
 
 
-class BadResponseError(AssertionError):
+class BadResponseError(Violation):
     """The endpoint answered something that is not the JSON it should be; the message quotes what came back.
 
-    A subclass of AssertionError so a test that hits it is reported as *failed* with this message.
+    A verdict (:class:`pytest_ml4.checks.codes.Violation`, an AssertionError) so a test that hits it is reported as
+    *failed* with this message and its code.
     """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(code, message, _depth=3)  # the origin is the function that raised it, not this class
 
 
 @dataclass(frozen=True)
@@ -262,8 +267,8 @@ def decode_json(resp: httpx.Response, what: str = "response") -> Any:
     if problem is None:
         return data
     ctype = resp.headers.get("content-type", "")
-    raise BadResponseError(f"{what} from {display_url(str(resp.request.url))} {problem} (HTTP {resp.status_code}, "
-                           f"content-type {ctype or 'none'}): {quote_body(resp.content)}")
+    raise BadResponseError("endpoint.bad_json", f"{what} from {display_url(str(resp.request.url))} {problem} (HTTP "
+                           f"{resp.status_code}, content-type {ctype or 'none'}): {quote_body(resp.content)}")
 
 
 def refuse_html(resp: httpx.Response, what: str) -> None:
@@ -271,7 +276,7 @@ def refuse_html(resp: httpx.Response, what: str) -> None:
     answering 200 to ``/health`` is not a healthy deployment)."""
     ctype = resp.headers.get("content-type", "")
     if is_html(resp.content, ctype):
-        raise BadResponseError(f"{what} from {display_url(str(resp.request.url))} is an HTML page (HTTP "
+        raise BadResponseError("endpoint.html_page", f"{what} from {display_url(str(resp.request.url))} is an HTML page (HTTP "
                                f"{resp.status_code}, content-type {ctype or 'none'}): {quote_body(resp.content)}")
 
 

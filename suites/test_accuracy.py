@@ -18,6 +18,7 @@ from pytest_ml4.checks.accuracy import (
     assert_no_significant_drop,
     assert_no_synthetic_acceptance,
 )
+from pytest_ml4.checks.codes import fail
 from pytest_ml4.report.attach import attach_json, attach_text
 
 pytestmark = pytest.mark.accuracy
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.accuracy
 
 def _measured(run):  # type: ignore[no-untyped-def]
     if run.refused:
-        pytest.fail(refusal(run.refused), pytrace=False)
+        fail("accuracy.run_refused", refusal(run.refused))
     return run
 
 
@@ -48,6 +49,6 @@ def test_accuracy_vs_baseline(ml4_accuracy) -> None:  # type: ignore[no-untyped-
     attach_json(failed_items(run.results), "BFCL failed items (question, expected, got, error type)")
     print(text)
     if run.baseline_refused:
-        pytest.fail(run.baseline_refused, pytrace=False)
+        fail("baseline.refused", run.baseline_refused)
     assert_no_significant_drop(run.drops, run.baseline.path if run.baseline else None, run.baseline_missing,
                                run.options.tolerance, run.options.alpha, recorded=run.recorded)

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from pytest_ml4.checks.codes import require
 from pytest_ml4.checks.osl import (
     Streamed,
     assert_aiperf_export_exactly_n,
@@ -29,9 +30,9 @@ from pytest_ml4.checks.osl import (
 from pytest_ml4.client import Endpoint
 from pytest_ml4.logs import LogReader, LogView
 from pytest_ml4.logs.reader import LogMark
-from pytest_ml4.plugin.logs import log_reader_if_any
 from pytest_ml4.perf.runner import RunResult, failure_log, run_aiperf
 from pytest_ml4.perf.sweep import Client
+from pytest_ml4.plugin.logs import log_reader_if_any
 from pytest_ml4.report.attach import attach_text
 from pytest_ml4.targets import Target
 
@@ -71,7 +72,7 @@ def test_streamed_token_count_is_exactly_n(streamed: Streamed, record_property: 
 @pytest.fixture(scope="module")
 def aiperf_osl(ml4_perf_client: Client, ml4_run_dir: Path, osl_window_start: LogMark) -> RunResult:
     spec = fixed_length_aiperf_spec(ml4_perf_client, N)
-    assert not spec.uses_ignore_eos
+    require(not spec.uses_ignore_eos, "osl.spec_uses_ignore_eos", "the suite's own aiperf spec holds ignore_eos")
     out = ml4_run_dir / "osl" / f"aiperf-{int(time.time() * 1000)}"
     return run_aiperf(spec, out, api_key=ml4_perf_client.api_key)
 

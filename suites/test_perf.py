@@ -21,11 +21,15 @@ from typing import Any
 
 import pytest
 
-from pytest_ml4.targets import Target
-from pytest_ml4.client import Endpoint
 from pytest_ml4.baselines import describe_conditions
-from pytest_ml4.checks.perf import assert_gate_passed, assert_gates_pass, assert_trace_replayed
+from pytest_ml4.checks.codes import fail, require
+from pytest_ml4.checks.perf import (
+    assert_gate_passed,
+    assert_gates_pass,
+    assert_trace_replayed,
+)
 from pytest_ml4.checks.verdict import not_judged
+from pytest_ml4.client import Endpoint
 from pytest_ml4.perf.capacity import capacity_gate
 from pytest_ml4.perf.evaluate import knee_bound
 from pytest_ml4.perf.gates import knee_unseen
@@ -38,6 +42,7 @@ from pytest_ml4.perf.workloads import (
     keeps_sessions_together,
     prefix_reuse_floor,
 )
+from pytest_ml4.targets import Target
 
 pytestmark = [pytest.mark.perf, pytest.mark.exclusive]  # no other traffic during a measurement
 
@@ -53,7 +58,8 @@ def test_every_point_is_a_usable_aiperf_run(ml4_perf_sweep: Any) -> None:
     bad = [p for p in ml4_perf_sweep.points if not p.ok]
     for p in bad:
         _attach(f"aiperf log c{p.concurrency}", p.log_tail)
-    assert not bad, "\n".join(f"c{p.concurrency}: {'; '.join(p.problems)} ({p.out_dir})" for p in bad)
+    require(not bad, "perf.point_unusable",
+            lambda: "\n".join(f"c{p.concurrency}: {'; '.join(p.problems)} ({p.out_dir})" for p in bad))
 
 
 def test_zero_errors(ml4_perf_sweep: Any) -> None:
@@ -64,11 +70,14 @@ def test_fixed_output_length_in_every_point(ml4_perf_sweep: Any) -> None:
     osl = ml4_perf_sweep.settings.osl
     for p in ml4_perf_sweep.points:
         f = p.point
-        assert f is not None, f"c{p.concurrency}: no figures"
-        assert (f.osl_min, f.osl_max, f.osl_std) == (osl, osl, 0.0), (
-            f"c{p.concurrency}: output_sequence_length min {f.osl_min} max {f.osl_max} std {f.osl_std}, expected {osl}")
+        if f is None:
+            fail("perf.point_no_figures", f"c{p.concurrency}: no figures")
+        if (f.osl_min, f.osl_max, f.osl_std) != (osl, osl, 0.0):
+            fail("perf.osl_not_fixed",
+                 f"c{p.concurrency}: output_sequence_length min {f.osl_min} max {f.osl_max} std {f.osl_std}, expected {osl}")
         extra = p.export().extra_inputs
-        assert extra.get("min_tokens") == osl and "ignore_eos" not in extra, f"c{p.concurrency}: extra inputs {extra}"
+        if not (extra.get("min_tokens") == osl and "ignore_eos" not in extra):
+            fail("perf.extra_inputs", f"c{p.concurrency}: extra inputs {extra}")
 
 
 @pytest.mark.dynamo
@@ -79,7 +88,7 @@ def test_dynamo_gate(ml4_perf_sweep: Any, ml4_target: Target) -> None:
     # Gates judge points with figures: a defined gate with no result means the sweep produced none.
     none = ("no point produced figures" if defined else
             f"target {ml4_target.name} defines no Dynamo gate (gates.decode_tok_s_user_p50_min, ttft_p50_s_max)")
-    assert_gates_pass(results, none=none)
+    assert_gates_pass(results, none=none, none_code="perf.no_figures" if defined else "perf.dynamo_gate_undefined")
 
 
 def test_baseline(ml4_perf_sweep: Any) -> None:
@@ -89,7 +98,8 @@ def test_baseline(ml4_perf_sweep: Any) -> None:
     if ml4_perf_sweep.baseline is None:
         not_judged(ml4_perf_sweep.baseline_missing)
     devs = ml4_perf_sweep.verdict.deviations
-    assert devs, "no figure of this sweep is comparable with the baseline (no common concurrency)"
+    require(devs, "perf.baseline_incomparable",
+            "no figure of this sweep is comparable with the baseline (no common concurrency)")
     base, run = ml4_perf_sweep.baseline.conditions, ml4_perf_sweep.settings.conditions()
     compared = "every figure" if ml4_perf_sweep.verdict.full_run else "the per-token rates only (other run length)"
     _attach("baseline comparison", f"this run: {describe_conditions(run)}\nbaseline {ml4_perf_sweep.baseline.name}: "
@@ -123,14 +133,18 @@ def test_latency_knee(ml4_perf_sweep: Any, ml4_target: Target) -> None:
 
 def test_plots_and_summary_written(ml4_perf_sweep: Any, ml4_run_dir: Path) -> None:
     for png in ml4_perf_sweep.outputs.plots:
-        assert png.is_file() and png.stat().st_size > 1000, f"plot missing or empty: {png}"
+        if not (png.is_file() and png.stat().st_size > 1000):
+            fail("perf.plot_missing", f"plot missing or empty: {png}")
         _attach(png.name, png.read_bytes(), "PNG")
     summary = ml4_run_dir / SUMMARY_NAME
     data = json.loads(summary.read_text())
-    assert data["schema"] == SCHEMA
+    require(data["schema"] == SCHEMA, "perf.summary_written", lambda: f"{summary}: schema {data['schema']!r}")
     sweep = data["sweep"]
-    assert [p["concurrency"] for p in sweep["points"]] == list(ml4_perf_sweep.settings.concurrencies)
-    assert sweep["passed"] == ml4_perf_sweep.verdict.passed
+    points = [p["concurrency"] for p in sweep["points"]]
+    require(points == list(ml4_perf_sweep.settings.concurrencies), "perf.summary_written",
+            lambda: f"{summary}: points {points}, the sweep ran {ml4_perf_sweep.settings.concurrencies}")
+    require(sweep["passed"] == ml4_perf_sweep.verdict.passed, "perf.summary_written",
+            lambda: f"{summary}: passed {sweep['passed']}, the verdict says {ml4_perf_sweep.verdict.passed}")
     _attach(SUMMARY_NAME, summary.read_text(), "JSON")
 
 
@@ -143,7 +157,7 @@ def test_agentic_trace_replay(ml4_target: Target, ml4_perf_client: Any, ml4_run_
         replay = replay_agentic_trace(ml4_target, ml4_perf_client, ml4_run_dir, ml4_perf_settings,
                                       ml4_perf_progress, bool(ml4_endpoint.simulated))
     except TraceMissing as err:
-        pytest.fail(str(err), pytrace=False)
+        fail("perf.trace_missing", str(err))
     if not replay.point.ok:
         _attach("aiperf log (trace)", replay.point.log_tail)
     assert_trace_replayed(replay)
@@ -153,7 +167,7 @@ def test_agentic_trace_replay(ml4_target: Target, ml4_perf_client: Any, ml4_run_
 def _workload(target: Any, name: str) -> Any:
     w = target.perf.workloads.get(name)
     if w is None:
-        pytest.fail(f"target {target.name} declares no perf.workloads.{name} (README 'SLOs')")
+        fail("perf.workload_undeclared", f"target {target.name} declares no perf.workloads.{name} (README 'SLOs')")
     return w
 
 
@@ -167,7 +181,7 @@ def test_goodput_at_production_rate(workload: str, ml4_perf_workloads: Any, ml4_
     run = ml4_perf_workloads.production(workload)
     if not run.ok:
         _attach(f"aiperf log ({workload})", run.log_tail)
-    assert run.ok, f"{workload}: {'; '.join(run.problems)} ({run.out_dir})"
+    require(run.ok, "perf.workload_run_unusable", lambda: f"{workload}: {'; '.join(run.problems)} ({run.out_dir})")
     verdict = goodput_verdict(ml4_target, run, ml4_run_dir, bool(ml4_endpoint.simulated))
     if verdict.gate is None:
         not_judged(f"goodput of {workload}: {verdict.why}")
@@ -183,11 +197,11 @@ def test_capacity_at_least_declared(ml4_perf_workloads: Any, ml4_target: Target,
     highest rate that met it. Noise alone gives "inconclusive", reported as not judged, never pass or fail."""
     w = _workload(ml4_target, "chat")
     if w.capacity_rps is None:
-        pytest.fail(f"target {ml4_target.name} declares no perf.workloads.chat.capacity_rps")
+        fail("perf.workload_undeclared", f"target {ml4_target.name} declares no perf.workloads.chat.capacity_rps")
     try:
         found = ml4_perf_workloads.capacity("chat")
     except CapacityRunFailed as err:
-        pytest.fail(str(err))
+        fail("perf.capacity_run_failed", str(err))
     update_summary(ml4_run_dir, ml4_target.name, bool(ml4_endpoint.simulated), "capacity_chat", found.as_dict())
     gate = capacity_gate(found, "chat")
     if gate is None:
@@ -207,7 +221,7 @@ def test_sessions_reuse_the_shared_prefix(ml4_perf_workloads: Any, ml4_target: T
     Not judged when the counters cannot be read (no worker /metrics known, or the counters absent)."""
     w = _workload(ml4_target, "sessions")
     run = ml4_perf_workloads.production("sessions")
-    assert run.ok, f"sessions: {'; '.join(run.problems)} ({run.out_dir})"
+    require(run.ok, "perf.workload_run_unusable", lambda: f"sessions: {'; '.join(run.problems)} ({run.out_dir})")
     if run.engine_counters is None:
         not_judged(f"prefix reuse: the engines' prefix-cache counters could not be read: "
                    f"{run.engine_metrics_problem}")
@@ -218,7 +232,7 @@ def test_sessions_reuse_the_shared_prefix(ml4_perf_workloads: Any, ml4_target: T
     share = hits / queries if queries else 0.0
     print(f"prefix cache: {hits:.0f} of {queries:.0f} prompt tokens from cache ({share:.1%}); floor "
           f"{floor.tokens:.0f} (system prompt {floor.system:.0f}, earlier turns {floor.turns:.0f})")
-    assert hits >= floor.tokens, (
-        f"sessions: the engines served {hits:.0f} prompt tokens from their prefix cache ({share:.1%} of "
-        f"{queries:.0f}), fewer than the {floor.tokens:.0f} guaranteed by {floor.describe(w.system_prompt_tokens)} "
-        f"over {run.requests} requests on {engines} engine(s)")
+    require(hits >= floor.tokens, "perf.prefix_reuse",
+            lambda: f"sessions: the engines served {hits:.0f} prompt tokens from their prefix cache ({share:.1%} of "
+                    f"{queries:.0f}), fewer than the {floor.tokens:.0f} guaranteed by {floor.describe(w.system_prompt_tokens)} "
+                    f"over {run.requests} requests on {engines} engine(s)")

@@ -14,6 +14,7 @@ from pathlib import Path
 import allure
 import pytest
 
+from pytest_ml4.checks.codes import require
 from pytest_ml4.preflight import RULES, Report, Severity
 from pytest_ml4.preflight.applied import of_kinds
 from pytest_ml4.preflight.loader import collect_files, load_file
@@ -52,9 +53,10 @@ def test_rule(rule_id: str, ml4_preflight_report: Report, ml4_preflight_paths: l
     # One line per finding and the rule's fix and source once: the message stays short enough to be read (and to be
     # kept whole by the failure-message cap) when one rule fires on many documents; each finding's own fix and
     # source are in the "findings" attachment.
-    assert not errors, (f"{len(errors)} {rule_id} error(s):\n"
-                        + "\n".join(f"{f.location()}: {f.severity.value}: {rule_id}: {f.message}" for f in errors)
-                        + f"\n    fix: {rule.fix}\n    source: {rule.source}")
+    require(not errors, "preflight.rule_error", lambda: (
+        f"{len(errors)} {rule_id} error(s):\n"
+        + "\n".join(f"{f.location()}: {f.severity.value}: {rule_id}: {f.message}" for f in errors)
+        + f"\n    fix: {rule.fix}\n    source: {rule.source}"))
 
 
 def test_manifests_parse(ml4_preflight_paths: list[Path], ml4_target: Target) -> None:
@@ -65,5 +67,6 @@ def test_manifests_parse(ml4_preflight_paths: list[Path], ml4_target: Target) ->
         if not docs:
             empty.append(str(path))
         broken += [f"{d.path}: {e}" for d in docs for e in d.errors]
-    assert not empty, f"no vLLM launch, DGD, LiteLLM config or aiperf run found in: {', '.join(empty)}"
-    assert not broken, "\n".join(broken)
+    require(not empty, "preflight.nothing_deployable",
+            lambda: f"no vLLM launch, DGD, LiteLLM config or aiperf run found in: {', '.join(empty)}")
+    require(not broken, "preflight.unparsable", lambda: "\n".join(broken))

@@ -17,6 +17,7 @@ import yaml
 
 from pytest_ml4.baselines import BaselineRefused, deployment_provenance
 from pytest_ml4.checks.chat import ChatSession, user
+from pytest_ml4.checks.codes import fail
 from pytest_ml4.checks.expected import expected_for
 from pytest_ml4.checks.protocol import assert_no_control_tokens
 from pytest_ml4.checks.reasoning import (
@@ -156,7 +157,7 @@ def test_reasoning_share_of_output_is_measured(chat: ChatSession, ml4_target: Ta
     try:
         assert_share_within_baseline(rows, conditions, ml4_share_baseline)
     except BaselineRefused as err:   # a baseline that cannot judge this run: one line, no traceback
-        pytest.fail(str(err), pytrace=False)
+        fail("baseline.refused", str(err))
 
 
 @STREAM

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from pytest_ml4.checks.codes import fail, require
 from pytest_ml4.checks.kv import (
     kv_pool_verdict,
     max_concurrency_verdict,
@@ -174,8 +175,9 @@ def test_new_requests_during_restart(requests_run: RestartRun, ml4_target: Targe
           f"x-litellm-attempted-retries total {retries}")
     if ml4_restart_endpoint.proxy and not allowed:
         # Every request succeeded: prove they really crossed the outage (else the check measured nothing).
-        assert retries > 0, ("no request needed a retry: none was sent while the engine was down, so the "
-                             "no-client-error check proved nothing\n" + requests_run.report())
+        require(retries > 0, "restart.no_retry",
+                lambda: "no request needed a retry: none was sent while the engine was down, so the "
+                        "no-client-error check proved nothing\n" + requests_run.report())
 
 
 def test_recovery_time(requests_run: RestartRun, ml4_target: Target, record_property: Any) -> None:
@@ -194,10 +196,13 @@ def test_fresh_boot_in_logs(requests_run: RestartRun, ml4_restart_logs: Any, ml4
     assert_scenario_judgeable(requests_run, REQUESTS_SCENARIO)
     for view, _ in _views(ml4_restart_logs, ml4_target):
         start = view.first(ServerStart)
-        assert start is not None, f"no server-start line since the last boot of {view.source}:\n{view.tail(15)}"
+        if start is None:
+            fail("restart.no_fresh_boot",
+                 f"no server-start line since the last boot of {view.source}:\n{view.tail(15)}")
         # vLLM stamps have one-second resolution: allow that much before the trigger.
-        assert start.time is not None and start.time >= requests_run.triggered_wall - 1.0, (
-            f"the last boot in {view.source} predates the restart (boot at {start.time}, restart at "
+        if not (start.time is not None and start.time >= requests_run.triggered_wall - 1.0):
+            fail("restart.no_fresh_boot",
+                 f"the last boot in {view.source} predates the restart (boot at {start.time}, restart at "
             f"{requests_run.triggered_wall:.0f}): {start.quote}")
 
 
@@ -211,7 +216,7 @@ def test_kv_pool_and_no_oom_after_restart(requests_run: RestartRun, ml4_restart_
             print(f"[{view.source}] {verdict.name}: {'ok' if verdict.ok else 'FAIL'}: {verdict.message}")
             if not verdict.ok and kv_before.get(verdict.name, True):
                 problems.append(f"[{view.source}] {verdict.name}: {verdict.message}")
-    assert not problems, "after the restart:\n" + "\n".join(problems)
+    require(not problems, "restart.kv_after_restart", lambda: "after the restart:\n" + "\n".join(problems))
 
 
 def test_smoke_chat_after_restart(requests_run: RestartRun, ml4_restart_endpoint: Endpoint,
@@ -220,9 +225,11 @@ def test_smoke_chat_after_restart(requests_run: RestartRun, ml4_restart_endpoint
     probe = restart_spec["probe"]
     with make_httpx(ml4_restart_endpoint) as http:
         reply = send_probe(http, probe_body(ml4_restart_endpoint.model, probe), probe["expect_substring"])
-    assert reply.status == 200 and reply.error is None, (f"chat after the restart failed: HTTP {reply.status}: "
-                                                         f"{reply.error}")
-    assert reply.ok, f"chat after the restart answered without {probe['expect_substring']!r}"
+    require(reply.status == 200 and reply.error is None, "restart.chat_failed",
+            lambda: f"chat after the restart failed: HTTP {reply.status}: "
+                    f"{reply.error}")
+    require(reply.ok, "restart.chat_wrong_answer",
+            lambda: f"chat after the restart answered without {probe['expect_substring']!r}")
 
 
 # ----------------------------------------------------------------------------------------------- Dynamo
@@ -265,7 +272,8 @@ def test_disagg_prefill_decode_handoff(requests_run: RestartRun, ml4_restart_end
 
     turns = run_conversation(ml4_restart_endpoint, restart_spec["conversation"])
     failed = [t for t in turns if t.error]
-    assert turns and not failed, f"request failed: {failed[0].line() if failed else 'no turn'}"
+    require(turns and not failed, "dynamo.turn_failed",
+            lambda: f"request failed: {failed[0].line() if failed else 'no turn'}")
     for n, (prefill, decode) in enumerate(assert_prefill_decode_handoff(
             turns, frontend_instances(ml4_restart_endpoint.root_url)), 1):
         print(f"turn {n}: prefilled on instance {prefill}, decoded on instance {decode}")
@@ -286,10 +294,12 @@ def test_model_leaves_and_returns_while_prefill_pods_gone(requests_run: RestartR
     vis = watch_model_visibility(ml4_restart_controller, ml4_restart_endpoint, "prefill",
                                  timeout_s=restart_budget.worker_start_s + restart_budget.first_answer_s)
     print(f"deleted {vis.deleted}; /v1/models states seen: {vis.seen}")
-    assert vis.left_after_s is not None, (f"the model stayed in /v1/models while the prefill pods {vis.deleted} were "
-                                          f"gone (states seen: {vis.seen})")
-    assert vis.returned_after_s is not None, (f"the model did not come back to /v1/models after the prefill pods "
-                                              f"{vis.deleted} were replaced (states seen: {vis.seen})")
+    require(vis.left_after_s is not None, "restart.model_not_unlisted",
+            lambda: f"the model stayed in /v1/models while the prefill pods {vis.deleted} were "
+                    f"gone (states seen: {vis.seen})")
+    require(vis.returned_after_s is not None, "restart.model_not_back",
+            lambda: f"the model did not come back to /v1/models after the prefill pods "
+                    f"{vis.deleted} were replaced (states seen: {vis.seen})")
     print(f"model left /v1/models after {vis.left_after_s:.2f} s, returned after {vis.returned_after_s:.2f} s")
 
 

@@ -12,9 +12,11 @@ import json
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import yaml
 
+from pytest_ml4.checks.codes import fail, require
 from pytest_ml4.checks.expected import (
     Expected,
     answer_to_refuse,
@@ -28,7 +30,7 @@ from pytest_ml4.checks.health import (
 )
 from pytest_ml4.checks.protocol import assert_stream_clean
 from pytest_ml4.checks.verdict import not_judged
-from pytest_ml4.client import Endpoint, decode_json, quote_body
+from pytest_ml4.client import Endpoint, decode_json, explain_openai_error, quote_body
 from pytest_ml4.locations import data_file
 from pytest_ml4.targets import Target
 from pytest_ml4.urls import display_url
@@ -64,11 +66,12 @@ def test_health(ml4_target: Target, ml4_endpoint: Endpoint, ml4_worker_engine: d
 def test_models_lists_served_name(ml4_target: Target, http_client: httpx.Client) -> None:
     resp = http_client.get("/models")
     where = display_url(str(resp.request.url))
-    assert resp.status_code == 200, f"GET {where} answered HTTP {resp.status_code}: {resp.text[:200]!r}"
+    require(resp.status_code == 200, "models.http_status",
+            lambda: f"GET {where} answered HTTP {resp.status_code}: {resp.text[:200]!r}")
     body = decode_json(resp, "GET /v1/models")
     ids = [card.get("id") for card in body.get("data", [])]
-    assert ml4_target.serving.served_model_name in ids, (
-        f"served model {ml4_target.serving.served_model_name!r} missing from /v1/models: {ids}")
+    require(ml4_target.serving.served_model_name in ids, "models.served_name_missing",
+            lambda: f"served model {ml4_target.serving.served_model_name!r} missing from /v1/models: {ids}")
 
 
 def _engine_card(ml4_target: Target, ml4_endpoint: Endpoint) -> dict[str, Any] | None:
@@ -93,20 +96,25 @@ def test_models_max_model_len(ml4_target: Target, ml4_endpoint: Endpoint, http_c
             not_judged(f"the {ml4_target.serving.proxy.kind} proxy's model card carries no max_model_len and the "
                        f"engine's is not reachable (set {ml4_target.endpoint.metrics_url_env})")
         length = engine.get("max_model_len")
-    assert length == ml4_target.engine.max_model_len, (
-        f"max_model_len {length} on /v1/models differs from the target's {ml4_target.engine.max_model_len}")
+    require(length == ml4_target.engine.max_model_len, "models.max_model_len",
+            lambda: f"max_model_len {length} on /v1/models differs from the target's {ml4_target.engine.max_model_len}")
 
 
 def test_chat_answers_known_question(ml4_target: Target, openai_client: Any) -> None:
-    resp = openai_client.chat.completions.create(
-        **_chat_body(ml4_target, QUESTION["prompt"], max_tokens=QUESTION["max_tokens"]))
+    try:
+        resp = openai_client.chat.completions.create(
+            **_chat_body(ml4_target, QUESTION["prompt"], max_tokens=QUESTION["max_tokens"]))
+    except openai.APIStatusError as err:  # an answer, not a lost connection (which the breaker must see)
+        fail("chat.request_failed", f"chat request failed: {explain_openai_error(err)}")
     choice = resp.choices[0]
-    assert choice.finish_reason == "stop", f"finish_reason {choice.finish_reason!r}, content {choice.message.content!r}"
+    require(choice.finish_reason == "stop", "chat.finish_reason",
+            lambda: f"finish_reason {choice.finish_reason!r}, content {choice.message.content!r}")
     assert QUESTION["expect_substring"] in (choice.message.content or ""), (
         f"wrong answer to {QUESTION['prompt']!r}: {choice.message.content!r}")
     usage = resp.usage
-    assert usage is not None, "no usage in a non-streaming response"
-    assert usage.prompt_tokens + usage.completion_tokens == usage.total_tokens, f"usage does not add up: {usage}"
+    require(usage is not None, "chat.no_usage", "no usage in a non-streaming response")
+    require(usage.prompt_tokens + usage.completion_tokens == usage.total_tokens, "chat.usage_sum",
+            lambda: f"usage does not add up: {usage}")
 
 
 def test_stream_answers_known_question_with_clean_grammar(ml4_target: Target, http_client: httpx.Client) -> None:
@@ -116,10 +124,12 @@ def test_stream_answers_known_question_with_clean_grammar(ml4_target: Target, ht
                       stream_options={"include_usage": True})
     result = probe_chat_stream(http_client, body)
     assert_stream_clean(result)  # one line naming the URL: "stream from URL: HTTP 503: ..." or "...: no answer: ..."
-    assert not result.error_events, f"in-band error events in the stream: {result.error_events}"
+    require(not result.error_events, "stream.error_event", lambda: f"in-band error events in the stream: "
+                                                                   f"{result.error_events}")
     assert QUESTION["expect_substring"] in result.content, f"wrong streamed answer: {result.content!r}"
-    assert result.finish_reason == "stop"
-    assert result.ttft_s is not None and result.ttft_s > 0
+    require(result.finish_reason == "stop", "stream.finish_reason", lambda: f"finish_reason {result.finish_reason!r}")
+    require(result.ttft_s is not None and result.ttft_s > 0, "stream.no_first_token",
+            lambda: f"no time to first token measured (ttft {result.ttft_s})")
 
 
 def test_stream_usage_agrees_with_streamed_text(ml4_target: Target, http_client: httpx.Client,
@@ -130,16 +140,18 @@ def test_stream_usage_agrees_with_streamed_text(ml4_target: Target, http_client:
                       stream_options={"include_usage": True})
     result = probe_chat_stream(http_client, body)
     usage = result.usage
-    assert usage, (f"no usage chunk although stream_options.include_usage was set (stream from {result.url}: "
-                   f"HTTP {result.status_code}: {result.transport_error or quote_body(result.http_error_text or '')})")
-    assert usage["prompt_tokens"] + usage["completion_tokens"] == usage["total_tokens"], f"usage: {usage}"
+    require(usage, "stream.no_usage", lambda: (
+        f"no usage chunk although stream_options.include_usage was set (stream from {result.url}: HTTP "
+        f"{result.status_code}: {result.transport_error or quote_body(result.http_error_text or '')})"))
+    require(usage["prompt_tokens"] + usage["completion_tokens"] == usage["total_tokens"], "stream.usage_sum",
+            lambda: f"usage does not add up: {usage}")
     seen = ml4_token_counter.count(result.reasoning) + ml4_token_counter.count(result.content)
     slack = ml4_token_counter.slack(seen, USAGE_TOKEN_SLACK)
     assert abs(usage["completion_tokens"] - seen) <= slack, (
         f"completion_tokens {usage['completion_tokens']} but the streamed text re-tokenises to {seen} tokens "
         f"(reasoning {len(result.reasoning)} chars, content {len(result.content)} chars; allowed difference "
         f"{slack}; {ml4_token_counter.describe()})")
-    assert len(result.events) >= 3, "too few SSE events for a streamed answer"
+    require(len(result.events) >= 3, "stream.too_few_events", "too few SSE events for a streamed answer")
 
 
 def _expect(target: Target, case: str) -> Expected:
@@ -180,6 +192,7 @@ def test_parallel_burst_all_succeed(ml4_target: Target, async_openai_client: Any
 
     answers = asyncio.run(all_of_them())
     failures = [repr(a) for a in answers if isinstance(a, BaseException)]
-    assert not failures, f"{len(failures)}/{burst['requests']} parallel requests failed: {failures[:3]}"
+    require(not failures, "chat.burst_failed",
+            lambda: f"{len(failures)}/{burst['requests']} parallel requests failed: {failures[:3]}")
     wrong = [a for a in answers if burst["expect_substring"] not in a]
-    assert not wrong, f"wrong answers in the burst: {json.dumps(wrong)[:300]}"
+    require(not wrong, "chat.burst_wrong_answer", lambda: f"wrong answers in the burst: {json.dumps(wrong)[:300]}")

@@ -1,14 +1,15 @@
 """The kill matrix: every suite check fails under the fault it exists for, and only then.
 
 ``fixtures/killmatrix/<target>.yaml`` lists, for every test function in ``suites/``, the kills that must fail it
-(simulator faults, recorded bad logs and configs, broken settings) with a regex its failure MESSAGE must match, or
+(simulator faults, recorded bad logs and configs, broken settings) with the verdict code it must fail with (raised
+from where ``codes.yaml`` declares; a message regex beside it where the code cannot tell two kills apart), or
 why it has no killer (``measurement``, ``skipped`` on the target, ``pending``). The harness is
 ``tests/killmatrix.py`` (proved by ``tests/test_kill_matrix_harness.py``). Here:
 
 * every target in ``targets/`` has a matrix, and it names every test collected from ``suites/`` for the target;
 * one healthy ``--sim`` run per target and timing profile: every listed check passes (``skipped`` ones skip). It
   is the control of every kill without ``args``;
-* one run per kill group and profile: each named check fails with its regex, and the other checks of the same
+* one run per kill group and profile: each named check fails with its code, and the other checks of the same
   suite files (collateral) do not fail unless the kill lists them with a reason;
 * kills with ``nightly: <why>`` (too heavy for CI) run in ``scripts/nightly.sh`` only (``.ci/run`` deselects
   ``nightly``); their checks then count as not killed in CI's tally;
@@ -152,7 +153,7 @@ def test_healthy_simulator_passes_every_check(target: str, profile: str, tmp_pat
 @pytest.mark.parametrize(("target", "group", "profile"), _kill_runs())
 def test_kill_fails_the_checks_it_names(target: str, group: str, profile: str, tmp_path: Path,
                                         record_property: Any) -> None:
-    """Under the kill (or its group) every check it names fails with a message matching its regex, and the other
+    """Under the kill (or its group) every check it names fails with its code (and message regex, if any), and the other
     checks of the same suite files do not fail (unless listed under the kill's ``collateral`` with a reason)."""
     m = load_matrix(target)
     kills = [k for k in m.kills.values() if k.group == group]

@@ -1,11 +1,14 @@
-"""The kill-matrix harness judges a kill by the check's failure message only.
+"""The kill-matrix harness judges a kill by the check's verdict code, raised from its declared place, and by the
+failure message only (never the traceback) where a regex is given.
 
 A regex that matched the traceback (which holds the check's source) would be satisfied by any failure after the
-line holding its literal; a weakened check would still look killed. These tests prove neither can happen.
+line holding its literal; a weakened check would still look killed; a code raised by a helper that fires on
+anything would look like the property's verdict. These tests prove none of that can happen.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -28,7 +31,9 @@ from killmatrix import (
 GRAMMAR = "requests were killed by the reasoning grammar"
 CHECK = "suites/test_preflight.py::test_manifests_parse"
 KILL = "manifest_not_a_deployment"
-REAL_ASSERT = 'assert not empty, f"no vLLM launch'
+REAL_ASSERT = 'require(not empty, "preflight.nothing_deployable",'
+#: A helper of the suite module raising the check's code: the right code from the wrong place.
+ELSEWHERE = ('\n\ndef _elsewhere(empty):\n    require(not empty, "preflight.nothing_deployable", "no deployable document")\n')
 
 
 def _junit_of(tmp_path: Path, source: str) -> Path:
@@ -60,11 +65,11 @@ def test_no_synthetic_acceptance():
     kill = Kill("grammar_kill", "why", ("--ml4-fault", "grammar_kill"), (), "g")
     grammar = outcomes["test_doctored.py::test_no_request_killed_by_the_grammar"]
     assert grammar.message.endswith("the engine log could not be read") and GRAMMAR not in grammar.message
-    assert "does not name the defect" in str(judge_named(grammar, "n", kill, Expect(GRAMMAR)))
+    assert "does not name the defect" in str(judge_named(grammar, "n", kill, Expect(message=GRAMMAR)))
     # The old loose regex matched the function name in pytest's "where" explanation; the message is empty of it.
     synthetic = outcomes["test_doctored.py::test_no_synthetic_acceptance"]
     assert "synthetic" not in synthetic.message
-    assert "does not name the defect" in str(judge_named(synthetic, "n", kill, Expect("synthetic")))
+    assert "does not name the defect" in str(judge_named(synthetic, "n", kill, Expect(message="synthetic")))
 
 
 @pytest.fixture(scope="module")
@@ -89,18 +94,28 @@ def _doctor(root: Path, replacement: str) -> None:
     path = root / "suites" / "test_preflight.py"
     source = path.read_text()
     assert source.count(REAL_ASSERT) == 1, f"{path}: the assertion this test weakens moved: {REAL_ASSERT}"
-    path.write_text(source.replace(REAL_ASSERT, replacement))
+    path.write_text(source.replace(REAL_ASSERT, replacement) + ELSEWHERE)
 
 
 @pytest.mark.parametrize(("replacement", "problem"), [
     pytest.param(None, None, id="intact"),
-    pytest.param('assert not empty or True, f"no vLLM launch', "passed under " + KILL, id="weakened"),
-    pytest.param('assert not "unrelated: could not list the manifests"\n    ' + REAL_ASSERT,
-                 "does not name the defect", id="fails-on-another-assertion"),
+    pytest.param('require(not empty or True, "preflight.nothing_deployable",', "passed under " + KILL,
+                 id="weakened"),
+    pytest.param('require(False, "preflight.unparsable", "could not list the manifests")\n    ' + REAL_ASSERT,
+                 "failed with code preflight.unparsable, not preflight.nothing_deployable",
+                 id="fails-on-another-verdict"),
+    pytest.param('_elsewhere(empty)\n    require(True, "preflight.nothing_deployable",',
+                 "raised [preflight.nothing_deployable] from test_preflight._elsewhere, not from "
+                 "*test_preflight.test_manifests_parse", id="right-code-from-the-wrong-place"),
+    pytest.param('assert not empty, "[preflight.nothing_deployable] no deployable document"\n    '
+                 'require(True, "preflight.nothing_deployable",', "no verdict raised it", id="code-only-in-the-text"),
+    pytest.param('require(not empty, "preflight.nothing_deployabel",',
+                 "failed with code none, not preflight.nothing_deployable", id="undeclared-code"),
 ])
 def test_weakening_a_check_fails_its_kill(suites_copy: Path, tmp_path: Path, replacement: str | None,
                                           problem: str | None) -> None:
-    """The real check satisfies its kill; weakened, or failing on another assertion, it no longer does."""
+    """The real check satisfies its kill; weakened, failing on another verdict, raising its code from a helper of
+    its module (or writing it into a plain assertion's text), or raising an undeclared code, it no longer does."""
     root = tmp_path / "root"
     shutil.copytree(suites_copy, root)
     if replacement is not None:
@@ -156,14 +171,15 @@ def test_a_matrix_takes_its_base_and_changes_only_what_it_lists(tmp_path: Path) 
     (tmp_path / "a.yaml").write_text(
         "target: a\nprofiles: {offline: {sim: false}}\nprofile_of: {suites/test_x.py: offline}\n"
         "kills:\n  k1: {why: w, faults: [f1]}\n  k2: {why: w, faults: [f2]}\n"
-        "checks:\n  suites/test_x.py::one: {killed_by: {k1: m1}}\n  suites/test_x.py::two: {killed_by: {k2: m2}}\n")
+        "checks:\n  suites/test_x.py::one: {killed_by: {k1: preflight.rule_error}}\n"
+        "  suites/test_x.py::two: {killed_by: {k2: preflight.unparsable}}\n")
     (tmp_path / "b.yaml").write_text(
         "target: b\nbase: a\nkills: {k2: null}\nchecks:\n  suites/test_x.py::two: {pending: 'one worker'}\n"
         "profiles: {offline: {sim: false, nightly: 'too heavy for CI'}}\n")
     b = load_matrix("b", tmp_path)
     assert b.nightly == {"offline": "too heavy for CI"} and load_matrix("a", tmp_path).nightly == {}
     assert sorted(b.kills) == ["k1"] and b.kills["k1"].breaks == ("--ml4-fault", "f1")
-    assert b.checks["suites/test_x.py::one"].killed_by["k1"].message == "m1"
+    assert b.checks["suites/test_x.py::one"].killed_by["k1"].code == "preflight.rule_error"
     assert b.checks["suites/test_x.py::two"].pending == "one worker"
     (tmp_path / "c.yaml").write_text("target: c\nbase: b\nkills: {}\nchecks: {}\n")
     with pytest.raises(MatrixError, match="c.yaml: base: 'b' has a base itself"):
@@ -182,7 +198,7 @@ def test_a_key_given_twice_is_refused_with_file_and_line(tmp_path: Path) -> None
         "target: a\nprofiles: {offline: {sim: false}}\nprofile_of: {suites/test_x.py: offline}\n"
         "kills:\n  k1:\n    why: w\n    faults: [f1]\n    collateral: {suites/test_x.py::two: r1}\n"
         "    collateral: {suites/test_x.py::two: r2}\n"
-        "checks:\n  suites/test_x.py::one: {killed_by: {k1: m1}}\n")
+        "checks:\n  suites/test_x.py::one: {killed_by: {k1: preflight.rule_error}}\n")
     with pytest.raises(MatrixError, match=r"a\.yaml: line 9, column 5: duplicate key 'collateral' \(first at line 8\)"):
         load_matrix("a", tmp_path)
 
@@ -190,11 +206,12 @@ def test_a_key_given_twice_is_refused_with_file_and_line(tmp_path: Path) -> None
 def test_a_nightly_profile_is_read_with_its_reason(tmp_path: Path) -> None:
     """``nightly: <why>`` on a profile (all of the disagg matrices' profiles, for CI time) keeps its runs out of
     CI, each with its reason; a matrix without it (rtxpro6000-tp8) keeps every profile in."""
-    for target in ("gb300-disagg", "rtxpro6000-tp8"):
+    for target in ("gb300-disagg", "gb300-agg", "rtxpro6000-tp8"):
         shutil.copy(REPO / "fixtures" / "killmatrix" / f"{target}.yaml", tmp_path / f"{target}.yaml")
     m = load_matrix("gb300-disagg", tmp_path)
     assert set(m.nightly) == {"offline", "fast", "real"} and all(m.nightly.values()), m.nightly
     assert load_matrix("rtxpro6000-tp8", tmp_path).nightly == {}
+    assert load_matrix("gb300-agg", tmp_path).nightly == {}, "the base's own profiles stay its own"
 
 
 CLEANS_UP_ON_SIGTERM = """
@@ -217,3 +234,53 @@ def test_a_run_past_its_limit_is_stopped_with_sigterm_first(tmp_path: Path) -> N
     assert marker.read_text() == "cleaned up"
     done = run_bounded([sys.executable, "-c", "print('ok')"], tmp_path, 30)
     assert (done.returncode, done.stdout) == (0, "ok\n")
+
+
+_ONE_CHECK = ("target: a\nprofiles: {offline: {sim: false}}\nprofile_of: {suites/test_preflight.py: offline}\n"
+              "kills:\n  k1: {why: w, faults: [f1]}\n"
+              "checks:\n  suites/test_preflight.py::test_manifests_parse: {killed_by: {k1: %s}}\n")
+
+
+@pytest.mark.parametrize(("entry", "refusal"), [
+    pytest.param("preflight.nothing_deployabel", "a.yaml: suites/test_preflight.py::test_manifests_parse: "
+                 "killed_by.k1: verdict code 'preflight.nothing_deployabel' is not declared in", id="undeclared"),
+    pytest.param("{code: preflight.typo, message: x}", "killed_by.k1: verdict code 'preflight.typo' is not declared",
+                 id="undeclared-with-message"),
+    pytest.param("'no vLLM launch'", "a.yaml: suites/test_preflight.py::test_manifests_parse: killed_by.k1: a message "
+                 "regex without a verdict code", id="regex-only"),
+    pytest.param("{message: 'no vLLM launch'}", "killed_by.k1: a message regex without a verdict code",
+                 id="regex-only-mapping"),
+    pytest.param("{code: preflight.nothing_deployable, regex: x}", "killed_by.k1: unknown keys ['regex']",
+                 id="unknown-key"),
+])
+def test_a_matrix_entry_without_a_declared_code_is_refused_at_load(tmp_path: Path, entry: str, refusal: str) -> None:
+    """A kill names a code codes.yaml declares; a typo, or a regex standing alone, is one line naming the file,
+    the check and the kill."""
+    from killmatrix import MatrixError
+
+    (tmp_path / "a.yaml").write_text(_ONE_CHECK % entry)
+    with pytest.raises(MatrixError, match=re.escape(refusal)) as info:
+        load_matrix("a", tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_a_code_entry_reads_as_code_message_and_instances(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(_ONE_CHECK % "{code: preflight.rule_error, message: 'x<param>', except: [b]}")
+    [expect] = load_matrix("a", tmp_path).checks["suites/test_preflight.py::test_manifests_parse"].killed_by.values()
+    assert (expect.code, expect.message, expect.exclude) == ("preflight.rule_error", "x<param>", ("b",))
+    (tmp_path / "a.yaml").write_text(_ONE_CHECK % "preflight.nothing_deployable")
+    [expect] = load_matrix("a", tmp_path).checks["suites/test_preflight.py::test_manifests_parse"].killed_by.values()
+    assert (expect.code, expect.message) == ("preflight.nothing_deployable", None)
+
+
+def test_every_code_a_matrix_names_says_where_it_is_raised() -> None:
+    """A code without ``from:`` in codes.yaml would let any function raise it unnoticed: every code a kill names
+    declares its origin."""
+    from killmatrix import TARGETS
+
+    from pytest_ml4.checks.codes import CODES_FILE, declared_origins
+
+    named = {(t, p.code) for t in TARGETS for c in load_matrix(t).checks.values()
+             for e in c.killed_by.values() for p in (e.parts or (e,)) if p.code}
+    bare = sorted(f"{t}: {code}" for t, code in named if not declared_origins(code))
+    assert not bare, f"codes named by kill matrices without `from:` in {CODES_FILE}: {bare}"

@@ -285,7 +285,7 @@ def test_health_login_page_answers_the_probe_itself(upstream: Upstream) -> None:
         r = httpx.get(url + "/health", timeout=10)
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/html") and "Sign in" in r.text
         assert httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"] == SERVED
-        with pytest.raises(BadResponseError, match=r"^GET /health from .*/health is an HTML page \(HTTP 200"):
+        with pytest.raises(BadResponseError, match=r"^\[endpoint.html_page\] GET /health from .*/health is an HTML page \(HTTP 200"):
             assert_endpoint_healthy(Endpoint(base_url=url + "/v1", api_key="", model=SERVED), "/health")
     for url in _gateway(upstream, "accepts_invalid"):
         assert "Sign in" not in httpx.get(url + "/health", timeout=10).text

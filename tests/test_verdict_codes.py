@@ -42,3 +42,29 @@ def test_the_declared_codes_file_is_a_mapping_of_dotted_lowercase_names() -> Non
         area, _, prop = code.partition(".")
         assert area and prop and code == code.lower(), f"{codes.CODES_FILE}: {code!r} is not <area>.<property>"
         assert what.strip(), f"{codes.CODES_FILE}: {code!r} says nothing of the property it stands for"
+
+
+def test_every_declared_origin_names_a_function_that_exists() -> None:
+    """A ``from:`` naming a function that was renamed or never existed would make every kill of its code fail with
+    a misleading origin message: each one names a ``def`` in its module (a suite's module by its file name)."""
+    import importlib
+    import inspect
+    from pathlib import Path
+
+    suites = Path(__file__).resolve().parent.parent / "suites"
+    for code in codes.known_codes():
+        for origin in codes.declared_origins(code):
+            module, _, function = origin.lstrip("*").rpartition(".")
+            if module.startswith("test_"):
+                source = (suites / f"{module}.py").read_text(encoding="utf-8")
+            else:
+                source = inspect.getsource(importlib.import_module(module))
+            assert f"def {function}(" in source, f"{codes.CODES_FILE}: {code}: from {origin!r}: no such function"
+
+
+def test_a_code_raised_elsewhere_than_declared_is_told_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(codes, "_declarations", lambda: {"demo.broken": ("demo", ("pkg.mod.judge_*",)),
+                                                         "demo.free": ("demo", ())})
+    assert codes.origin_allowed("demo.broken", "pkg.mod.judge_demo")
+    assert not codes.origin_allowed("demo.broken", "pkg.mod.ask")
+    assert codes.origin_allowed("demo.free", "anything.at_all"), "a plain line declares no origin to judge"

@@ -14,6 +14,7 @@ from pathlib import Path
 from pytest_ml4.accuracy.gate import Drop
 from pytest_ml4.accuracy.guard import refusal
 from pytest_ml4.accuracy.score import ItemResult
+from pytest_ml4.checks.codes import require
 from pytest_ml4.checks.verdict import not_judged
 
 #: BFCL error types that mean the deployment did not answer (scored as a wrong answer otherwise).
@@ -23,15 +24,16 @@ UNANSWERED = ("http_error", "bad_response")
 def assert_no_synthetic_acceptance(refused: Sequence[str], engine_unread: str = "") -> None:
     """No engine launch runs synthetic speculative acceptance (its outputs are not the model's): neither what the
     deployment declares nor what the running engine logged. Not judged when the engine's config was not seen."""
-    assert not refused, refusal(list(refused))
+    require(not refused, "accuracy.synthetic_acceptance", lambda: refusal(list(refused)))
     if engine_unread:
         not_judged(f"synthetic acceptance: the declared configuration has none, but {engine_unread}")
 
 
 def assert_every_request_answered(results: Sequence[ItemResult]) -> None:
     errors = [r for r in results if r.error_type.startswith(UNANSWERED)]
-    assert not errors, (f"{len(errors)}/{len(results)} BFCL requests failed, e.g. {errors[0].id}: "
-                        f"{errors[0].error_type} {errors[0].errors[0][:200]}")
+    require(not errors, "accuracy.requests_failed",
+            lambda: f"{len(errors)}/{len(results)} BFCL requests failed, e.g. {errors[0].id}: "
+                    f"{errors[0].error_type} {errors[0].errors[0][:200]}")
 
 
 def assert_no_significant_drop(drops: Sequence[Drop], baseline: Path | None, missing: str, tolerance: float,
@@ -43,6 +45,6 @@ def assert_no_significant_drop(drops: Sequence[Drop], baseline: Path | None, mis
         return
     if baseline is None:
         not_judged(f"accuracy (figures in accuracy-summary.json): {missing}")
-    assert not drops, (
-        f"accuracy regression vs baseline {baseline} (tolerance {tolerance * 100:g} points, "
-        f"alpha {alpha:g}): " + "; ".join(d.describe() for d in drops))
+    require(not drops, "accuracy.regression",
+            lambda: f"accuracy regression vs baseline {baseline} (tolerance {tolerance * 100:g} points, "
+                    f"alpha {alpha:g}): " + "; ".join(d.describe() for d in drops))

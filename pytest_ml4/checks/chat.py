@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import httpx
 import openai
 
+from pytest_ml4.checks.codes import fail
 from pytest_ml4.checks.protocol import (
     Assembled,
     assert_stream_clean,
@@ -86,13 +87,13 @@ def ask(openai_client: openai.OpenAI, http_client: httpx.Client, body: dict[str,
         raw = openai_client.chat.completions.with_raw_response.create(**sdk_kwargs(body))
         completion = raw.parse()
     except openai.APIError as err:
-        raise AssertionError(f"non-streamed request failed: {explain_openai_error(err)}") from None
+        fail("chat.request_failed", f"non-streamed request failed: {explain_openai_error(err)}")
     except ValueError:  # a 200 whose body is not JSON (truncated, an HTML page with a JSON content type)
         completion = None
     if not hasattr(completion, "model_dump"):
         # The SDK hands back a plain string for a non-JSON content type (a gateway's HTML page).
-        raise AssertionError(f"non-streamed answer is not a chat completion (HTTP {raw.status_code}, content-type "
-                             f"{raw.headers.get('content-type', 'none')}): {quote_body(raw.text)}")
+        fail("chat.not_a_completion", f"non-streamed answer is not a chat completion (HTTP {raw.status_code}, "
+                                      f"content-type {raw.headers.get('content-type', 'none')}): {quote_body(raw.text)}")
     data = completion.model_dump()
     choice = data["choices"][0]
     return Answer(False, choice["message"], choice.get("finish_reason"), data.get("usage"),

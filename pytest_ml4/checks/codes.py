@@ -5,12 +5,18 @@ free to change. Tests (the kill matrix) and tools read the code, people read the
 ``pytest_ml4/data/verdicts/codes.yaml`` (code -> one line on the property it stands for): an undeclared code is a
 programming error, raised as :class:`ValueError` where the violation is built, so a typo cannot pass silently.
 
+A code may also say where it is raised: ``code: {what: <one line>, from: [<module.function>, ...]}`` (``*`` as a
+wildcard). The plugin records each violation's code and origin in the JUnit report, and the kill matrix refuses a
+kill whose check raised the right code from another place (a request helper's catch-all, a guard that fires
+before the property is judged). A plain ``code: description`` line declares the code without judging its origin.
+
 A :class:`Violation` is an :class:`AssertionError`, so it reads in pytest exactly like a failed ``assert``; its
 ``str`` is ``[code] message``.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import sys
 from collections.abc import Callable
 from functools import cache
@@ -23,12 +29,38 @@ CODES_FILE = Path(__file__).resolve().parent.parent / "data" / "verdicts" / "cod
 
 
 @cache
-def known_codes() -> dict[str, str]:
-    """code -> what it stands for, from ``codes.yaml``."""
+def _declarations() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """code -> (what it stands for, the ``module.function`` patterns allowed to raise it), from ``codes.yaml``."""
     data = yaml.safe_load(CODES_FILE.read_text(encoding="utf-8")) or {}
     if not isinstance(data, dict):
         raise TypeError(f"{CODES_FILE}: expected a mapping code -> description")
-    return {str(k): str(v) for k, v in data.items()}
+    return {str(code): _declaration(str(code), raw) for code, raw in data.items()}
+
+
+def _declaration(code: str, raw: object) -> tuple[str, tuple[str, ...]]:
+    if not isinstance(raw, dict):
+        return str(raw), ()
+    unknown = sorted(set(raw) - {"what", "from"})
+    if unknown or "what" not in raw:
+        raise TypeError(f"{CODES_FILE}: {code}: expected a description or {{what, from}}, got keys {sorted(raw)}")
+    origins = raw.get("from") or []
+    return str(raw["what"]), tuple(map(str, [origins] if isinstance(origins, str) else origins))
+
+
+def known_codes() -> dict[str, str]:
+    """code -> what it stands for, from ``codes.yaml``."""
+    return {code: what for code, (what, _) in _declarations().items()}
+
+
+def declared_origins(code: str) -> tuple[str, ...]:
+    """The ``module.function`` patterns codes.yaml allows to raise ``code`` (empty: not declared, not judged)."""
+    return _declarations().get(code, ("", ()))[1]
+
+
+def origin_allowed(code: str, origin: str) -> bool:
+    """Whether ``origin`` (a :attr:`Violation.origin`) is a place codes.yaml allows to raise ``code``."""
+    allowed = declared_origins(code)
+    return not allowed or any(fnmatch.fnmatchcase(origin, pattern) for pattern in allowed)
 
 
 def _origin(depth: int) -> str:

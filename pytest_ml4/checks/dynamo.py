@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pytest_ml4.checks.codes import fail
 from pytest_ml4.checks.verdict import NotJudged
 from pytest_ml4.control.dynamo import SESSION_HEADER, AffinityRun, Turn
 from pytest_ml4.control.kubernetes import NVEXT_ABSENT_CAUSES
@@ -47,10 +48,10 @@ def assert_session_affinity(run: AffinityRun) -> Any:
     listing = "\n".join(t.line() for t in run.turns)
     problem = _failed(run.turns)
     if problem:
-        raise AssertionError(problem)
+        fail("dynamo.turn_failed", problem)
     assert_worker_ids_known(run.turns, "session affinity")
     if len(run.turns) < 4:
-        raise AssertionError(f"the session's first turn failed:\n{listing}")
+        fail("dynamo.turn_failed", f"the session's first turn failed:\n{listing}")
     first, prime, control, second = run.turns
     field, name = run.phase.id_field, run.phase.name
     if prime.worker(field) != run.other_worker:
@@ -63,14 +64,15 @@ def assert_session_affinity(run: AffinityRun) -> Any:
                                    f"cached prefixes (router mode not kv, or the workers publish no KV events), so "
                                    f"affinity cannot be told from load balancing\n{listing}")
     if second.worker(field) != first.worker(field):
-        raise AssertionError(f"one {SESSION_HEADER} was served by {name} workers {first.worker(field)} and "
-                             f"{second.worker(field)}: the second turn followed its cached prefix to the other "
-                             f"worker, session affinity is off (router session-affinity TTL unset, or the vLLM "
-                             f"chat processor dropped the header)\n{listing}")
+        fail("dynamo.affinity_off", f"one {SESSION_HEADER} was served by {name} workers {first.worker(field)} and "
+                                    f"{second.worker(field)}: the second turn followed its cached prefix to the other "
+                                    f"worker, session affinity is off (router session-affinity TTL unset, or the vLLM "
+                                    f"chat processor dropped the header)\n{listing}")
     moved = [f"{f} {first.worker(f)} -> {second.worker(f)}" for f in run.phase.also_bound
              if second.worker(f) != first.worker(f)]
     if moved:
-        raise AssertionError(f"one {SESSION_HEADER} kept its {name} worker but not its binding of the other "
+        fail("dynamo.affinity_partial",
+             f"one {SESSION_HEADER} kept its {name} worker but not its binding of the other "
                              f"phase(s): {'; '.join(moved)} (Dynamo binds each phase of a disaggregated session, "
                              f"dynamo.md §5)\n{listing}")
     return first.worker(field)
@@ -85,13 +87,14 @@ def assert_prefix_reused(turns: list[Turn], block_size: int) -> int:
     listing = "\n".join(t.line() for t in turns)
     problem = _failed(turns[:2])
     if problem or len(turns) < 2:
-        raise AssertionError(problem or f"the conversation needs two turns:\n{listing}")
+        fail("dynamo.turn_failed", problem or f"the conversation needs two turns:\n{listing}")
     cold, warm = turns[0], turns[1]
     if warm.cached_tokens is None and not warm.worker_id:
         # Neither the usage figure nor the router's nvext came back: nothing shows what was reused.
         assert_worker_ids_known(turns[:2], "prefix reuse")
     if warm.cached_tokens is None:
-        raise AssertionError(f"the continuation turn reports no usage.prompt_tokens_details.cached_tokens:\n{listing}")
+        fail("dynamo.no_cached_tokens",
+             f"the continuation turn reports no usage.prompt_tokens_details.cached_tokens:\n{listing}")
     problems = []
     if cold.cached_tokens:
         problems.append(f"turn 1 starts with a never-seen prefix yet reports {cold.cached_tokens} cached tokens: "
@@ -111,7 +114,7 @@ def assert_prefix_reused(turns: list[Turn], block_size: int) -> int:
             problems.append(f"{turn.label}: nvext.timing.kv_hit_rate {turn.kv_hit_rate} disagrees with "
                             f"{turn.cached_tokens} cached of {turn.prompt_tokens} prompt tokens ({expected:.2f})")
     if problems:
-        raise AssertionError("; ".join(problems) + "\n" + listing)
+        fail("dynamo.kv_hit_rate", "; ".join(problems) + "\n" + listing)
     return warm.cached_tokens
 
 
@@ -139,6 +142,7 @@ def assert_prefill_decode_handoff(turns: list[Turn], instances: list[dict[str, A
     problems = [f"turn {n}: {p}" for n, t in enumerate(turns, 1) for p in _handoff_problems(t, by_id)]
     if problems:
         listed = [(i.get("component"), i.get("instance_id")) for i in instances]
-        raise AssertionError("no prefill -> decode handoff: " + "; ".join(problems) + f"\ninstances: {listed}\n"
+        fail("dynamo.no_handoff",
+             "no prefill -> decode handoff: " + "; ".join(problems) + f"\ninstances: {listed}\n"
                              + "\n".join(t.line() for t in turns))
     return [(t.prefill_worker, t.decode_worker) for t in turns]

@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from pytest_ml4.checks.codes import fail, require
 from pytest_ml4.client import decode_json, quote_body
 from pytest_ml4.guard import DeadlineExceeded
 from pytest_ml4.probe import StreamResult
@@ -106,7 +107,8 @@ def expected_for(table: Mapping[str, Any], stack: str, case: str, where: str | o
 def _answer(resp: httpx.Response | StreamResult, what: str) -> tuple[int, str, Any]:
     """Status, raw text and decoded JSON body (None for a 200) of a plain or streamed answer."""
     if isinstance(resp, StreamResult):
-        assert resp.status_code is not None, f"{what}: stream from {resp.url}: no answer: {resp.transport_error}"
+        require(resp.status_code is not None, "answer.none",
+                lambda: f"{what}: stream from {resp.url}: no answer: {resp.transport_error}")
         code, text = resp.status_code, resp.http_error_text or ""
         if code == ACCEPTED:
             return code, resp.describe(), None
@@ -124,8 +126,8 @@ def assert_served(resp: httpx.Response | StreamResult, what: str) -> None:
     then carried an in-band error (a worker failing the request) was not. Not part of :func:`assert_answer_expected`: a
     check that only tolerates a proxy's 200 and then asks the engine (tools' invalid requests) is not about it."""
     errors = resp.error_events if isinstance(resp, StreamResult) else []
-    assert not errors, (f"{what}: HTTP 200 but the stream carried an in-band error event: accepted, not served: "
-                        f"{quote_body(json.dumps(errors[0]))}")
+    require(not errors, "answer.not_served", lambda: f"{what}: HTTP 200 but the stream carried an in-band error "
+                                                     f"event: accepted, not served: {quote_body(json.dumps(errors[0]))}")
 
 
 def error_object(body: Any) -> Mapping[str, Any]:
@@ -166,8 +168,8 @@ def answer_to_refuse(send: Callable[[], httpx.Response], what: str) -> httpx.Res
     try:
         return send()
     except DeadlineExceeded as e:
-        raise AssertionError(f"{what}: not refused: no answer before the deadline, so the deployment is computing "
-                             f"the prompt instead of refusing it ({e})") from None
+        fail("answer.computed_not_refused", f"{what}: not refused: no answer before the deadline, so the deployment "
+                                            f"is computing the prompt instead of refusing it ({e})")
 
 
 def assert_answer_expected(resp: httpx.Response | StreamResult, expected: Expected, what: str) -> Any:
@@ -175,18 +177,19 @@ def assert_answer_expected(resp: httpx.Response | StreamResult, expected: Expect
     code, text, body = _answer(resp, what)
     source = f" ({expected.source})" if expected.source else ""
     if code in expected.deviations:
-        raise AssertionError(f"{what}: HTTP {code}: {expected.deviations[code]}; the stack said "
-                             f"{quote_body(text)}{source}")
+        fail("answer.known_defect", f"{what}: HTTP {code}: {expected.deviations[code]}; the stack said "
+                                    f"{quote_body(text)}{source}")
     if expected.accepted:
-        assert code == ACCEPTED, f"{what}: HTTP {code}, expected {expected.describe()}{source}: {quote_body(text)}"
+        require(code == ACCEPTED, "answer.refused",
+                lambda: f"{what}: HTTP {code}, expected {expected.describe()}{source}: {quote_body(text)}")
         return None
     if code == ACCEPTED:
-        raise AssertionError(f"{what}: accepted (HTTP 200: {quote_body(text)}); expected {expected.describe()}"
-                             f"{source}")
-    assert code in expected.statuses, (f"{what}: HTTP {code}, expected {expected.describe()}{source}: "
-                                       f"{quote_body(text)}")
+        fail("answer.accepted", f"{what}: accepted (HTTP 200: {quote_body(text)}); expected {expected.describe()}"
+                                f"{source}")
+    require(code in expected.statuses, "answer.status",
+            lambda: f"{what}: HTTP {code}, expected {expected.describe()}{source}: {quote_body(text)}")
     if expected.body is not None:
-        assert body == expected.body, f"{what}: body {body} != {expected.body}{source}"
+        require(body == expected.body, "answer.body", lambda: f"{what}: body {body} != {expected.body}{source}")
         return body
     problems = _shape_problems(body, code, expected.shape)
     err = error_object(body)
@@ -205,5 +208,5 @@ def assert_answer_expected(resp: httpx.Response | StreamResult, expected: Expect
         if got != value:
             problems.append(f"details.{key} is {got!r}, expected {value!r}")
     if problems:
-        raise AssertionError(f"{what}: " + "; ".join(problems) + source)
+        fail("answer.error_body", f"{what}: " + "; ".join(problems) + source)
     return body

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from pytest_ml4.checks.codes import require
 from pytest_ml4.client import Endpoint, decode_json, refuse_html
 from pytest_ml4.control.dynamo import role_instance_ids, worker_instance_ids
 from pytest_ml4.targets import Target
@@ -24,7 +25,8 @@ HEALTH_TIMEOUT_S = 10
 def assert_endpoint_healthy(endpoint: Endpoint, path: str) -> httpx.Response:
     """``GET <root><path>`` answers 200 with something other than an HTML page; returns the answer."""
     resp = httpx.get(endpoint.root_url + path, headers=endpoint.auth_headers(), timeout=HEALTH_TIMEOUT_S)
-    assert resp.status_code == 200, f"GET {path} answered HTTP {resp.status_code}: {resp.text[:200]!r}"
+    require(resp.status_code == 200, "health.http_status",
+            lambda: f"GET {path} answered HTTP {resp.status_code}: {resp.text[:200]!r}")
     refuse_html(resp, f"GET {path}")  # a login portal's 200 is not a healthy deployment
     return resp
 
@@ -55,27 +57,31 @@ def assert_dynamo_workers_registered(resp: httpx.Response, path: str, target: Ta
     """The Dynamo frontend's /health is healthy and lists at least the expected workers (per role when disagg;
     :func:`expected_workers`)."""
     body = decode_json(resp, f"GET {path}")
-    assert body.get("status") in ("healthy", "ready"), f"Dynamo frontend not healthy: {body}"
+    require(body.get("status") in ("healthy", "ready"), "health.frontend_unhealthy",
+            lambda: f"Dynamo frontend not healthy: {body}")
     workers = worker_instance_ids(body)
-    assert workers, (f"the Dynamo frontend is up but serves no worker: /health lists no 'generate' "
-                     f"instance ({body})")
+    require(workers, "health.no_worker", lambda: f"the Dynamo frontend is up but serves no worker: /health lists no "
+                                                 f"'generate' instance ({body})")
     want, who = expected_workers(target, reduced_to)
     if target.topology_kind == "disagg":
         short = _short_roles(body, want, who)
-        assert not short, f"/health lists {'; '.join(short)}: not every worker registered"
+        require(not short, "health.workers_missing",
+                lambda: f"/health lists {'; '.join(short)}: not every worker registered")
         return
-    assert len(workers) >= want["worker"], (f"/health lists {len(workers)} worker instance(s) {sorted(workers)}, "
-                                            f"{who} {want['worker']} workers: not every worker registered")
+    require(len(workers) >= want["worker"], "health.workers_missing",
+            lambda: f"/health lists {len(workers)} worker instance(s) {sorted(workers)}, {who} {want['worker']} "
+                    f"workers: not every worker registered")
 
 
 def assert_engine_behind_proxy_healthy(endpoint: Endpoint, target: Target, engine_path: str) -> None:
     """The engine behind the proxy answers its own health path with 200 (the proxy's liveness proves nothing)."""
     proxy = target.serving.proxy.kind if target.serving.proxy else "(none)"
     engine_root = endpoint.engine_root_url
-    assert engine_root != endpoint.root_url, (
+    require(engine_root != endpoint.root_url, "health.engine_unreachable", lambda: (
         f"cannot reach the engine behind the {proxy} proxy to check its health: set "
-        f"{target.endpoint.metrics_url_env} to the engine's /metrics URL")
+        f"{target.endpoint.metrics_url_env} to the engine's /metrics URL"))
     resp = httpx.get(engine_root + engine_path, headers=endpoint.auth_headers(), timeout=HEALTH_TIMEOUT_S)
-    assert resp.status_code == 200, (f"engine GET {engine_path} behind the proxy answered HTTP "
-                                     f"{resp.status_code} (the proxy's liveness said 200): engine not healthy")
+    require(resp.status_code == 200, "health.engine_unhealthy",
+            lambda: f"engine GET {engine_path} behind the proxy answered HTTP {resp.status_code} (the proxy's "
+                    f"liveness said 200): engine not healthy")
     refuse_html(resp, f"engine GET {engine_path}")

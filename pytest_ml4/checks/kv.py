@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_ml4.accuracy.stats import wilson
+from pytest_ml4.checks.codes import require
 from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.kv_load import LoadResult, MetricsRead, SpecCounts
 from pytest_ml4.logs.events import (
@@ -58,6 +59,19 @@ class Verdict:
     #: Why an ``ok`` verdict could not judge everything it exists for ("" when it could): the check is then not
     #: judged, never passed.
     undecided: str = ""
+    #: The verdict code when it failed for want of evidence rather than on what it judges (empty: the verdict's
+    #: own, :data:`VERDICT_CODES`).
+    missing: str = ""
+
+    @property
+    def code(self) -> str:
+        return self.missing or VERDICT_CODES[self.name]
+
+
+#: The code each verdict fails with (``pytest_ml4/data/verdicts/codes.yaml``), by verdict name.
+VERDICT_CODES = {"kv_pool": "kv.pool_short", "kv_max_concurrency": "kv.max_concurrency",
+                 "kv_peak_usage": "kv.peak_usage", "no_failures": "kv.engine_failure",
+                 "spec_decode": "kv.spec_acceptance"}
 
 
 def root_causes_first(events: Sequence[LogEvent]) -> list[LogEvent]:
@@ -267,7 +281,8 @@ def spec_decode_verdict(view: LogView, target: Target, from_metrics: SpecCounts 
         return Verdict("spec_decode", False, f"speculative decoding ({spec.method if spec else '?'}, k={k}) is "
                                              "configured but there is no SpecDecoding metrics line since the last "
                                              f"boot of {view.source} and no spec_decode counters moved"
-                                             f"{_failure_context(view)}", judged=view.failures())
+                                             f"{_failure_context(view)}", judged=view.failures(),
+                       missing="kv.spec_not_running")
     shown = judged or windows[-3:]
     ranges = f"ranges: mean length {g.spec_acceptance_length}, per position {g.spec_position_rate}"
     body = "; ".join(problems + ([too_few] if too_few and problems else [])) if problems else (
@@ -300,7 +315,7 @@ def assert_holds(verdict: Verdict, view: LogView, report: VerdictReport, extra: 
     for key, value in verdict.figures.items():
         report.record(f"ml4_{key}", value)
     # Messages quote engine log lines; a real engine logs its --api-key among the non-default args.
-    assert verdict.ok, redact(verdict.message + extra)
+    require(verdict.ok, verdict.code, lambda: redact(verdict.message + extra))
     if verdict.undecided:
         not_judged(redact(f"{verdict.undecided} ({first})"))
     if unchecked:
@@ -326,7 +341,8 @@ def assert_no_oom_or_engine_death(view: LogView, load: LoadResult, report: Verdi
     verdict = no_failures_verdict(view)
     if verdict.ok and load.failed:
         verdict = Verdict("no_failures", False, "the load failed but the engine log has no known failure line "
-                                                f"since boot; last lines:\n{view.tail(15)}")
+                                                f"since boot; last lines:\n{view.tail(15)}",
+                          missing="kv.load_failed_unexplained")
     assert_holds(verdict, view, report, load.note())
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from pytest_ml4.checks.codes import fail, require
 from pytest_ml4.client import Endpoint
 from pytest_ml4.logs import GrammarKill, LogEvent, LogView
 from pytest_ml4.metrics import STACK_TOKEN_COUNTER, generated_tokens
@@ -73,11 +74,15 @@ def assert_usage_exactly_n(results: Sequence[StreamResult], n: int) -> None:
     for r in results:
         # Stream-grammar details (e.g. a proxy's usage chunk shape) are the smoke suite's business; here the
         # request must have streamed to the end without errors.
-        assert r.status_code == 200 and r.transport_error is None and not r.error_events, r.describe()
-        assert r.usage is not None, f"no usage although include_usage was requested:\n{r.describe()}"
-        assert r.usage.get("completion_tokens") == n, (
-            f"min_tokens = max_tokens = {n} but usage.completion_tokens = {r.usage.get('completion_tokens')}")
-        assert r.finish_reason == "length", f"finish_reason {r.finish_reason!r}: an EOS ended the request early"
+        if not (r.status_code == 200 and r.transport_error is None and not r.error_events):
+            fail("osl.request_failed", r.describe())
+        if r.usage is None:
+            fail("osl.no_usage", f"no usage although include_usage was requested:\n{r.describe()}")
+        if r.usage.get("completion_tokens") != n:
+            fail("osl.usage_not_n",
+                 f"min_tokens = max_tokens = {n} but usage.completion_tokens = {r.usage.get('completion_tokens')}")
+        if r.finish_reason != "length":
+            fail("osl.finish_reason", f"finish_reason {r.finish_reason!r}: an EOS ended the request early")
 
 
 def assert_streamed_count_exactly_n(streamed: Streamed, n: int) -> None:
@@ -85,20 +90,21 @@ def assert_streamed_count_exactly_n(streamed: Streamed, n: int) -> None:
     ``n`` per request where it can be read; at least one of the two counted."""
     per_chunk = [r for r in streamed.results if r.tokens_per_chunk]
     for r in per_chunk:
-        assert sum(r.tokens_per_chunk) == n, (
-            f"tokens counted while streaming: {sum(r.tokens_per_chunk)} over {len(r.tokens_per_chunk)} chunks, "
+        if sum(r.tokens_per_chunk) != n:
+            fail("osl.streamed_count_not_n",
+                 f"tokens counted while streaming: {sum(r.tokens_per_chunk)} over {len(r.tokens_per_chunk)} chunks, "
             f"expected {n}")
-        assert all(k >= 1 for k in r.tokens_per_chunk), "a content chunk carried no new token"
+        require(all(k >= 1 for k in r.tokens_per_chunk), "osl.empty_chunk", "a content chunk carried no new token")
     if streamed.engine_tokens is not None:
         print(f"engine token counter: {streamed.engine_tokens:.0f} tokens generated ({streamed.counter})")
-        assert streamed.engine_tokens == n * len(streamed.results), (
-            f"the engine generated {streamed.engine_tokens:.0f} tokens ({streamed.counter}) for "
-            f"{len(streamed.results)} requests of exactly {n} (no other traffic may hit the endpoint while this "
-            f"module runs)")
+        require(streamed.engine_tokens == n * len(streamed.results), "osl.engine_count_not_n",
+                lambda: f"the engine generated {streamed.engine_tokens:.0f} tokens ({streamed.counter}) for "
+                        f"{len(streamed.results)} requests of exactly {n} (no other traffic may hit the endpoint while this "
+                        f"module runs)")
     else:
         print(f"engine token counter not readable ({streamed.counter}): judged on the per-chunk usage only")
-    assert per_chunk or streamed.engine_tokens is not None, (
-        f"no streamed count: the stream carried no per-chunk usage and {streamed.counter} was not readable")
+    require(per_chunk or streamed.engine_tokens is not None, "osl.no_streamed_count",
+            lambda: f"no streamed count: the stream carried no per-chunk usage and {streamed.counter} was not readable")
 
 
 def fixed_length_aiperf_spec(perf_client: Client, n: int) -> AiperfSpec:
@@ -112,16 +118,19 @@ def assert_aiperf_export_exactly_n(run: RunResult, n: int) -> None:
     request's record at exactly ``n`` completion tokens."""
     ex = run.require()
     osl = ex.metric("output_sequence_length")
-    assert osl is not None, "aiperf wrote no output_sequence_length"
-    assert (osl.min, osl.max, osl.std) == (n, n, 0.0), (
-        f"output_sequence_length min {osl.min}, max {osl.max}, std {osl.std}; expected {n}, {n}, 0")
-    assert ex.extra_inputs.get("min_tokens") == n
-    assert not extra_inputs_ask_ignore_eos(ex.extra_inputs), WHY_NOT_IGNORE_EOS
+    require(osl is not None, "osl.aiperf_no_osl", "aiperf wrote no output_sequence_length")
+    require((osl.min, osl.max, osl.std) == (n, n, 0.0), "osl.aiperf_osl_not_n",
+            lambda: f"output_sequence_length min {osl.min}, max {osl.max}, std {osl.std}; expected {n}, {n}, 0")
+    require(ex.extra_inputs.get("min_tokens") == n, "osl.aiperf_no_min_tokens",
+            lambda: f"aiperf's extra inputs {ex.extra_inputs} do not hold min_tokens {n}")
+    require(not extra_inputs_ask_ignore_eos(ex.extra_inputs), "osl.aiperf_ignore_eos", WHY_NOT_IGNORE_EOS)
     records = read_records(run.out_dir)
-    assert len(records) == ex.request_count
+    require(len(records) == ex.request_count, "osl.aiperf_records_missing",
+            lambda: f"{len(records)} per-request records for {ex.request_count} requests")
     bad = [(r.metadata.get("x_request_id"), r.value("usage_completion_tokens")) for r in records
            if r.value("usage_completion_tokens") != n or r.value("output_sequence_length") != n]
-    assert not bad, f"requests without exactly {n} completion tokens: {bad[:5]}"
+    require(not bad, "osl.aiperf_records_not_n",
+            lambda: f"requests without exactly {n} completion tokens: {bad[:5]}")
 
 
 def assert_no_grammar_kill(view: LogView, attach: Callable[[LogView, Sequence[LogEvent], str], Any]) -> None:
@@ -140,6 +149,6 @@ def assert_no_grammar_kill(view: LogView, attach: Callable[[LogView, Sequence[Lo
 def assert_no_ignore_eos(manifests: Sequence[Path], extra_inputs: Mapping[str, Any]) -> None:
     """Neither the target's manifests nor the user's ``--perf-extra-input`` hold the length with ignore_eos."""
     uses = ignore_eos_in_files(manifests)
-    assert not uses, explain(uses)
-    assert not extra_inputs_ask_ignore_eos(extra_inputs), (
-        f"--perf-extra-input asks for ignore_eos: {WHY_NOT_IGNORE_EOS}")
+    require(not uses, "osl.ignore_eos_in_manifests", lambda: explain(uses))
+    require(not extra_inputs_ask_ignore_eos(extra_inputs), "osl.ignore_eos_in_extra_inputs",
+            lambda: f"--perf-extra-input asks for ignore_eos: {WHY_NOT_IGNORE_EOS}")

@@ -9,31 +9,35 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pytest_ml4.checks.codes import fail, require
 from pytest_ml4.perf.gates import GateResult, failures
 from pytest_ml4.perf.trace import TraceReplay
 
 
-def assert_gates_pass(results: Sequence[GateResult], none: str | None = None) -> None:
-    """Every result passed, the message listing each failed one; ``none``: the message when there is no result
-    at all (a gate that judged nothing is not a pass)."""
+def assert_gates_pass(results: Sequence[GateResult], none: str | None = None,
+                      none_code: str = "perf.no_figures") -> None:
+    """Every result passed, the message listing each failed one under the first one's code; ``none``: the message
+    (``none_code`` the code) when there is no result at all (a gate that judged nothing is not a pass)."""
     if none is not None:
-        assert results, none
+        require(results, none_code, none)
     failed = failures(results)
-    assert not failed, "\n".join(str(r) for r in failed)
+    if failed:
+        fail(failed[0].code, "\n".join(str(r) for r in failed))
 
 
 def assert_gate_passed(gate: GateResult) -> None:
-    assert gate.passed, str(gate)
+    require(gate.passed, gate.code, lambda: str(gate))
 
 
 def assert_trace_replayed(replay: TraceReplay) -> None:
     """The replay ran (aiperf's problems otherwise), completed every row in the measured window after a warmup, on
     the trace's fixed schedule, and passed its gates."""
     point = replay.point
-    assert point.ok, "; ".join(point.problems)
+    require(point.ok, "perf.trace_unusable", lambda: "; ".join(point.problems))
     ex = point.export()
-    assert ex.request_count == replay.rows, (f"{ex.request_count} of {replay.rows} trace rows completed in the "
-                                             f"measured window")
-    assert ex.warmup_metrics, "no warmup phase: the measured window must follow a warmup"
-    assert point.extra.get("replay_sched_lag_p99") is not None, "not replayed on the trace's fixed schedule"
+    require(ex.request_count == replay.rows, "perf.trace_incomplete",
+            lambda: f"{ex.request_count} of {replay.rows} trace rows completed in the measured window")
+    require(ex.warmup_metrics, "perf.trace_no_warmup", "no warmup phase: the measured window must follow a warmup")
+    require(point.extra.get("replay_sched_lag_p99") is not None, "perf.trace_off_schedule",
+            "not replayed on the trace's fixed schedule")
     assert_gates_pass(replay.gates)

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from pytest_ml4.checks.codes import require
 from pytest_ml4.checks.expected import Expected, assert_answer_expected, error_object
 from pytest_ml4.client import quote_body
 from pytest_ml4.probe import StreamResult
@@ -67,17 +68,19 @@ def control_token_leaks(fields: Mapping[str, str]) -> list[str]:
 
 def assert_no_control_tokens(message: Mapping[str, Any], where: str) -> None:
     leaks = control_token_leaks(visible_fields(message))
-    assert not leaks, f"{where}: " + "; ".join(leaks)
+    require(not leaks, "protocol.control_tokens", lambda: f"{where}: " + "; ".join(leaks))
 
 
 def assert_stream_clean(result: StreamResult, where: str | None = None) -> None:
     """HTTP 200, no grammar violation, no in-band error; the message (one line, naming the URL unless ``where``
     says otherwise) lists every problem found."""
     where = where or f"stream from {result.url or 'the endpoint'}"
-    assert result.status_code is not None, f"{where}: no answer: {result.transport_error or 'nothing arrived'}"
-    assert result.status_code == 200, f"{where}: HTTP {result.status_code}: {quote_body(result.http_error_text or '')}"
+    require(result.status_code is not None, "stream.no_answer",
+            lambda: f"{where}: no answer: {result.transport_error or 'nothing arrived'}")
+    require(result.status_code == 200, "stream.http_status",
+            lambda: f"{where}: HTTP {result.status_code}: {quote_body(result.http_error_text or '')}")
     problems = list(result.violations)
-    assert not problems, f"{where}: stream grammar violated: " + "; ".join(problems)
+    require(not problems, "stream.grammar", lambda: f"{where}: stream grammar violated: " + "; ".join(problems))
 
 
 @dataclass
@@ -150,7 +153,8 @@ class Assembled:
 
 def assert_stream_equals_non_stream(streamed: Assembled, whole: Assembled, lenient_tool_finish: bool = False) -> None:
     diffs = streamed.differences(whole, lenient_tool_finish)
-    assert not diffs, "streamed assembly differs from the non-streamed answer: " + "; ".join(diffs)
+    require(not diffs, "protocol.stream_differs",
+            lambda: "streamed assembly differs from the non-streamed answer: " + "; ".join(diffs))
 
 
 def error_message(body: Any) -> str:

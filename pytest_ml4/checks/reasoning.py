@@ -25,6 +25,7 @@ from pytest_ml4.baselines import (
     write_baseline,
 )
 from pytest_ml4.checks.chat import Answer, ChatSession, attach, send_raw, user
+from pytest_ml4.checks.codes import fail, require
 from pytest_ml4.checks.expected import Expected, assert_answer_expected, assert_served
 from pytest_ml4.checks.protocol import assert_no_control_tokens, assert_rejected
 from pytest_ml4.checks.verdict import not_judged
@@ -67,14 +68,17 @@ def assert_reasoning_separated(message: Mapping[str, Any], where: str) -> str:
         reasoning = message.get("reasoning_content")
     content = message.get("content") or ""
     for marker in ("[THINK]", "[/THINK]"):
-        assert marker not in content, (f"{where}: reasoning parser off: {marker!r} leaked into content: "
-                                       f"{quote_body(content)}")
-    assert reasoning, (f"{where}: no reasoning field although the model reasons by default (reasoning parser not "
-                       f"configured?); content: {quote_body(content)}")
+        if marker in content:
+            fail("reasoning.markup_in_content", f"{where}: reasoning parser off: {marker!r} leaked into content: "
+                                                f"{quote_body(content)}")
+    require(reasoning, "reasoning.not_separated",
+            lambda: f"{where}: no reasoning field although the model reasons by default (reasoning parser not "
+                    f"configured?); content: {quote_body(content)}")
     # A long reasoning repeated verbatim in content means the parser copied instead of splitting; short ones
     # ("4.") may legitimately recur in an answer.
     if len(reasoning.strip()) >= 40:
-        assert reasoning.strip() not in content, f"{where}: the reasoning text is repeated in content: {quote_body(content)}"
+        require(reasoning.strip() not in content, "reasoning.repeated_in_content",
+                lambda: f"{where}: the reasoning text is repeated in content: {quote_body(content)}")
     return reasoning
 
 
@@ -83,21 +87,25 @@ def assert_reasoning_tokens_agree(reasoning: str, usage: Mapping[str, Any] | Non
     """``reasoning_tokens`` in usage matches the reasoning text's token count within a few tokens. ``counter``:
     the deployment's re-counter (:func:`pytest_ml4.recount.counter_for`), or a Tekken version to count locally."""
     reported = reasoning_tokens(usage)
-    assert reported is not None, (f"{where}: usage has no completion_tokens_details.reasoning_tokens "
-                                  f"(reasoning parser not configured on the server?): {usage}")
+    require(reported is not None, "reasoning.usage_no_field",
+            lambda: f"{where}: usage has no completion_tokens_details.reasoning_tokens "
+                    f"(reasoning parser not configured on the server?): {usage}")
     if isinstance(counter, int):
         counter = TokenCounter(None, counter)
     seen = counter.count(reasoning)
     slack = counter.slack(seen, REASONING_TOKEN_SLACK)
     if seen and reported == 0:
-        raise AssertionError(f"{where}: reasoning tokens missing from usage: reasoning_tokens is 0 but the "
+        fail("reasoning.usage_missing",
+             f"{where}: reasoning tokens missing from usage: reasoning_tokens is 0 but the "
                              f"reasoning re-tokenises to {seen} tokens")
-    assert abs(reported - seen) <= slack, (f"{where}: usage reports {reported} reasoning tokens but the reasoning "
-                                           f"re-tokenises to {seen} (allowed difference {slack}; "
-                                           f"{counter.describe()})")
+    require(abs(reported - seen) <= slack, "reasoning.usage_disagrees",
+            lambda: f"{where}: usage reports {reported} reasoning tokens but the reasoning "
+                    f"re-tokenises to {seen} (allowed difference {slack}; "
+                    f"{counter.describe()})")
     completion = (usage or {}).get("completion_tokens")
     if isinstance(completion, int):
-        assert reported <= completion, f"{where}: reasoning_tokens {reported} > completion_tokens {completion}"
+        require(reported <= completion, "reasoning.usage_over_completion",
+                lambda: f"{where}: reasoning_tokens {reported} > completion_tokens {completion}")
     return reported
 
 
@@ -120,8 +128,9 @@ def accepted_efforts(target: Target) -> tuple[str, ...]:
 def assert_right_answer(answer: Answer, expect_substring: str, where: str | None = None,
                         at: str = "in content") -> None:
     """The answer (content, not reasoning) holds the known answer to the question."""
-    assert expect_substring in answer.content, (f"{where or answer.where}: wrong answer {at}: "
-                                                f"{answer.content!r}")
+    require(expect_substring in answer.content, "reasoning.wrong_answer",
+            lambda: f"{where or answer.where}: wrong answer {at}: "
+                    f"{answer.content!r}")
 
 
 def assert_reasoned_answer(answer: Answer, expect_substring: str) -> None:
@@ -129,7 +138,8 @@ def assert_reasoned_answer(answer: Answer, expect_substring: str) -> None:
     assert_no_control_tokens(answer.message, answer.where)
     assert_reasoning_separated(answer.message, answer.where)
     assert_right_answer(answer, expect_substring)
-    assert answer.finish_reason == "stop", f"{answer.where}: finish_reason {answer.finish_reason!r}"
+    require(answer.finish_reason == "stop", "reasoning.finish_reason",
+            lambda: f"{answer.where}: finish_reason {answer.finish_reason!r}")
 
 
 def assert_effort_refused(http_client: httpx.Client, model: str, prompt: str, effort: str, vllm_version: str,
@@ -147,9 +157,11 @@ def assert_effort_honoured(answer: Answer, effort: str, expect_substring: str,
     assert_no_control_tokens(answer.message, answer.where)
     assert_right_answer(answer, expect_substring, at=f"at effort {effort}")
     if effort == "none":
-        assert not answer.reasoning, f"{answer.where}: reasoning_effort none still produced reasoning: {answer.reasoning!r}"
-        assert not reasoning_tokens(answer.usage), (f"{answer.where}: reasoning_effort none but usage reports "
-                                                    f"{reasoning_tokens(answer.usage)} reasoning tokens")
+        require(not answer.reasoning, "reasoning.effort_none_reasoned",
+                lambda: f"{answer.where}: reasoning_effort none still produced reasoning: {answer.reasoning!r}")
+        require(not reasoning_tokens(answer.usage), "reasoning.effort_none_usage",
+                lambda: f"{answer.where}: reasoning_effort none but usage reports "
+                        f"{reasoning_tokens(answer.usage)} reasoning tokens")
     else:
         reasoning = assert_reasoning_separated(answer.message, f"{answer.where}, effort {effort}")
         assert_reasoning_tokens_agree(reasoning, answer.usage, counter, f"{answer.where}, effort {effort}")
@@ -189,8 +201,9 @@ def cut_inside_reasoning(finish_reason: str | None, content: str | None) -> bool
 def share_row(prompt: str, usage: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
     """One measured prompt: tokens and share; AssertionError naming what usage lacks."""
     share = reasoning_share(usage)
-    assert share is not None, (f"{where}: cannot measure the reasoning share: usage lacks reasoning_tokens or "
-                               f"completion_tokens (reasoning parser not configured?): {usage}")
+    require(share is not None, "reasoning.share_unmeasurable",
+            lambda: f"{where}: cannot measure the reasoning share: usage lacks reasoning_tokens or "
+                    f"completion_tokens (reasoning parser not configured?): {usage}")
     return {"prompt": prompt, "completion_tokens": (usage or {})["completion_tokens"],
             "reasoning_tokens": reasoning_tokens(usage), "share": round(share, 4)}
 
@@ -216,10 +229,9 @@ def measure_share(chat: ChatSession, prompts: Sequence[str], stream: bool, sourc
                        f"reasoning (finish_reason length before [/THINK], {reasoning_tokens(answer.usage)} "
                        f"reasoning tokens), so its share measures the cap, not the deployment ({source})")
         assert_reasoning_separated(answer.message, answer.where)
-        if "min_tokens" not in limits:
-            assert answer.content.strip() and answer.finish_reason == "stop", (
-                f"{answer.where}: no answer after the reasoning: finish_reason {answer.finish_reason!r}, content "
-                f"{answer.content!r}")
+        if "min_tokens" not in limits and not (answer.content.strip() and answer.finish_reason == "stop"):
+            fail("reasoning.share_no_answer", f"{answer.where}: no answer after the reasoning: finish_reason "
+                                              f"{answer.finish_reason!r}, content {answer.content!r}")
         rows.append(share_row(prompt, answer.usage, answer.where))
     return rows
 
@@ -335,7 +347,8 @@ def assert_share_within_baseline(rows: list[Mapping[str, Any]], conditions: Mapp
         if choice.explicit:
             raise
         not_judged(f"{err}; record one under these conditions with: {choice.record}")
-    assert not drift, "reasoning share moved from the baseline:\n" + "\n".join(drift)
+    require(not drift, "reasoning.share_drift",
+            lambda: "reasoning share moved from the baseline:\n" + "\n".join(drift))
 
 
 #: Token rounding when comparing a measured share with the gate band (shares are ratios of small integers).
@@ -350,6 +363,6 @@ def assert_share_in_seed_band(mean: float, band: Sequence[float] | None, n: int,
         not_judged(f"reasoning share {mean:.1%} at {n} forced tokens: {target_name} states no seed figure "
                    "(gates.reasoning_share) to compare it with")
     lo, hi = band
-    assert lo - SHARE_TOLERANCE <= mean <= hi + SHARE_TOLERANCE, (
-        f"reasoning share {mean:.1%} at min_tokens = max_tokens = {n} outside seed 000's {lo:.0%}-{hi:.0%} "
-        f"(gates.reasoning_share): {rows}")
+    require(lo - SHARE_TOLERANCE <= mean <= hi + SHARE_TOLERANCE, "reasoning.share_outside_seed_band",
+            lambda: f"reasoning share {mean:.1%} at min_tokens = max_tokens = {n} outside seed 000's {lo:.0%}-{hi:.0%} "
+                    f"(gates.reasoning_share): {rows}")

@@ -9,6 +9,7 @@ what the release manager reads, or NotJudged where the evidence is missing. Runn
 
 from __future__ import annotations
 
+from pytest_ml4.checks.codes import fail
 from pytest_ml4.checks.verdict import NotJudged
 from pytest_ml4.control.base import RestartResult
 from pytest_ml4.control.crash import ERROR_KEYS, CrashRun, stream_ending
@@ -30,9 +31,9 @@ def assert_restart_finished(run: RestartRun) -> RestartResult:
     if run.not_run:
         raise NotJudged(run.not_run)
     if run.timed_out is not None:
-        raise AssertionError(run.report())   # its first line is the phase that ran past its bound
+        fail("restart.phase_timeout", run.report())   # its first line is the phase that ran past its bound
     if run.restart is None:
-        raise AssertionError(f"the restart did not complete: {run.restart_error}\n{run.report()}")
+        fail("restart.not_completed", f"the restart did not complete: {run.restart_error}\n{run.report()}")
     return run.restart
 
 
@@ -54,11 +55,13 @@ def assert_in_flight_streams_ended_detectably(run: RestartRun) -> dict[str, int]
         counts[s.verdict] = counts.get(s.verdict, 0) + 1
     not_in_flight = [s for s in run.streams if not s.in_flight_at_restart]
     if not_in_flight:
-        raise AssertionError("the scenario is invalid: these streams were not running when the restart began:\n"
+        fail("restart.scenario_invalid",
+             "the scenario is invalid: these streams were not running when the restart began:\n"
                              + "\n".join(s.line() for s in not_in_flight))
     bad = [s for s in run.streams if s.verdict in BAD_VERDICTS]
     if bad:
-        raise AssertionError("in-flight streams ended without a finish_reason, [DONE] or an error the client could "
+        fail("restart.streams_cut_silently",
+             "in-flight streams ended without a finish_reason, [DONE] or an error the client could "
                              "detect:\n" + "\n".join(s.line() for s in bad))
     return counts
 
@@ -75,7 +78,7 @@ def assert_client_errors_as_allowed(run: RestartRun, allowed: bool, *, retry_win
     ``outage`` (a role of one replica) the failures must be Dynamo's documented answers and the service recover.
     """
     if not run.requests:
-        raise AssertionError("no request was sent during the restart: the scenario measured nothing")
+        fail("restart.nothing_sent", "no request was sent during the restart: the scenario measured nothing")
     failed = [r for r in run.requests if not r.ok]
     if outage is not None and not allowed:
         _assert_single_replica_outage(outage, run, failed)
@@ -84,15 +87,15 @@ def assert_client_errors_as_allowed(run: RestartRun, allowed: bool, *, retry_win
         took = f"{run.restart.ready_s:.1f} s" if run.restart else f"too long ({run.restart_error})"
         why = [line for line in (_outage_beside_retry_window(run, retry_window), stale.explain(failed) if stale else None)
                if line]
-        raise AssertionError(
-            f"{len(failed)} of {len(run.requests)} requests sent during the restart failed, but the target allows "
+        fail("restart.client_errors",
+             f"{len(failed)} of {len(run.requests)} requests sent during the restart failed, but the target allows "
             f"no client-visible error during a restart (gates.restart_client_errors_allowed: false); the restart "
             f"took {took}.\n" + "".join(f"{line}\n" for line in why) + f"first failure: HTTP {first.status}: "
             f"{first.error}\n" + "\n".join(r.line() for r in run.requests))
     wrong = [r for r in run.requests if r.ok and not r.answer_ok]
     if wrong:
-        raise AssertionError("requests answered 200 during the restart with a wrong answer:\n"
-                             + "\n".join(r.line() for r in wrong))
+        fail("restart.wrong_answers", "requests answered 200 during the restart with a wrong answer:\n"
+                                      + "\n".join(r.line() for r in wrong))
     return failed
 
 
@@ -120,9 +123,10 @@ def assert_recovery_within_limit(run: RestartRun, limit_s: float) -> float:
     if run.evidence_missing:
         raise NotJudged(f"restart identity: {run.evidence_missing}\n{run.timeline_report()}")
     if run.recovery_s is None:
-        raise AssertionError(f"no new engine answered within {limit_s:.0f} s of the restart\n{run.report()}")
+        fail("restart.recovery_slow", f"no new engine answered within {limit_s:.0f} s of the restart\n{run.report()}")
     if run.recovery_s > limit_s:
-        raise AssertionError(f"recovery took {run.recovery_s:.1f} s (trigger to the new engine's first answer), over "
+        fail("restart.recovery_slow",
+             f"recovery took {run.recovery_s:.1f} s (trigger to the new engine's first answer), over "
                              f"the target's limit of {limit_s:.0f} s (gates.recovery_time_s_max)\n"
                              + run.timeline_report())
     return run.recovery_s
@@ -137,12 +141,12 @@ def _assert_single_replica_outage(outage: SingleReplicaOutage, run: RestartRun, 
     listing = "\n".join(r.line() for r in run.requests)
     odd = [r for r in failed if not outage.documented(r)]
     if odd:
-        raise AssertionError(f"{head}, but {len(odd)} failure(s) are not among them (documented: "
-                             f"{[str(a) for a in outage.answers]}); first: HTTP {odd[0].status}: "
-                             f"{odd[0].error}\n{listing}")
+        fail("restart.single_replica_outage", f"{head}, but {len(odd)} failure(s) are not among them (documented: "
+                                              f"{[str(a) for a in outage.answers]}); first: HTTP {odd[0].status}: "
+                                              f"{odd[0].error}\n{listing}")
     if run.restart is None or not max(run.requests, key=lambda r: r.sent_s).ok:
-        raise AssertionError(f"{head}, but the deployment did not answer again after the restart "
-                             f"({run.restart_error or 'last request failed'})\n{listing}")
+        fail("restart.single_replica_outage", f"{head}, but the deployment did not answer again after the restart "
+                                              f"({run.restart_error or 'last request failed'})\n{listing}")
 
 
 def assert_stream_survives_worker_crash(run: CrashRun) -> str:
@@ -151,7 +155,8 @@ def assert_stream_survives_worker_crash(run: CrashRun) -> str:
     report = run.report()
     # A refused stream is the deployment's failure, crash or not: it comes before "nothing was crashed".
     if run.stream.status_code != 200:
-        raise AssertionError(f"the stream was refused before the crash (HTTP {run.stream.status_code})\n{report}")
+        fail("crash.stream_refused",
+             f"the stream was refused before the crash (HTTP {run.stream.status_code})\n{report}")
     if run.crash is None:
         raise NotJudged(f"the stream ended after {len(run.stream.events)} events, before the "
                         f"{run.events_before_kill} after which its worker was to be killed: nothing was crashed "
@@ -163,14 +168,17 @@ def _assert_migrated(run: CrashRun, report: str) -> str:
     want = int(run.stream.request["max_tokens"])
     got = (run.stream.usage or {}).get("completion_tokens")
     if run.stream.error_events or not run.stream.done or run.stream.finish_reason is None:
-        raise AssertionError(f"a stream whose worker was SIGKILLed did not continue on another worker although "
+        fail("crash.no_migration",
+             f"a stream whose worker was SIGKILLed did not continue on another worker although "
                              f"the frontend runs --migration-limit {run.migration_limit}: {stream_ending(run.stream)}\n"
                              f"{report}")
     if got is None or got < want - run.events_before_kill:
-        raise AssertionError(f"the migrated stream finished with {got} completion tokens of {want}: tokens were "
+        fail("crash.tokens_lost",
+             f"the migrated stream finished with {got} completion tokens of {want}: tokens were "
                              f"lost in the migration\n{report}")
     if run.migration_log is None:
-        raise AssertionError(f"the stream completed but the frontend log names no migration off the killed worker "
+        fail("crash.migration_unlogged",
+             f"the stream completed but the frontend log names no migration off the killed worker "
                              f"{run.crash.instance_id if run.crash else '?'}: it was not the killed worker's "
                              f"stream\n{report}")
     gap = f"{run.longest_gap_after_kill_s:.2f} s" if run.longest_gap_after_kill_s is not None else "?"
@@ -179,14 +187,15 @@ def _assert_migrated(run: CrashRun, report: str) -> str:
 
 def _assert_unmigrated(run: CrashRun, report: str) -> str:
     if not run.stream.error_events:
-        raise AssertionError(f"without migration a stream whose worker was SIGKILLed must end with an in-band "
+        fail("crash.no_error_event",
+             f"without migration a stream whose worker was SIGKILLed must end with an in-band "
                              f"error event, it ended: {stream_ending(run.stream)}\n{report}")
     event = run.stream.error_events[0]
     error = event.get("error", event) if isinstance(event, dict) else {}
     wanted = {k: run.expected_error[k] for k in ERROR_KEYS if k in run.expected_error}
     seen = {k: error.get(k) for k in wanted} if isinstance(error, dict) else {}
     if seen != wanted or not run.stream.done:
-        raise AssertionError(f"the stream's in-band error after its worker's SIGKILL is {event} (done="
-                             f"{run.stream.done}), real Dynamo 1.6.1 sends {{'error': {wanted}}} then [DONE]\n"
-                             f"{report}")
+        fail("crash.wrong_error_event", f"the stream's in-band error after its worker's SIGKILL is {event} (done="
+                                        f"{run.stream.done}), real Dynamo 1.6.1 sends {{'error': {wanted}}} then [DONE]\n"
+                                        f"{report}")
     return f"stream ended with Dynamo's error event {error} and [DONE] (migration off)"

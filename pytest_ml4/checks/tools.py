@@ -26,6 +26,7 @@ from pytest_ml4.checks.chat import (
     served_by_litellm,
     user,
 )
+from pytest_ml4.checks.codes import fail, require
 from pytest_ml4.checks.expected import assert_answer_expected, expected_for
 from pytest_ml4.checks.protocol import assert_no_control_tokens
 from pytest_ml4.client import Endpoint, decode_json, quote_body
@@ -93,21 +94,23 @@ def assert_mistral_tool_ids(calls: Sequence[Mapping[str, Any]], where: str,
     """Ids in the stack's format (vLLM: Mistral's 9 characters) and unique."""
     bad = [c.get("id") for c in calls
            if not (isinstance(c.get("id"), str) and re.fullmatch(conventions.id_pattern, c["id"]))]
-    assert not bad, f"{where}: tool-call ids {bad} are not {conventions.id_what}; {conventions.id_why}"
+    require(not bad, "tools.bad_ids",
+            lambda: f"{where}: tool-call ids {bad} are not {conventions.id_what}; {conventions.id_why}")
     ids = [c.get("id") for c in calls]
-    assert len(set(ids)) == len(ids), f"{where}: duplicate tool-call ids {ids}"
+    require(len(set(ids)) == len(ids), "tools.duplicate_ids", lambda: f"{where}: duplicate tool-call ids {ids}")
 
 
 def parse_arguments(call: Mapping[str, Any], where: str) -> Any:
     """``function.arguments`` parsed as JSON, or a failure naming the call and quoting the text."""
     fn = call.get("function") or {}
     raw = fn.get("arguments")
-    assert isinstance(raw, str), f"{where}: arguments of {fn.get('name')!r} are not a JSON string: {raw!r}"
+    require(isinstance(raw, str), "tools.arguments_not_string",
+            lambda: f"{where}: arguments of {fn.get('name')!r} are not a JSON string: {raw!r}")
     try:
         return json.loads(raw)
     except ValueError as err:
-        raise AssertionError(f"{where}: invalid JSON in tool-call arguments of {fn.get('name')!r} ({err}): "
-                             f"{quote_body(raw)}") from None
+        fail("tools.invalid_json", f"{where}: invalid JSON in tool-call arguments of {fn.get('name')!r} ({err}): "
+                                   f"{quote_body(raw)}")
 
 
 def schema_errors(arguments: Any, tool: Mapping[str, Any]) -> list[str]:
@@ -127,11 +130,14 @@ def assert_arguments_valid(calls: Sequence[Mapping[str, Any]], tools: Sequence[M
     parsed = []
     for i, call in enumerate(calls):
         name = (call.get("function") or {}).get("name")
-        assert name in by_name, f"{where}: tool call {i} names {name!r}, which is not among the offered tools {sorted(by_name)}"
+        if name not in by_name:
+            fail("tools.unknown_tool",
+                 f"{where}: tool call {i} names {name!r}, which is not among the offered tools {sorted(by_name)}")
         args = parse_arguments(call, where)
         errors = schema_errors(args, by_name[name])
-        assert not errors, (f"{where}: arguments of {name!r} do not validate against its JSON schema: "
-                            + "; ".join(errors) + f" (arguments: {quote_body(json.dumps(args))})")
+        if errors:
+            fail("tools.schema_invalid", f"{where}: arguments of {name!r} do not validate against its JSON schema: "
+                                         + "; ".join(errors) + f" (arguments: {quote_body(json.dumps(args))})")
         parsed.append(args)
     return parsed
 
@@ -166,40 +172,44 @@ def assert_tool_choice_obeyed(tool_choice: Any, message: Mapping[str, Any], fini
     names = [(c.get("function") or {}).get("name") for c in calls]
     content = message.get("content")
     if tool_choice == "none":
-        assert not calls, f"{where}: tool_choice 'none' but the model called {names}"
-        assert content, f"{where}: tool_choice 'none' gave no content"
+        require(not calls, "tools.called_under_none", lambda: f"{where}: tool_choice 'none' but the model called {names}")
+        require(content, "tools.no_content_under_none", f"{where}: tool_choice 'none' gave no content")
     else:
         label = json.dumps(tool_choice) if isinstance(tool_choice, Mapping) else repr(tool_choice)
         hint = no_call_cause or "tool parser off or not enabled?"
-        assert calls, (f"{where}: tool_choice {label} but no tool call came back ({hint}); "
-                       f"content: {quote_body(str(content))}")
+        require(calls, "tools.no_call", lambda: f"{where}: tool_choice {label} but no tool call came back ({hint}); "
+                                                f"content: {quote_body(str(content))}")
         if expect_tool is not None:
-            assert set(names) == {expect_tool}, f"{where}: tool_choice {label} should call {expect_tool!r}, got {names}"
+            require(set(names) == {expect_tool}, "tools.wrong_tool",
+                    lambda: f"{where}: tool_choice {label} should call {expect_tool!r}, got {names}")
         if tool_choice == "required" or isinstance(tool_choice, Mapping):
             # Forced calls: content is "" rather than null (message_assembly.keeps_tool_calls). Under "auto" a
             # model may legitimately say something before calling, so content is not judged there.
-            assert content in ("", None), f"{where}: forced tool call with content {quote_body(str(content))}"
+            require(content in ("", None), "tools.forced_call_content",
+                    lambda: f"{where}: forced tool call with content {quote_body(str(content))}")
     want = expected_finish_reason(tool_choice, bool(calls), conventions.named_finish_reason)
     if via_litellm and calls and isinstance(tool_choice, Mapping) and finish_reason == "tool_calls":
         return
-    assert finish_reason == want, (f"{where}: finish_reason {finish_reason!r}, expected {want!r} for tool_choice "
-                                   f"{tool_choice!r} with {len(calls)} call(s)")
+    require(finish_reason == want, "tools.finish_reason", lambda: f"{where}: finish_reason {finish_reason!r}, "
+                                                                  f"expected {want!r} for tool_choice {tool_choice!r} "
+                                                                  f"with {len(calls)} call(s)")
 
 
 def assert_expected_arguments(arguments: Mapping[str, Any], expected: Mapping[str, Any] | None, tool: str,
                               where: str) -> None:
     """The arguments carry the values the prompt states (``expect_args`` of a case)."""
     for key, value in (expected or {}).items():
-        assert arguments.get(key) == value, (f"{where}: {tool} argument {key!r} is "
-                                             f"{arguments.get(key)!r}, the prompt says {value!r}")
+        if arguments.get(key) != value:
+            fail("tools.argument_value",
+                 f"{where}: {tool} argument {key!r} is {arguments.get(key)!r}, the prompt says {value!r}")
 
 
 def assert_named_content(message: Mapping[str, Any], where: str, conventions: ToolConventions = VLLM_TOOLS) -> None:
     """A named ``tool_choice`` gives the content the stack's conventions name (vLLM: empty)."""
     allowed = conventions.named_content
-    assert message.get("content") in allowed, (
+    require(message.get("content") in allowed, "tools.named_content", lambda: (
         f"{where}: named tool_choice must give content {' or '.join(map(repr, allowed))} "
-        f"({conventions.source}), got {message.get('content')!r}")
+        f"({conventions.source}), got {message.get('content')!r}"))
 
 
 def assert_parallel_calls(arguments: Sequence[Mapping[str, Any]], expect_calls: int, expect_values: Sequence[str],
@@ -225,7 +235,8 @@ def with_tool_results(messages: list[dict[str, Any]], first: Answer,
                                            for c in first.tool_calls]}]
     for call in first.tool_calls:
         name = call["function"]["name"]
-        assert name in results, f"{first.where}: the model called {name!r}, no canned result for it"
+        if name not in results:
+            fail("tools.unexpected_tool", f"{first.where}: the model called {name!r}, no canned result for it")
         messages.append({"role": "tool", "tool_call_id": call["id"], "content": results[name]})
     return messages
 
@@ -301,8 +312,8 @@ class ToolChat(ChatSession):
         where = answer.where
         if self.no_call_cause and not answer.tool_calls and tool_choice != "none":
             # Said first: the markup this release leaves in content would otherwise read as "tool parser off".
-            raise AssertionError(f"{where}: tool_choice {tool_choice!r} but no tool call came back: "
-                                 f"{self.no_call_cause}; content: {quote_body(str(answer.message.get('content')))}")
+            fail("tools.no_call", f"{where}: tool_choice {tool_choice!r} but no tool call came back: "
+                                  f"{self.no_call_cause}; content: {quote_body(str(answer.message.get('content')))}")
         assert_no_control_tokens(answer.message, where)
         assert_tool_choice_obeyed(tool_choice, answer.message, answer.finish_reason, expect_tool, where,
                                   answer.via_litellm, no_call_cause=self.no_call_cause,
@@ -355,12 +366,13 @@ def assert_invalid_request_refused(http_client: httpx.Client, endpoint: Endpoint
     if expected.accepted and not body.get("tools"):
         message = (resp.message() if isinstance(resp, StreamResult)
                    else decode_json(resp, what)["choices"][0]["message"])
-        assert not message.get("tool_calls"), f"{what}: no tools were sent yet the model called {message}"
+        require(not message.get("tool_calls"), "tools.called_without_tools",
+                lambda: f"{what}: no tools were sent yet the model called {message}")
     if expected.accepted and served_by_litellm(resp.headers):
         engine_root = endpoint.engine_root_url
-        assert engine_root != endpoint.root_url, (
+        require(engine_root != endpoint.root_url, "tools.engine_unreachable", lambda: (
             f"{what}: the proxy served it; to check the engine refuses it set {target.endpoint.metrics_url_env} "
-            f"to the engine's /metrics URL")
+            f"to the engine's /metrics URL"))
         engine_stack = target.serving.stack.split("+", 1)[0]
         engine_expected = expected_for(expect, engine_stack, case, source)
         engine_body = {**body, "model": target.serving.engine_served_model_name or body["model"]}

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import httpx
 import yaml
 
+from pytest_ml4.checks.codes import fail
 from pytest_ml4.client import Endpoint, make_httpx, quote_body
 from pytest_ml4.control.base import Controller, Progress, RestartResult, RestartTimeout
 from pytest_ml4.control.budget import FIRST_ANSWER, PhaseTimeout, RestartBudget
@@ -317,7 +318,8 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
         # Warm-up: the deployment must serve before the restart, or the scenario would blame the restart for it.
         warm = send_probe(http, body)
     if warm.status != 200:
-        raise AssertionError(f"the deployment does not serve before the restart: HTTP {warm.status}: {warm.error}")
+        fail("restart.not_serving_before",
+             f"the deployment does not serve before the restart: HTTP {warm.status}: {warm.error}")
     # One kind of evidence for the whole timeline (engine ids of two kinds never compare): what the deployment
     # itself offers (an InvocationID, the engine's start time) when the controller reads one, else the answers'.
     by_incarnation = controller.incarnation()

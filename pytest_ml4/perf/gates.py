@@ -23,6 +23,11 @@ from pytest_ml4.targets import Target
 
 #: Below max_num_seqs, the smallest share of the concurrency the decode concurrency p50 may show (see saturation).
 SATURATION_MIN_SHARE = 0.5
+#: The verdict code a failed gate raises (``pytest_ml4/data/verdicts/codes.yaml``), by the gate's name before any
+#: ``:`` (``baseline:tok_s_user`` -> ``baseline``). Dynamo's two P50 gates are one property, the seed's gate.
+GATE_CODES = {"run": "perf.run_unusable", "errors": "perf.error_rate", "decode_tok_s_user_p50": "perf.dynamo_gate",
+              "ttft_p50": "perf.dynamo_gate", "saturation": "perf.saturation", "knee": "perf.knee",
+              "baseline": "perf.baseline_regression", "goodput": "perf.goodput", "capacity": "perf.capacity"}
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,13 @@ class GateResult:
     concurrency: int | None
     passed: bool
     detail: str
+    #: The verdict code when the gate failed for want of evidence rather than on its figure (empty: the gate's own,
+    #: :data:`GATE_CODES`).
+    missing: str = ""
+
+    @property
+    def code(self) -> str:
+        return self.missing or GATE_CODES[self.gate.split(":", 1)[0]]
 
     def __str__(self) -> str:
         where = f"c{self.concurrency} " if self.concurrency is not None else ""
@@ -82,7 +94,8 @@ def saturation_gate(fig: PointFigures, max_num_seqs: int) -> GateResult:
     p50, peak = (fig.engine_running_p50, fig.engine_running_max) if engine else (fig.decode_conc_p50,
                                                                                 fig.decode_conc_max)
     if p50 is None:
-        return GateResult("saturation", fig.concurrency, False, "effective_decode_concurrency missing")
+        return GateResult("saturation", fig.concurrency, False, "effective_decode_concurrency missing",
+                          missing="perf.saturation_unread")
     # max_num_seqs is per engine: several engines (Dynamo workers, their gauges summed) run that many each.
     engines = (fig.engine_running_engines or 1) if engine else 1
     total_cap = max_num_seqs * engines
@@ -134,7 +147,8 @@ def knee_gate(points: Sequence[PointFigures], limit_s: float, not_before: int | 
     label = "none inside the sweep" if knee is None else f"c{knee}"
     if not_before is None:
         return GateResult("knee", knee, False, f"latency knee (TTFT p99 > {limit_s:g} s): {label}; no bound to judge "
-                                                 f"it by: set gates.knee_not_before or a stored baseline")
+                                                 f"it by: set gates.knee_not_before or a stored baseline",
+                          missing="perf.knee_unbounded")
     ok = knee is None or knee >= not_before
     return GateResult("knee", knee, ok, f"latency knee (TTFT p99 > {limit_s:g} s): {label}, "
                                           f"must not come before c{not_before}")

@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from pytest_ml4 import tools
+from pytest_ml4.checks.codes import fail
 from pytest_ml4.deploy import processes
 from pytest_ml4.perf.export import LOG_FILE, SUMMARY_FILE, ExportError, ProfileExport
 
@@ -325,7 +326,7 @@ class RunResult:
 
     def require(self) -> ProfileExport:
         if self.export is None or self.problems:
-            raise AssertionError(self.describe())
+            fail("perf.run_unusable", self.describe())
         return self.export
 
     def describe(self) -> str:

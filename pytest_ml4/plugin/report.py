@@ -26,6 +26,7 @@ from typing import Any
 import allure_commons
 import pytest
 
+from pytest_ml4.checks.codes import Violation
 from pytest_ml4.checks.verdict import (
     DOES_NOT_APPLY_PREFIX,
     EXIT_NOT_JUDGED,
@@ -329,8 +330,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
         # allure-pytest's rule: assertion failures are "failed" (a verdict), anything else is "broken".
         verdict = isinstance(exc, (AssertionError, pytest.fail.Exception))
         report.ml4_status = "failed" if verdict else "broken"
+        _record_violation(item, exc)
     _scrub_report(report)
     return report
+
+
+def _record_violation(item: pytest.Item, exc: BaseException | None) -> None:
+    """A verdict's code and the function that raised it, as JUnit properties (``ml4_verdict_code``,
+    ``ml4_verdict_origin``): the kill matrix judges a kill by them, so a code raised from another place than
+    codes.yaml declares does not count (``pytest_ml4.checks.codes``). Set on the item: pytest's JUnit report
+    writes the properties of the teardown report, built from the item's."""
+    if isinstance(exc, Violation):
+        item.user_properties += [("ml4_verdict_code", exc.code), ("ml4_verdict_origin", exc.origin)]
 
 
 def _scrub_report(report: pytest.TestReport) -> None:
