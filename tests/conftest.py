@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -29,6 +30,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # `.ci/run` deselects these (`-m "not nightly"`): proofs too heavy for CI's 2 cores and 30 minutes, run by
     # `scripts/nightly.sh`. Each such test says in its docstring why it is nightly.
     config.addinivalue_line("markers", "nightly: a heavy proof run nightly (scripts/nightly.sh), not in .ci/run")
+    config.stash[_GATE_SCOPE] = gate_scope(os.environ.get(GATE_ENV))
 
 
 @pytest.fixture
@@ -78,12 +80,46 @@ def _all(values: list[bool] | None) -> bool:
     return bool(values) and all(values)
 
 
+@dataclass(frozen=True)
+class TargetTally:
+    """One target's line of the tally, and what the gate reads from it."""
+
+    target: str
+    line: str
+    killed: int
+    gating: int
+    controls_passed: int
+    controls_ran: int
+    collateral: int
+
+    def gate_failures(self) -> list[str]:
+        """Why this target does not pass the gate (empty: N = M, every control passed, no collateral)."""
+        why = []
+        if self.killed < self.gating:
+            why.append(f"{self.gating - self.killed} of {self.gating} checks not proven killed here")
+        if self.controls_passed < self.controls_ran:
+            why.append(f"{self.controls_ran - self.controls_passed} kill control(s) failed")
+        if self.collateral:
+            why.append(f"{self.collateral} collateral failure(s)")
+        return why
+
+
 def kill_tally(records: list[dict]) -> list[str]:
     """Per target: ``suite checks killed by a fault: N/M``, ``kill controls passed: K/K``, ``collateral failures: C``.
 
     A check counts as killed when every kill naming it failed it with its message, it passed the healthy run, and
     every such kill's control passed (the healthy run for kills without ``args``).
     """
+    tallies, unproven = target_tallies(records)
+    return [t.line for t in tallies] + [_no_matrix(t) for t in unproven]
+
+
+def _no_matrix(target: str) -> str:
+    return f"{target}: no kill matrix (fixtures/killmatrix/{target}.yaml): none of its checks is proven"
+
+
+def target_tallies(records: list[dict]) -> tuple[list[TargetTally], list[str]]:
+    """The tally per target whose matrix the session read, and the targets without a matrix."""
     matrices = {r["target"]: r for r in records if "checks" in r}
     unproven = sorted({r["target"] for r in records if r.get("no_matrix")})
     healthy: dict[tuple[str, str], list[bool]] = {}
@@ -104,7 +140,7 @@ def kill_tally(records: list[dict]) -> list[str]:
             controls.setdefault((r["target"], r["kill"]), []).append(r["control_ok"])
         elif "collateral_failures" in r:
             collateral[r["target"]] = collateral.get(r["target"], 0) + r["collateral_failures"]
-    lines = []
+    tallies = []
     for target, m in sorted(matrices.items()):
         def control_ok(kill: str, m: dict = m, target: str = target) -> bool:
             spec = m["kills"][kill]
@@ -126,14 +162,66 @@ def kill_tally(records: list[dict]) -> list[str]:
                    and (target, c) not in healthy]
         left_out = sorted({profile_of[c] for c in not_run})
         not_run_note = f", not run here: {len(not_run)} (profile {', '.join(left_out)})" if not_run else ""
-        lines.append(f"{target}: suite checks killed by a fault: {len(killed)}/{len(gating)}"
-                     f" (pending {pending}, measurements {measurements}{not_run_note}),"
-                     f" kill controls passed: {sum(map(control_ok, ran))}/{len(ran)},"
-                     f" collateral failures: {collateral.get(target, 0)}")
-    lines += [f"{t}: no kill matrix (fixtures/killmatrix/{t}.yaml): none of its checks is proven" for t in unproven]
-    return lines
+        passed = sum(map(control_ok, ran))
+        tallies.append(TargetTally(
+            target, f"{target}: suite checks killed by a fault: {len(killed)}/{len(gating)}"
+                    f" (pending {pending}, measurements {measurements}{not_run_note}),"
+                    f" kill controls passed: {passed}/{len(ran)},"
+                    f" collateral failures: {collateral.get(target, 0)}",
+            len(killed), len(gating), passed, len(ran), collateral.get(target, 0)))
+    return tallies, unproven
+
+
+# ---------------------------------------------------------------------------------------- kill-matrix gate
+#: Which targets' tallies fail the session: ``all`` (default), ``off``, or a comma list of target names. A check
+#: whose kill is nightly-only, or whose profile this session left out, counts as not proven (N < M).
+GATE_ENV = "ML4_KILL_MATRIX_GATE"
+
+
+def gate_scope(value: str | None) -> frozenset[str] | None:
+    """The targets the gate judges (None: all of them; empty: none), from :data:`GATE_ENV`."""
+    value = (value or "all").strip()
+    if value == "all":
+        return None
+    if value == "off":
+        return frozenset()
+    names = frozenset(v.strip() for v in value.split(",") if v.strip())
+    from killmatrix import ALL_TARGETS
+
+    unknown = sorted(names - set(ALL_TARGETS))
+    if unknown or not names:
+        raise pytest.UsageError(f"{GATE_ENV}={value!r}: give all, off or target names among {ALL_TARGETS} "
+                                f"(unknown: {unknown or 'none given'})")
+    return names
+
+
+def kill_gate(records: list[dict], scope: frozenset[str] | None) -> list[str]:
+    """One line per target in scope whose tally does not hold (N < M, a failed control, collateral), or that has
+    no matrix; empty when the session ran no kill matrix."""
+    tallies, unproven = target_tallies(records)
+    inside = (lambda t: True) if scope is None else (lambda t: t in scope)
+    lines = [f"{t.target}: {', '.join(why)}" for t in tallies if inside(t.target) and (why := t.gate_failures())]
+    return lines + [_no_matrix(t) for t in unproven if inside(t)]
+
+
+_GATE: dict[str, list[str]] = {}
+_GATE_SCOPE = pytest.StashKey[frozenset[str] | None]()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The gate: a session whose kill-matrix tally does not hold for a target in scope fails (exit 1)."""
+    if hasattr(session.config, "workerinput") or _GATE_SCOPE not in session.config.stash:
+        return   # an xdist worker: the controller holds every worker's records and judges them
+    failures = kill_gate(_KILL_RECORDS, session.config.stash[_GATE_SCOPE])
+    _GATE["failures"] = failures
+    if failures and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for line in kill_tally(_KILL_RECORDS):
         terminalreporter.write_line(line)
+    failures = _GATE.get("failures")
+    if failures:
+        terminalreporter.write_line(f"kill-matrix gate ({GATE_ENV}={os.environ.get(GATE_ENV) or 'all'}) FAILS "
+                                    f"the session: " + "; ".join(failures), red=True, bold=True)

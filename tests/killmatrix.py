@@ -35,7 +35,9 @@ from pytest_ml4.locations import BUNDLED_TARGETS_DIR
 from pytest_ml4.targets import TargetError, read_yaml_strict
 
 REPO = Path(__file__).resolve().parent.parent
-MATRIX_DIR = REPO / "fixtures" / "killmatrix"
+#: ``ML4_KILL_MATRIX_DIR``: another folder of matrices (the harness's own tests run the kill matrix on doctored
+#: copies in a subprocess); the repository's by default.
+MATRIX_DIR = Path(os.environ.get("ML4_KILL_MATRIX_DIR") or REPO / "fixtures" / "killmatrix")
 #: Every target the project ships: a target without a matrix file fails ``test_matrix_names_every_suite_test``.
 ALL_TARGETS = sorted(p.stem for p in BUNDLED_TARGETS_DIR.glob("*.yaml"))
 TARGETS = [t for t in ALL_TARGETS if (MATRIX_DIR / f"{t}.yaml").is_file()]
@@ -57,8 +59,27 @@ MESSAGE_ONLY_UNTIL_CONVERTED = (
     "suites/test_kv_cache.py::test_max_concurrency_at_max_model_len",   # item 3: as above
     "suites/test_perf.py::test_zero_errors",                            # item 3: the error-rate gate itself
     "suites/test_osl.py::test_no_request_killed_by_the_grammar",        # item 3: a grammar kill in Dynamo's log
-    "suites/test_tools.py::test_tool_schemas_are_accepted_under_guided_decoding",  # item 6: ToolChat.ask's cause
 )
+#: How a check may end under a kill that lists it as collateral (``{why, outcome}``): ``not_judged`` is a skip
+#: whose reason starts with ``not judged: ``, ``skipped`` any other skip.
+COLLATERAL_OUTCOMES = ("failed", "skipped", "not_judged")
+#: How a not-judged check's skip reason starts (pytest_ml4.checks.verdict.NOT_JUDGED_PREFIX; kept literal so the
+#: harness reads the JUnit XML as any reader of it would).
+NOT_JUDGED = "not judged: "
+
+
+@dataclass(frozen=True)
+class Collateral:
+    """A check of the run, not named by the kill, that the kill is allowed to move off its healthy outcome."""
+
+    why: str
+    #: The one outcome allowed (one of :data:`COLLATERAL_OUTCOMES`); None: failed, skipped or not judged.
+    outcome: str | None = None
+
+    def allows(self, outcome: Outcome) -> bool:
+        if outcome.status == "error":
+            return False          # a setup error is the harness's, never the kill's
+        return outcome.kind != "passed" if self.outcome is None else outcome.kind == self.outcome
 
 
 @dataclass(frozen=True)
@@ -78,8 +99,9 @@ class Kill:
     #: Kills of one group run in one subprocess: only for faults whose effects touch disjoint checks (each check
     #: is still judged by its own kill's regex, so a wrong grouping fails the test), to keep CI cost down.
     group: str
-    #: Checks of the same suite files, not named by the kill, that it is allowed to fail: check key -> reason.
-    collateral: dict[str, str] = field(default_factory=dict)
+    #: Checks of the run, not named by the kill, that it may move off their healthy outcome (fail, skip, leave not
+    #: judged): check key -> why (and, optionally, the one outcome allowed).
+    collateral: dict[str, Collateral] = field(default_factory=dict)
     #: Why the kill's runs are too heavy for CI (they run in scripts/nightly.sh); empty: they run in CI.
     nightly: str = ""
 
@@ -141,7 +163,21 @@ class Check:
         return self.kind in ("killed_by", "pending")
 
     def healthy_status(self, node: str) -> str:
-        return "skipped" if self.skipped or param_id(node) in self.skipped_params else "passed"
+        return "skipped" if self.healthy_skip(node) is not None else "passed"
+
+    def healthy_skip(self, node: str) -> str | None:
+        """The reason a healthy run must skip the instance with (the matrix's ``skipped``/``skipped_params``
+        text, found in the skip's reason), or None: it must pass."""
+        return self.skipped or self.skipped_params.get(param_id(node) or "")
+
+    def uncovered(self, nodes: list[str]) -> list[str]:
+        """Parametrized instances of a killed check that no kill selects and no ``pending_params`` or
+        ``skipped_params`` entry explains: each instance is proven or says why it is not."""
+        if self.kind != "killed_by":
+            return []
+        return [n for n in nodes if param_id(n) is not None
+                and param_id(n) not in self.pending_params and param_id(n) not in self.skipped_params
+                and not any(e.covers(n) for e in self.killed_by.values())]
 
 
 @dataclass
@@ -240,6 +276,18 @@ def _options(raw: list[Any]) -> tuple[str, ...]:
     return tuple(args)
 
 
+def _collateral(path: Path, kill: str, key: str, raw: Any) -> Collateral:
+    """``check: why`` (failed, skipped or not judged allowed) or ``check: {why: ..., outcome: not_judged}``."""
+    if isinstance(raw, str):
+        return Collateral(raw)
+    outcome = raw.get("outcome") if isinstance(raw, dict) else None
+    if not isinstance(raw, dict) or not raw.get("why") or outcome not in (None, *COLLATERAL_OUTCOMES) \
+            or set(raw) - {"why", "outcome"}:
+        raise MatrixError(f"{path.name}: kills.{kill}.collateral.{key}: give a reason, or {{why: ..., outcome: "
+                          f"{'|'.join(COLLATERAL_OUTCOMES)}}}; got {raw!r}")
+    return Collateral(str(raw["why"]), outcome)
+
+
 def _kill(path: Path, name: str, spec: dict[str, Any]) -> Kill:
     unknown = sorted(set(spec) - {"why", "faults", "breaks", "args", "group", "collateral", "nightly"})
     if unknown:
@@ -251,7 +299,8 @@ def _kill(path: Path, name: str, spec: dict[str, Any]) -> Kill:
     if not spec.get("why"):
         raise MatrixError(f"{path.name}: kills.{name}: no why (which real failure it stands for)")
     return Kill(name, str(spec["why"]), breaks, _options(spec.get("args", [])), str(spec.get("group", name)),
-                {str(k): str(v) for k, v in (spec.get("collateral") or {}).items()}, str(spec.get("nightly", "")))
+                {str(k): _collateral(path, name, str(k), v) for k, v in (spec.get("collateral") or {}).items()},
+                str(spec.get("nightly", "")))
 
 
 def _with_base(path: Path, data: dict[str, Any]) -> dict[str, Any]:
@@ -336,13 +385,20 @@ def collected(target: str, root: Path = REPO) -> list[str]:
 
 @dataclass
 class Outcome:
-    status: str      # passed | failed | skipped
+    #: passed | failed | skipped | error (an error outside the check's own call: fixture setup or teardown, a
+    #: collection error; the harness's, never a verdict)
+    status: str
     #: The failure's message (never its traceback) or the skip's reason.
     message: str
     #: The verdict code leading the failure message (``[area.property] ...``), if any.
     code: str | None = None
     #: ``module.function`` that raised the verdict (the plugin's JUnit property ``ml4_verdict_origin``), if any.
     origin: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """The status, with a not-judged skip told apart from a skip (``not_judged``)."""
+        return "not_judged" if self.status == "skipped" and self.message.startswith(NOT_JUDGED) else self.status
 
 
 #: ``[area.property]`` at the start of a failure message, after pytest's ``module.ExceptionName: `` prefix.
@@ -395,9 +451,14 @@ def read_junit(path: Path) -> dict[str, Outcome]:
         bad = case.find("error") if bad is None else bad
         skipped = case.find("skipped")
         if bad is not None:
+            # pytest writes <error> for what failed outside the test's call (setup, teardown, collection).
+            status = "failed" if bad.tag == "failure" else "error"
             message = failure_message(bad)
-            props = {p.get("name"): p.get("value") for p in case.iter("property")}
-            out[node] = Outcome("failed", message, leading_code(message), props.get("ml4_verdict_origin"))
+            if status == "error":
+                out[node] = Outcome(status, f"{bad.get('message')}: {message}")
+            else:
+                props = {p.get("name"): p.get("value") for p in case.iter("property")}
+                out[node] = Outcome(status, message, leading_code(message), props.get("ml4_verdict_origin"))
         elif skipped is not None:
             out[node] = Outcome("skipped", skipped.get("message") or "")
         else:
@@ -455,7 +516,7 @@ class KillRun:
 
     named: list[tuple[Check, str, Expect, str]]       # (check, kill, expectation, node)
     collateral: list[tuple[Check, str]]                # (check, node) that must behave as on a healthy run
-    allowed: dict[str, str]                            # collateral check key -> why the kill may fail it
+    allowed: dict[str, Collateral]                     # collateral check key -> why the kill may move it
     #: Every selected node in the suites' own order: module fixtures (a restart scenario, a load) then run in the
     #: order a plain run of the suites has, whatever the kill names.
     nodes: list[str] = field(default_factory=list)
@@ -496,15 +557,51 @@ def judge_named(outcome: Outcome, node: str, kill: Kill, expect: Expect) -> str 
     return None
 
 
-def judge_collateral(outcome: Outcome, node: str, check: Check, allowed: dict[str, str]) -> str | None:
-    """A check the kill does not name must not fail under it, unless the matrix lists it with a reason."""
-    if outcome.status == "failed" and check.key not in allowed:
-        return f"{node}: collateral failure (the kill does not name it): {outcome.message[:300]}"
+def judge_harness(outcome: Outcome, node: str) -> str | None:
+    """An error outside the check's call (a fixture's setup or teardown, collection) is a harness error: never a
+    kill, never a healthy outcome, never allowed as collateral."""
+    if outcome.status == "error":
+        return f"{node}: harness error, not a verdict of the check: {outcome.message[:400]}"
     return None
 
 
+def judge_collateral(outcome: Outcome, node: str, check: Check, allowed: dict[str, Collateral]) -> str | None:
+    """A check of the run the kill does not name must behave as on a healthy run (pass, or skip with its reason):
+    failing, skipping or ending not judged under the kill is collateral unless the matrix lists it with a reason
+    (and, if stated, that very outcome)."""
+    off = judge_harness(outcome, node) or judge_healthy(outcome, node, check)
+    if off is None or (check.key in allowed and allowed[check.key].allows(outcome)):
+        return None
+    listed = allowed.get(check.key)
+    why = (f"listed for {listed.outcome} only" if listed is not None
+           else "not named by the kill, not listed under its collateral")
+    return f"collateral {outcome.kind} ({why}): {off}"
+
+
+def collateral_problems(m: Matrix, plan: KillRun, outcomes: dict[str, Outcome]) -> list[str]:
+    """Every node the run reported, in every suite file it ran, other than the checks the kills name, judged as
+    collateral (pending checks and instances are unproven both ways and left out)."""
+    named = {n for *_, n in plan.named}
+    problems = []
+    for node, outcome in outcomes.items():
+        check = m.checks.get(function_key(node))
+        if node in named or (check is not None and (check.pending or param_id(node) in check.pending_params)):
+            continue
+        if check is None:
+            problems.append(f"{node}: reported by the run, but the matrix has no entry for it")
+        elif (wrong := judge_collateral(outcome, node, check, plan.allowed)) is not None:
+            problems.append(wrong)
+    return problems
+
+
 def judge_healthy(outcome: Outcome, node: str, check: Check) -> str | None:
+    """Passed, or skipped with the reason the matrix gives (a not-judged skip never stands for a skip)."""
+    if (harness := judge_harness(outcome, node)) is not None:
+        return harness
     want = check.healthy_status(node)
-    if outcome.status != want:
-        return f"{node}: {outcome.status} (want {want}) {outcome.message[:300]}"
+    if outcome.status != want or outcome.kind == "not_judged":
+        return f"{node}: {outcome.kind} (want {want}) {outcome.message[:300]}"
+    reason = check.healthy_skip(node)
+    if reason is not None and " ".join(reason.split()) not in " ".join(outcome.message.split()):
+        return f"{node}: skipped, but not for the matrix's reason {reason!r}: {outcome.message[:300]}"
     return None

@@ -43,6 +43,13 @@ def _tool_parser_off(dsim: DynamoSim) -> None:
     assert not choice["message"].get("tool_calls") and "[TOOL_CALLS]" in choice["message"]["content"], choice
 
 
+def _tool_parser_hermes(dsim: DynamoSim) -> None:
+    # The worker registers hermes: the real frontend's hermes parser leaves the call at the start of content.
+    choice = _post(dsim, TOOL_ASK)
+    assert not choice["message"].get("tool_calls"), choice
+    assert choice["message"]["content"].startswith("[TOOL_CALLS]"), choice
+
+
 def _reasoning_parser_off(dsim: DynamoSim) -> None:
     msg = _post(dsim, THINK_ASK)["message"]
     # No reasoning field (the reasoning suite's "no reasoning field" check). Without a reasoning parser the frontend
@@ -89,7 +96,7 @@ def _metrics_unreadable(dsim: DynamoSim) -> None:
     assert r.status_code == 200 and "vllm:" not in r.text, r.text[:500]
 
 
-CASES = {"tool_parser_off": _tool_parser_off, "guided_decoding_ignored": _guided_decoding_ignored,
+CASES = {"tool_parser_off": _tool_parser_off, "tool_parser_hermes": _tool_parser_hermes, "guided_decoding_ignored": _guided_decoding_ignored,
          "metrics_unreadable": _metrics_unreadable, "reasoning_parser_off": _reasoning_parser_off,
          "invalid_tool_json": _invalid_tool_json, "midstream_error": _midstream_error,
          "error_rate=1.0": _error_rate}

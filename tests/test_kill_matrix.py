@@ -7,17 +7,23 @@ why it has no killer (``measurement``, ``skipped`` on the target, ``pending``). 
 ``tests/killmatrix.py`` (proved by ``tests/test_kill_matrix_harness.py``). Here:
 
 * every target in ``targets/`` has a matrix, and it names every test collected from ``suites/`` for the target;
-* one healthy ``--sim`` run per target and timing profile: every listed check passes (``skipped`` ones skip). It
-  is the control of every kill without ``args``;
-* one run per kill group and profile: each named check fails with its code, and the other checks of the same
-  suite files (collateral) do not fail unless the kill lists them with a reason;
+* one healthy ``--sim`` run per target and timing profile: every listed check passes (``skipped`` ones skip, with
+  a reason holding the matrix's text; a not-judged skip never counts). It is the control of every kill without
+  ``args``;
+* every parametrized instance of a killed check is selected by a kill or explained (``pending_params``,
+  ``skipped_params``);
+* one run per kill group and profile: each named check fails with its verdict code (a setup error is a harness error,
+  never the kill's), and every other check the run reports, in every suite file it ran (collateral), behaves as
+  on a healthy run (passes, or skips with its matrix reason) unless the kill lists it with a reason: a check
+  pushed into a skip or "not judged" is collateral as much as a failed one;
 * kills with ``nightly: <why>`` (too heavy for CI) run in ``scripts/nightly.sh`` only (``.ci/run`` deselects
   ``nightly``); their checks then count as not killed in CI's tally;
 * one control run per distinct kill ``args`` and profile (the kill's conditions without its breakage): the
   named checks pass, so a threshold or a shortened sweep alone cannot be what fails them.
 
 Each run is a pytest subprocess writing JUnit XML. ``tests/conftest.py`` prints the tally per target at the end of
-the session: ``suite checks killed by a fault: N/M``, ``kill controls passed: K/K``, ``collateral failures: C``.
+the session: ``suite checks killed by a fault: N/M``, ``kill controls passed: K/K``, ``collateral failures: C``,
+and fails the session when a target's tally does not hold (``ML4_KILL_MATRIX_GATE``: ``all``, ``off`` or targets).
 """
 
 from __future__ import annotations
@@ -34,9 +40,10 @@ from killmatrix import (
     Check,
     Kill,
     Matrix,
+    collateral_problems,
     collected,
     function_key,
-    judge_collateral,
+    judge_harness,
     judge_healthy,
     judge_named,
     load_matrix,
@@ -124,6 +131,10 @@ def test_matrix_names_every_suite_test(target: str, record_property: Any) -> Non
     for c in m.checks.values():
         for kill, expect in c.killed_by.items():
             assert nodes_of(target, c, expect), f"{target}: {c.key} under {kill}: no collected instance selected"
+    # Every parametrized instance of a killed check is selected by a kill, or pending/skipped with its reason.
+    uncovered = [n for c in m.checks.values() for n in c.uncovered(nodes_of(target, c))]
+    assert not uncovered, (f"{target}: parametrized instances no kill selects (only/except) and no pending_params "
+                           f"or skipped_params entry explains: {uncovered}")
     # A check with unproven parametrized instances (pending_params) counts as pending in the tally, not killed.
     kinds = {k: "pending" if c.pending_params else c.kind for k, c in m.checks.items()}
     record_property(PROPERTY, json.dumps({
@@ -162,12 +173,13 @@ def test_kill_fails_the_checks_it_names(target: str, group: str, profile: str, t
     problems: list[str] = []
     verdicts: dict[tuple[str, str], bool] = {}
     for c, kill, expect, node in plan.named:
-        wrong = judge_named(outcomes[node], node, m.kills[kill], expect)
+        # A setup error is the harness's: never counted as the kill's failure of the check.
+        wrong = judge_harness(outcomes[node], node) or judge_named(outcomes[node], node, m.kills[kill], expect)
         problems += [wrong] if wrong else []
         verdicts[(c.key, kill)] = verdicts.get((c.key, kill), True) and not wrong
     for (key, kill), ok in verdicts.items():
         _record(record_property, f"{key}:{kill}", target=target, check=key, kill=kill, ok=ok)
-    collateral = [w for c, n in plan.collateral if (w := judge_collateral(outcomes[n], n, c, plan.allowed))]
+    collateral = collateral_problems(m, plan, outcomes)
     _record(record_property, f"collateral:{group}:{profile}", target=target, group=group,
             collateral_failures=len(collateral))
     problems += collateral

@@ -284,3 +284,158 @@ def test_every_code_a_matrix_names_says_where_it_is_raised() -> None:
              for e in c.killed_by.values() for p in (e.parts or (e,)) if p.code}
     bare = sorted(f"{t}: {code}" for t, code in named if not declared_origins(code))
     assert not bare, f"codes named by kill matrices without `from:` in {CODES_FILE}: {bare}"
+
+
+# ------------------------------------------------------------------------------------ outcomes the harness sees
+OUTCOMES = '''
+import pytest
+
+@pytest.fixture
+def broken_fixture():
+    raise RuntimeError("the deployment fixture could not start")
+
+def test_passes():
+    pass
+
+def test_does_not_apply():
+    pytest.skip("does not apply: target t is not served by Dynamo")
+
+def test_not_judged():
+    pytest.skip("not judged: no worker metrics URL")
+
+def test_setup_error(broken_fixture):
+    assert False, "never reached"
+'''
+
+
+def test_a_healthy_skip_is_judged_by_its_reason_and_a_setup_error_is_the_harnesss(tmp_path: Path) -> None:
+    """A ``skipped`` check must skip with the matrix's reason: another reason, or a not-judged skip, fails it; an
+    error in fixture setup is a harness error, never a pass, a skip or a kill."""
+    from killmatrix import Check, judge_harness, judge_healthy
+
+    outcomes = read_junit(_junit_of(tmp_path, OUTCOMES))
+    node = "test_doctored.py::test_"
+    skip, nj, error = outcomes[node + "does_not_apply"], outcomes[node + "not_judged"], outcomes[node + "setup_error"]
+    assert (skip.kind, nj.kind, error.status) == ("skipped", "not_judged", "error")
+    assert judge_healthy(skip, "n", Check("k", skipped="is not served by Dynamo")) is None
+    assert "not for the matrix's reason" in str(judge_healthy(skip, "n", Check("k", skipped="disagg targets only")))
+    assert "not_judged (want skipped)" in str(judge_healthy(nj, "n", Check("k", skipped="no worker metrics URL")))
+    assert judge_healthy(outcomes[node + "passes"], "n", Check("k", measurement="m")) is None
+    assert "skipped (want passed)" in str(judge_healthy(skip, "n", Check("k", measurement="m")))
+    for judged in (judge_harness(error, "n"), judge_healthy(error, "n", Check("k", measurement="m"))):
+        assert "harness error" in str(judged) and "could not start" in str(judged), judged
+
+
+def test_every_parametrized_instance_is_killed_or_says_why() -> None:
+    from killmatrix import Check
+
+    check = Check("k", killed_by={"kill": Expect("x", only=("a*",))}, pending_params={"b": "no fault yet"},
+                  skipped_params={"c": "does not apply"})
+    assert check.uncovered(["k[a1]", "k[a2]", "k[b]", "k[c]", "k[d]"]) == ["k[d]"]
+    assert Check("k", measurement="m").uncovered(["k[d]"]) == []
+
+
+def test_collateral_sees_skips_and_not_judged_in_every_file_of_the_run() -> None:
+    """Every node the run reports, in any suite file, is judged against its healthy outcome: a check pushed into
+    a skip or "not judged" is collateral unless the kill lists it (with the outcome, when stated)."""
+    from killmatrix import (
+        Check,
+        Collateral,
+        KillRun,
+        Matrix,
+        Outcome,
+        collateral_problems,
+    )
+
+    checks = {k: Check(k, measurement="m") for k in ("suites/test_a.py::one", "suites/test_b.py::two",
+                                                     "suites/test_b.py::three", "suites/test_b.py::four")}
+    checks["suites/test_a.py::named"] = Check("suites/test_a.py::named", killed_by={"k": Expect("x")})
+    m = Matrix("t", (), {}, frozenset(), {}, {}, checks)
+    plan = KillRun([(checks["suites/test_a.py::named"], "k", Expect("x"), "suites/test_a.py::named")], [],
+                   {"suites/test_b.py::three": Collateral("every request fails", "failed"),
+                    "suites/test_b.py::four": Collateral("no evidence under the kill")})
+    outcomes = {"suites/test_a.py::named": Outcome("failed", "x"),
+                "suites/test_a.py::one": Outcome("passed", ""),
+                "suites/test_b.py::two": Outcome("skipped", "not judged: no metrics"),
+                "suites/test_b.py::three": Outcome("skipped", "not judged: no figures"),
+                "suites/test_b.py::four": Outcome("skipped", "not judged: no figures"),
+                "suites/test_c.py::unknown": Outcome("passed", "")}
+    problems = collateral_problems(m, plan, outcomes)
+    assert len(problems) == 3, problems
+    assert problems[0].startswith("collateral not_judged (not named by the kill") and "test_b.py::two" in problems[0]
+    assert problems[1].startswith("collateral not_judged (listed for failed only)"), problems[1]
+    assert "test_c.py::unknown: reported by the run, but the matrix has no entry" in problems[2]
+    outcomes["suites/test_b.py::four"] = Outcome("error", "failed on setup with RuntimeError")
+    assert any("test_b.py::four: harness error" in p for p in collateral_problems(m, plan, outcomes))
+
+
+# ---------------------------------------------------------------------------------------------- the tally gate
+def _records(killed: int, gating: int, control_ok: bool = True, collateral: int = 0) -> list[dict]:
+    checks = {f"c{i}": "killed_by" for i in range(gating)}
+    return [{"target": "t", "checks": checks, "kills": {"k": {"checks": sorted(checks), "control": "control --x"}}},
+            *({"target": "t", "check": f"c{i}", "healthy": True} for i in range(gating)),
+            *({"target": "t", "check": f"c{i}", "kill": "k", "ok": True} for i in range(killed)),
+            {"target": "t", "kill": "k", "control_ok": control_ok},
+            {"target": "t", "group": "g", "collateral_failures": collateral}]
+
+
+def test_the_gate_names_each_target_whose_tally_does_not_hold() -> None:
+    from conftest import gate_scope, kill_gate
+
+    assert kill_gate(_records(2, 2), None) == [] and kill_gate([], None) == []
+    assert kill_gate(_records(1, 2), None) == ["t: 1 of 2 checks not proven killed here"]
+    assert kill_gate(_records(2, 2, control_ok=False), None) == [
+        "t: 2 of 2 checks not proven killed here, 1 kill control(s) failed"]
+    assert kill_gate(_records(2, 2, collateral=1), None) == ["t: 1 collateral failure(s)"]
+    assert kill_gate(_records(1, 2), frozenset()) == [] and kill_gate(_records(1, 2), frozenset({"u"})) == []
+    assert gate_scope("off") == frozenset() and gate_scope(None) is None
+    assert gate_scope("rtxpro6000-tp8, gb300-agg") == {"rtxpro6000-tp8", "gb300-agg"}
+    with pytest.raises(pytest.UsageError, match="ML4_KILL_MATRIX_GATE='nowhere': give all, off or target names"):
+        gate_scope("nowhere")
+
+
+def _doctored_matrices(directory: Path, nightly_kill: bool) -> Path:
+    """rtxpro6000-tp8's matrix with its preflight checks and offline kills as they are and every other check a
+    measurement in a nightly profile; ``nightly_kill``: one of those checks gets a kill, which CI never runs."""
+    import yaml
+
+    shutil.copytree(REPO / "fixtures" / "killmatrix", directory)   # its manifests, logs and configs
+    for other in directory.glob("*.yaml"):
+        other.unlink()
+    m = yaml.safe_load((REPO / "fixtures" / "killmatrix" / "rtxpro6000-tp8.yaml").read_text())
+    m["profiles"] = {"offline": {"sim": False}, "later": {"sim": False, "nightly": "doctored: not run here"}}
+    m["profile_of"] = {f: "offline" if f == "suites/test_preflight.py" else "later" for f in m["profile_of"]}
+    m["checks"] = {k: c if k.startswith("suites/test_preflight.py::") else {"measurement": "doctored"}
+                   for k, c in m["checks"].items()}
+    if nightly_kill:
+        m["checks"]["suites/test_smoke.py::test_health"] = {"killed_by": {"health_down": "HTTP 503"}}
+        m["kills"]["health_down"] = {"why": "doctored", "faults": ["health_503"]}
+    used = {k for c in m["checks"].values() for k in (c.get("killed_by") or {})}
+    m["kills"] = {k: v for k, v in m["kills"].items() if k in used}
+    (directory / "rtxpro6000-tp8.yaml").write_text(yaml.safe_dump(m, sort_keys=False))
+    return directory
+
+
+@pytest.mark.parametrize(("nightly_kill", "gate", "rc", "gate_line"), [
+    pytest.param(False, "all", 0, None, id="n-equals-m-passes"),
+    pytest.param(True, "all", 1, "rtxpro6000-tp8: 1 of 3 checks not proven killed here", id="nightly-kill-fails"),
+])
+def test_the_gate_fails_a_session_whose_tally_does_not_hold(tmp_path: Path, nightly_kill: bool, gate: str,
+                                                            rc: int, gate_line: str | None) -> None:
+    """The kill matrix run in a subprocess on doctored matrices (offline profile only, as CI deselects nightly):
+    N = M passes; a kill left to nightly leaves N < M and fails the session, naming the target (every test of
+    the session passed: the gate alone fails it)."""
+    matrices = _doctored_matrices(tmp_path / "killmatrix", nightly_kill)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/test_kill_matrix.py", "-k", "rtxpro6000-tp8",
+                           "-m", "not nightly", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+                          env={**env(), "ML4_KILL_MATRIX_DIR": str(matrices), "ML4_KILL_MATRIX_PROFILES": "offline",
+                               "ML4_KILL_MATRIX_GATE": gate})
+    out = proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == rc, out
+    assert " passed" in proc.stdout and " failed" not in proc.stdout, out   # every test passed: the gate decides
+    m = 3 if nightly_kill else 2
+    assert f"rtxpro6000-tp8: suite checks killed by a fault: 2/{m}" in proc.stdout, out
+    assert ("kill-matrix gate" in proc.stdout) == (gate_line is not None), out
+    if gate_line is not None:
+        assert f"kill-matrix gate (ML4_KILL_MATRIX_GATE={gate}) FAILS the session: {gate_line}" in proc.stdout, out

@@ -26,11 +26,12 @@ from pytest_ml4.checks.chat import (
     served_by_litellm,
     user,
 )
-from pytest_ml4.checks.codes import fail, require
+from pytest_ml4.checks.codes import Violation, fail, require
 from pytest_ml4.checks.expected import assert_answer_expected, expected_for
 from pytest_ml4.checks.protocol import assert_no_control_tokens
 from pytest_ml4.client import Endpoint, decode_json, quote_body
 from pytest_ml4.dynamo_versions import (
+    ROW_PARSER,
     emulated_grammar_reason,
     guided_refusal_cause,
     tool_call_drop_cause,
@@ -252,13 +253,77 @@ def assert_final_answer_uses_results(final: Answer, expect_in_answer: Iterable[s
 
 
 # ------------------------------------------------------------------------------ a chat with tools on a stack
+#: The answer shows a request refused as invalid: non-streamed HTTP 400, streamed the in-band event with code 400
+#: (how a release's guided-JSON grammar refusal reaches the client, real-dynamo-vllm.md "Guided tool choice").
+ANSWERED_400 = re.compile(r'HTTP 400\b|["\']code["\']: ?400\b')
+#: Mistral Large 4's v11 tool-call form in content: ``[TOOL_CALLS]name[ARGS]{`` (a parser left it as text).
+V11_MARKUP = re.compile(r"\[TOOL_CALLS\][A-Za-z0-9_.-]+\[(?:CALL_ID\][A-Za-z0-9]*\[)?ARGS\]\s*\{")
+TOOL_CALLS_MARK = "[TOOL_CALLS]"
+
+
+@dataclass(frozen=True)
+class GuidedCause:
+    """Why a guided tool choice failed, as far as the evidence goes: ``proven`` when the answer (a 400) or the
+    engine log (the grammar's ``Unimplemented keys`` line) shows the refusal; otherwise ``text`` lists the
+    possible causes and says none is shown."""
+
+    text: str
+    proven: bool
+
+
+def refusal_evidence(failure: str, logged: tuple[str, ...]) -> str | None:
+    """What shows the grammar refused the request: the engine log's line naming the keywords, or a 400 answer;
+    None when neither does (a 500, a timeout, a broken stream are not a refusal)."""
+    if logged:
+        return f"the engine log's 'Grammar error: Unimplemented keys: {list(logged)}'"
+    if ANSWERED_400.search(failure):
+        return "the 400 answer"
+    return None
+
+
+def no_call_verdict(where: str, tool_choice: Any, answer: Answer, parser_cause: str | None,
+                    row_cause: str | None) -> str:
+    """The message for an answer without the tool call ``tool_choice`` asks for on a stack whose configuration or
+    versions row explains one: a cause only where the answer proves it, otherwise what came back and the causes it
+    may have.
+
+    * ``parser_cause``: the deployment declares a parser other than ``mistral`` (its own configuration says so).
+    * content starting with ``[TOOL_CALLS]``: no ``mistral`` parser read it (one parses the call or, on 1.6.1, drops
+      the v11 form whole: ``content: null``), so the workers run another parser or none, whatever is declared.
+    * v11 markup later in content (after ``[/THINK]``): the form the row says the release's parser drops.
+    """
+    content = answer.message.get("content")
+    text = str(content or "")
+    came_back = (f"tool_choice {tool_choice!r} but no tool call came back (finish_reason {answer.finish_reason!r}; "
+                 f"content: {quote_body(str(content))})")
+    if parser_cause:
+        return f"{where}: {came_back}: {parser_cause}"
+    if text.lstrip().startswith(TOOL_CALLS_MARK):
+        return (f"{where}: {came_back}: the content starts with the {TOOL_CALLS_MARK} markup unparsed, which a "
+                f"`{ROW_PARSER}` tool parser never leaves (it parses the call, or drops a form it cannot read): "
+                f"the workers run another tool-call parser or none, whatever the target declares; run them with "
+                f"--dyn-tool-call-parser {ROW_PARSER}")
+    if row_cause and V11_MARKUP.search(text):
+        return f"{where}: {came_back}: {row_cause}"
+    possible = [(f"the workers' tool-call parser is not `{ROW_PARSER}` or none is registered (the content would "
+                 f"then usually hold the {TOOL_CALLS_MARK} markup)"), "the model answered without calling a tool"]
+    if row_cause:
+        possible.insert(0, row_cause)
+    return (f"{where}: {came_back}; the answer shows no cause; possible causes: "
+            + "; ".join(f"({i}) {c}" for i, c in enumerate(possible, 1)))
+
+
 class ToolChat(ChatSession):
     """A chat that knows why the stack might return no tool call (the deployment's tool parser, or a Dynamo
     release whose ``mistral`` parser drops Mistral Large 4's ``[TOOL_CALLS]name[ARGS]{...}`` form) and why a
     guided tool choice may be refused (a schema keyword the release's grammar refuses), from
-    ``pytest_ml4/data/dynamo/versions.yaml`` and the engine log."""
+    ``pytest_ml4/data/dynamo/versions.yaml`` and the engine log. A cause is named only where the answer or the
+    log proves it; otherwise the failure lists it among the possible causes."""
 
-    no_call_cause: str | None = None
+    #: Why no call comes back as the deployment's declared configuration says (a parser other than ``mistral``).
+    parser_cause: str | None = None
+    #: Why no call may come back per the release's versions row (its ``mistral`` parser drops the v11 form).
+    row_drop_cause: str | None = None
     conventions: ToolConventions = VLLM_TOOLS
     dynamo_version: str | None = None
     logs: Any = None
@@ -267,6 +332,11 @@ class ToolChat(ChatSession):
     grammar_not_judged: str | None = None
     #: The repository whose dynamo/versions.yaml rows take precedence (the target's root).
     versions_root: Path | None = None
+
+    @property
+    def no_call_cause(self) -> str | None:
+        """Either cause, where one applies to the stack (the one the configuration states first)."""
+        return self.parser_cause or self.row_drop_cause
 
     def on(self, target: Target, conventions: Mapping[str, Any] | None, worker_engine: Mapping[str, Any] | None,
            logs: Any) -> ToolChat:
@@ -277,8 +347,12 @@ class ToolChat(ChatSession):
             self.dynamo_version = target.serving.dynamo_version
             # The parser the deployment's workers run (what the target declares for --dyn-tool-call-parser).
             self.versions_root = target.root  # a team's dynamo/versions.yaml rows come first
-            self.no_call_cause = tool_call_drop_cause(self.dynamo_version, target.engine.tool_call_parser,
-                                                      self.versions_root)
+            parser = target.engine.tool_call_parser
+            cause = tool_call_drop_cause(self.dynamo_version, parser, self.versions_root)
+            if parser == ROW_PARSER:
+                self.row_drop_cause = cause
+            else:
+                self.parser_cause = cause
             self.logs = logs
             self.grammar_not_judged = emulated_grammar_reason(self.dynamo_version, *running_release(worker_engine))
         row = (conventions or {}).get(target.serving.stack)
@@ -291,19 +365,37 @@ class ToolChat(ChatSession):
         try:
             return super().ask(body, stream)
         except AssertionError as err:
-            cause = self.guided_refusal_cause(body, started)
+            failure = str(err).split(chr(10) + "assert ", 1)[0]
+            cause = self.guided_refusal_cause(body, started, failure)
             if cause is None:
                 raise
             # The cause goes before pytest's "assert ..." explanation of the stream check: it is the verdict.
-            raise AssertionError(f"{str(err).split(chr(10) + 'assert ', 1)[0]}\n{cause}") from None
+            text = f"{failure}\n{cause.text}"
+            if cause.proven:
+                raise Violation("tools.guided_refused", text) from None
+            if isinstance(err, Violation):
+                raise Violation(err.code, text.removeprefix(f"[{err.code}] "), origin=err.origin) from None
+            raise AssertionError(text) from None
 
-    def guided_refusal_cause(self, body: dict[str, Any], since: float) -> str | None:
-        """Why a guided tool choice failed where the release refuses a keyword of the tools' schemas (the
-        keyword the engine log names since the request, else the one the versions row names)."""
+    def guided_refusal_cause(self, body: dict[str, Any], since: float, failure: str = "") -> GuidedCause | None:
+        """Why a guided tool choice failed where the release refuses a keyword of the tools' schemas: proven
+        when the engine log names the keyword since the request or the answer (``failure``) is a 400, else the
+        refusal listed as one possible cause; None for a stack, choice or schema the row does not concern."""
         if self.dynamo_version is None:
             return None
-        return guided_refusal_cause(self.dynamo_version, body.get("tool_choice"), body.get("tools") or [],
-                                    lambda: refused_keys_logged(self.logs, since), self.versions_root)
+        logged = refused_keys_logged(self.logs, since)
+        cause = guided_refusal_cause(self.dynamo_version, body.get("tool_choice"), body.get("tools") or [],
+                                     lambda: logged, self.versions_root)
+        if cause is None:
+            return None
+        evidence = refusal_evidence(failure, logged)
+        if evidence is not None:
+            return GuidedCause(f"{cause} (shown by {evidence})", True)
+        return GuidedCause(
+            f"not shown to be the grammar's refusal (no 400 answer, no 'Grammar error: Unimplemented keys' line in "
+            f"the engine log since the request); possible causes: (1) the {cause.removeprefix('cause: ')}; "
+            f"(2) the engine or the frontend failed the request for another reason (the failure above says what "
+            f"came back)", False)
 
     def assert_obeyed(self, answer: Answer, tools: list[dict[str, Any]], tool_choice: Any,
                       expect_tool: str | None) -> list[Any]:
@@ -312,8 +404,8 @@ class ToolChat(ChatSession):
         where = answer.where
         if self.no_call_cause and not answer.tool_calls and tool_choice != "none":
             # Said first: the markup this release leaves in content would otherwise read as "tool parser off".
-            fail("tools.no_call", f"{where}: tool_choice {tool_choice!r} but no tool call came back: "
-                                  f"{self.no_call_cause}; content: {quote_body(str(answer.message.get('content')))}")
+            raise Violation("tools.no_call", no_call_verdict(where, tool_choice, answer, self.parser_cause,
+                                                             self.row_drop_cause))
         assert_no_control_tokens(answer.message, where)
         assert_tool_choice_obeyed(tool_choice, answer.message, answer.finish_reason, expect_tool, where,
                                   answer.via_litellm, no_call_cause=self.no_call_cause,

@@ -369,6 +369,8 @@ UNPARSED_FORM = "v11"
 #: mistral``/``--dyn-reasoning-parser mistral`` in the seed's manifests); a parser fault leaves it unregistered.
 PARSERS = {"tool_call_parser": "tool_parser_off", "reasoning_parser": "reasoning_parser_off"}
 SEED_PARSER = "mistral"
+#: Faults that start the workers with another parser than the target declares: (runtime-config field, parser).
+WRONG_PARSERS = {"tool_parser_hermes": ("tool_call_parser", "hermes")}
 
 
 def runtime_config(target: Target, faults: ActiveFaults) -> Any:
@@ -383,6 +385,9 @@ def runtime_config(target: Target, faults: ActiveFaults) -> Any:
         # Under only_worker every worker registers the same parsers: the frontend reads one card per model.
         if not faults.has(fault) or faults.has("only_worker"):
             setattr(rc, field_name, getattr(e, field_name) or SEED_PARSER)
+    for fault, (field_name, parser) in WRONG_PARSERS.items():
+        if faults.has(fault):
+            setattr(rc, field_name, parser)
     # Without a token budget the frontend does not refuse an over-long prompt (real-dynamo.md "context length";
     # transcripts python-worker/44 vs 45): the token_budget_missing fault is that worker.
     if faults.has("token_budget_missing"):

@@ -39,6 +39,10 @@ _DEFINITIONS: tuple[Fault, ...] = (
           "suites/test_reasoning.py (no control tokens in content, reasoning separated)"),
     Fault("tool_parser_off", "tool parser disabled: '[TOOL_CALLS]name[ARGS]{...}' is returned as text content",
           "suites/test_tools.py (tool_calls present, no control tokens in content)"),
+    Fault("tool_parser_hermes", "the workers run another tool-call parser than the target declares: "
+          "--dyn-tool-call-parser hermes on Dynamo (the real frontend's hermes parser then leaves Mistral Large 4's "
+          "[TOOL_CALLS] output in content), --tool-call-parser hermes on vLLM (no Mistral parser: calls stay text)",
+          "suites/test_tools.py (a tool call comes back; the failure names the parser, not a release's cause)"),
     Fault("invalid_tool_json", "tool-call arguments are not valid JSON",
           "suites/test_tools.py (arguments parse as JSON and validate against the schema)"),
     Fault("bad_tool_ids", "tool-call ids are not Mistral's 9-char alphanumeric ids (chatcmpl-tool-<hex>)",

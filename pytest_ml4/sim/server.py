@@ -141,7 +141,7 @@ class SimApp:
         self.opts = wire.WireOptions(
             reasoning_parser=self.reasoning_parser,
             tool_parser=bool(t.engine.tool_call_parser) and t.engine.enable_auto_tool_choice
-            and not self.faults.has("tool_parser_off"),
+            and not self.faults.has("tool_parser_off") and not self.faults.has("tool_parser_hermes"),
             reasoning_field=field_mode,
             invalid_tool_json=self.faults.has("invalid_tool_json"),
             bad_tool_ids=self.faults.has("bad_tool_ids"),
