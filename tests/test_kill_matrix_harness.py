@@ -390,8 +390,24 @@ def test_the_gate_names_each_target_whose_tally_does_not_hold() -> None:
     assert kill_gate(_records(1, 2), frozenset()) == [] and kill_gate(_records(1, 2), frozenset({"u"})) == []
     assert gate_scope("off") == frozenset() and gate_scope(None) is None
     assert gate_scope("rtxpro6000-tp8, gb300-agg") == {"rtxpro6000-tp8", "gb300-agg"}
-    with pytest.raises(pytest.UsageError, match="ML4_KILL_MATRIX_GATE='nowhere': give all, off or target names"):
+    with pytest.raises(pytest.UsageError, match="ML4_KILL_MATRIX_GATE='nowhere': give all, ran, off or target names"):
         gate_scope("nowhere")
+
+
+def test_the_ran_scope_requires_every_check_of_the_profiles_run_and_only_those() -> None:
+    """CI's scope (``ran``): a check whose profile the session left out (no healthy run here) is not required; a
+    check whose profile ran but whose kill did not (a kill moved to nightly) still fails the gate."""
+    from conftest import gate_scope, kill_gate
+
+    profile_left_out = [r for r in _records(1, 2) if r.get("check") != "c1" or "healthy" not in r]
+    profile_left_out[0]["profiles"] = {"c0": "fast", "c1": "real"}
+    assert kill_gate(profile_left_out, None, ran_only=True) == []
+    assert kill_gate(profile_left_out, None) == ["t: 1 of 2 checks not proven killed here"]
+    kill_left_out = _records(1, 2)
+    kill_left_out[0]["profiles"] = {"c0": "fast", "c1": "fast"}
+    assert kill_gate(kill_left_out, None, ran_only=True) == ["t: 1 of 2 checks of the profiles run here not proven "
+                                                              "killed here"]
+    assert gate_scope("ran") is None
 
 
 def _doctored_matrices(directory: Path, nightly_kill: bool) -> Path:
@@ -408,7 +424,7 @@ def _doctored_matrices(directory: Path, nightly_kill: bool) -> Path:
     m["checks"] = {k: c if k.startswith("suites/test_preflight.py::") else {"measurement": "doctored"}
                    for k, c in m["checks"].items()}
     if nightly_kill:
-        m["checks"]["suites/test_smoke.py::test_health"] = {"killed_by": {"health_down": "HTTP 503"}}
+        m["checks"]["suites/test_smoke.py::test_health"] = {"killed_by": {"health_down": "health.http_status"}}
         m["kills"]["health_down"] = {"why": "doctored", "faults": ["health_503"]}
     used = {k for c in m["checks"].values() for k in (c.get("killed_by") or {})}
     m["kills"] = {k: v for k, v in m["kills"].items() if k in used}
