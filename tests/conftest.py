@@ -33,6 +33,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_GATE_SCOPE] = gate_scope(os.environ.get(GATE_ENV))
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    # `--dist loadfile`, except that each kill-matrix run is a work unit of its own (tests/xdist_scopes.py).
+    from xdist_scopes import make_scheduler
+
+    return make_scheduler(config, log)
+
+
 @pytest.fixture
 def repo_root() -> Path:
     return REPO

@@ -466,13 +466,19 @@ def read_junit(path: Path) -> dict[str, Outcome]:
     return out
 
 
+def suite_command(matrix: Matrix, nodes: list[str], profile: str, extra: tuple[str, ...], tmp: Path) -> list[str]:
+    """The pytest command of one run: its nodes on the target, the profile's options, then ``extra``; JUnit XML
+    goes to ``tmp/junit.xml``."""
+    sim = [] if profile in matrix.offline else ["--sim"]
+    return [sys.executable, "-m", "pytest", *nodes, "--target", matrix.target, *sim, *matrix.common_args,
+            *matrix.profiles[profile], *extra, "--ml4-reports", str(tmp / "reports"),
+            f"--junitxml={tmp / 'junit.xml'}", "-p", "no:randomly", "-p", "no:cacheprovider", "-q"]
+
+
 def run_suites(matrix: Matrix, nodes: list[str], profile: str, extra: tuple[str, ...], tmp: Path,
                root: Path = REPO) -> dict[str, Outcome]:
     junit = tmp / "junit.xml"
-    sim = [] if profile in matrix.offline else ["--sim"]
-    cmd = [sys.executable, "-m", "pytest", *nodes, "--target", matrix.target, *sim, *matrix.common_args,
-           *matrix.profiles[profile], *extra, "--ml4-reports", str(tmp / "reports"), f"--junitxml={junit}",
-           "-p", "no:randomly", "-p", "no:cacheprovider", "-q"]
+    cmd = suite_command(matrix, nodes, profile, extra, tmp)
     # A failing run is the point of a kill: the exit status is read from the JUnit XML, not checked here.
     proc = run_bounded(cmd, root, RUN_TIMEOUT_S)
     assert junit.is_file(), (f"the run wrote no JUnit XML (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n"

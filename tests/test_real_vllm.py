@@ -258,9 +258,14 @@ def test_log_signatures_match_real_boot_and_stats_lines(real: RealVllm,
 
 
 # --------------------------------------------------------------------------- the suites on real vLLM
+@pytest.mark.nightly
 def test_suites_pass_on_real_vllm(real: RealVllm, api_key: str, tmp_path: Path) -> None:
     """``pytest suites --target rtxpro6000-tp8 --sim --sim-engine vllm -m "smoke or tools or reasoning or osl or
-    kv"`` passes, on this module's real vLLM (``ML4_REAL_VLLM_URL``) behind a real LiteLLM proxy."""
+    kv"`` passes, on this module's real vLLM (``ML4_REAL_VLLM_URL``) behind a real LiteLLM proxy.
+
+    Nightly, like the suites on real ``dynamo.vllm`` workers: ~300 s of one CI worker, CI's slowest test. CI keeps
+    this module's shape, status, metrics and log comparisons against the same real vLLM (the oracle of the
+    simulator the kill matrix runs on)."""
     var = load_target(TARGET).endpoint.api_key_env or "LLM_API_KEY"
     env = {**os.environ, "ML4_REAL_VLLM_URL": real.url, "ML4_REAL_VLLM_LOG": str(real.log_file), var: api_key}
     cmd = [sys.executable, "-m", "pytest", "suites", "--target", TARGET, "--sim", "--sim-engine", "vllm",
