@@ -405,8 +405,8 @@ def test_the_ran_scope_requires_every_check_of_the_profiles_run_and_only_those()
     assert kill_gate(profile_left_out, None) == ["t: 1 of 2 checks not proven killed here"]
     kill_left_out = _records(1, 2)
     kill_left_out[0]["profiles"] = {"c0": "fast", "c1": "fast"}
-    assert kill_gate(kill_left_out, None, ran_only=True) == ["t: 1 of 2 checks of the profiles run here not proven "
-                                                              "killed here"]
+    want = "t: 1 of 2 checks of the profiles run here not proven killed here"
+    assert kill_gate(kill_left_out, None, ran_only=True) == [want]
     assert gate_scope("ran") is None
 
 

@@ -35,7 +35,17 @@ def test_two_workers_share_a_file_of_independent_tests(pytester: pytest.Pytester
     """)
     tests = pytester.mkdir("tests")
     body = "import time\nimport pytest\n@pytest.mark.parametrize('i', range(6))\ndef test_x(i):\n    time.sleep(0.3)\n"
-    (tests / "test_kill_matrix.py").write_text(body)
+    # The per-test file's tests wait until a test of it has started on each worker: shared, they all end at once;
+    # kept on one worker, the first one waits in vain and fails. No sleep decides it, so load cannot either.
+    barrier = pytester.mkdir("started")
+    shared = (f"import os, time\nimport pytest\nSTARTED = {str(barrier)!r}\n"
+              "@pytest.mark.parametrize('i', range(6))\ndef test_x(i):\n"
+              "    open(os.path.join(STARTED, os.environ['PYTEST_XDIST_WORKER']), 'w').close()\n"
+              "    deadline = time.monotonic() + 120\n"
+              "    while len(os.listdir(STARTED)) < 2:\n"
+              "        assert time.monotonic() < deadline, 'no test of this file started on the other worker'\n"
+              "        time.sleep(0.05)\n")
+    (tests / "test_kill_matrix.py").write_text(shared)
     (tests / "test_other.py").write_text(body)
     result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadfile", "-v", "-p", "no:randomly", "tests")
     result.assert_outcomes(passed=12)
