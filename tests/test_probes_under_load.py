@@ -204,3 +204,26 @@ def test_load_only_faults_fail_the_new_check_and_pass_the_single_request_suites(
     wrong = {r["probe"].split(" (")[0].split("=")[0] for r in found["results"] if r["violation"]}
     # Each fault broke its own kind of question: reasoning, the fixed length, the tool calls' arguments.
     assert {"reasoning effort", "fixed length min_tokens", "tool_choice"} <= wrong, found["results"]
+
+
+@pytest.mark.nightly
+@pytest.mark.parametrize(("target", "faults"), [("rtxpro6000-tp8", TOGETHER), ("rtxpro6000-tp8", ("tool_parser_off",)),
+                                                ("gb300-agg", ("tool_parser_off",))],
+                         ids=["rtx-proxy-three", "rtx-proxy-tool-text", "gb300-tool-text"])
+def test_load_only_faults_on_every_stack(pytester: pytest.Pytester, tmp_path: Path, target: str,
+                                         faults: tuple[str, ...]) -> None:
+    """The same proof on rtxpro6000-tp8 through the real LiteLLM proxy (the simulator's rtx deployment has it),
+    and tool calls returned as text on gb300-agg (it overlaps the broken-arguments fault's probes, so it runs on
+    its own). Nightly: about 100 s per deployment on two cores, beyond the CI budget the gb300-agg run above
+    already spends on the same check and faults."""
+    reports = tmp_path / "reports"
+    flags = [a for f in (*faults, UNDER_LOAD) for a in ("--ml4-fault", f)]
+    result = _run(pytester, reports, target, "smoke or tools or reasoning or perf",
+                  "not test_perf.py or answers_stay_correct_under_load and sweep", *BUSY, *flags, timeout=900)
+    failed = _failed_checks(reports)
+    assert list(failed) == ["test_answers_stay_correct_under_load[sweep]"], failed
+    assert "[load.answer_wrong] sweep c32 (concurrency 32): probe " in failed[next(iter(failed))]
+    assert result.parseoutcomes()["passed"] > 60
+    if target == "rtxpro6000-tp8":
+        [run_dir] = [p for p in reports.iterdir() if p.is_dir()]
+        assert (run_dir / "proxy").is_dir()   # the real LiteLLM proxy served the suites (its config and log)
