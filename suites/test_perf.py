@@ -31,7 +31,7 @@ from pytest_ml4.checks.perf import assert_gate_passed, assert_gates_pass, assert
 from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.perf.capacity import capacity_gate
 from pytest_ml4.perf.evaluate import knee_bound
-from pytest_ml4.perf.probes import phase_findings
+from pytest_ml4.perf.probes import load_answers, phase_findings
 from pytest_ml4.perf.gates import knee_unseen
 from pytest_ml4.perf.summary import SCHEMA, SUMMARY_NAME, update_summary
 from pytest_ml4.perf.trace import TraceMissing, replay_agentic_trace
@@ -262,11 +262,13 @@ def test_answers_stay_correct_under_load(phase: str, request: pytest.FixtureRequ
                                          pytestconfig: pytest.Config) -> None:
     """Beside every run of the phase, the suite's own probes (tool calls under every tool_choice, parallel calls,
     reasoning at each effort, a fixed length with min_tokens; streamed and not) at a small share of its requests:
-    every answer passes the single-request suites' verdicts. A batching bug breaks answers only on a busy engine,
+    every answer passes the single-request suites' verdicts; so do the load's own answers where aiperf's records
+    carry it (reasoning reported where the workload reasons, usage adding up). A batching bug breaks answers only on a busy engine,
     which one request at a time never sees. Fails naming the phase, its load, the probe and the first violation,
     with the answer's transcript attached."""
     folders = _phase_folders(phase, request, ml4_target)
     off = ("the probes are off (--perf-probe-share 0)" if request.getfixturevalue("ml4_perf_probes") is None
            else "the runs went to Kubernetes (--perf-kube): no probe runs beside them"
            if pytestconfig.getoption("ml4_perf_kube") is not None else None)
-    assert_answers_correct_under_load(phase, phase_findings(folders), folders, off)
+    load = [a for f in folders if (a := load_answers(f"{phase} {Path(f).name}", f)) is not None]
+    assert_answers_correct_under_load(phase, phase_findings(folders), folders, off, load)

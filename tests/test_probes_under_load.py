@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,10 @@ import httpx
 import pytest
 
 from pytest_ml4.checks.codes import Violation
-from pytest_ml4.checks.load import assert_answers_correct_under_load
+from pytest_ml4.checks.load import (
+    assert_answers_correct_under_load,
+    assert_load_answers_consistent,
+)
 from pytest_ml4.checks.verdict import NotJudged
 from pytest_ml4.client import Endpoint
 from pytest_ml4.deploy.simulator import SimServer
@@ -29,6 +33,7 @@ from pytest_ml4.perf.probes import (
     ProbeResult,
     ProbeTiming,
     alternate,
+    load_answers,
     phase_findings,
     probe_cycle,
 )
@@ -67,6 +72,14 @@ def _chat(url: str, body: dict[str, Any]) -> dict[str, Any]:
     return dict(r.json()["choices"][0]["message"])
 
 
+def _wait_until_busy(url: str, n: int) -> None:
+    """Until the engine holds ``n`` requests (the simulator's ``/load``, vLLM's ``server_load``)."""
+    deadline = time.monotonic() + 30
+    while httpx.get(url + "/load", timeout=5, headers=AUTH).json()["server_load"] < n:
+        assert time.monotonic() < deadline, "the engine never held the load"
+        time.sleep(0.02)
+
+
 def test_a_quiet_engine_answers_right_and_a_busy_one_leaks(tmp_path: Path) -> None:
     """Real HTTP against the simulated vLLM engine: alone, the reasoning stays apart; while four long requests
     run, the next answer carries its [THINK] markup in content."""
@@ -83,6 +96,7 @@ def test_a_quiet_engine_answers_right_and_a_busy_one_leaks(tmp_path: Path) -> No
         for t in load:
             t.start()
         try:
+            _wait_until_busy(sim.url, 4)
             busy = _chat(sim.url, ask)
         finally:
             for t in load:
@@ -169,6 +183,39 @@ def test_a_probe_judges_a_real_answer_with_the_suites_verdict(tmp_path: Path) ->
     assert "reasoning_effort" in transcript and "violation:" in transcript
 
 
+def _records(folder: Path, rows: list[tuple[int, int, int, int]]) -> Path:
+    """aiperf 0.13's per-request lines (the shape written with --use-server-token-count, trimmed to the usage):
+    (reasoning, completion, prompt, total) per request."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i, (reasoning, completion, prompt, total) in enumerate(rows):
+        metrics = {"usage_completion_tokens": {"value": completion, "unit": "tokens"},
+                   "usage_prompt_tokens": {"value": prompt, "unit": "tokens"},
+                   "usage_total_tokens": {"value": total, "unit": "tokens"}}
+        if reasoning:
+            metrics["usage_reasoning_tokens"] = {"value": reasoning, "unit": "tokens"}
+        lines.append(json.dumps({"metadata": {"x_request_id": f"r{i}", "benchmark_phase": "profiling"},
+                                 "metrics": metrics}))
+    (folder / "profile_export.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_the_loads_own_answers_are_judged_from_aiperfs_records(tmp_path: Path) -> None:
+    healthy = load_answers("sweep c32", _records(tmp_path / "a", [(131, 256, 150, 406)] * 3))
+    assert healthy is not None and healthy.reasons
+    assert_load_answers_consistent([healthy])
+    leaked = load_answers("sweep c32", _records(tmp_path / "b", [(131, 256, 150, 406)] * 3 + [(0, 256, 150, 406)]))
+    with pytest.raises(Violation) as err:
+        assert_load_answers_consistent([leaked])
+    assert err.value.code == "load.reasoning_missing" and "1 of 4 load answers" in err.value.message
+    # A workload that does not reason here (Dynamo without an effort) is not held to it.
+    assert_load_answers_consistent([load_answers("sweep c32", _records(tmp_path / "c", [(0, 256, 150, 406)] * 3))])
+    off = load_answers("goodput-chat production", _records(tmp_path / "d", [(300, 256, 150, 406)]))
+    with pytest.raises(Violation, match=r"reasoning_tokens 300 > completion_tokens 256") as err:
+        assert_load_answers_consistent([off])
+    assert err.value.code == "load.usage_inconsistent"
+
+
 # ------------------------------------------------------------------------------------------------ end to end
 def _run(pytester: pytest.Pytester, reports: Path, target: str, marks: str, keyword: str, *extra: str,
          timeout: int = 420) -> pytest.RunResult:
@@ -207,23 +254,31 @@ def test_load_only_faults_fail_the_new_check_and_pass_the_single_request_suites(
 
 
 @pytest.mark.nightly
-@pytest.mark.parametrize(("target", "faults"), [("rtxpro6000-tp8", TOGETHER), ("rtxpro6000-tp8", ("tool_parser_off",)),
-                                                ("gb300-agg", ("tool_parser_off",))],
-                         ids=["rtx-proxy-three", "rtx-proxy-tool-text", "gb300-tool-text"])
+@pytest.mark.parametrize(("target", "faults", "extra"), [
+    ("rtxpro6000-tp8", ("reasoning_parser_off", "min_tokens_ignored"), ()),
+    ("rtxpro6000-tp8", ("tool_parser_off",), ()),
+    ("rtxpro6000-tp8", ("invalid_tool_json",), ("--ml4-no-proxy",)),
+    ("gb300-agg", ("tool_parser_off",), ()),
+], ids=["rtx-proxy-reasoning-min-tokens", "rtx-proxy-tool-text", "rtx-engine-broken-arguments", "gb300-tool-text"])
 def test_load_only_faults_on_every_stack(pytester: pytest.Pytester, tmp_path: Path, target: str,
-                                         faults: tuple[str, ...]) -> None:
+                                         faults: tuple[str, ...], extra: tuple[str, ...]) -> None:
     """The same proof on rtxpro6000-tp8 through the real LiteLLM proxy (the simulator's rtx deployment has it),
     and tool calls returned as text on gb300-agg (it overlaps the broken-arguments fault's probes, so it runs on
-    its own). Nightly: about 100 s per deployment on two cores, beyond the CI budget the gb300-agg run above
-    already spends on the same check and faults."""
+    its own). Broken arguments on rtx are judged at the engine (``--ml4-no-proxy``), as the plain invalid_tool_json
+    kill is: LiteLLM does not pass them on as the engine wrote them. rtx's engine queues past its 16 sequences,
+    so its sweep is c8 (the engine still holds 4 or more). Nightly: about 100 s per deployment on two cores,
+    beyond the CI budget the gb300-agg run above already spends on the same check and faults."""
     reports = tmp_path / "reports"
     flags = [a for f in (*faults, UNDER_LOAD) for a in ("--ml4-fault", f)]
+    concurrency = "8" if target == "rtxpro6000-tp8" else "32"
     result = _run(pytester, reports, target, "smoke or tools or reasoning or perf",
-                  "not test_perf.py or answers_stay_correct_under_load and sweep", *BUSY, *flags, timeout=900)
+                  "not test_perf.py or answers_stay_correct_under_load and sweep", *BUSY, "--perf-concurrencies",
+                  concurrency, *flags, *extra, timeout=900)
     failed = _failed_checks(reports)
     assert list(failed) == ["test_answers_stay_correct_under_load[sweep]"], failed
-    assert "[load.answer_wrong] sweep c32 (concurrency 32): probe " in failed[next(iter(failed))]
+    message = failed["test_answers_stay_correct_under_load[sweep]"]
+    assert f"[load.answer_wrong] sweep c{concurrency} (concurrency {concurrency}): probe " in message, message
     assert result.parseoutcomes()["passed"] > 60
-    if target == "rtxpro6000-tp8":
+    if target == "rtxpro6000-tp8" and not extra:
         [run_dir] = [p for p in reports.iterdir() if p.is_dir()]
         assert (run_dir / "proxy").is_dir()   # the real LiteLLM proxy served the suites (its config and log)

@@ -450,3 +450,43 @@ def probe_share(found: Sequence[PhaseProbes]) -> tuple[int, int | None]:
     probes = sum(len(p.results) for p in found)
     loads = [p.load_requests for p in found]
     return probes, None if any(n is None for n in loads) else sum(n for n in loads if n is not None)
+
+
+# ------------------------------------------------------------------------------------------------ the load's answers
+@dataclass(frozen=True)
+class LoadAnswers:
+    """What aiperf's per-request records (``profile_export.jsonl``, profiling phase) say of the load's own answers
+    (verified on aiperf 0.13 with ``--use-server-token-count``: ``usage_reasoning_tokens``, ``usage_completion_tokens``,
+    ``usage_prompt_tokens``, ``usage_total_tokens`` per request)."""
+
+    label: str
+    answered: int                       # successful records
+    reasoned: list[str]                 # x_request_id of the answers reporting reasoning tokens
+    unreasoned: list[str]               # ... and of those reporting none
+    usage_wrong: list[str]              # "<id>: <what does not add up>"
+
+    @property
+    def reasons(self) -> bool:
+        """The workload reasons on this deployment: most of its answers report reasoning tokens."""
+        return len(self.reasoned) * 2 >= self.answered > 0
+
+
+def load_answers(label: str, folder: Path | str) -> LoadAnswers | None:
+    """The load's answers of one aiperf folder, None when it has no per-request export."""
+    from pytest_ml4.perf.export import ExportError, read_records
+
+    try:
+        records = [r for r in read_records(Path(folder)) if r.ok]
+    except ExportError:
+        return None
+    reasoned, unreasoned, wrong = [], [], []
+    for r in records:
+        rid = str(r.metadata.get("x_request_id", "?"))
+        reasoning, completion = r.value("usage_reasoning_tokens"), r.value("usage_completion_tokens")
+        (reasoned if reasoning else unreasoned).append(rid)
+        prompt, total = r.value("usage_prompt_tokens"), r.value("usage_total_tokens")
+        if isinstance(reasoning, (int, float)) and isinstance(completion, (int, float)) and reasoning > completion:
+            wrong.append(f"{rid}: reasoning_tokens {reasoning:g} > completion_tokens {completion:g}")
+        elif None not in (prompt, completion, total) and prompt + completion != total:
+            wrong.append(f"{rid}: prompt {prompt:g} + completion {completion:g} != total_tokens {total:g}")
+    return LoadAnswers(label, len(records), reasoned, unreasoned, wrong)
