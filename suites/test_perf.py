@@ -272,3 +272,28 @@ def test_answers_stay_correct_under_load(phase: str, request: pytest.FixtureRequ
            if pytestconfig.getoption("ml4_perf_kube") is not None else None)
     load = [a for f in folders if (a := load_answers(f"{phase} {Path(f).name}", f)) is not None]
     assert_answers_correct_under_load(phase, phase_findings(folders), folders, off, load)
+
+
+def test_answers_stay_correct_over_the_soak(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
+                                            ml4_target: Target, ml4_run_dir: Path) -> None:
+    """``--ml4-soak DURATION`` (nightly): the chat workload at its production rate for DURATION with the probes
+    beside it; every answer passes its verdict, and the probes and violations over time are printed and plotted
+    (``perf/soak-probes.png``) so a defect that starts late shows when."""
+    from pytest_ml4.perf.soak import SOAK_PLOT, bucket_width, soak_buckets, write_soak_plot
+    from pytest_ml4.plugin.perf import soak_duration
+
+    duration = soak_duration(pytestconfig)
+    if duration is None:
+        pytest.skip("runs only with --ml4-soak DURATION (nightly runs)")
+    _workload(ml4_target, "chat")
+    run = request.getfixturevalue("ml4_perf_workloads").soak("chat", duration)
+    found = phase_findings([run.out_dir])
+    if found:
+        plot = write_soak_plot(found[0], duration, ml4_run_dir / "perf" / SOAK_PLOT,
+                               f"{ml4_target.name}, soak of {duration:g} s at {run.rate:g} req/s")
+        _attach(plot.name, plot.read_bytes(), "PNG")
+        for bucket in soak_buckets(found[0], duration):
+            print(bucket.describe(bucket_width(duration)))
+    off = "the probes are off (--perf-probe-share 0)" if request.getfixturevalue("ml4_perf_probes") is None else None
+    load = [a for a in [load_answers(f"soak {Path(run.out_dir).name}", run.out_dir)] if a is not None]
+    assert_answers_correct_under_load("soak", found, [run.out_dir], off, load)

@@ -37,6 +37,7 @@ from pytest_ml4.perf.probes import (
     phase_findings,
     probe_cycle,
 )
+from pytest_ml4.perf.soak import parse_duration, soak_buckets
 from pytest_ml4.sim.faults import ActiveFaults
 from pytest_ml4.targets import load_target
 
@@ -214,6 +215,26 @@ def test_the_loads_own_answers_are_judged_from_aiperfs_records(tmp_path: Path) -
     with pytest.raises(Violation, match=r"reasoning_tokens 300 > completion_tokens 256") as err:
         assert_load_answers_consistent([off])
     assert err.value.code == "load.usage_inconsistent"
+
+
+def test_soak_durations_and_buckets() -> None:
+    assert [parse_duration(x) for x in ("90", "90s", "1.5m", "2h")] == [90.0, 90.0, 90.0, 7200.0]
+    for bad in ("", "0s", "ten minutes", "5d", "-3s"):
+        with pytest.raises(ValueError, match="expected a duration such as 30s, 15m or 2h"):
+            parse_duration(bad)
+    found = PhaseProbes("soak", "chat soak at 4 req/s", 256, 4.0, 0.05, [
+        ProbeResult(1, "a", 1.0, 0.1, 5), ProbeResult(2, "b", 55.0, 0.1, 5, "late leak"),
+        ProbeResult(3, "c", 58.0, 0.1, 5, "late leak")])
+    buckets = soak_buckets(found, 60.0)
+    assert len(buckets) == 10 and (buckets[0].probes, buckets[0].violations) == (1, 0)
+    assert (buckets[-1].probes, buckets[-1].violations) == (2, 2)
+
+
+def test_a_bad_soak_duration_is_one_line_naming_the_option(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess(str(SUITES / "test_perf.py"), "--target", "gb300-agg", "--ml4-soak",
+                                           "forever", "--collect-only", "-p", "no:randomly", timeout=120)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--ml4-soak: expected a duration such as 30s, 15m or 2h, got 'forever'*"])
 
 
 # ------------------------------------------------------------------------------------------------ end to end

@@ -151,6 +151,11 @@ class WorkloadRunner:
         """The goodput run: the workload at its production rate."""
         return self.run(name, self.workload(name).request_rate, "production")
 
+    def soak(self, name: str, duration_s: float) -> WorkloadRun:
+        """The workload at its production rate for ``duration_s`` (``--ml4-soak``): the probes ride it."""
+        w = self.workload(name)
+        return self.run(name, w.request_rate, "soak", max(round(w.request_rate * duration_s), 1))
+
     def capacity_folders(self, name: str) -> list[Path]:
         """The aiperf folders of the capacity search's runs so far (their probes' findings are beside them)."""
         return sorted(p for p in (self.root / name).glob("capacity-*") if p.is_dir())
@@ -176,7 +181,7 @@ class WorkloadRunner:
 
 def workload_phase(name: str, label: str, rate: float, concurrency: int) -> Phase:
     """The probed phase of a workload run: its production run is the goodput phase, the others the capacity's."""
-    kind = f"goodput-{name}" if label == "production" else "capacity"
+    kind = {"production": f"goodput-{name}", "soak": "soak"}.get(label, "capacity")
     return Phase(kind, f"{name} {label} at {rate:g} req/s", concurrency, rate=rate)
 
 

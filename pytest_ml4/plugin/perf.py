@@ -102,6 +102,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="functional probes sent beside every load phase, as a share of the phase's requests "
                          "(default: pytest_ml4/data/prompts/probes.yaml, 0.05; 0 turns them off) "
                          "(ini: ml4_perf_probe_share)")
+    group.addoption("--ml4-soak", dest="ml4_soak", default=None, metavar="DURATION",
+                    help="keep the functional probes going beside the chat workload at its production rate for "
+                         "DURATION (30s, 15m, 2h) and report their violations over time, with a plot (nightly runs; "
+                         "test_answers_stay_correct_over_the_soak) (ini: ml4_soak)")
+    parser.addini("ml4_soak", "soak duration of the probes beside a production-rate load (30s, 15m, 2h)", default=None)
     parser.addini("ml4_perf_probe_share", "functional probes beside the load, share of its requests", default=None)
     parser.addini("ml4_perf_concurrencies", "perf sweep concurrencies, comma-separated", default=None)
     parser.addini("ml4_perf_duration", "seconds per perf sweep point", default=None)
@@ -344,6 +349,23 @@ def probe_share(config: pytest.Config) -> float:
         raise pytest.UsageError(f"--perf-probe-share: expected a share of the load's requests in [0, 1) (0 turns "
                                 f"the probes off), got {raw!r}")
     return share
+
+
+def soak_duration(config: pytest.Config) -> float | None:
+    """``--ml4-soak`` in seconds (ini ``ml4_soak``), None when not asked; one line naming the option when bad."""
+    from pytest_ml4.perf.soak import parse_duration
+
+    raw = opt(config, "ml4_soak", "ml4_soak")
+    if raw is None:
+        return None
+    try:
+        return parse_duration(raw)
+    except ValueError as err:
+        raise pytest.UsageError(f"--ml4-soak: {err}") from None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    soak_duration(config)   # a bad --ml4-soak stops the run before anything starts
 
 
 @pytest.fixture(scope="session")
