@@ -325,3 +325,15 @@ def test_the_probes_pass_beside_real_vllm(pytester: pytest.Pytester, tmp_path: P
     result.assert_outcomes(passed=1)
     [probes_file] = reports.glob("*/perf/sweep-*/c4/ml4-probes.json")
     assert json.loads(probes_file.read_text())["results"], "no probe was answered beside the load"
+
+
+def test_the_saturation_gate_allows_the_probe_the_engine_runs_beside_the_load() -> None:
+    """Caught on gb300-agg's CI sweep: with the probe beside c32 the engines' summed gauge read 33 (p50), over the
+    32 the gate allowed below the cap; one more, and only where the probes ran."""
+    from test_check_bounds import point
+
+    from pytest_ml4.perf import gates
+
+    assert not gates.saturation_gate(point(32, 33.0), 64).passed
+    assert gates.saturation_gate(point(32, 33.0), 64, beside=1).passed
+    assert not gates.saturation_gate(point(32, 34.0), 64, beside=1).passed

@@ -153,6 +153,8 @@ class Client:
 
 
 Write = Callable[[str], None]
+#: ``PointResult.extra`` key: requests the suite's probes kept in flight beside the point's load.
+PROBES_BESIDE = "probes_beside"
 
 
 def describe_point(point: PointResult) -> str:
@@ -194,6 +196,8 @@ def run_sweep(target: Target, client: Client, settings: SweepSettings, out_root:
         except KeyboardInterrupt:
             raise SweepInterrupted(results, c) from None
         point = point_from_run(run, [client.api_key])
+        if client.probes is not None:
+            point.extra[PROBES_BESIDE] = 1   # the probes go one at a time: the engine may run one more
         results.append(point)
         progress.point_done(c, describe_point(point))
     return results
