@@ -38,8 +38,6 @@ PROBES_DATA = data_file("prompts", "probes.yaml")
 PROBE_TIMEOUT_S = 300.0
 #: How often the thread looks at aiperf's console state while waiting for the profiling phase.
 POLL_S = 0.05
-#: The kinds of phase the suite probes; the check ``test_answers_stay_correct_under_load`` has one instance each.
-PHASE_KINDS = ("sweep", "goodput-chat", "goodput-sessions", "capacity", "trace")
 #: A closed-loop phase whose output length is not fixed (the trace replay) is paced as if its answers had this many.
 DEFAULT_OSL = 256
 
@@ -443,13 +441,6 @@ def first_violation(found: Sequence[PhaseProbes]) -> FirstViolation | None:
             if r.violation:
                 return FirstViolation(phase, r)
     return None
-
-
-def probe_share(found: Sequence[PhaseProbes]) -> tuple[int, int | None]:
-    """Probes sent and load requests completed over ``found`` (None when an export lacks its count)."""
-    probes = sum(len(p.results) for p in found)
-    loads = [p.load_requests for p in found]
-    return probes, None if any(n is None for n in loads) else sum(n for n in loads if n is not None)
 
 
 # ------------------------------------------------------------------------------------------------ the load's answers
