@@ -279,7 +279,12 @@ def test_answers_stay_correct_over_the_soak(request: pytest.FixtureRequest, pyte
     """``--ml4-soak DURATION`` (nightly): the chat workload at its production rate for DURATION with the probes
     beside it; every answer passes its verdict, and the probes and violations over time are printed and plotted
     (``perf/soak-probes.png``) so a defect that starts late shows when."""
-    from pytest_ml4.perf.soak import SOAK_PLOT, bucket_width, soak_buckets, write_soak_plot
+    from pytest_ml4.perf.soak import (
+        SOAK_PLOT,
+        bucket_width,
+        soak_buckets,
+        write_soak_plot,
+    )
     from pytest_ml4.plugin.perf import soak_duration
 
     duration = soak_duration(pytestconfig)
