@@ -2,6 +2,7 @@
 endpoint, read from the simulator's own counters.
 
     python benchmarks/gate_cost.py [--target rtxpro6000-tp8] [--suites smoke,tools,...] [--json PATH]
+    python benchmarks/gate_cost.py --suites perf,perf-no-probes    # what the probes beside the load add
 
 Each suite runs on its own (``pytest suites/<its file> --target T --sim``, perf with ``--perf-short``, the
 CI profile: a real gate run with the full sweep costs more) with this module loaded as a pytest plugin
@@ -47,14 +48,17 @@ SUITE_FILES = {"smoke": "test_smoke.py", "tools": "test_tools.py", "reasoning": 
                "osl": "test_osl.py", "kv": "test_kv_cache.py", "restart": "test_restart.py", "perf": "test_perf.py",
                "preflight": "test_preflight.py", "accuracy": "test_accuracy.py",
                # the perf suite's open-loop gates on their own: what each adds to the perf suite
-               "goodput": "test_perf.py", "capacity": "test_perf.py", "sessions": "test_perf.py"}
+               "goodput": "test_perf.py", "capacity": "test_perf.py", "sessions": "test_perf.py",
+               # the perf suite without the functional probes beside its load: what the probes add
+               "perf-no-probes": "test_perf.py"}
 SUITES = tuple(SUITE_FILES)
 #: Extra pytest arguments per suite (the perf suite's short CI profile, the main job's BFCL sample size).
 SUITE_ARGS: dict[str, list[str]] = {
     "perf": ["--perf-short"], "accuracy": ["--accuracy-size", "50"],
     "goodput": ["--perf-short", "-k", "goodput_at_production_rate and chat"],
     "capacity": ["--perf-short", "-k", "capacity_at_least_declared"],
-    "sessions": ["--perf-short", "-k", "goodput_at_production_rate and sessions or sessions_reuse"]}
+    "sessions": ["--perf-short", "-k", "goodput_at_production_rate and sessions or sessions_reuse"],
+    "perf-no-probes": ["--perf-short", "--perf-probe-share", "0"]}
 COUNTERS = {"prompt_tokens": "vllm:prompt_tokens_total", "output_tokens": "vllm:generation_tokens_total",
             "served": "vllm:request_success_total"}
 OUT_ENV = "ML4_GATE_COST_OUT"
@@ -204,6 +208,16 @@ def row(c: SuiteCost) -> str:
             f"{c.output_tokens:10.0f}{mark} {c.wall_s:7.1f}")
 
 
+def probes_cost(with_probes: SuiteCost, without: SuiteCost) -> str:
+    """What the functional probes beside the load add to the perf suite (the issue's budget: at most 10 %)."""
+    def pct(a: float, b: float) -> str:
+        return f"{100 * (a - b) / b:+.1f} %" if b else "n/a"
+
+    return (f"probes beside the load: {with_probes.requests - without.requests:+d} requests "
+            f"({pct(with_probes.requests, without.requests)}), {with_probes.wall_s - without.wall_s:+.1f} s wall "
+            f"({pct(with_probes.wall_s, without.wall_s)}) over the perf suite")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="rtxpro6000-tp8")
@@ -226,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
                       sum(c.prompt_tokens for c in costs), sum(c.output_tokens for c in costs))
     total.incarnations = max((c.incarnations for c in costs), default=0)
     print(row(total))
+    by_name = {c.suite: c for c in costs}
+    if "perf" in by_name and "perf-no-probes" in by_name:
+        print(probes_cost(by_name["perf"], by_name["perf-no-probes"]))
     if any(c.incarnations > 1 for c in costs):
         print("* engines restarted during the suite: served and token figures are lower bounds (see --help)")
     if args.json:

@@ -10,7 +10,9 @@ concurrencies, ISL/OSL and duration from the target's ``perf:`` section, shorten
 * the stored baseline within tolerance (RTX PRO: seed 000's table, ``pytest_ml4/data/baselines/``), ``--perf-compare-fail``;
 * decode concurrency saturating at ``max_num_seqs`` (and running together below it); the latency knee (first
   TTFT p99 over the target's limit) not before ``gates.knee_not_before`` or the baseline's knee;
-* plots and ``perf-summary.json`` (with the roofline ESTIMATE, reported, not gated) in the run folder.
+* plots and ``perf-summary.json`` (with the roofline ESTIMATE, reported, not gated) in the run folder;
+* the answers stay correct under load: functional probes sent beside every load phase (tool calls, reasoning,
+  fixed length; ``pytest_ml4.perf.probes``) pass the single-request suites' verdicts, one check per phase kind.
 """
 
 from __future__ import annotations
@@ -23,15 +25,13 @@ import pytest
 
 from pytest_ml4.baselines import describe_conditions
 from pytest_ml4.checks.codes import fail, require
-from pytest_ml4.checks.perf import (
-    assert_gate_passed,
-    assert_gates_pass,
-    assert_trace_replayed,
-)
+from pytest_ml4.checks.load import assert_answers_correct_under_load
+from pytest_ml4.checks.perf import assert_gate_passed, assert_gates_pass, assert_trace_replayed
 from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.client import Endpoint
 from pytest_ml4.perf.capacity import capacity_gate
 from pytest_ml4.perf.evaluate import knee_bound
+from pytest_ml4.perf.probes import load_answers, phase_findings
 from pytest_ml4.perf.gates import knee_unseen
 from pytest_ml4.perf.summary import SCHEMA, SUMMARY_NAME, update_summary
 from pytest_ml4.perf.trace import TraceMissing, replay_agentic_trace
@@ -236,3 +236,80 @@ def test_sessions_reuse_the_shared_prefix(ml4_perf_workloads: Any, ml4_target: T
             lambda: f"sessions: the engines served {hits:.0f} prompt tokens from their prefix cache ({share:.1%} of "
                     f"{queries:.0f}), fewer than the {floor.tokens:.0f} guaranteed by {floor.describe(w.system_prompt_tokens)} "
                     f"over {run.requests} requests on {engines} engine(s)")
+
+
+
+# ------------------------------------------------------------------------------------ correctness under load
+def _phase_folders(phase: str, request: pytest.FixtureRequest, target: Target) -> list[str]:
+    """The aiperf folders of the phase kind's runs (running them if no other check has yet)."""
+    if phase == "sweep":
+        return [p.out_dir for p in request.getfixturevalue("ml4_perf_sweep").points]
+    if phase == "trace":
+        try:
+            replay = replay_agentic_trace(target, request.getfixturevalue("ml4_perf_client"),
+                                          request.getfixturevalue("ml4_run_dir"),
+                                          request.getfixturevalue("ml4_perf_settings"),
+                                          request.getfixturevalue("ml4_perf_progress"),
+                                          bool(request.getfixturevalue("ml4_endpoint").simulated))
+        except TraceMissing as err:
+            pytest.fail(str(err), pytrace=False)
+        return [replay.point.out_dir]
+    workloads = request.getfixturevalue("ml4_perf_workloads")
+    if phase == "capacity":
+        _workload(target, "chat")
+        try:
+            workloads.capacity("chat")
+        except (CapacityRunFailed, KeyError) as err:
+            pytest.fail(str(err), pytrace=False)
+        return [str(p) for p in workloads.capacity_folders("chat")]
+    name = phase.removeprefix("goodput-")
+    _workload(target, name)
+    return [workloads.production(name).out_dir]
+
+
+@pytest.mark.parametrize("phase", ["sweep", "goodput-chat", "goodput-sessions", "capacity",
+                                   pytest.param("trace", marks=pytest.mark.dynamo)])
+def test_answers_stay_correct_under_load(phase: str, request: pytest.FixtureRequest, ml4_target: Target,
+                                         pytestconfig: pytest.Config) -> None:
+    """Beside every run of the phase, the suite's own probes (tool calls under every tool_choice, parallel calls,
+    reasoning at each effort, a fixed length with min_tokens; streamed and not) at a small share of its requests:
+    every answer passes the single-request suites' verdicts; so do the load's own answers where aiperf's records
+    carry it (reasoning reported where the workload reasons, usage adding up). A batching bug breaks answers only on a busy engine,
+    which one request at a time never sees. Fails naming the phase, its load, the probe and the first violation,
+    with the answer's transcript attached."""
+    folders = _phase_folders(phase, request, ml4_target)
+    off = ("the probes are off (--perf-probe-share 0)" if request.getfixturevalue("ml4_perf_probes") is None
+           else "the runs went to Kubernetes (--perf-kube): no probe runs beside them"
+           if pytestconfig.getoption("ml4_perf_kube") is not None else None)
+    load = [a for f in folders if (a := load_answers(f"{phase} {Path(f).name}", f)) is not None]
+    assert_answers_correct_under_load(phase, phase_findings(folders), folders, off, load)
+
+
+def test_answers_stay_correct_over_the_soak(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
+                                            ml4_target: Target, ml4_run_dir: Path) -> None:
+    """``--ml4-soak DURATION`` (nightly): the chat workload at its production rate for DURATION with the probes
+    beside it; every answer passes its verdict, and the probes and violations over time are printed and plotted
+    (``perf/soak-probes.png``) so a defect that starts late shows when."""
+    from pytest_ml4.perf.soak import (
+        SOAK_PLOT,
+        bucket_width,
+        soak_buckets,
+        write_soak_plot,
+    )
+    from pytest_ml4.plugin.perf import soak_duration
+
+    duration = soak_duration(pytestconfig)
+    if duration is None:
+        pytest.skip("runs only with --ml4-soak DURATION (nightly runs)")
+    _workload(ml4_target, "chat")
+    run = request.getfixturevalue("ml4_perf_workloads").soak("chat", duration)
+    found = phase_findings([run.out_dir])
+    if found:
+        plot = write_soak_plot(found[0], duration, ml4_run_dir / "perf" / SOAK_PLOT,
+                               f"{ml4_target.name}, soak of {duration:g} s at {run.rate:g} req/s")
+        _attach(plot.name, plot.read_bytes(), "PNG")
+        for bucket in soak_buckets(found[0], duration):
+            print(bucket.describe(bucket_width(duration)))
+    off = "the probes are off (--perf-probe-share 0)" if request.getfixturevalue("ml4_perf_probes") is None else None
+    load = [a for a in [load_answers(f"soak {Path(run.out_dir).name}", run.out_dir)] if a is not None]
+    assert_answers_correct_under_load("soak", found, [run.out_dir], off, load)

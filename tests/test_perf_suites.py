@@ -34,8 +34,9 @@ def only_run_dir(reports: Path) -> Path:
 def test_rtx_short_profile_passes_and_writes_outputs(pytester: pytest.Pytester, tmp_path: Path) -> None:
     reports = tmp_path / "reports"
     result = run_suites(pytester, reports, "rtxpro6000-tp8")
-    # The two Dynamo-only tests are skipped by their marker on the RTX PRO target.
-    result.assert_outcomes(passed=12, skipped=2)
+    # The three Dynamo-only tests (the trace replay, its probes' check, the Dynamo gate) are skipped by their marker
+    # on the RTX PRO target, the soak without --ml4-soak; the probes' check beside the sweep runs.
+    result.assert_outcomes(passed=13, skipped=4)
     result.stdout.fnmatch_lines(["*[[]ml4 perf[]] point 1/4: c1 started*", "*[[]ml4 perf[]] c32 done:*"])
     run_dir = only_run_dir(reports)
     summary = json.loads((run_dir / "perf-summary.json").read_text())
@@ -69,10 +70,12 @@ def test_quiet_run_prints_no_progress(pytester: pytest.Pytester, tmp_path: Path)
 
 def test_dynamo_short_profile_with_trace_replay(pytester: pytest.Pytester, tmp_path: Path) -> None:
     reports = tmp_path / "reports"
-    result = run_suites(pytester, reports, "gb300-agg", "--perf-concurrencies", "1,32")
-    # The target's stored baseline (made by the simulator) judges this simulator run; the trace replay runs.
+    result = run_suites(pytester, reports, "gb300-agg", "--perf-concurrencies", "1,32", "--ml4-soak", "3s")
+    # The target's stored baseline (made by the simulator) judges this simulator run; the trace replay runs, and
+    # a three-second soak with the probes beside it.
     outcomes = {k: v for k, v in result.parseoutcomes().items() if k not in ("warnings", "warning")}
-    assert outcomes == {"passed": 14, "deselected": 4}, outcomes
+    assert outcomes == {"passed": 17, "deselected": 7}, outcomes
+    assert (only_run_dir(reports) / "perf" / "soak-probes.png").stat().st_size > 1000
     summary = json.loads((only_run_dir(reports) / "perf-summary.json").read_text())
     assert summary["trace"]["passed"] and summary["trace"]["settings"]["rows"] == 16
     assert {g["gate"] for g in summary["sweep"]["gates"]} >= {"decode_tok_s_user_p50", "ttft_p50", "errors"}
@@ -87,7 +90,8 @@ def test_gb300_disagg_goodput_capacity_sessions_through_perf_kube(pytester: pyte
     saturation figure at c32 depends on the machine's load). Nightly: ~4 min on 2 cores."""
     reports = tmp_path / "reports"
     result = pytester.runpytest_subprocess(SUITES[1], "--target", "gb300-disagg", "--sim", "-m", "perf",
-                                           "--perf-short", "--perf-kube", "4", "-k", "not (" + OPEN_LOOP + ")",
+                                           "--perf-short", "--perf-kube", "4", "-k",
+                                           "not (" + OPEN_LOOP + ") and not answers_stay_correct",
                                            "--ml4-reports", str(reports), "-p", "no:randomly", "-rA", timeout=900)
     result.assert_outcomes(passed=4)
     run_dir = only_run_dir(reports)

@@ -16,7 +16,7 @@ from pytest_ml4.perf.figures import PointFigures
 from pytest_ml4.perf.plots import write_plots
 from pytest_ml4.perf.roofline import Roofline, roofline
 from pytest_ml4.perf.summary import deviation_dicts, gate_dicts, update_summary
-from pytest_ml4.perf.sweep import PointResult, SweepSettings
+from pytest_ml4.perf.sweep import PROBES_BESIDE, PointResult, SweepSettings
 from pytest_ml4.targets import Target
 
 
@@ -66,9 +66,10 @@ def evaluate_sweep(target: Target, settings: SweepSettings, points: Sequence[Poi
     for p in points:
         results.append(g.GateResult("run", p.concurrency, p.ok, "usable aiperf run" if p.ok
                                     else "; ".join(p.problems)))
+    beside = {p.concurrency: int(p.extra.get(PROBES_BESIDE, 0)) for p in points}
     for f in figs:
         results += g.point_gates(f, target)
-        results.append(g.saturation_gate(f, target.engine.max_num_seqs))
+        results.append(g.saturation_gate(f, target.engine.max_num_seqs, beside.get(f.concurrency, 0)))
     limit = target.gates.ttft_p99_knee_s
     not_before = knee_bound(target, baseline, limit)
     results.append(g.knee_gate(figs, limit, not_before))

@@ -74,7 +74,7 @@ def dynamo_gates(fig: PointFigures, target: Target) -> list[GateResult]:
     return out
 
 
-def saturation_gate(fig: PointFigures, max_num_seqs: int) -> GateResult:
+def saturation_gate(fig: PointFigures, max_num_seqs: int, beside: int = 0) -> GateResult:
     """Decode concurrency (its p50) saturates at the engine cap and never sits above it.
 
     Seed 000: "at c16-c64 the measured effective decode concurrency has p50 = 16.0, i.e. the engine caps running
@@ -88,7 +88,8 @@ def saturation_gate(fig: PointFigures, max_num_seqs: int) -> GateResult:
     measured client p50 12.0 (max 22) while the engine ran exactly 16 (p50 and max) throughout
     (``fixtures/aiperf/saturation_c32_loaded``). With the engine's gauge the max is gated too (an engine never runs
     more than its cap); the client max is not, as one request's last tokens are still in flight through a proxy
-    when the engine has started the next one.
+    when the engine has started the next one. ``beside``: requests the suite sent beside the load (its functional
+    probes, one at a time): the engine runs them too, so below the cap it may run that many more.
     """
     engine = fig.engine_running_p50 is not None
     p50, peak = (fig.engine_running_p50, fig.engine_running_max) if engine else (fig.decode_conc_p50,
@@ -99,7 +100,7 @@ def saturation_gate(fig: PointFigures, max_num_seqs: int) -> GateResult:
     # max_num_seqs is per engine: several engines (Dynamo workers, their gauges summed) run that many each.
     engines = (fig.engine_running_engines or 1) if engine else 1
     total_cap = max_num_seqs * engines
-    cap = min(total_cap, fig.concurrency)
+    cap = min(total_cap, fig.concurrency + beside)
     source = ("the engine's vllm:num_requests_running" if engines == 1 else
               f"vllm:num_requests_running summed over {engines} engines") if engine else \
         "client-side effective_decode_concurrency"

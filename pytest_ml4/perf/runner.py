@@ -364,8 +364,9 @@ Tick = Callable[[float, PhaseState], None]
 def run_aiperf(spec: AiperfSpec, out_dir: str | Path, *, api_key: str | None = None,
                required: Sequence[str] = REQUIRED_KEYS, timeout_s: float | None = None,
                on_tick: Tick | None = None, tick_s: float = 2.0, executable: Path | None = None,
-               env: Mapping[str, str] | None = None) -> RunResult:
-    """Run aiperf once into ``out_dir`` (must not exist yet, or be empty) and judge it."""
+               env: Mapping[str, str] | None = None, state: PhaseState | None = None) -> RunResult:
+    """Run aiperf once into ``out_dir`` (must not exist yet, or be empty) and judge it. ``state``: where its
+    console's phases are followed (the functional probes beside the load watch it), a fresh one by default."""
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise AiperfError(f"artifact dir {out} is not empty: every run needs its own")
@@ -376,7 +377,7 @@ def run_aiperf(spec: AiperfSpec, out_dir: str | Path, *, api_key: str | None = N
         cfg.write_text(config_yaml(spec))
     argv = build_argv(spec, out, cfg, executable)
     limit = timeout_s if timeout_s is not None else _default_timeout(spec)
-    state = PhaseState()
+    state = state if state is not None else PhaseState()
     console = out / "aiperf-console.log"
     t0 = time.monotonic()
     timed_out = False

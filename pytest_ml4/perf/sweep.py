@@ -18,13 +18,13 @@ from typing import Any
 from pytest_ml4.perf.baseline import Baseline
 from pytest_ml4.perf.export import ProfileExport
 from pytest_ml4.perf.figures import PointFigures, figures_from_export
+from pytest_ml4.perf.probes import Phase, probed_aiperf
 from pytest_ml4.perf.progress import SweepProgress
 from pytest_ml4.perf.runner import (
     AiperfSpec,
     RunResult,
     expected_p99_latency_s,
     failure_log,
-    run_aiperf,
 )
 from pytest_ml4.targets import Target
 
@@ -148,9 +148,13 @@ class Client:
     api_key: str | None = field(default=None, repr=False)
     #: The decoding engines' own /metrics where ``metrics_url`` is not an engine's (a Dynamo frontend).
     engine_metrics_urls: tuple[str, ...] = ()
+    #: The functional probes sent beside every load phase (:class:`pytest_ml4.perf.probes.Prober`); None: none.
+    probes: Any = field(default=None, repr=False, compare=False)
 
 
 Write = Callable[[str], None]
+#: ``PointResult.extra`` key: requests the suite's probes kept in flight beside the point's load.
+PROBES_BESIDE = "probes_beside"
 
 
 def describe_point(point: PointResult) -> str:
@@ -187,10 +191,13 @@ def run_sweep(target: Target, client: Client, settings: SweepSettings, out_root:
                           engine_metrics_urls=client.engine_metrics_urls)
         progress.point_started(c)
         try:
-            run = run_aiperf(spec, out_root / f"c{c}", api_key=client.api_key, on_tick=progress.tick)
+            run = probed_aiperf(client.probes, Phase("sweep", f"sweep c{c}", c, osl=settings.osl), spec,
+                                out_root / f"c{c}", api_key=client.api_key, on_tick=progress.tick)
         except KeyboardInterrupt:
             raise SweepInterrupted(results, c) from None
         point = point_from_run(run, [client.api_key])
+        if client.probes is not None:
+            point.extra[PROBES_BESIDE] = 1   # the probes go one at a time: the engine may run one more
         results.append(point)
         progress.point_done(c, describe_point(point))
     return results
@@ -206,7 +213,8 @@ def run_trace(target: Target, client: Client, trace: Path, out_dir: Path, *, con
     progress = SweepProgress(write or (lambda _line: None), [concurrency], 60.0, client.metrics_url,
                              label="perf trace")
     progress.point_started(concurrency)
-    run = run_aiperf(spec, out_dir, api_key=client.api_key, on_tick=progress.tick)
+    run = probed_aiperf(client.probes, Phase("trace", "trace replay", concurrency), spec, out_dir,
+                        api_key=client.api_key, on_tick=progress.tick)
     point = point_from_run(run, [client.api_key])
     if run.export is not None:
         point.extra = {k: run.export.scalar(k) for k in

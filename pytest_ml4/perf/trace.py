@@ -15,7 +15,13 @@ from typing import Any
 from pytest_ml4.perf.evaluate import write_trace_outputs
 from pytest_ml4.perf.gates import GateResult, dynamo_gates, error_gate
 from pytest_ml4.perf.runner import trace_rows
-from pytest_ml4.perf.sweep import PointResult, SweepSettings, run_trace, short_trace
+from pytest_ml4.perf.sweep import (
+    PointResult,
+    SweepSettings,
+    cached_json,
+    run_trace,
+    short_trace,
+)
 from pytest_ml4.targets import Target
 
 #: Trace rows the short (CI) profile replays.
@@ -50,8 +56,10 @@ def replay_agentic_trace(target: Target, client: Any, run_dir: Path, settings: S
     else:
         replay, rows = trace, trace_rows(trace)
     warmup = target.perf.warmup_requests
-    point = run_trace(target, client, replay, out / "run", concurrency=max(settings.concurrencies),
-                      warmup_requests=warmup, write=write)
+    # Once per run folder: the replay's check and the probes' check beside it both read this run.
+    point = PointResult(**cached_json(out / "run.json", lambda: run_trace(
+        target, client, replay, out / "run", concurrency=max(settings.concurrencies), warmup_requests=warmup,
+        write=write).as_dict()))
     gates = ([error_gate(point.point, target.gates.request_error_rate_max), *dynamo_gates(point.point, target)]
              if point.point is not None else [])
     write_trace_outputs(run_dir, target, replay, rows, warmup, point, gates, simulated)

@@ -32,7 +32,8 @@ from pytest_ml4.perf.goodput import (
     write_goodput_plot,
 )
 from pytest_ml4.perf.kube import KubeLoad, KubeRunError
-from pytest_ml4.perf.runner import AiperfSpec, failure_log, judge, run_aiperf
+from pytest_ml4.perf.probes import Phase, probed_aiperf
+from pytest_ml4.perf.runner import AiperfSpec, failure_log, judge
 from pytest_ml4.perf.summary import gate_dicts, update_summary
 from pytest_ml4.perf.sweep import Client, cached_json, session_env
 from pytest_ml4.targets import Target, Workload
@@ -110,7 +111,8 @@ class WorkloadRunner:
         self.write(f"[ml4 perf] {name} at {rate:g} req/s (Poisson), {n} requests: started")
         before = engine_counters(self.engine_metrics_urls)
         if self.kube is None:
-            res = run_aiperf(spec, out, api_key=c.api_key)
+            res = probed_aiperf(c.probes, workload_phase(name, out.name, rate, spec.concurrency), spec, out,
+                                api_key=c.api_key)
             run = WorkloadRun(name, rate, n, str(out), res.ok, list(res.problems), round(res.wall_s, 2),
                               "" if res.ok else failure_log(res, [c.api_key]))
             export = res.export
@@ -149,6 +151,15 @@ class WorkloadRunner:
         """The goodput run: the workload at its production rate."""
         return self.run(name, self.workload(name).request_rate, "production")
 
+    def soak(self, name: str, duration_s: float) -> WorkloadRun:
+        """The workload at its production rate for ``duration_s`` (``--ml4-soak``): the probes ride it."""
+        w = self.workload(name)
+        return self.run(name, w.request_rate, "soak", max(round(w.request_rate * duration_s), 1))
+
+    def capacity_folders(self, name: str) -> list[Path]:
+        """The aiperf folders of the capacity search's runs so far (their probes' findings are beside them)."""
+        return sorted(p for p in (self.root / name).glob("capacity-*") if p.is_dir())
+
     def capacity(self, name: str) -> cap.Capacity:
         """The bounded capacity search from the declared capacity (see :mod:`pytest_ml4.perf.capacity`)."""
         w = self.workload(name)
@@ -166,6 +177,12 @@ class WorkloadRunner:
             return run.figures
 
         return cap.search(run_at, w.capacity_rps, self.target.perf.goodput_floor, repeats=repeats, probes=probes)
+
+
+def workload_phase(name: str, label: str, rate: float, concurrency: int) -> Phase:
+    """The probed phase of a workload run: its production run is the goodput phase, the others the capacity's."""
+    kind = {"production": f"goodput-{name}", "soak": "soak"}.get(label, "capacity")
+    return Phase(kind, f"{name} {label} at {rate:g} req/s", concurrency, rate=rate)
 
 
 #: vLLM's prefix-cache counters (tokens queried, tokens found cached), on every engine's /metrics (vllm.md).

@@ -98,6 +98,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--perf-kube-secret", dest="ml4_perf_kube_secret", default=None, metavar="SECRET/KEY",
                     help="Secret and key holding the endpoint's API key for the --perf-kube pods (the key itself "
                          "never goes into the manifests)")
+    group.addoption("--perf-probe-share", dest="ml4_perf_probe_share", default=None, metavar="F",
+                    help="functional probes sent beside every load phase, as a share of the phase's requests "
+                         "(default: pytest_ml4/data/prompts/probes.yaml, 0.05; 0 turns them off) "
+                         "(ini: ml4_perf_probe_share)")
+    group.addoption("--ml4-soak", dest="ml4_soak", default=None, metavar="DURATION",
+                    help="keep the functional probes going beside the chat workload at its production rate for "
+                         "DURATION (30s, 15m, 2h) and report their violations over time, with a plot (nightly runs; "
+                         "test_answers_stay_correct_over_the_soak) (ini: ml4_soak)")
+    parser.addini("ml4_soak", "soak duration of the probes beside a production-rate load (30s, 15m, 2h)", default=None)
+    parser.addini("ml4_perf_probe_share", "functional probes beside the load, share of its requests", default=None)
     parser.addini("ml4_perf_concurrencies", "perf sweep concurrencies, comma-separated", default=None)
     parser.addini("ml4_perf_duration", "seconds per perf sweep point", default=None)
     parser.addini("ml4_perf_osl", "perf sweep fixed output length", default=None)
@@ -323,11 +333,65 @@ def ml4_perf_extra_inputs(pytestconfig: pytest.Config) -> dict[str, Any]:
     return parse_extra_inputs(pytestconfig.getoption("ml4_perf_extra_input") or [])
 
 
+def probe_share(config: pytest.Config) -> float:
+    """``--perf-probe-share`` (ini ``ml4_perf_probe_share``), else the data file's; one line naming the option when
+    it is not a number in [0, 1)."""
+    from pytest_ml4.perf.probes import probe_settings
+
+    raw = opt(config, "ml4_perf_probe_share", "ml4_perf_probe_share")
+    if raw is None:
+        return probe_settings()[0]
+    try:
+        share = float(raw)
+    except ValueError:
+        share = -1.0
+    if not 0.0 <= share < 1.0:
+        raise pytest.UsageError(f"--perf-probe-share: expected a share of the load's requests in [0, 1) (0 turns "
+                                f"the probes off), got {raw!r}")
+    return share
+
+
+def soak_duration(config: pytest.Config) -> float | None:
+    """``--ml4-soak`` in seconds (ini ``ml4_soak``), None when not asked; one line naming the option when bad."""
+    from pytest_ml4.perf.soak import parse_duration
+
+    raw = opt(config, "ml4_soak", "ml4_soak")
+    if raw is None:
+        return None
+    try:
+        return parse_duration(raw)
+    except ValueError as err:
+        raise pytest.UsageError(f"--ml4-soak: {err}") from None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    soak_duration(config)   # a bad --ml4-soak stops the run before anything starts
+
+
 @pytest.fixture(scope="session")
-def ml4_perf_client(ml4_endpoint: Endpoint) -> Client:
+def ml4_perf_probes(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Endpoint) -> Iterator[Any]:
+    """The functional probes beside every load phase (:mod:`pytest_ml4.perf.probes`); None with a share of 0."""
+    from pytest_ml4.perf.probes import Prober, probe_cycle, probe_settings
+    from pytest_ml4.recount import counter_for
+
+    share = probe_share(pytestconfig)
+    if share == 0:
+        yield None
+        return
+    counter = counter_for(ml4_target, ml4_endpoint)
+    counter.count("warm up")   # the local tokenizer loads in seconds: not inside the first probe under load
+    prober = Prober(ml4_endpoint, probe_cycle(ml4_target, ml4_endpoint.model, counter), share,
+                    settle_s=probe_settings()[1])
+    yield prober
+    prober.close()
+
+
+@pytest.fixture(scope="session")
+def ml4_perf_client(ml4_endpoint: Endpoint, ml4_perf_probes: Any) -> Client:
     return Client(model=ml4_endpoint.model, base_url=ml4_endpoint.base_url,
                   metrics_url=ml4_endpoint.effective_metrics_url, api_key=ml4_endpoint.api_key or None,
-                  engine_metrics_urls=decode_engine_urls(dict(ml4_endpoint.worker_metrics_urls)))
+                  engine_metrics_urls=decode_engine_urls(dict(ml4_endpoint.worker_metrics_urls)),
+                  probes=ml4_perf_probes)
 
 
 @pytest.fixture(scope="session")

@@ -132,9 +132,11 @@ class Reply:
     finish: str  # "stop" | "length"
 
 
-def _ids_of(tok: Any, segments: list[str]) -> list[int]:
+def _ids_of(tok: Any, segments: list[str], dropped: frozenset[str] = frozenset()) -> list[int]:
     out: list[int] = []
     for seg in segments:
+        if seg in dropped:
+            continue
         if seg in _SPECIAL_IDS:
             out.append(_SPECIAL_IDS[seg])
         elif seg:
@@ -142,8 +144,10 @@ def _ids_of(tok: Any, segments: list[str]) -> list[int]:
     return out
 
 
-def reply_ids(out: wire.Output, tok: Any, tool_form: str, max_tokens: int) -> Reply:
-    """Token ids of the engine output, tool calls rewritten to ``tool_form``, cut at ``max_tokens``."""
+def reply_ids(out: wire.Output, tok: Any, tool_form: str, max_tokens: int,
+              dropped: frozenset[str] = frozenset()) -> Reply:
+    """Token ids of the engine output, tool calls rewritten to ``tool_form``, cut at ``max_tokens``; the special
+    tokens in ``dropped`` are left out (:func:`markers_lost`)."""
     segments: list[str] = []
     calls: dict[int, list[str]] = {}
     args: dict[int, list[str]] = {}
@@ -162,13 +166,27 @@ def reply_ids(out: wire.Output, tok: Any, tool_form: str, max_tokens: int) -> Re
     if calls:
         pairs = [("".join(calls[i]), "".join(args.get(i, [])) + out.held.get(i, "")) for i in sorted(calls)]
         segments += tool_calls_text(pairs, tool_form)
-    ids = _ids_of(tok, segments)
+    ids = _ids_of(tok, segments, dropped)
     finish = out.finish
     if len(ids) > max_tokens:
         ids, finish = ids[:max_tokens], "length"
     elif eos and len(ids) < max_tokens:
         ids.append(EOS_ID)
     return Reply(ids, finish)
+
+
+#: The special tokens a load-only parser fault loses (fault under_load): Dynamo's parsers run in the frontend, which
+#: stays configured, so the defect is an engine that emits the reasoning or the calls without their markers while
+#: busy: the frontend then passes them on as content.
+LOST_MARKERS = {"reasoning_parser_off": frozenset({"[THINK]", "[/THINK]"}), "tool_parser_off": frozenset({"[TOOL_CALLS]"})}
+
+
+def markers_lost(faults: ActiveFaults, in_flight: int) -> frozenset[str]:
+    """The markers left out of a reply admitted while the engine holds ``in_flight`` others (only with
+    ``under_load``: without it the parser faults act where the worker registers its parsers, :func:`runtime_config`)."""
+    if not faults.has("under_load"):
+        return frozenset()
+    return frozenset().union(*(m for f, m in LOST_MARKERS.items() if faults.acts_at_load(f, in_flight)))
 
 
 # ----------------------------------------------------------------------------------------- KV events
@@ -302,11 +320,12 @@ class Worker:
                         stop.get("max_thinking_tokens"))
         guided = guided_schema(request, app.faults)
         self.refuse_unimplemented_schema(guided)
-        out = app._generate(body, limits, tool_choice, max_tokens)
+        in_flight = app.engine.load   # what the engine holds as it admits this request (fault under_load)
+        out = app._generate(body, limits, tool_choice, max_tokens, in_flight)
         form = GUIDED if guided is not None else self.mode.tool_form
         if guided is None and self.one_worker_fault("tool_parser_off"):
             form = UNPARSED_FORM
-        reply = reply_ids(out, app.tok, form, max_tokens)
+        reply = reply_ids(out, app.tok, form, max_tokens, markers_lost(app.faults, in_flight))
         if self.broken_by_restart:
             # As vLLM's dead engine answers (EngineDeadError); Dynamo turns the error finish into its 500.
             yield {"token_ids": [], "index": 0, "finish_reason": "error: EngineDeadError (fault error_after_restart)"}
@@ -382,8 +401,9 @@ def runtime_config(target: Target, faults: ActiveFaults) -> Any:
     rc.max_num_seqs = e.max_num_seqs
     rc.max_num_batched_tokens = e.max_num_batched_tokens
     for field_name, fault in PARSERS.items():
-        # Under only_worker every worker registers the same parsers: the frontend reads one card per model.
-        if not faults.has(fault) or faults.has("only_worker"):
+        # Under only_worker every worker registers the same parsers: the frontend reads one card per model;
+        # under under_load=N they are registered and the busy engine loses the markers.
+        if not faults.acts_at_load(fault, 0) or faults.has("only_worker"):
             setattr(rc, field_name, getattr(e, field_name) or SEED_PARSER)
     for fault, (field_name, parser) in WRONG_PARSERS.items():
         if faults.has(fault):

@@ -169,6 +169,13 @@ class ActiveFaults:
         spec = self._by_name.get(name)
         return default if spec is None or spec.value is None else spec.value
 
+    def acts_at_load(self, name: str, in_flight: int) -> bool:
+        """Fault ``name`` acts on a request the engine admits while it holds ``in_flight`` other requests: always,
+        unless ``under_load=N`` makes the answer-level faults (:data:`UNDER_LOAD_FAULTS`) act only from N on."""
+        if not self.has(name):
+            return False
+        return name not in UNDER_LOAD_FAULTS or not self.has("under_load") or in_flight >= self.value("under_load")
+
     def from_restart(self, name: str, generation: int) -> bool:
         """Fault ``name=N`` holds for an engine the N-th restart of its process (or pod) booted, or a later one
         (``generation``: 0 for the first start); the faults that break only a restarted engine read it."""
@@ -301,3 +308,13 @@ register(Fault("only_worker", "Dynamo targets: the answer-level faults given wit
                "reasoning_parser_off leaves its requests' reasoning_effort unread",
                "suites/test_replicas.py (every worker answers right, naming the worker)", default=1.0,
                takes_value=True))
+
+
+# Load-only defects: a batching bug or scheduler regression breaks answers only while the engine is busy. The
+# modifier makes the answer-level faults below act on the requests an engine admits while it holds at least N
+# others (ActiveFaults.acts_at_load), so a quiet engine (one request at a time: the functional suites) is healthy.
+UNDER_LOAD_FAULTS = frozenset({"reasoning_parser_off", "tool_parser_off", "invalid_tool_json", "min_tokens_ignored"})
+register(Fault("under_load", "modifier: the faults " + ", ".join(sorted(UNDER_LOAD_FAULTS)) + " act only on "
+               "requests admitted while the engine holds at least N others (default 8): healthy on a quiet engine",
+               "suites/test_perf.py (answers stay correct under load: the probes beside each load phase)",
+               default=8.0, takes_value=True))

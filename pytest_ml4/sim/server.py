@@ -134,16 +134,17 @@ class SimApp:
         field_mode = str(t.sim.extra.get("reasoning_field", "reasoning"))
         if field_mode not in _REASONING_FIELDS:
             raise ValueError(f"sim.extra.reasoning_field must be one of {_REASONING_FIELDS}, got {field_mode!r}")
-        self.reasoning_parser = bool(t.engine.reasoning_parser) and not self.faults.has("reasoning_parser_off")
+        # The boot's parsers: a quiet engine's (under_load=N leaves them on until the engine is busy, _opts_at).
+        self.reasoning_parser = bool(t.engine.reasoning_parser) and not self.faults.acts_at_load("reasoning_parser_off", 0)
         # vLLM reports usage.prompt_tokens_details (cached tokens) only with --enable-prompt-tokens-details.
         self.prompt_details = ("--enable-prompt-tokens-details" in t.engine.extra_args
                                or bool(t.sim.extra.get("enable_prompt_tokens_details")))
         self.opts = wire.WireOptions(
             reasoning_parser=self.reasoning_parser,
             tool_parser=bool(t.engine.tool_call_parser) and t.engine.enable_auto_tool_choice
-            and not self.faults.has("tool_parser_off") and not self.faults.has("tool_parser_hermes"),
+            and not self.faults.acts_at_load("tool_parser_off", 0) and not self.faults.has("tool_parser_hermes"),
             reasoning_field=field_mode,
-            invalid_tool_json=self.faults.has("invalid_tool_json"),
+            invalid_tool_json=self.faults.acts_at_load("invalid_tool_json", 0),
             bad_tool_ids=self.faults.has("bad_tool_ids"),
             reasoning_usage_missing=self.faults.has("reasoning_usage_missing"),
             empty_tool_calls=wire.version_tuple(t.engine.version) <= (0, 22, 99),
@@ -315,7 +316,9 @@ class SimApp:
         except ApiError as e:
             return _json(e.body(), status=e.status)
 
-        out = self._generate(body, req, tool_choice, max_tokens)
+        in_flight = self.engine.load   # what the engine holds as it admits this request (fault under_load)
+        opts = self._opts_at(in_flight)
+        out = self._generate(body, req, tool_choice, max_tokens, in_flight)
         ids = [wire.tool_call_id(self.rng, self.opts.bad_tool_ids) for _ in out.call_names]
         keep_parallel = req.parallel_tool_calls is not False
         named = isinstance(tool_choice, dict)
@@ -327,14 +330,14 @@ class SimApp:
                        block_hashes=block_hashes(prompt_ids, self.target.engine.block_size))
         self.engine.add(seq)
         if req.stream:
-            return await self._stream(request, req, out, seq, ids, keep_parallel, finish, len(prompt_ids))
+            return await self._stream(request, req, out, seq, ids, keep_parallel, finish, len(prompt_ids), opts)
         while seq.emitted < seq.output_tokens:
             if await seq.queue.get() == 0:
                 err = engine_dead()
                 return _json(err.body(), status=err.status)
         forced = named or tool_choice == "required"
         return _json(self._body(out, ids, keep_parallel, forced, finish, req_id, len(prompt_ids),
-                                req.include_reasoning, seq.cached_tokens if self.prompt_details else None))
+                                req.include_reasoning, seq.cached_tokens if self.prompt_details else None, opts))
 
     def _checked_tool_choice(self, req: Any, body: dict[str, Any]) -> Any:
         """vLLM's request checks; the accepts_invalid fault serves what they would refuse. (An unknown model served,
@@ -378,8 +381,21 @@ class SimApp:
         except PromptError as e:
             raise ApiError(400, str(e), "BadRequestError", None) from None
 
-    def _generate(self, body: dict[str, Any], req: Any, tool_choice: Any, max_tokens: int) -> wire.Output:
-        """The response's output tokens: the responder's plan, tokenised and fitted to the token limits."""
+    def _opts_at(self, in_flight: int) -> wire.WireOptions:
+        """The wire options of a request admitted while the engine holds ``in_flight`` others: the boot's, with
+        the answer-level faults that act at that load (fault ``under_load``; without it, the boot's alone)."""
+        if not self.faults.has("under_load"):
+            return self.opts
+        acts = self.faults.acts_at_load
+        return dataclasses.replace(
+            self.opts, reasoning_parser=self.opts.reasoning_parser and not acts("reasoning_parser_off", in_flight),
+            tool_parser=self.opts.tool_parser and not acts("tool_parser_off", in_flight),
+            invalid_tool_json=self.opts.invalid_tool_json or acts("invalid_tool_json", in_flight))
+
+    def _generate(self, body: dict[str, Any], req: Any, tool_choice: Any, max_tokens: int,
+                  in_flight: int = 0) -> wire.Output:
+        """The response's output tokens: the responder's plan, tokenised and fitted to the token limits
+        (``in_flight``: what the engine holds as it admits the request, for the load-only faults)."""
         if (self.tok.version < 15 or self.faults.has("reasoning_effort_ignored")) and "reasoning_effort" in body:
             # vLLM passes reasoning_effort to Mistral tokenizers only from v15 on (vllm.md §3.1): older ones
             # never see it, so the model thinks at its default length.
@@ -388,36 +404,39 @@ class SimApp:
             # The tokenizer's default effort reaches the model's prompt when the request names none.
             body = {**body, "reasoning_effort": self.wire_version.default_reasoning_effort}
         plan = plan_response(body, tool_choice, self.faults)
-        min_tokens = 0 if self.faults.has("min_tokens_ignored") else req.min_tokens
+        min_tokens = 0 if self.faults.acts_at_load("min_tokens_ignored", in_flight) else req.min_tokens
         limits = wire.Limits(max_tokens, min_tokens, req.ignore_eos, req.thinking_token_budget)
-        return wire.build_output(plan, self.tok, limits, self.opts)
+        return wire.build_output(plan, self.tok, limits, self._opts_at(in_flight))
 
     def _body(self, out: wire.Output, ids: list[str], keep_parallel: bool, forced: bool, finish: str, req_id: str,
-              prompt_tokens: int, include_reasoning: bool, cached_tokens: int | None) -> str:
+              prompt_tokens: int, include_reasoning: bool, cached_tokens: int | None,
+              opts: wire.WireOptions | None = None) -> str:
         """The non-streaming response (``model_dump()`` of ChatCompletionResponse)."""
+        opts = opts or self.opts
         asm = wire.assemble(out, ids, keep_parallel, include_reasoning)
         # Forced calls (required / named tool) report content "" rather than null.
         content_override = "" if (forced and asm.tool_calls and not asm.content) else None
-        message = wire.message_json(asm, content_override, self.opts.reasoning_field,
-                                   self.opts.empty_tool_calls)
+        message = wire.message_json(asm, content_override, opts.reasoning_field, opts.empty_tool_calls)
         reasoning_tokens = None
-        if self.reasoning_parser:
-            reasoning_tokens = 0 if self.opts.reasoning_usage_missing else asm.reasoning_tokens
+        if opts.reasoning_parser:
+            reasoning_tokens = 0 if opts.reasoning_usage_missing else asm.reasoning_tokens
         return wire.response_body(req_id=req_id, created=int(time.time()), model=self.names[0], message=message,
                                   finish=finish, prompt_tokens=prompt_tokens, completion_tokens=out.completion_tokens,
                                   reasoning_tokens=reasoning_tokens, fingerprint=self.fingerprint,
                                   cached_tokens=cached_tokens, weight_versions=self.opts.weight_versions)
 
     async def _stream(self, request: web.Request, req: Any, out: wire.Output, seq: Sequence, ids: list[str],
-                      keep_parallel: bool, finish: str, prompt_tokens: int) -> web.StreamResponse:
+                      keep_parallel: bool, finish: str, prompt_tokens: int,
+                      wire_opts: wire.WireOptions | None = None) -> web.StreamResponse:
         opts = req.stream_options
+        wire_opts = wire_opts or self.opts
         include_usage = bool(opts and opts.include_usage)
         renderer = wire.StreamRenderer(
             out, req_id=seq.req_id, created=int(time.time()), model=self.names[0],
-            opts=dataclasses.replace(self.opts, include_reasoning=req.include_reasoning), ids=ids,
+            opts=dataclasses.replace(wire_opts, include_reasoning=req.include_reasoning), ids=ids,
             keep_parallel=keep_parallel, include_usage=include_usage,
             continuous=bool(opts and opts.continuous_usage_stats), prompt_tokens=prompt_tokens,
-            fingerprint=self.fingerprint, reasoning_details=self.reasoning_parser, finish_reason=finish)
+            fingerprint=self.fingerprint, reasoning_details=wire_opts.reasoning_parser, finish_reason=finish)
         resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await resp.prepare(request)
         midstream_at = out.completion_tokens // 2 if self.faults.has("midstream_error") else -1
