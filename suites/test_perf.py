@@ -24,7 +24,12 @@ import pytest
 from pytest_ml4.targets import Target
 from pytest_ml4.client import Endpoint
 from pytest_ml4.baselines import describe_conditions
-from pytest_ml4.checks.perf import assert_gate_passed, assert_gates_pass, assert_trace_replayed
+from pytest_ml4.checks.perf import (
+    assert_gate_passed,
+    assert_gates_pass,
+    assert_no_request_errors,
+    assert_trace_replayed,
+)
 from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.perf.capacity import capacity_gate
 from pytest_ml4.perf.evaluate import knee_bound
@@ -57,7 +62,7 @@ def test_every_point_is_a_usable_aiperf_run(ml4_perf_sweep: Any) -> None:
 
 
 def test_zero_errors(ml4_perf_sweep: Any) -> None:
-    assert_gates_pass(ml4_perf_sweep.verdict.by_gate("errors"), none="no point produced figures")
+    assert_no_request_errors(ml4_perf_sweep.verdict.by_gate("errors"))
 
 
 def test_fixed_output_length_in_every_point(ml4_perf_sweep: Any) -> None:

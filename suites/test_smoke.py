@@ -15,6 +15,7 @@ import httpx
 import pytest
 import yaml
 
+from pytest_ml4.checks.codes import require
 from pytest_ml4.checks.expected import (
     Expected,
     answer_to_refuse,
@@ -102,8 +103,8 @@ def test_chat_answers_known_question(ml4_target: Target, openai_client: Any) -> 
         **_chat_body(ml4_target, QUESTION["prompt"], max_tokens=QUESTION["max_tokens"]))
     choice = resp.choices[0]
     assert choice.finish_reason == "stop", f"finish_reason {choice.finish_reason!r}, content {choice.message.content!r}"
-    assert QUESTION["expect_substring"] in (choice.message.content or ""), (
-        f"wrong answer to {QUESTION['prompt']!r}: {choice.message.content!r}")
+    require(QUESTION["expect_substring"] in (choice.message.content or ""), "smoke.wrong_answer",
+            lambda: f"wrong answer to {QUESTION['prompt']!r}: {choice.message.content!r}")
     usage = resp.usage
     assert usage is not None, "no usage in a non-streaming response"
     assert usage.prompt_tokens + usage.completion_tokens == usage.total_tokens, f"usage does not add up: {usage}"
@@ -117,7 +118,8 @@ def test_stream_answers_known_question_with_clean_grammar(ml4_target: Target, ht
     result = probe_chat_stream(http_client, body)
     assert_stream_clean(result)  # one line naming the URL: "stream from URL: HTTP 503: ..." or "...: no answer: ..."
     assert not result.error_events, f"in-band error events in the stream: {result.error_events}"
-    assert QUESTION["expect_substring"] in result.content, f"wrong streamed answer: {result.content!r}"
+    require(QUESTION["expect_substring"] in result.content, "smoke.wrong_answer",
+            lambda: f"wrong streamed answer: {result.content!r}")
     assert result.finish_reason == "stop"
     assert result.ttft_s is not None and result.ttft_s > 0
 
@@ -135,10 +137,10 @@ def test_stream_usage_agrees_with_streamed_text(ml4_target: Target, http_client:
     assert usage["prompt_tokens"] + usage["completion_tokens"] == usage["total_tokens"], f"usage: {usage}"
     seen = ml4_token_counter.count(result.reasoning) + ml4_token_counter.count(result.content)
     slack = ml4_token_counter.slack(seen, USAGE_TOKEN_SLACK)
-    assert abs(usage["completion_tokens"] - seen) <= slack, (
+    require(abs(usage["completion_tokens"] - seen) <= slack, "smoke.usage_disagrees_with_text", lambda: (
         f"completion_tokens {usage['completion_tokens']} but the streamed text re-tokenises to {seen} tokens "
         f"(reasoning {len(result.reasoning)} chars, content {len(result.content)} chars; allowed difference "
-        f"{slack}; {ml4_token_counter.describe()})")
+        f"{slack}; {ml4_token_counter.describe()})"))
     assert len(result.events) >= 3, "too few SSE events for a streamed answer"
 
 

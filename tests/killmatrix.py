@@ -164,9 +164,12 @@ def param_id(node: str) -> str | None:
 def _expect(path: Path, key: str, kill: str, raw: Any) -> Expect:
     if isinstance(raw, str):
         return Expect(raw)
-    if not isinstance(raw, dict) or "message" not in raw:
-        raise MatrixError(f"{path.name}: {key}: killed_by.{kill} must be a regex or {{message, only, except}}")
-    return Expect(str(raw["message"]), tuple(raw.get("only", ["*"])), tuple(raw.get("except", [])))
+    if not isinstance(raw, dict) or not ("message" in raw or "code" in raw):
+        raise MatrixError(f"{path.name}: {key}: killed_by.{kill} must be a regex or {{code, message, only, except}}")
+    message = str(raw.get("message", ""))
+    if "code" in raw:   # the failure's leading [code], and the message regex (if any) anywhere after it
+        message = rf"\[{re.escape(str(raw['code']))}\]" + (rf"(?=[\s\S]*?(?:{message}))" if message else "")
+    return Expect(message, tuple(raw.get("only", ["*"])), tuple(raw.get("except", [])))
 
 
 def _check(path: Path, key: str, raw: dict[str, Any]) -> Check:

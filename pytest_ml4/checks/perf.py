@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pytest_ml4.checks.codes import require
 from pytest_ml4.perf.gates import GateResult, failures
 from pytest_ml4.perf.trace import TraceReplay
 
@@ -20,6 +21,13 @@ def assert_gates_pass(results: Sequence[GateResult], none: str | None = None) ->
         assert results, none
     failed = failures(results)
     assert not failed, "\n".join(str(r) for r in failed)
+
+
+def assert_no_request_errors(results: Sequence[GateResult]) -> None:
+    """The error-rate gate judged at least one point, and every point passed it."""
+    require(results, "perf.no_figures", "no point produced figures")
+    failed = failures(results)
+    require(not failed, "perf.request_errors", lambda: "\n".join(str(r) for r in failed))
 
 
 def assert_gate_passed(gate: GateResult) -> None:
