@@ -16,6 +16,8 @@ from killmatrix import (
     REPO,
     Expect,
     Kill,
+    Outcome,
+    _expect,
     env,
     judge_named,
     load_matrix,
@@ -217,3 +219,22 @@ def test_a_run_past_its_limit_is_stopped_with_sigterm_first(tmp_path: Path) -> N
     assert marker.read_text() == "cleaned up"
     done = run_bounded([sys.executable, "-c", "print('ok')"], tmp_path, 30)
     assert (done.returncode, done.stdout) == (0, "ok\n")
+
+
+@pytest.mark.parametrize(("entry", "message", "satisfied"), [
+    pytest.param({"code": "kv.pool_short"}, "[kv.pool_short] KV pool 219,403 tokens < required 256,000", True,
+                 id="code"),
+    pytest.param({"code": "kv.pool_short"}, "[kv.no_pool_line] no 'GPU KV cache size' line", False, id="other-code"),
+    pytest.param({"code": "kv.pool_short"}, "KV pool 219,403 tokens < required 256,000 (kv.pool_short)", False,
+                 id="no-leading-code"),
+    pytest.param({"code": "kv.pool_short", "message": "219,403"}, "[kv.pool_short] KV pool 219,403 tokens", True,
+                 id="code-and-message"),
+    pytest.param({"code": "kv.pool_short", "message": "263,923"}, "[kv.pool_short] KV pool 219,403 tokens", False,
+                 id="code-not-message"),
+])
+def test_a_code_entry_needs_the_failure_s_code(entry: dict[str, str], message: str, satisfied: bool) -> None:
+    """``{code: X}`` is satisfied by a failure raised with code X (its ``[X]``), ``message`` then also matching."""
+    expect = _expect(Path("m.yaml"), "suites/test_kv_cache.py::t", "k", entry)
+    kill = Kill("k", "why", ("--ml4-fault", "k"), (), "g")
+    problem = judge_named(Outcome("failed", message), "n", kill, expect)
+    assert (problem is None) is satisfied, problem
