@@ -285,7 +285,8 @@ register(Fault("kv_leak", "a share P of the KV pool (default 0.95) is held by le
 register(Fault("wrong_answer", "every arithmetic answer is off by one (the damage broken numerics do: a wrong "
                "quantisation scale, a mismatched checkpoint)", "suites/test_smoke.py (the known question's answer)"))
 register(Fault("usage_overcount", "usage.completion_tokens is F times (default 2) the tokens the answer carries: the "
-               "engine counts tokens it never returned", "suites/test_smoke.py (usage agrees with the streamed text)",
+               "engine counts tokens it never returned (vLLM stack: the Dynamo frontend counts the worker's token ids itself)",
+               "suites/test_smoke.py (usage agrees with the streamed text)",
                default=2.0, takes_value=True))
 register(Fault("parallel_calls_collapsed", "the model writes only the first of the calls a prompt asks for in "
                "parallel", "suites/test_tools.py (parallel calls: one per thing asked)"))
