@@ -26,7 +26,12 @@ import pytest
 from pytest_ml4.baselines import describe_conditions
 from pytest_ml4.checks.codes import fail, require
 from pytest_ml4.checks.load import assert_answers_correct_under_load
-from pytest_ml4.checks.perf import assert_gate_passed, assert_gates_pass, assert_trace_replayed
+from pytest_ml4.checks.perf import (
+    assert_gate_passed,
+    assert_gates_pass,
+    assert_no_request_errors,
+    assert_trace_replayed,
+)
 from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.client import Endpoint
 from pytest_ml4.perf.capacity import capacity_gate
@@ -63,7 +68,7 @@ def test_every_point_is_a_usable_aiperf_run(ml4_perf_sweep: Any) -> None:
 
 
 def test_zero_errors(ml4_perf_sweep: Any) -> None:
-    assert_gates_pass(ml4_perf_sweep.verdict.by_gate("errors"), none="no point produced figures")
+    assert_no_request_errors(ml4_perf_sweep.verdict.by_gate("errors"))
 
 
 def test_fixed_output_length_in_every_point(ml4_perf_sweep: Any) -> None:

@@ -109,8 +109,8 @@ def test_chat_answers_known_question(ml4_target: Target, openai_client: Any) -> 
     choice = resp.choices[0]
     require(choice.finish_reason == "stop", "chat.finish_reason",
             lambda: f"finish_reason {choice.finish_reason!r}, content {choice.message.content!r}")
-    assert QUESTION["expect_substring"] in (choice.message.content or ""), (
-        f"wrong answer to {QUESTION['prompt']!r}: {choice.message.content!r}")
+    require(QUESTION["expect_substring"] in (choice.message.content or ""), "smoke.wrong_answer",
+            lambda: f"wrong answer to {QUESTION['prompt']!r}: {choice.message.content!r}")
     usage = resp.usage
     require(usage is not None, "chat.no_usage", "no usage in a non-streaming response")
     require(usage.prompt_tokens + usage.completion_tokens == usage.total_tokens, "chat.usage_sum",
@@ -126,7 +126,8 @@ def test_stream_answers_known_question_with_clean_grammar(ml4_target: Target, ht
     assert_stream_clean(result)  # one line naming the URL: "stream from URL: HTTP 503: ..." or "...: no answer: ..."
     require(not result.error_events, "stream.error_event", lambda: f"in-band error events in the stream: "
                                                                    f"{result.error_events}")
-    assert QUESTION["expect_substring"] in result.content, f"wrong streamed answer: {result.content!r}"
+    require(QUESTION["expect_substring"] in result.content, "smoke.wrong_answer",
+            lambda: f"wrong streamed answer: {result.content!r}")
     require(result.finish_reason == "stop", "stream.finish_reason", lambda: f"finish_reason {result.finish_reason!r}")
     require(result.ttft_s is not None and result.ttft_s > 0, "stream.no_first_token",
             lambda: f"no time to first token measured (ttft {result.ttft_s})")
@@ -147,10 +148,10 @@ def test_stream_usage_agrees_with_streamed_text(ml4_target: Target, http_client:
             lambda: f"usage does not add up: {usage}")
     seen = ml4_token_counter.count(result.reasoning) + ml4_token_counter.count(result.content)
     slack = ml4_token_counter.slack(seen, USAGE_TOKEN_SLACK)
-    assert abs(usage["completion_tokens"] - seen) <= slack, (
+    require(abs(usage["completion_tokens"] - seen) <= slack, "smoke.usage_disagrees_with_text", lambda: (
         f"completion_tokens {usage['completion_tokens']} but the streamed text re-tokenises to {seen} tokens "
         f"(reasoning {len(result.reasoning)} chars, content {len(result.content)} chars; allowed difference "
-        f"{slack}; {ml4_token_counter.describe()})")
+        f"{slack}; {ml4_token_counter.describe()})"))
     require(len(result.events) >= 3, "stream.too_few_events", "too few SSE events for a streamed answer")
 
 

@@ -50,16 +50,6 @@ STOP_GRACE_S = 60
 VERDICT_KEYS = ("killed_by", "measurement", "skipped", "pending")
 #: What a verdict code looks like (``area.property``): a ``killed_by`` string of this form is a code, else a regex.
 CODE_FORM = re.compile(r"^[a-z0-9_]+(?:\.[a-z0-9_]+)+$")
-#: Checks (``*`` globs on the key) whose kills may still name a bare message regex: their checks and kills are being
-#: reworked together (issue 35: a fault per property, item 3; a cause only with evidence, item 6). Every other
-#: expectation names a code; the tuple empties as those land.
-MESSAGE_ONLY_UNTIL_CONVERTED = (
-    "suites/test_kv_cache.py::test_peak_kv_usage_under_limit",          # item 3: KV usage above the limit
-    "suites/test_kv_cache.py::test_kv_pool_holds_the_target_requirement",  # item 3: a pool short in the log
-    "suites/test_kv_cache.py::test_max_concurrency_at_max_model_len",   # item 3: as above
-    "suites/test_perf.py::test_zero_errors",                            # item 3: the error-rate gate itself
-    "suites/test_osl.py::test_no_request_killed_by_the_grammar",        # item 3: a grammar kill in Dynamo's log
-)
 #: How a check may end under a kill that lists it as collateral (``{why, outcome}``): ``not_judged`` is a skip
 #: whose reason starts with ``not judged: ``, ``skipped`` any other skip.
 COLLATERAL_OUTCOMES = ("failed", "skipped", "not_judged")
@@ -231,8 +221,7 @@ def param_id(node: str) -> str | None:
 # ------------------------------------------------------------------------------------------------ loading
 def _expect(path: Path, key: str, kill: str, raw: Any) -> Expect:
     """``{kill: CODE}`` or ``{kill: {code: CODE, message: REGEX, only: [...], except: [...]}}``, or a list of these
-    covering different instances; a regex alone only
-    for the checks still awaiting their conversion (:data:`MESSAGE_ONLY_UNTIL_CONVERTED`)."""
+    covering different instances; a regex alone is refused (messages are free to change, codes are not)."""
     where = f"{path.name}: {key}: killed_by.{kill}"
     if isinstance(raw, list):
         return Expect(parts=tuple(_expect(path, key, kill, part) for part in raw))
@@ -244,7 +233,7 @@ def _expect(path: Path, key: str, kill: str, raw: Any) -> Expect:
     if unknown:
         raise MatrixError(f"{where}: unknown keys {unknown}")
     code = raw.get("code")
-    if code is None and not any(matches(key, p) for p in MESSAGE_ONLY_UNTIL_CONVERTED):
+    if code is None:
         raise MatrixError(f"{where}: a message regex without a verdict code; name the code the check raises "
                           f"(code: area.property, declared in {CODES_FILE.name})")
     if code is not None and str(code) not in known_codes():

@@ -19,6 +19,8 @@ from killmatrix import (
     REPO,
     Expect,
     Kill,
+    Outcome,
+    _expect,
     env,
     judge_named,
     load_matrix,

@@ -59,18 +59,20 @@ class Verdict:
     #: Why an ``ok`` verdict could not judge everything it exists for ("" when it could): the check is then not
     #: judged, never passed.
     undecided: str = ""
-    #: The verdict code when it failed for want of evidence rather than on what it judges (empty: the verdict's
-    #: own, :data:`VERDICT_CODES`).
+    #: The verdict's code when it is not its name's (:data:`VERDICT_CODES`): another failure of the property itself
+    #: (a pool that disagrees with /metrics, a context that differs).
+    own_code: str = ""
+    #: The verdict code when it failed for want of evidence rather than on what it judges.
     missing: str = ""
 
     @property
     def code(self) -> str:
-        return self.missing or VERDICT_CODES[self.name]
+        return self.missing or self.own_code or VERDICT_CODES[self.name]
 
 
 #: The code each verdict fails with (``pytest_ml4/data/verdicts/codes.yaml``), by verdict name.
-VERDICT_CODES = {"kv_pool": "kv.pool_short", "kv_max_concurrency": "kv.max_concurrency",
-                 "kv_peak_usage": "kv.peak_usage", "no_failures": "kv.engine_failure",
+VERDICT_CODES = {"kv_pool": "kv.pool_short", "kv_max_concurrency": "kv.max_concurrency_short",
+                 "kv_peak_usage": "kv.peak_usage_over_limit", "no_failures": "kv.engine_failure",
                  "spec_decode": "kv.spec_acceptance"}
 
 
@@ -93,7 +95,7 @@ def _kv_size(view: LogView, name: str, key: str = "tokens") -> KvCacheSize | Ver
     if size is None:
         return Verdict(name, False, f"no 'GPU KV cache size' line since the last boot of {view.source}: the engine "
                                     f"never finished sizing its KV cache{_failure_context(view)}",
-                       judged=view.failures())
+                       judged=view.failures(), own_code="kv.no_pool_line")
     return size
 
 
@@ -135,6 +137,7 @@ def kv_pool_verdict(view: LogView, target: Target, cache_info: Mapping[str, str]
         return size
     need, source = required_pool(target)
     ok = size.tokens >= need
+    code = "" if ok else "kv.pool_short"
     lines = [f"KV pool {size.tokens:,} tokens {'>=' if ok else '<'} required {need:,} ({source})",
              f"judged: {size.quote}"]
     figures: dict[str, Any] = {"kv_pool_tokens": size.tokens, "required_tokens": need}
@@ -145,8 +148,9 @@ def kv_pool_verdict(view: LogView, target: Target, cache_info: Mapping[str, str]
         figures["cache_config_info"] = {k: cache_info.get(k) for k in (
             "num_gpu_blocks", "block_size", "gpu_memory_utilization", "cache_dtype", "kv_cache_size_tokens")}
         lines.append("cross-check with vllm:cache_config_info: " + ("; ".join(problems) if problems else "agrees"))
+        code = code or ("kv.pool_disagrees_with_metrics" if problems else "")
         ok = ok and not problems
-    return Verdict(name, ok, "\n".join(lines), judged=[size], figures=figures)
+    return Verdict(name, ok, "\n".join(lines), judged=[size], figures=figures, own_code=code)
 
 
 def max_concurrency_verdict(view: LogView, target: Target) -> Verdict:
@@ -157,18 +161,21 @@ def max_concurrency_verdict(view: LogView, target: Target) -> Verdict:
         return size
     want, mml = target.gates.kv_max_concurrency_min, target.engine.max_model_len
     problems = []
+    code = ""
     if size.max_concurrency is None:
         problems.append("the KV line carries no 'Maximum concurrency' figure")
     elif size.max_concurrency < want:
         problems.append(f"maximum concurrency {size.max_concurrency:.2f}x < {want:.2f}x "
                         "(gates.kv_max_concurrency_min)")
+        code = "kv.max_concurrency_short"
     if size.max_model_len is not None and size.max_model_len != mml:
         problems.append(f"the engine runs max_model_len {size.max_model_len:,}, the target says {mml:,}")
+    code = code or ("kv.max_model_len_differs" if problems else "")
     conc = "?" if size.max_concurrency is None else f"{size.max_concurrency:.2f}x"
     head = (f"maximum concurrency {conc} at {mml:,} tokens per request (need >= {want:.2f}x)" if not problems
             else "; ".join(problems))
     return Verdict(name, not problems, f"{head}\njudged: {size.quote}", judged=[size],
-                   figures={"max_concurrency": size.max_concurrency, "max_model_len": size.max_model_len})
+                   figures={"max_concurrency": size.max_concurrency, "max_model_len": size.max_model_len}, own_code=code)
 
 
 def no_failures_verdict(view: LogView) -> Verdict:
@@ -196,14 +203,16 @@ def peak_usage_verdict(view: LogView, target: Target, metric_peak_pct: float | N
     if not sources:
         return Verdict("kv_peak_usage", False, "no KV usage to judge: no stats line since the last boot of "
                                                f"{view.source} and no vllm:kv_cache_usage_perc samples"
-                                               f"{_failure_context(view)}", judged=view.failures())
+                                               f"{_failure_context(view)}", judged=view.failures(),
+                       own_code="kv.usage_unknown")
     peak = max(([top.kv_usage_pct] if top else []) + ([] if metric_peak_pct is None else [metric_peak_pct]))
     ok = peak < limit
     msg = f"peak KV usage {peak:.1f}% {'<' if ok else '>='} {limit:.1f}% (gates.kv_usage_pct_max); " + "; ".join(sources)
     if top is not None:
         msg += f"\njudged: {top.quote}"
     return Verdict("kv_peak_usage", ok, msg, judged=[top] if top else [],
-                   figures={"peak_pct": peak, "stats_lines": len(stats), "metric_peak_pct": metric_peak_pct})
+                   figures={"peak_pct": peak, "stats_lines": len(stats), "metric_peak_pct": metric_peak_pct},
+                   own_code="" if ok else "kv.peak_usage_over_limit")
 
 
 def _within(value: float, lo: float, hi: float, stderr: float) -> bool:
@@ -328,7 +337,8 @@ def assert_kv_pool_holds_requirement(view: LogView, target: Target, metrics: Met
     verdict = kv_pool_verdict(view, target, metrics.cache_info())
     if verdict.ok and metrics.errors:
         verdict = Verdict(verdict.name, False, f"{metrics.errors[0]}\n(the KV pool cross-check with "
-                          f"vllm:cache_config_info needs it)\n{verdict.message}", judged=verdict.judged)
+                          f"vllm:cache_config_info needs it)\n{verdict.message}", judged=verdict.judged,
+                          own_code="kv.metrics_unreadable")
     assert_holds(verdict, view, report, unchecked=unchecked)
 
 
@@ -351,14 +361,15 @@ def assert_peak_kv_usage_under_limit(view: LogView, target: Target, load: LoadRe
     verdict = peak_usage_verdict(view, target, load.metric_peak_pct)
     if verdict.ok and load.metrics_error:
         verdict = Verdict(verdict.name, False, f"{load.metrics_error} while the load ran: the peak of "
-                          f"vllm:kv_cache_usage_perc is unknown\n{verdict.message}", judged=verdict.judged)
+                          f"vllm:kv_cache_usage_perc is unknown\n{verdict.message}", judged=verdict.judged,
+                          own_code="kv.metrics_unreadable")
     if verdict.ok and load.failed:
         # A usage figure from an engine that died under the load proves nothing about its peak.
         failures = root_causes_first(view.failures())
         cause = failures[0].line.splitlines()[0] if failures else load.errors[0]
         verdict = Verdict(verdict.name, False, f"the load failed, so its KV usage proves nothing: {cause}\n"
                           f"{verdict.message}\nengine failure lines:\n" + quote(failures),
-                          judged=failures or verdict.judged)
+                          judged=failures or verdict.judged, own_code="kv.load_failed")
     assert_holds(verdict, view, report, load.note(), unchecked=unchecked)
 
 

@@ -136,14 +136,14 @@ def assert_aiperf_export_exactly_n(run: RunResult, n: int) -> None:
 def assert_no_grammar_kill(view: LogView, attach: Callable[[LogView, Sequence[LogEvent], str], Any]) -> None:
     """The engine log's lines since the fixed-length requests started (``view``) are there, and no grammar kill
     among them; ``attach`` reports the kills it found (the plugin's ``ml4_attach_log``)."""
-    assert view.records, (f"no engine log lines in {view.source} since the fixed-OSL run started: the "
-                          f"grammar-kill check cannot see the requests it judges (set --ml4-log-file or the "
-                          f"target's logs section)")
+    require(view.records, "osl.no_log_lines", f"no engine log lines in {view.source} since the fixed-OSL run "
+            f"started: the grammar-kill check cannot see the requests it judges (set --ml4-log-file or the "
+            f"target's logs section)")
     kills = view.all(GrammarKill)
     if kills:
         attach(view, kills, "grammar kills")
-    assert not kills, ("requests were killed by the reasoning grammar during the fixed-OSL run:\n"
-                       + view.excerpt(kills) + "\n" + WHY_NOT_IGNORE_EOS)
+    require(not kills, "osl.grammar_kill", lambda: "requests were killed by the reasoning grammar during the "
+            "fixed-OSL run:\n" + view.excerpt(kills) + "\n" + WHY_NOT_IGNORE_EOS)
 
 
 def assert_no_ignore_eos(manifests: Sequence[Path], extra_inputs: Mapping[str, Any]) -> None:

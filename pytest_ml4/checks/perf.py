@@ -25,6 +25,13 @@ def assert_gates_pass(results: Sequence[GateResult], none: str | None = None,
         fail(failed[0].code, "\n".join(str(r) for r in failed))
 
 
+def assert_no_request_errors(results: Sequence[GateResult]) -> None:
+    """The error-rate gate judged at least one point, and every point passed it."""
+    require(results, "perf.no_figures", "no point produced figures")
+    failed = failures(results)
+    require(not failed, "perf.request_errors", lambda: "\n".join(str(r) for r in failed))
+
+
 def assert_gate_passed(gate: GateResult) -> None:
     require(gate.passed, gate.code, lambda: str(gate))
 

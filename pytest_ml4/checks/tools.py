@@ -216,16 +216,17 @@ def assert_named_content(message: Mapping[str, Any], where: str, conventions: To
 def assert_parallel_calls(arguments: Sequence[Mapping[str, Any]], expect_calls: int, expect_values: Sequence[str],
                           where: str) -> None:
     """One call per thing the prompt asks about, each with its value."""
-    assert len(arguments) == expect_calls, (f"{where}: expected {expect_calls} parallel calls "
-                                            f"for {expect_values}, got {len(arguments)}: {arguments}")
+    require(len(arguments) == expect_calls, "tools.parallel_call_count", lambda: f"{where}: expected {expect_calls} "
+            f"parallel calls for {expect_values}, got {len(arguments)}: {arguments}")
     values = sorted(v for a in arguments for v in a.values() if isinstance(v, str))
-    assert set(expect_values) <= set(values), f"{where}: parallel call arguments {arguments}"
+    require(set(expect_values) <= set(values), "tools.parallel_call_values",
+            lambda: f"{where}: parallel call arguments {arguments}")
 
 
 def assert_single_call(arguments: Sequence[Any], where: str) -> None:
     """``parallel_tool_calls=false`` keeps only the first call."""
-    assert len(arguments) == 1, (f"{where}: parallel_tool_calls=false must keep only the first call "
-                                 f"(maybe_filter_parallel_tool_calls), got {len(arguments)}: {arguments}")
+    require(len(arguments) == 1, "tools.parallel_calls_not_filtered", lambda: f"{where}: parallel_tool_calls=false "
+            f"must keep only the first call (maybe_filter_parallel_tool_calls), got {len(arguments)}: {arguments}")
 
 
 def with_tool_results(messages: list[dict[str, Any]], first: Answer,
@@ -245,11 +246,13 @@ def with_tool_results(messages: list[dict[str, Any]], first: Answer,
 def assert_final_answer_uses_results(final: Answer, expect_in_answer: Iterable[str]) -> None:
     """After the tool results the model answers (no further call, ``stop``) with what the results said."""
     assert_no_control_tokens(final.message, final.where)
-    assert not final.tool_calls, f"{final.where}: the model called tools again instead of answering: {final.tool_calls}"
-    assert final.finish_reason == "stop", f"{final.where}: final answer finish_reason {final.finish_reason!r}"
-    for needle in expect_in_answer:
-        assert needle in final.content, (f"{final.where}: the final answer does not use the tool result "
-                                         f"(missing {needle!r}): {final.content!r}")
+    require(not final.tool_calls, "tools.called_again",
+            lambda: f"{final.where}: the model called tools again instead of answering: {final.tool_calls}")
+    require(final.finish_reason == "stop", "tools.final_finish_reason",
+            lambda: f"{final.where}: final answer finish_reason {final.finish_reason!r}")
+    missing = [needle for needle in expect_in_answer if needle not in final.content]
+    require(not missing, "tools.result_unused", lambda: f"{final.where}: the final answer does not use the tool "
+            f"result (missing {missing[0]!r}): {final.content!r}")
 
 
 # ------------------------------------------------------------------------------ a chat with tools on a stack

@@ -70,6 +70,11 @@ def drop_tool_choice_none(body: dict[str, Any], served: str) -> None:
         del body["tool_choice"]
 
 
+def drop_parallel_tool_calls(body: dict[str, Any], served: str) -> None:
+    """``parallel_tool_calls`` dropped (a gateway passing only the fields it knows): the frontend keeps every call."""
+    body.pop("parallel_tool_calls", None)
+
+
 def unlist_models(body: dict[str, Any], served: str) -> None:
     """``/v1/models`` answered from a route table that lacks the served name."""
     body["data"] = [card for card in body.get("data") or [] if card.get("id") != served]
@@ -115,6 +120,7 @@ GATEWAY_FAULTS: Mapping[str, GatewayFault] = {
     "model_unlisted": GatewayFault(models=unlist_models),
     "accepts_invalid": GatewayFault(chat=repair_invalid),
     "tool_choice_none_ignored": GatewayFault(chat=drop_tool_choice_none),
+    "parallel_tool_calls_ignored": GatewayFault(chat=drop_parallel_tool_calls),
     "dynamo_evidence_stripped": GatewayFault(drops_header=dynamo_header, answer=drop_nvext),
     "health_login_page": GatewayFault(health_page=SIGN_IN_PAGE),
 }

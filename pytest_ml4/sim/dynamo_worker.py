@@ -330,8 +330,13 @@ class Worker:
             # As vLLM's dead engine answers (EngineDeadError); Dynamo turns the error finish into its 500.
             yield {"token_ids": [], "index": 0, "finish_reason": "error: EngineDeadError (fault error_after_restart)"}
             return
-        if app.faults.has("error_rate") and app.error_rng.random() < app.faults.value("error_rate"):
+        if app._scheduled_error():   # error_rate, or error_every's fixed schedule
             yield {"token_ids": [], "index": 0, "finish_reason": "error: simulated engine error (fault error_rate)"}
+            return
+        if self.role != "prefill" and app._grammar_kills_this_request():
+            # As real dynamo.vllm: the engine logs the grammar's two lines and ends the request with an error.
+            app._log_grammar_kill(str(request.get("id") or uuid.uuid4().hex))
+            yield {"token_ids": [], "index": 0, "finish_reason": "error: grammar rejected tokens, request terminated"}
             return
         seq = Sequence(req_id=str(request.get("id") or uuid.uuid4().hex), prompt_tokens=len(prompt_ids),
                        output_tokens=len(reply.ids), max_tokens=max_tokens, finish_reason=reply.finish,
@@ -370,8 +375,8 @@ class Worker:
                     # As Dynamo's vLLM worker reports it (dynamo/vllm/handlers.py: prompt_tokens_details from
                     # vLLM's num_cached_tokens, the engine's prefix-cache hit).
                     item["completion_usage"] = {
-                        "prompt_tokens": len(prompt_ids), "completion_tokens": pos,
-                        "total_tokens": len(prompt_ids) + pos,
+                        "prompt_tokens": len(prompt_ids), "completion_tokens": wire.reported_completion(pos, app.opts),
+                        "total_tokens": len(prompt_ids) + wire.reported_completion(pos, app.opts),
                         "prompt_tokens_details": prompt_tokens_details(request, {"cached_tokens": seq.cached_tokens})}
                     if self.role == "prefill":
                         item["disaggregated_params"] = {"sim_prefill": True}

@@ -318,3 +318,26 @@ register(Fault("under_load", "modifier: the faults " + ", ".join(sorted(UNDER_LO
                "requests admitted while the engine holds at least N others (default 8): healthy on a quiet engine",
                "suites/test_perf.py (answers stay correct under load: the probes beside each load phase)",
                default=8.0, takes_value=True))
+
+
+# --- A fault per property (issue 35): each breaks exactly what one check asserts, so the check is killed by its own
+# property and not only by missing evidence.
+# KV usage: vllm-project/vllm#27073 (v0.10.2): after a few over-long requests failed, "GPU KV cache usage" rose
+# to near 100 % and stayed there for hours until a restart: their blocks were never freed.
+register(Fault("kv_leak", "a share P of the KV pool (default 0.95) is held by leaked blocks since boot (never freed, "
+               "as vllm#27073): stats lines and vllm:kv_cache_usage_perc show usage at or above P under any load",
+               "suites/test_kv_cache.py (peak KV usage under gates.kv_usage_pct_max)", default=0.95,
+               takes_value=True))
+register(Fault("wrong_answer", "every arithmetic answer is off by one (the damage broken numerics do: a wrong "
+               "quantisation scale, a mismatched checkpoint)", "suites/test_smoke.py (the known question's answer)"))
+register(Fault("usage_overcount", "usage.completion_tokens is F times (default 2) the tokens the answer carries: the "
+               "engine counts tokens it never returned (vLLM stack: the Dynamo frontend counts the worker's token ids itself)",
+               "suites/test_smoke.py (usage agrees with the streamed text)",
+               default=2.0, takes_value=True))
+register(Fault("parallel_calls_collapsed", "the model writes only the first of the calls a prompt asks for in "
+               "parallel", "suites/test_tools.py (parallel calls: one per thing asked)"))
+register(Fault("parallel_tool_calls_ignored", "parallel_tool_calls=false is ignored: every call comes back (vLLM "
+               "without maybe_filter_parallel_tool_calls; on Dynamo targets the fault gateway drops the field)",
+               "suites/test_tools.py (parallel_tool_calls=false keeps one call)"))
+register(Fault("tool_result_ignored", "the tool messages' content never reaches the model: after a round trip it "
+               "answers without the results", "suites/test_tools.py (the final answer uses the tool result)"))

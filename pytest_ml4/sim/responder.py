@@ -117,7 +117,7 @@ def plan_response(body: dict[str, Any], tool_choice: Any, faults: ActiveFaults |
 
     Every server that answers chat requests (the vLLM-style server, the Dynamo workers) passes its faults, so
     answer-level faults (``accuracy_drop``) behave the same on every stack."""
-    plan = _plan(body, tool_choice)
+    plan = _plan(body, tool_choice, faults)
     drop = faults.value("accuracy_drop") if faults is not None and faults.has("accuracy_drop") else 0.0
     if faults is not None and faults.has("reasoning_share_shift"):
         # Thinking takes more (or less) of a fixed-length answer, as after a template or effort-default change.
@@ -129,7 +129,11 @@ def plan_response(body: dict[str, Any], tool_choice: Any, faults: ActiveFaults |
     return degrade(plan, body, tool_choice, drop) if drop > 0 else plan
 
 
-def _plan(body: dict[str, Any], tool_choice: Any) -> Plan:
+def _has(faults: ActiveFaults | None, name: str) -> bool:
+    return faults is not None and faults.has(name)
+
+
+def _plan(body: dict[str, Any], tool_choice: Any, faults: ActiveFaults | None = None) -> Plan:
     data = load_data()
     messages = body.get("messages") or []
     user = _last_user_text(messages)
@@ -144,6 +148,8 @@ def _plan(body: dict[str, Any], tool_choice: Any) -> Plan:
         name = _tool_name_for(messages, results[0].get("tool_call_id"))
         text = " ".join(message_text(r) for r in results).strip()
         reasoning = _reasoning("tool_result", effort, {"tool": name}) if thinks else None
+        if _has(faults, "tool_result_ignored"):   # the results never reached the prompt
+            return Plan(reasoning, data["tool_result_unseen_answer"].format(tool=name), [], share)
         return Plan(reasoning, data["tool_result_answer"].format(tool=name, result=text), [], share)
 
     tool = _choose_tool(tools, tool_choice, user, stop)
@@ -152,10 +158,14 @@ def _plan(body: dict[str, Any], tool_choice: Any) -> Plan:
         facts = toolgen.PromptFacts.of(user, stop, exclude)
         calls = [ToolCallPlan(toolgen.tool_name(tool), json.dumps(args, ensure_ascii=False))
                  for args in toolgen.generate_calls(tool, facts)]
+        if _has(faults, "parallel_calls_collapsed"):
+            calls = calls[:1]
         reasoning = _reasoning("tool", effort, {"tool": toolgen.tool_name(tool)}) if thinks else None
         return Plan(reasoning, "", calls, share)
 
     arith = arithmetic(user)
+    if arith and _has(faults, "wrong_answer"):
+        arith = {**arith, "result": _fmt(float(arith["result"]) + 1)}
     if arith:
         reasoning = _reasoning("arithmetic", effort, arith) if thinks else None
         return Plan(reasoning, data["arithmetic_answer"].format(**arith), [], share)

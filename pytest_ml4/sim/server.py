@@ -147,6 +147,7 @@ class SimApp:
             invalid_tool_json=self.faults.acts_at_load("invalid_tool_json", 0),
             bad_tool_ids=self.faults.has("bad_tool_ids"),
             reasoning_usage_missing=self.faults.has("reasoning_usage_missing"),
+            usage_factor=self.faults.value("usage_overcount", 1.0) if self.faults.has("usage_overcount") else 1.0,
             empty_tool_calls=wire.version_tuple(t.engine.version) <= (0, 22, 99),
             kv_transfer_params=self.wire_version.kv_transfer_params,
             weight_versions=self.wire_version.weight_versions,
@@ -159,12 +160,13 @@ class SimApp:
                          accept_scale=self.faults.value("spec_accept_scale", 1.0),
                          tail_share=self.faults.value("tail_slow", 0.0))
         cap = int(self.faults.value("seq_cap")) if self.faults.has("seq_cap") else t.engine.max_num_seqs
-        self.engine = Engine(perf=perf, metrics=self.metrics, max_num_seqs=cap,
-                             kv_pool_tokens=boot.kv_pool_tokens or t.engine.max_model_len, log=log.api,
+        pool = boot.kv_pool_tokens or t.engine.max_model_len
+        self.engine = Engine(perf=perf, metrics=self.metrics, max_num_seqs=cap, kv_pool_tokens=pool, log=log.api,
                              seed=int(t.sim.extra.get("seed", 0)),
                              stats_interval_s=float(t.sim.extra.get("stats_interval_s", 10.0)),
                              block_size=t.engine.block_size, prefix_caching=not self.faults.has("prefix_cache_off"),
-                             crash_on_first_step=self._crash if boot.crash_on_first_step else None)
+                             crash_on_first_step=self._crash if boot.crash_on_first_step else None,
+                             leaked_tokens=int(pool * self.faults.value("kv_leak")) if self.faults.has("kv_leak") else 0)
         self.boot = boot
         self._exit = os._exit  # replaced in tests; a crashing engine takes the whole process down
         self.rng = random.Random(int(t.sim.extra.get("seed", 0)) + 1)
@@ -320,7 +322,7 @@ class SimApp:
         opts = self._opts_at(in_flight)
         out = self._generate(body, req, tool_choice, max_tokens, in_flight)
         ids = [wire.tool_call_id(self.rng, self.opts.bad_tool_ids) for _ in out.call_names]
-        keep_parallel = req.parallel_tool_calls is not False
+        keep_parallel = req.parallel_tool_calls is not False or self.faults.has("parallel_tool_calls_ignored")
         named = isinstance(tool_choice, dict)
         # resolve_finish_reason: tool calls turn "stop" into "tool_calls", except for a named tool choice.
         finish = "tool_calls" if out.call_names and out.finish == "stop" and not named else out.finish
@@ -421,7 +423,8 @@ class SimApp:
         if opts.reasoning_parser:
             reasoning_tokens = 0 if opts.reasoning_usage_missing else asm.reasoning_tokens
         return wire.response_body(req_id=req_id, created=int(time.time()), model=self.names[0], message=message,
-                                  finish=finish, prompt_tokens=prompt_tokens, completion_tokens=out.completion_tokens,
+                                  finish=finish, prompt_tokens=prompt_tokens,
+                                  completion_tokens=wire.reported_completion(out.completion_tokens, self.opts),
                                   reasoning_tokens=reasoning_tokens, fingerprint=self.fingerprint,
                                   cached_tokens=cached_tokens, weight_versions=self.opts.weight_versions)
 

@@ -48,6 +48,8 @@ class WireOptions:
     invalid_tool_json: bool = False
     bad_tool_ids: bool = False
     reasoning_usage_missing: bool = False
+    #: usage.completion_tokens reported as this many times the tokens returned (fault usage_overcount).
+    usage_factor: float = 1.0
     #: vLLM <= 0.22 keeps ``"tool_calls": []`` in a non-streaming message without calls (vllm.md §1.1 notes).
     empty_tool_calls: bool = False
     #: Per request (``include_reasoning``): false drops the reasoning text; its tokens are still generated.
@@ -404,7 +406,8 @@ class StreamRenderer:
 
     def usage_chunk(self) -> str:
         fp = ',"system_fingerprint":' + _dumps(self.fingerprint) if self.fingerprint else ""
-        return (self._head + '[],"usage":' + self._usage_json(len(self.out.tokens), True)
+        completion = reported_completion(len(self.out.tokens), self.opts)
+        return (self._head + '[],"usage":' + self._usage_json(completion, True)
                 + fp + "}\n\n")
 
     @staticmethod
@@ -413,6 +416,11 @@ class StreamRenderer:
                 + "\n\n")
 
     DONE = "data: [DONE]\n\n"
+
+
+def reported_completion(tokens: int, opts: WireOptions) -> int:
+    """The completion_tokens usage reports for ``tokens`` returned (more under fault usage_overcount)."""
+    return round(tokens * opts.usage_factor)
 
 
 # --------------------------------------------------------------------------- non-streaming body
