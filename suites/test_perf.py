@@ -36,8 +36,8 @@ from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.client import Endpoint
 from pytest_ml4.perf.capacity import capacity_gate
 from pytest_ml4.perf.evaluate import knee_bound
-from pytest_ml4.perf.probes import load_answers, phase_findings
 from pytest_ml4.perf.gates import knee_unseen
+from pytest_ml4.perf.probes import load_answers, phase_findings
 from pytest_ml4.perf.summary import SCHEMA, SUMMARY_NAME, update_summary
 from pytest_ml4.perf.trace import TraceMissing, replay_agentic_trace
 from pytest_ml4.perf.workloads import (

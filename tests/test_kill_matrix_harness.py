@@ -20,7 +20,6 @@ from killmatrix import (
     Expect,
     Kill,
     Outcome,
-    _expect,
     env,
     judge_named,
     load_matrix,
@@ -345,7 +344,6 @@ def test_collateral_sees_skips_and_not_judged_in_every_file_of_the_run() -> None
         Collateral,
         KillRun,
         Matrix,
-        Outcome,
         collateral_problems,
     )
 
