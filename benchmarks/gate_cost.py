@@ -208,14 +208,43 @@ def row(c: SuiteCost) -> str:
             f"{c.output_tokens:10.0f}{mark} {c.wall_s:7.1f}")
 
 
+def _pct(a: float, b: float) -> float | None:
+    return 100 * (a - b) / b if b else None
+
+
+def _fmt(pct: float | None) -> str:
+    return "n/a" if pct is None else f"{pct:+.1f} %"
+
+
+def probe_overhead(with_probes: SuiteCost, without: SuiteCost) -> tuple[float | None, float | None]:
+    """The probes' added requests and wall time, in % of the perf suite without them. Requests are the access
+    log's, else (Dynamo workers write none) the engines' served counters."""
+    if with_probes.requests and without.requests:
+        requests = _pct(with_probes.requests, without.requests)
+    else:
+        requests = _pct(with_probes.served, without.served)
+    return requests, _pct(with_probes.wall_s, without.wall_s)
+
+
 def probes_cost(with_probes: SuiteCost, without: SuiteCost) -> str:
     """What the functional probes beside the load add to the perf suite (the issue's budget: at most 10 %)."""
-    def pct(a: float, b: float) -> str:
-        return f"{100 * (a - b) / b:+.1f} %" if b else "n/a"
+    requests, wall = probe_overhead(with_probes, without)
+    return (f"probes beside the load: {_fmt(requests)} requests, {with_probes.wall_s - without.wall_s:+.1f} s wall "
+            f"({_fmt(wall)}) over the perf suite")
 
-    return (f"probes beside the load: {with_probes.requests - without.requests:+d} requests "
-            f"({pct(with_probes.requests, without.requests)}), {with_probes.wall_s - without.wall_s:+.1f} s wall "
-            f"({pct(with_probes.wall_s, without.wall_s)}) over the perf suite")
+
+def probes_cost_over_pairs(pairs: list[tuple[SuiteCost, SuiteCost]]) -> str:
+    """Min and median of the probes' overhead over several pairs of runs (a shared machine's noise is one-sided: it
+    only lengthens a run, so the minimum is the truer figure and the median the typical one)."""
+    import statistics
+
+    lines = []
+    for name, i in (("requests", 0), ("wall", 1)):
+        values = [v for v in (probe_overhead(a, b)[i] for a, b in pairs) if v is not None]
+        if values:
+            lines.append(f"probes beside the load over {len(values)} pairs: {name} min {_fmt(min(values))}, median "
+                         f"{_fmt(statistics.median(values))} ({', '.join(_fmt(v) for v in values)})")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,25 +253,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suites", default=",".join(SUITES))
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per suite")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run the suites this many times, in turn (pairs of perf,perf-no-probes: min and median); the "
+                        "total and --json are the last round's")
     args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error(f"--repeat: expected a count >= 1, got {args.repeat}")
     suites = choices(p, "--suites", args.suites, SUITES)
     require_venv(p)
     costs: list[SuiteCost] = []
     print(f"{'suite':10} {'tests':>5} {'failed':>6} {'requests':>8} {'served':>7} {'prompt tok':>11} {'output tok':>11} "
           f"{'wall s':>7}")
-    with tempfile.TemporaryDirectory(prefix="ml4-gate-cost-") as tmp:
-        for suite in suites:
-            c = run_suite(suite, args.target, Path(tmp), args.timeout)
-            costs.append(c)
-            print(row(c), flush=True)
+    pairs: list[tuple[SuiteCost, SuiteCost]] = []
+    for _ in range(args.repeat):
+        costs = []
+        with tempfile.TemporaryDirectory(prefix="ml4-gate-cost-") as tmp:
+            for suite in suites:
+                c = run_suite(suite, args.target, Path(tmp), args.timeout)
+                costs.append(c)
+                print(row(c), flush=True)
+        by_name = {c.suite: c for c in costs}
+        if "perf" in by_name and "perf-no-probes" in by_name:
+            pairs.append((by_name["perf"], by_name["perf-no-probes"]))
+            print(probes_cost(*pairs[-1]), flush=True)
     total = SuiteCost("total", sum(c.tests for c in costs), sum(c.failed for c in costs),
                       sum(c.wall_s for c in costs), sum(c.requests for c in costs), sum(c.served for c in costs),
                       sum(c.prompt_tokens for c in costs), sum(c.output_tokens for c in costs))
     total.incarnations = max((c.incarnations for c in costs), default=0)
     print(row(total))
-    by_name = {c.suite: c for c in costs}
-    if "perf" in by_name and "perf-no-probes" in by_name:
-        print(probes_cost(by_name["perf"], by_name["perf-no-probes"]))
+    if len(pairs) > 1:
+        print(probes_cost_over_pairs(pairs))
     if any(c.incarnations > 1 for c in costs):
         print("* engines restarted during the suite: served and token figures are lower bounds (see --help)")
     if args.json:

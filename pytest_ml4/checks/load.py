@@ -21,7 +21,7 @@ def assert_answers_correct_under_load(kind: str, found: Sequence[PhaseProbes], f
     its load, the probe and the first violation, its transcript attached. Then the load's own answers
     (:func:`assert_load_answers_consistent`). Not judged when no probe was answered (the probes were off, aiperf
     never profiled, or the runs went elsewhere: ``why_unprobed``). Returns the probes judged."""
-    sent = sum(len(p.results) for p in found)
+    sent = sum(len(p.judged) for p in found)   # a probe cut off by the phase's end is not judged
     _fail_on_first_probe_violation(kind, found, sent)
     assert_load_answers_consistent(load)
     if not sent:
