@@ -217,6 +217,46 @@ def test_the_loads_own_answers_are_judged_from_aiperfs_records(tmp_path: Path) -
     assert err.value.code == "load.usage_inconsistent"
 
 
+def test_a_200_that_ended_without_its_usage_is_an_error_body(tmp_path: Path) -> None:
+    """A successful record without usage (the error event cut the answer before its usage chunk) fails
+    ``load.error_in_200``; it is not counted as an answer that reasoned or not."""
+    folder = _records(tmp_path / "a", [(131, 256, 150, 406)] * 3)
+    bare = {"metadata": {"x_request_id": "cut", "benchmark_phase": "profiling"},
+            "metrics": {"request_latency": {"value": 48.0, "unit": "ms"}}}
+    with (folder / "profile_export.jsonl").open("a") as fh:
+        fh.write(json.dumps(bare) + "\n")
+    answers = load_answers("sweep c32", folder)
+    assert answers is not None and answers.unfinished == ["cut"] and answers.unreasoned == [] and answers.reasons
+    with pytest.raises(Violation) as err:
+        assert_load_answers_consistent([answers])
+    assert err.value.code == "load.error_in_200"
+    assert "1 of 4 load answers were HTTP 200 that ended without their usage (first: request cut)" in err.value.message
+
+
+def test_the_real_aiperf_records_an_error_event_in_a_200_as_a_success_without_usage(tmp_path: Path) -> None:
+    """What aiperf 0.13 keeps of a 200 whose stream carries vLLM's in-band error event (fault midstream_error): the
+    request is a success (no ``error``, nothing in ``error_summary``), its body is not recorded, its usage is
+    absent; the load check turns that into ``load.error_in_200``."""
+    from pytest_ml4.perf.export import read_records
+    from pytest_ml4.perf.runner import AiperfSpec, run_aiperf
+
+    target = load_target("rtxpro6000-tp8")
+    with SimServer(target, faults=("midstream_error",), log_file=tmp_path / "sim.log",
+                   overrides={"sim": {"ttft_s": 0.005, "itl_ms": 2}}, env={target.endpoint.api_key_env: KEY}) as sim:
+        model = httpx.get(sim.url + "/v1/models", timeout=10, headers=AUTH).json()["data"][0]["id"]
+        spec = AiperfSpec(model=model, url=sim.base_url, concurrency=2, isl=64, osl=32, duration_s=None,
+                          request_count=4, min_tokens=32)
+        run_aiperf(spec, tmp_path / "run", api_key=KEY)
+    records = read_records(tmp_path / "run")
+    assert len(records) == 4 and all(r.ok for r in records), records
+    assert all(r.value("usage_completion_tokens") is None for r in records)
+    summary = json.loads((tmp_path / "run" / "profile_export_aiperf.json").read_text())
+    assert not summary.get("error_summary") and "error_request_count" not in summary
+    with pytest.raises(Violation) as err:
+        assert_load_answers_consistent([load_answers("sweep c2", tmp_path / "run")])
+    assert err.value.code == "load.error_in_200" and "4 of 4 load answers" in err.value.message
+
+
 def test_soak_durations_and_buckets() -> None:
     assert [parse_duration(x) for x in ("90", "90s", "1.5m", "2h")] == [90.0, 90.0, 90.0, 7200.0]
     for bad in ("", "0s", "ten minutes", "5d", "-3s"):

@@ -48,8 +48,16 @@ def _fail_on_first_probe_violation(kind: str, found: Sequence[PhaseProbes], sent
 def assert_load_answers_consistent(answers: Sequence[LoadAnswers]) -> None:
     """The load's own answers (aiperf's per-request usage): where the workload reasons, every answer reports its
     reasoning tokens (an answer without them had its reasoning left in content or dropped, ``load.reasoning_missing``);
-    every answer's usage adds up (``load.usage_inconsistent``)."""
+    every answer's usage adds up (``load.usage_inconsistent``); no 200 ended without its usage (``load.error_in_200``).
+
+    aiperf 0.13 does not record the body of a 200, nor an error event inside one (the request stays a success, its
+    ``error_summary`` empty): the error body is judged by what it leaves in the record, an answer without the usage
+    every finished answer carries under ``--use-server-token-count`` (:func:`~pytest_ml4.perf.probes.load_answers`)."""
     for a in answers:
+        if a.unfinished:
+            fail("load.error_in_200", f"{a.label}: {len(a.unfinished)} of {a.answered} load answers were HTTP 200 "
+                                      f"that ended without their usage (first: request {a.unfinished[0]}): an error "
+                                      f"body inside the 200 or a cut stream, which aiperf counts as a success")
         if a.reasons and a.unreasoned:
             fail("load.reasoning_missing", f"{a.label}: {len(a.unreasoned)} of {a.answered} load answers report no "
                                            f"reasoning tokens while {len(a.reasoned)} do (first: request "
