@@ -3,6 +3,7 @@ endpoint, read from the simulator's own counters.
 
     python benchmarks/gate_cost.py [--target rtxpro6000-tp8] [--suites smoke,tools,...] [--json PATH]
     python benchmarks/gate_cost.py --suites perf,perf-no-probes    # what the probes beside the load add
+    python benchmarks/gate_cost.py --target gb300-agg --suites perf,perf-no-probes --repeat 3   # min/median of 3 pairs
 
 Each suite runs on its own (``pytest suites/<its file> --target T --sim``, perf with ``--perf-short``, the
 CI profile: a real gate run with the full sweep costs more) with this module loaded as a pytest plugin
@@ -18,7 +19,10 @@ lower bounds. The figures are what the engine saw: a LiteLLM proxy's retries cou
 it.
 
 Wall time is the pytest run's duration without the simulator's and proxy's start-up (the sum of the JUnit test
-times: setup, call and teardown of each test).
+times: setup, call and teardown of each test). The perf suite's open-loop phases draw their Poisson arrivals afresh
+each run, so two runs of it differ by their schedules (seconds per phase) whatever else they do: the probes' line
+also gives the wall time on the same arrival schedule (each run's wall less the summed first-to-last-request spans
+of its aiperf runs, read from their per-request records).
 """
 
 from __future__ import annotations
@@ -180,12 +184,32 @@ class SuiteCost:
     prompt_tokens: float = 0.0
     output_tokens: float = 0.0
     incarnations: int = 0
+    #: Seconds of the load's own arrival schedules (first to last request issued, summed over aiperf's runs): drawn
+    #: afresh each run (Poisson arrivals, no fixed seed), so two runs of one suite differ by it whatever the probes do.
+    schedule_s: float = 0.0
+
+
+def schedule_seconds(reports: Path) -> float:
+    """The summed arrival spans of every aiperf run under ``reports`` (``profile_export.jsonl``, profiling records:
+    first to last ``credit_issued_ns``); the trace replay's per-phase copies are left out."""
+    total = 0.0
+    for path in reports.rglob("profile_export.jsonl"):
+        if "phases" in path.parts:
+            continue
+        issued = []
+        for line in path.read_text().splitlines():
+            meta = json.loads(line).get("metadata", {}) if line.strip() else {}
+            if meta.get("benchmark_phase") == "profiling" and meta.get("credit_issued_ns"):
+                issued.append(int(meta["credit_issued_ns"]))
+        if len(issued) > 1:
+            total += (max(issued) - min(issued)) / 1e9
+    return total
 
 
 def run_suite(suite: str, target: str, work: Path, timeout: float) -> SuiteCost:
     junit, out = work / f"{suite}.xml", work / f"{suite}.json"
     argv = [str(PYTHON), "-m", "pytest", f"suites/{SUITE_FILES[suite]}", "--target", target, "-q", "-p", "no:randomly",
-            "-p", "gate_cost", "--ml4-reports", str(work / "reports"), "--junitxml", str(junit),
+            "-p", "gate_cost", "--ml4-reports", str(work / f"reports-{suite}"), "--junitxml", str(junit),
             *([] if suite == "preflight" else ["--sim"]), *SUITE_ARGS.get(suite, [])]
     env = dict(os.environ, **{OUT_ENV: str(out)})
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent), env.get("PYTHONPATH", "")])
@@ -195,7 +219,7 @@ def run_suite(suite: str, target: str, work: Path, timeout: float) -> SuiteCost:
     tests, failed, wall = junit_cases(junit)
     if tests == 0:
         raise SystemExit(f"gate_cost: suite {suite} ran no test ({' '.join(argv)})")
-    cost = SuiteCost(suite, tests, len(failed), wall)
+    cost = SuiteCost(suite, tests, len(failed), wall, schedule_s=schedule_seconds(work / f"reports-{suite}"))
     if out.exists():
         for k, v in json.loads(out.read_text()).items():
             setattr(cost, k, v)
@@ -216,21 +240,24 @@ def _fmt(pct: float | None) -> str:
     return "n/a" if pct is None else f"{pct:+.1f} %"
 
 
-def probe_overhead(with_probes: SuiteCost, without: SuiteCost) -> tuple[float | None, float | None]:
-    """The probes' added requests and wall time, in % of the perf suite without them. Requests are the access
-    log's, else (Dynamo workers write none) the engines' served counters."""
+def probe_overhead(with_probes: SuiteCost, without: SuiteCost) -> tuple[float | None, float | None, float | None]:
+    """The probes' added requests, wall time, and wall time beside the load's schedules (the wall less the arrival
+    spans each run drew), in % of the perf suite without them. Requests are the access log's, else (Dynamo workers
+    write none) the engines' served counters."""
     if with_probes.requests and without.requests:
         requests = _pct(with_probes.requests, without.requests)
     else:
         requests = _pct(with_probes.served, without.served)
-    return requests, _pct(with_probes.wall_s, without.wall_s)
+    same_schedule = _pct(with_probes.wall_s - with_probes.schedule_s + without.schedule_s, without.wall_s)
+    return requests, _pct(with_probes.wall_s, without.wall_s), same_schedule
 
 
 def probes_cost(with_probes: SuiteCost, without: SuiteCost) -> str:
     """What the functional probes beside the load add to the perf suite (the issue's budget: at most 10 %)."""
-    requests, wall = probe_overhead(with_probes, without)
+    requests, wall, same_schedule = probe_overhead(with_probes, without)
     return (f"probes beside the load: {_fmt(requests)} requests, {with_probes.wall_s - without.wall_s:+.1f} s wall "
-            f"({_fmt(wall)}) over the perf suite")
+            f"({_fmt(wall)}; {_fmt(same_schedule)} on the same arrival schedule: load schedules "
+            f"{with_probes.schedule_s:.1f} s vs {without.schedule_s:.1f} s) over the perf suite")
 
 
 def probes_cost_over_pairs(pairs: list[tuple[SuiteCost, SuiteCost]]) -> str:
@@ -239,7 +266,7 @@ def probes_cost_over_pairs(pairs: list[tuple[SuiteCost, SuiteCost]]) -> str:
     import statistics
 
     lines = []
-    for name, i in (("requests", 0), ("wall", 1)):
+    for name, i in (("requests", 0), ("wall", 1), ("wall on the same arrival schedule", 2)):
         values = [v for v in (probe_overhead(a, b)[i] for a, b in pairs) if v is not None]
         if values:
             lines.append(f"probes beside the load over {len(values)} pairs: {name} min {_fmt(min(values))}, median "
