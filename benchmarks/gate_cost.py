@@ -283,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=1,
                    help="run the suites this many times, in turn (pairs of perf,perf-no-probes: min and median); the "
                         "total and --json are the last round's")
+    p.add_argument("--keep", type=Path, default=None,
+                   help="keep each round's reports in this folder (round-N/reports-SUITE: benchmarks/phase_timing.py "
+                        "reads them) instead of a temporary one")
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error(f"--repeat: expected a count >= 1, got {args.repeat}")
@@ -292,11 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'suite':10} {'tests':>5} {'failed':>6} {'requests':>8} {'served':>7} {'prompt tok':>11} {'output tok':>11} "
           f"{'wall s':>7}")
     pairs: list[tuple[SuiteCost, SuiteCost]] = []
-    for _ in range(args.repeat):
+    for round_no in range(1, args.repeat + 1):
         costs = []
         with tempfile.TemporaryDirectory(prefix="ml4-gate-cost-") as tmp:
+            work = Path(tmp) if args.keep is None else args.keep / f"round-{round_no}"
+            work.mkdir(parents=True, exist_ok=True)
             for suite in suites:
-                c = run_suite(suite, args.target, Path(tmp), args.timeout)
+                c = run_suite(suite, args.target, work, args.timeout)
                 costs.append(c)
                 print(row(c), flush=True)
         by_name = {c.suite: c for c in costs}
