@@ -3,6 +3,7 @@ endpoint, read from the simulator's own counters.
 
     python benchmarks/gate_cost.py [--target rtxpro6000-tp8] [--suites smoke,tools,...] [--json PATH]
     python benchmarks/gate_cost.py --suites perf,perf-no-probes    # what the probes beside the load add
+    python benchmarks/gate_cost.py --target gb300-agg --suites perf,perf-no-probes --repeat 3   # min/median of 3 pairs
 
 Each suite runs on its own (``pytest suites/<its file> --target T --sim``, perf with ``--perf-short``, the
 CI profile: a real gate run with the full sweep costs more) with this module loaded as a pytest plugin
@@ -18,7 +19,10 @@ lower bounds. The figures are what the engine saw: a LiteLLM proxy's retries cou
 it.
 
 Wall time is the pytest run's duration without the simulator's and proxy's start-up (the sum of the JUnit test
-times: setup, call and teardown of each test).
+times: setup, call and teardown of each test). The perf suite's open-loop phases draw their Poisson arrivals afresh
+each run, so two runs of it differ by their schedules (seconds per phase) whatever else they do: the probes' line
+also gives the wall time on the same arrival schedule (each run's wall less the summed first-to-last-request spans
+of its aiperf runs, read from their per-request records).
 """
 
 from __future__ import annotations
@@ -180,12 +184,32 @@ class SuiteCost:
     prompt_tokens: float = 0.0
     output_tokens: float = 0.0
     incarnations: int = 0
+    #: Seconds of the load's own arrival schedules (first to last request issued, summed over aiperf's runs): drawn
+    #: afresh each run (Poisson arrivals, no fixed seed), so two runs of one suite differ by it whatever the probes do.
+    schedule_s: float = 0.0
+
+
+def schedule_seconds(reports: Path) -> float:
+    """The summed arrival spans of every aiperf run under ``reports`` (``profile_export.jsonl``, profiling records:
+    first to last ``credit_issued_ns``); the trace replay's per-phase copies are left out."""
+    total = 0.0
+    for path in reports.rglob("profile_export.jsonl"):
+        if "phases" in path.parts:
+            continue
+        issued = []
+        for line in path.read_text().splitlines():
+            meta = json.loads(line).get("metadata", {}) if line.strip() else {}
+            if meta.get("benchmark_phase") == "profiling" and meta.get("credit_issued_ns"):
+                issued.append(int(meta["credit_issued_ns"]))
+        if len(issued) > 1:
+            total += (max(issued) - min(issued)) / 1e9
+    return total
 
 
 def run_suite(suite: str, target: str, work: Path, timeout: float) -> SuiteCost:
     junit, out = work / f"{suite}.xml", work / f"{suite}.json"
     argv = [str(PYTHON), "-m", "pytest", f"suites/{SUITE_FILES[suite]}", "--target", target, "-q", "-p", "no:randomly",
-            "-p", "gate_cost", "--ml4-reports", str(work / "reports"), "--junitxml", str(junit),
+            "-p", "gate_cost", "--ml4-reports", str(work / f"reports-{suite}"), "--junitxml", str(junit),
             *([] if suite == "preflight" else ["--sim"]), *SUITE_ARGS.get(suite, [])]
     env = dict(os.environ, **{OUT_ENV: str(out)})
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent), env.get("PYTHONPATH", "")])
@@ -195,7 +219,7 @@ def run_suite(suite: str, target: str, work: Path, timeout: float) -> SuiteCost:
     tests, failed, wall = junit_cases(junit)
     if tests == 0:
         raise SystemExit(f"gate_cost: suite {suite} ran no test ({' '.join(argv)})")
-    cost = SuiteCost(suite, tests, len(failed), wall)
+    cost = SuiteCost(suite, tests, len(failed), wall, schedule_s=schedule_seconds(work / f"reports-{suite}"))
     if out.exists():
         for k, v in json.loads(out.read_text()).items():
             setattr(cost, k, v)
@@ -208,14 +232,46 @@ def row(c: SuiteCost) -> str:
             f"{c.output_tokens:10.0f}{mark} {c.wall_s:7.1f}")
 
 
+def _pct(a: float, b: float) -> float | None:
+    return 100 * (a - b) / b if b else None
+
+
+def _fmt(pct: float | None) -> str:
+    return "n/a" if pct is None else f"{pct:+.1f} %"
+
+
+def probe_overhead(with_probes: SuiteCost, without: SuiteCost) -> tuple[float | None, float | None, float | None]:
+    """The probes' added requests, wall time, and wall time beside the load's schedules (the wall less the arrival
+    spans each run drew), in % of the perf suite without them. Requests are the access log's, else (Dynamo workers
+    write none) the engines' served counters."""
+    if with_probes.requests and without.requests:
+        requests = _pct(with_probes.requests, without.requests)
+    else:
+        requests = _pct(with_probes.served, without.served)
+    same_schedule = _pct(with_probes.wall_s - with_probes.schedule_s + without.schedule_s, without.wall_s)
+    return requests, _pct(with_probes.wall_s, without.wall_s), same_schedule
+
+
 def probes_cost(with_probes: SuiteCost, without: SuiteCost) -> str:
     """What the functional probes beside the load add to the perf suite (the issue's budget: at most 10 %)."""
-    def pct(a: float, b: float) -> str:
-        return f"{100 * (a - b) / b:+.1f} %" if b else "n/a"
+    requests, wall, same_schedule = probe_overhead(with_probes, without)
+    return (f"probes beside the load: {_fmt(requests)} requests, {with_probes.wall_s - without.wall_s:+.1f} s wall "
+            f"({_fmt(wall)}; {_fmt(same_schedule)} on the same arrival schedule: load schedules "
+            f"{with_probes.schedule_s:.1f} s vs {without.schedule_s:.1f} s) over the perf suite")
 
-    return (f"probes beside the load: {with_probes.requests - without.requests:+d} requests "
-            f"({pct(with_probes.requests, without.requests)}), {with_probes.wall_s - without.wall_s:+.1f} s wall "
-            f"({pct(with_probes.wall_s, without.wall_s)}) over the perf suite")
+
+def probes_cost_over_pairs(pairs: list[tuple[SuiteCost, SuiteCost]]) -> str:
+    """Min and median of the probes' overhead over several pairs of runs (a shared machine's noise is one-sided: it
+    only lengthens a run, so the minimum is the truer figure and the median the typical one)."""
+    import statistics
+
+    lines = []
+    for name, i in (("requests", 0), ("wall", 1), ("wall on the same arrival schedule", 2)):
+        values = [v for v in (probe_overhead(a, b)[i] for a, b in pairs) if v is not None]
+        if values:
+            lines.append(f"probes beside the load over {len(values)} pairs: {name} min {_fmt(min(values))}, median "
+                         f"{_fmt(statistics.median(values))} ({', '.join(_fmt(v) for v in values)})")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,25 +280,41 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suites", default=",".join(SUITES))
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per suite")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run the suites this many times, in turn (pairs of perf,perf-no-probes: min and median); the "
+                        "total and --json are the last round's")
+    p.add_argument("--keep", type=Path, default=None,
+                   help="keep each round's reports in this folder (round-N/reports-SUITE: benchmarks/phase_timing.py "
+                        "reads them) instead of a temporary one")
     args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error(f"--repeat: expected a count >= 1, got {args.repeat}")
     suites = choices(p, "--suites", args.suites, SUITES)
     require_venv(p)
     costs: list[SuiteCost] = []
     print(f"{'suite':10} {'tests':>5} {'failed':>6} {'requests':>8} {'served':>7} {'prompt tok':>11} {'output tok':>11} "
           f"{'wall s':>7}")
-    with tempfile.TemporaryDirectory(prefix="ml4-gate-cost-") as tmp:
-        for suite in suites:
-            c = run_suite(suite, args.target, Path(tmp), args.timeout)
-            costs.append(c)
-            print(row(c), flush=True)
+    pairs: list[tuple[SuiteCost, SuiteCost]] = []
+    for round_no in range(1, args.repeat + 1):
+        costs = []
+        with tempfile.TemporaryDirectory(prefix="ml4-gate-cost-") as tmp:
+            work = Path(tmp) if args.keep is None else args.keep / f"round-{round_no}"
+            work.mkdir(parents=True, exist_ok=True)
+            for suite in suites:
+                c = run_suite(suite, args.target, work, args.timeout)
+                costs.append(c)
+                print(row(c), flush=True)
+        by_name = {c.suite: c for c in costs}
+        if "perf" in by_name and "perf-no-probes" in by_name:
+            pairs.append((by_name["perf"], by_name["perf-no-probes"]))
+            print(probes_cost(*pairs[-1]), flush=True)
     total = SuiteCost("total", sum(c.tests for c in costs), sum(c.failed for c in costs),
                       sum(c.wall_s for c in costs), sum(c.requests for c in costs), sum(c.served for c in costs),
                       sum(c.prompt_tokens for c in costs), sum(c.output_tokens for c in costs))
     total.incarnations = max((c.incarnations for c in costs), default=0)
     print(row(total))
-    by_name = {c.suite: c for c in costs}
-    if "perf" in by_name and "perf-no-probes" in by_name:
-        print(probes_cost(by_name["perf"], by_name["perf-no-probes"]))
+    if len(pairs) > 1:
+        print(probes_cost_over_pairs(pairs))
     if any(c.incarnations > 1 for c in costs):
         print("* engines restarted during the suite: served and token figures are lower bounds (see --help)")
     if args.json:

@@ -217,6 +217,46 @@ def test_the_loads_own_answers_are_judged_from_aiperfs_records(tmp_path: Path) -
     assert err.value.code == "load.usage_inconsistent"
 
 
+def test_a_200_that_ended_without_its_usage_is_an_error_body(tmp_path: Path) -> None:
+    """A successful record without usage (the error event cut the answer before its usage chunk) fails
+    ``load.error_in_200``; it is not counted as an answer that reasoned or not."""
+    folder = _records(tmp_path / "a", [(131, 256, 150, 406)] * 3)
+    bare = {"metadata": {"x_request_id": "cut", "benchmark_phase": "profiling"},
+            "metrics": {"request_latency": {"value": 48.0, "unit": "ms"}}}
+    with (folder / "profile_export.jsonl").open("a") as fh:
+        fh.write(json.dumps(bare) + "\n")
+    answers = load_answers("sweep c32", folder)
+    assert answers is not None and answers.unfinished == ["cut"] and answers.unreasoned == [] and answers.reasons
+    with pytest.raises(Violation) as err:
+        assert_load_answers_consistent([answers])
+    assert err.value.code == "load.error_in_200"
+    assert "1 of 4 load answers were HTTP 200 that ended without their usage (first: request cut)" in err.value.message
+
+
+def test_the_real_aiperf_records_an_error_event_in_a_200_as_a_success_without_usage(tmp_path: Path) -> None:
+    """What aiperf 0.13 keeps of a 200 whose stream carries vLLM's in-band error event (fault midstream_error): the
+    request is a success (no ``error``, nothing in ``error_summary``), its body is not recorded, its usage is
+    absent; the load check turns that into ``load.error_in_200``."""
+    from pytest_ml4.perf.export import read_records
+    from pytest_ml4.perf.runner import AiperfSpec, run_aiperf
+
+    target = load_target("rtxpro6000-tp8")
+    with SimServer(target, faults=("midstream_error",), log_file=tmp_path / "sim.log",
+                   overrides={"sim": {"ttft_s": 0.005, "itl_ms": 2}}, env={target.endpoint.api_key_env: KEY}) as sim:
+        model = httpx.get(sim.url + "/v1/models", timeout=10, headers=AUTH).json()["data"][0]["id"]
+        spec = AiperfSpec(model=model, url=sim.base_url, concurrency=2, isl=64, osl=32, duration_s=None,
+                          request_count=4, min_tokens=32)
+        run_aiperf(spec, tmp_path / "run", api_key=KEY)
+    records = read_records(tmp_path / "run")
+    assert len(records) == 4 and all(r.ok for r in records), records
+    assert all(r.value("usage_completion_tokens") is None for r in records)
+    summary = json.loads((tmp_path / "run" / "profile_export_aiperf.json").read_text())
+    assert not summary.get("error_summary") and "error_request_count" not in summary
+    with pytest.raises(Violation) as err:
+        assert_load_answers_consistent([load_answers("sweep c2", tmp_path / "run")])
+    assert err.value.code == "load.error_in_200" and "4 of 4 load answers" in err.value.message
+
+
 def test_soak_durations_and_buckets() -> None:
     assert [parse_duration(x) for x in ("90", "90s", "1.5m", "2h")] == [90.0, 90.0, 90.0, 7200.0]
     for bad in ("", "0s", "ten minutes", "5d", "-3s"):
@@ -337,3 +377,116 @@ def test_the_saturation_gate_allows_the_probe_the_engine_runs_beside_the_load() 
     assert not gates.saturation_gate(point(32, 33.0), 64).passed
     assert gates.saturation_gate(point(32, 33.0), 64, beside=1).passed
     assert not gates.saturation_gate(point(32, 34.0), 64, beside=1).passed
+
+
+# ------------------------------------------------------------------------------------------------ the phase's end
+COMPLETION = {"id": "chatcmpl-stall", "object": "chat.completion", "created": 0, "model": "m",
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": "late"}, "finish_reason": "stop"}],
+              "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+
+
+class _HeldServer:
+    """A real HTTP server on 127.0.0.1 that receives each chat request and answers it only once ``release`` is set:
+    an engine whose answer stalls past the end of the load."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.received, self.release = threading.Event(), threading.Event()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                outer.received.set()
+                outer.release.wait(60)
+                body = json.dumps(COMPLETION).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _phase_with_one_probe(tmp_path: Path, server: _HeldServer, grace_s: float,
+                          before_end: Any = None) -> tuple[PhaseProbes, bool, list[Any]]:
+    """One phase whose load "ends" (the block exits) once the probe reached the server; whether the end returned
+    while the server still held the answer. The block runs in a thread: were the end to wait for the answer it
+    would still be waiting when the test looks, which the test then reports instead of hanging."""
+    from pytest_ml4.perf.probes import Probe
+
+    judged: list[Any] = []
+    probe = Probe("tool_choice=auto", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}, False,
+                  judged.append)
+    prober = Prober(Endpoint(server.url, api_key=KEY, model="m"), [probe], 0.05, stop_grace_s=grace_s)
+    ended = threading.Event()
+    folder = tmp_path / "c32"
+
+    def phase() -> None:
+        with prober.during(Phase("sweep", "sweep c32", 32), folder) as state:
+            state.phase = "profiling"   # aiperf's console said its profiling phase started
+            assert server.received.wait(30), "the probe never reached the server"
+            if before_end is not None:
+                before_end()
+        ended.set()
+
+    runner = threading.Thread(target=phase, daemon=True)
+    runner.start()
+    ended_while_held = ended.wait(30) and not server.release.is_set()
+    server.release.set()
+    runner.join(30)
+    for t in [t for t in threading.enumerate() if t.name == "ml4-probes-sweep c32"]:
+        t.join(30)   # the late answer has come back to the probe thread: it must have been dropped
+    prober.close()
+    found = phase_findings([folder])
+    assert found, f"no findings written in {folder}"
+    return found[0], ended_while_held, judged
+
+
+def test_a_stalled_probe_does_not_hold_the_phase_past_the_grace(tmp_path: Path) -> None:
+    """The phase's end waits at most ``stop_grace_s``: with the engine holding the probe's answer indefinitely the
+    phase ends anyway, the probe is recorded as cut off (not judged, not a violation, a transcript saying so), and its
+    late answer is dropped."""
+    server = _HeldServer()
+    try:
+        found, ended_while_held, judged = _phase_with_one_probe(tmp_path, server, grace_s=0.2)
+    finally:
+        server.close()
+    assert ended_while_held, "the phase's end waited for the stalled probe's answer"
+    [cut] = found.results
+    assert cut.cut_off and cut.violation is None and cut.tokens is None and not found.judged
+    assert judged == [], "the late answer was judged after the phase had ended"
+    assert found.stop_wait_s is not None and found.stop_wait_s < 30
+    transcript = (Path(found.folder) / (cut.transcript or "")).read_text()
+    assert "not judged: cut off by the phase's end" in transcript and "waits at most 0.2 s" in transcript
+    assert "cut off by the phase's end (not judged)" in found.describe()
+    with pytest.raises(NotJudged, match="sweep: no probe answered beside the load"):
+        assert_answers_correct_under_load("sweep", [found], [found.folder])
+
+
+def test_a_probe_answered_within_the_grace_is_judged(tmp_path: Path) -> None:
+    """The bound is a grace, not a cut: an answer that completes after the load ended but within it is judged."""
+    server = _HeldServer()
+    try:
+        found, ended_while_held, judged = _phase_with_one_probe(tmp_path, server, grace_s=30,
+                                                        before_end=lambda: threading.Timer(0.1, server.release.set)
+                                                        .start())
+    finally:
+        server.close()
+    assert not ended_while_held
+    [answered] = found.results
+    assert not answered.cut_off and answered.violation is None and answered.tokens == 1
+    assert found.judged == [answered] and [a.message["content"] for a in judged] == ["late"]

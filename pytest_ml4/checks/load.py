@@ -21,7 +21,7 @@ def assert_answers_correct_under_load(kind: str, found: Sequence[PhaseProbes], f
     its load, the probe and the first violation, its transcript attached. Then the load's own answers
     (:func:`assert_load_answers_consistent`). Not judged when no probe was answered (the probes were off, aiperf
     never profiled, or the runs went elsewhere: ``why_unprobed``). Returns the probes judged."""
-    sent = sum(len(p.results) for p in found)
+    sent = sum(len(p.judged) for p in found)   # a probe cut off by the phase's end is not judged
     _fail_on_first_probe_violation(kind, found, sent)
     assert_load_answers_consistent(load)
     if not sent:
@@ -48,8 +48,16 @@ def _fail_on_first_probe_violation(kind: str, found: Sequence[PhaseProbes], sent
 def assert_load_answers_consistent(answers: Sequence[LoadAnswers]) -> None:
     """The load's own answers (aiperf's per-request usage): where the workload reasons, every answer reports its
     reasoning tokens (an answer without them had its reasoning left in content or dropped, ``load.reasoning_missing``);
-    every answer's usage adds up (``load.usage_inconsistent``)."""
+    every answer's usage adds up (``load.usage_inconsistent``); no 200 ended without its usage (``load.error_in_200``).
+
+    aiperf 0.13 does not record the body of a 200, nor an error event inside one (the request stays a success, its
+    ``error_summary`` empty): the error body is judged by what it leaves in the record, an answer without the usage
+    every finished answer carries under ``--use-server-token-count`` (:func:`~pytest_ml4.perf.probes.load_answers`)."""
     for a in answers:
+        if a.unfinished:
+            fail("load.error_in_200", f"{a.label}: {len(a.unfinished)} of {a.answered} load answers were HTTP 200 "
+                                      f"that ended without their usage (first: request {a.unfinished[0]}): an error "
+                                      f"body inside the 200 or a cut stream, which aiperf counts as a success")
         if a.reasons and a.unreasoned:
             fail("load.reasoning_missing", f"{a.label}: {len(a.unreasoned)} of {a.answered} load answers report no "
                                            f"reasoning tokens while {len(a.reasoned)} do (first: request "

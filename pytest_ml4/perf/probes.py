@@ -36,6 +36,8 @@ PROBES_FILE = "ml4-probes.json"
 PROBES_DATA = data_file("prompts", "probes.yaml")
 #: A probe waits at most this long for an answer (the phase's own deadline is aiperf's).
 PROBE_TIMEOUT_S = 300.0
+#: How long a phase's end waits for the probe in flight (``probes.yaml`` ``stop_grace_s`` overrides it).
+STOP_GRACE_S = 2.0
 #: How often the thread looks at aiperf's console state while waiting for the profiling phase.
 POLL_S = 0.05
 #: A closed-loop phase whose output length is not fixed (the trace replay) is paced as if its answers had this many.
@@ -162,10 +164,11 @@ def probe_cycle(target: Any, model: str, counter: Any, data: dict[str, Any] | No
     return interleave([kinds[k]() for k in data["order"]])
 
 
-def probe_settings() -> tuple[float, float]:
-    """``probes.yaml``'s share of the load's requests and the settle time before a phase's first probe."""
+def probe_settings() -> tuple[float, float, float]:
+    """``probes.yaml``'s share of the load's requests, the settle time before a phase's first probe and the most a
+    phase's end waits for the probe in flight."""
     data = yaml.safe_load(PROBES_DATA.read_text())
-    return float(data["share"]), float(data["settle_s"])
+    return float(data["share"]), float(data["settle_s"]), float(data.get("stop_grace_s", STOP_GRACE_S))
 
 
 # ------------------------------------------------------------------------------------------------ one phase
@@ -236,6 +239,7 @@ class ProbeResult:
     ttft_s: float | None = None     # streamed probes: time to the first token
     code: str | None = None
     transcript: str | None = None   # file beside ml4-probes.json
+    cut_off: bool = False           # still unanswered when the phase ended: not judged (Prober.during)
 
 
 @dataclass
@@ -251,15 +255,24 @@ class PhaseProbes:
     #: Why no probe was sent (aiperf never reached its profiling phase, the probes are off), else None.
     not_probed: str | None = None
     load_requests: int | None = None     # aiperf's completed requests (success + error), for the share
+    #: Seconds the phase's end waited for the probe still in flight (what the probes add to the phase's wall time).
+    stop_wait_s: float | None = None
     folder: str = ""
 
     @property
     def violations(self) -> list[ProbeResult]:
         return [r for r in self.results if r.violation]
 
+    @property
+    def judged(self) -> list[ProbeResult]:
+        """The probes answered and judged (those cut off by the phase's end are not)."""
+        return [r for r in self.results if not r.cut_off]
+
     def describe(self) -> str:
         load = "" if self.load_requests is None else f" beside {self.load_requests} load requests"
-        return f"{self.label}: {len(self.results)} probe(s){load}, {len(self.violations)} violation(s)"
+        cut = len(self.results) - len(self.judged)
+        cut_note = f", {cut} cut off by the phase's end (not judged)" if cut else ""
+        return f"{self.label}: {len(self.judged)} probe(s) judged{load}, {len(self.violations)} violation(s){cut_note}"
 
     def save(self, folder: Path) -> Path:
         path = folder / PROBES_FILE
@@ -279,10 +292,46 @@ class PhaseProbes:
 
 
 # ------------------------------------------------------------------------------------------------ the runner
+class _Flight:
+    """The probe thread's hand-over with the phase's end: the probe in flight, and whether the phase has closed
+    (after which a late answer is dropped rather than judged)."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._in_flight: tuple[int, Probe, float, float] | None = None   # index, probe, at_s, sent (monotonic)
+
+    def send(self, index: int, probe: Probe, at_s: float) -> bool:
+        with self._lock:
+            if not self._closed:
+                self._in_flight = (index, probe, at_s, time.monotonic())
+            return not self._closed
+
+    def is_open(self) -> bool:
+        with self._lock:
+            return not self._closed
+
+    def land(self, results: list[ProbeResult], result: ProbeResult) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._in_flight = None
+            results.append(result)
+            return True
+
+    def close(self) -> tuple[int, Probe, float, float] | None:
+        """Close the phase; the probe still in flight, if any."""
+        with self._lock:
+            self._closed = True
+            return self._in_flight
+
+
 class Prober:
     """Sends the probe cycle beside one aiperf run at a time (:meth:`during`); clients made once per session."""
 
-    def __init__(self, endpoint: Any, probes: Sequence[Probe], share: float, settle_s: float = 0.0) -> None:
+    def __init__(self, endpoint: Any, probes: Sequence[Probe], share: float, settle_s: float = 0.0,
+                 stop_grace_s: float = STOP_GRACE_S) -> None:
         from pytest_ml4.client import make_httpx, make_openai
 
         if not probes:
@@ -290,6 +339,7 @@ class Prober:
         self.probes = list(probes)
         self.pace = Pace(share)
         self.settle_s = settle_s
+        self.stop_grace_s = stop_grace_s
         self.oai = make_openai(endpoint, timeout=PROBE_TIMEOUT_S)
         self.http = make_httpx(endpoint, timeout=PROBE_TIMEOUT_S)
         self._next = 0   # the cycle goes on across phases: every phase starts where the last one stopped
@@ -297,27 +347,37 @@ class Prober:
     @contextmanager
     def during(self, phase: Phase, folder: Path) -> Iterator[PhaseState]:
         """Probe while aiperf (fed the yielded state) is in its profiling phase; write the findings into
-        ``folder`` when the block ends, whatever its outcome."""
+        ``folder`` when the block ends, whatever its outcome.
+
+        The end stops the sending and gives the probe in flight at most ``stop_grace_s`` to be answered: one cut
+        off by the phase's end is recorded as such (``cut_off``, a transcript saying so) and is not judged, and its
+        answer, whenever it comes, is dropped. So a probe never holds a phase past its load by more than the grace,
+        whatever its answer's length or a stalled engine."""
         state = PhaseState()
         found = PhaseProbes(phase.kind, phase.label, phase.concurrency, phase.rate, self.pace.share)
-        stop = threading.Event()
-        thread = threading.Thread(target=self._run, args=(phase, state, stop, found, folder), daemon=True,
+        flight = _Flight()
+        thread = threading.Thread(target=self._run, args=(phase, state, flight, found, folder), daemon=True,
                                   name=f"ml4-probes-{phase.label}")
         thread.start()
         try:
             yield state
         finally:
-            stop.set()
-            thread.join(timeout=PROBE_TIMEOUT_S + 5)
+            flight.stop.set()
+            t0 = time.monotonic()
+            thread.join(timeout=self.stop_grace_s)
+            cut = flight.close()
+            found.stop_wait_s = round(time.monotonic() - t0, 3)
+            folder.mkdir(parents=True, exist_ok=True)
+            if cut is not None:
+                found.results.append(self._cut_off(cut, found.stop_wait_s, folder))
             if not found.results and found.not_probed is None:
                 found.not_probed = (f"aiperf's profiling phase never started ({state.phase or 'no phase'} seen on "
                                     f"its console)")
             found.load_requests = _load_requests(folder)
-            folder.mkdir(parents=True, exist_ok=True)
             found.save(folder)
 
-    def _run(self, phase: Phase, state: PhaseState, stop: threading.Event, found: PhaseProbes,
-             folder: Path) -> None:
+    def _run(self, phase: Phase, state: PhaseState, flight: _Flight, found: PhaseProbes, folder: Path) -> None:
+        stop = flight.stop
         while not stop.is_set() and not _profiling(state):
             stop.wait(POLL_S)
         started = time.monotonic()
@@ -326,13 +386,29 @@ class Prober:
         while not stop.is_set() and _profiling(state):
             probe = self.probes[self._next % len(self.probes)]
             self._next += 1
-            result = self.ask(probe, len(found.results) + 1, time.monotonic() - started, folder)
-            found.results.append(result)
+            index, at_s = len(found.results) + 1, time.monotonic() - started
+            if not flight.send(index, probe, at_s):
+                return
+            result = self.ask(probe, index, at_s, folder, wanted=flight.is_open)
+            if result is None or not flight.land(found.results, result):
+                return   # cut off by the phase's end: already recorded as such, this late answer is not judged
             timing.update(result)
             stop.wait(self.pace.gap_s(phase, timing))
 
-    def ask(self, probe: Probe, index: int, at_s: float, folder: Path) -> ProbeResult:
-        """Send one probe and judge its answer with the probe's verdict."""
+    def _cut_off(self, cut: tuple[int, Probe, float, float], waited_s: float, folder: Path) -> ProbeResult:
+        index, probe, at_s, sent_at = cut
+        why = (f"cut off by the phase's end: no complete answer {waited_s:.1f} s after aiperf's load ended (the stop "
+               f"waits at most {self.stop_grace_s:g} s); not judged")
+        result = ProbeResult(index, probe.name, round(at_s, 3), round(time.monotonic() - sent_at, 3), None,
+                             cut_off=True)
+        result.transcript = write_transcript(folder, index, probe, None, why, heading="not judged",
+                                             no_answer="cut off by the phase's end")
+        return result
+
+    def ask(self, probe: Probe, index: int, at_s: float, folder: Path,
+            wanted: Callable[[], bool] = lambda: True) -> ProbeResult | None:
+        """Send one probe and judge its answer with the probe's verdict; None when the answer came after it was no
+        longer ``wanted`` (the phase it was sent in has ended: it is not judged)."""
         from pytest_ml4.checks.chat import ask
 
         t0 = time.monotonic()
@@ -341,8 +417,12 @@ class Prober:
         try:
             answer = ask(self.oai, self.http, probe.body, probe.stream)
             wall = time.monotonic() - t0   # the request's own time: the pace reads it, the verdict is not timed
+            if not wanted():
+                return None
             probe.judge(answer)
         except Exception as err:  # noqa: BLE001 - a verdict (AssertionError) or a request that could not be made
+            if not wanted():
+                return None
             why = str(err).split("\nassert ")[0] if isinstance(err, AssertionError) else (
                 f"the probe could not be sent: {type(err).__name__}: {err}")
             result = _result(index, probe, at_s, wall or time.monotonic() - t0, answer, why, getattr(err, "code", None))
@@ -393,15 +473,17 @@ def _load_requests(folder: Path) -> int | None:
     return None if ok is None else int(ok + export.error_request_count)
 
 
-def write_transcript(folder: Path, index: int, probe: Probe, answer: Any, violation: str) -> str:
-    """The request, the answer (the SSE exchange when streamed) and the violation, redacted, beside the findings."""
+def write_transcript(folder: Path, index: int, probe: Probe, answer: Any, violation: str,
+                     heading: str = "violation", no_answer: str = "the request itself failed; see the violation") -> str:
+    """The request, the answer (the SSE exchange when streamed) and the violation (or why it was not judged: a
+    ``heading`` of its own), redacted, beside the findings."""
     folder = folder / "ml4-probes"
     folder.mkdir(parents=True, exist_ok=True)
     name = re.sub(r"[^A-Za-z0-9_.=-]+", "_", f"{index:04d}-{probe.name}")[:120] + ".txt"
-    lines = [f"probe {index}: {probe.name}", f"violation: {violation}", "",
+    lines = [f"probe {index}: {probe.name}", f"{heading}: {violation}", "",
              "request: " + json.dumps(probe.body, ensure_ascii=False)]
     if answer is None:
-        lines.append("answer: none (the request itself failed; see the violation)")
+        lines.append(f"answer: none ({no_answer})")
     elif answer.result is not None:
         lines += ["", answer.result.to_transcript()]
     else:
@@ -430,7 +512,7 @@ class FirstViolation:
     def describe(self) -> str:
         p, r = self.phase, self.result
         load = f"{p.rate:g} req/s Poisson" if p.rate else f"concurrency {p.concurrency}"
-        return (f"{p.label} ({load}): probe {r.index} of {len(p.results)}, {r.probe}, sent {r.at_s:.1f} s into the "
+        return (f"{p.label} ({load}): probe {r.index} of {len(p.judged)}, {r.probe}, sent {r.at_s:.1f} s into the "
                 f"phase: {r.violation}")
 
 
@@ -455,15 +537,26 @@ class LoadAnswers:
     reasoned: list[str]                 # x_request_id of the answers reporting reasoning tokens
     unreasoned: list[str]               # ... and of those reporting none
     usage_wrong: list[str]              # "<id>: <what does not add up>"
+    #: x_request_id of the successful records (HTTP 200, no ``error``) without any usage: the answer did not end
+    #: with its usage, as one does whose 200 carried an error body (see :func:`load_answers`).
+    unfinished: list[str] = field(default_factory=list)
 
     @property
     def reasons(self) -> bool:
         """The workload reasons on this deployment: most of its answers report reasoning tokens."""
-        return len(self.reasoned) * 2 >= self.answered > 0
+        return len(self.reasoned) * 2 >= self.answered - len(self.unfinished) > 0
 
 
 def load_answers(label: str, folder: Path | str) -> LoadAnswers | None:
-    """The load's answers of one aiperf folder, None when it has no per-request export."""
+    """The load's answers of one aiperf folder, None when it has no per-request export.
+
+    An error body inside a 200 is not in aiperf 0.13's records: checked against the simulator's in-band error event
+    (fault ``midstream_error``, ``data: {"error": ...}`` after a 200, as vLLM sends it), aiperf keeps such a request
+    as a success (no ``error`` field, an empty ``error_summary``) and records neither the body nor the error; what
+    it does record is the answer's end: the perf suite always runs it streamed with ``--use-server-token-count``
+    (:func:`~pytest_ml4.perf.runner.build_argv`), so an answer that ended normally carries ``usage_*`` (the stream's
+    usage chunk) and one cut by an error event carries none. The successful records without usage are the
+    ``unfinished`` ones."""
     from pytest_ml4.perf.export import ExportError, read_records
 
     try:
@@ -471,13 +564,17 @@ def load_answers(label: str, folder: Path | str) -> LoadAnswers | None:
     except ExportError:
         return None
     reasoned, unreasoned, wrong = [], [], []
+    unfinished = []
     for r in records:
         rid = str(r.metadata.get("x_request_id", "?"))
         reasoning, completion = r.value("usage_reasoning_tokens"), r.value("usage_completion_tokens")
+        if completion is None and r.value("usage_total_tokens") is None:
+            unfinished.append(rid)
+            continue
         (reasoned if reasoning else unreasoned).append(rid)
         prompt, total = r.value("usage_prompt_tokens"), r.value("usage_total_tokens")
         if isinstance(reasoning, (int, float)) and isinstance(completion, (int, float)) and reasoning > completion:
             wrong.append(f"{rid}: reasoning_tokens {reasoning:g} > completion_tokens {completion:g}")
         elif None not in (prompt, completion, total) and prompt + completion != total:
             wrong.append(f"{rid}: prompt {prompt:g} + completion {completion:g} != total_tokens {total:g}")
-    return LoadAnswers(label, len(records), reasoned, unreasoned, wrong)
+    return LoadAnswers(label, len(records), reasoned, unreasoned, wrong, unfinished)

@@ -48,7 +48,7 @@ def soak_buckets(found: PhaseProbes, duration_s: float) -> list[Bucket]:
     width = bucket_width(duration_s)
     n = max(int(-(-duration_s // width)), 1)
     counts = [[0, 0] for _ in range(n)]
-    for r in found.results:
+    for r in found.judged:
         i = min(int(r.at_s // width), n - 1)
         counts[i][0] += 1
         counts[i][1] += bool(r.violation)
@@ -60,8 +60,8 @@ def write_soak_plot(found: PhaseProbes, duration_s: float, path: Path, title: st
     from pytest_ml4.perf.plots import plt
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5), sharex=True)
-    ok = [r.at_s for r in found.results if not r.violation]
-    bad = [r.at_s for r in found.results if r.violation]
+    ok = [r.at_s for r in found.judged if not r.violation]
+    bad = [r.at_s for r in found.judged if r.violation]
     top.scatter(ok, [1] * len(ok), color="green", marker="o", label=f"passed ({len(ok)})")
     top.scatter(bad, [0] * len(bad), color="red", marker="x", label=f"violated ({len(bad)})")
     top.set_yticks([0, 1], ["violated", "passed"])
@@ -75,7 +75,7 @@ def write_soak_plot(found: PhaseProbes, duration_s: float, path: Path, title: st
     bottom.set_xlabel("seconds into the soak")
     bottom.set_ylabel("probes per bucket")
     bottom.legend(loc="upper right", fontsize=8)
-    fig.suptitle(f"{title}: {len(bad)} of {len(found.results)} probe answers violated their verdict")
+    fig.suptitle(f"{title}: {len(bad)} of {len(found.judged)} probe answers violated their verdict")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from pytest_ml4.client import Endpoint
 from pytest_ml4.baselines import (
     BaselineRefused,
     deployment_provenance,
@@ -27,6 +26,7 @@ from pytest_ml4.baselines import (
     recording_path,
     usable_on,
 )
+from pytest_ml4.client import Endpoint
 from pytest_ml4.perf.baseline import Baseline, BaselineError, parse_compare_fail
 from pytest_ml4.perf.evaluate import (
     SweepOutputs,
@@ -380,8 +380,9 @@ def ml4_perf_probes(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoin
         return
     counter = counter_for(ml4_target, ml4_endpoint)
     counter.count("warm up")   # the local tokenizer loads in seconds: not inside the first probe under load
+    _, settle_s, stop_grace_s = probe_settings()
     prober = Prober(ml4_endpoint, probe_cycle(ml4_target, ml4_endpoint.model, counter), share,
-                    settle_s=probe_settings()[1])
+                    settle_s=settle_s, stop_grace_s=stop_grace_s)
     yield prober
     prober.close()
 
