@@ -164,12 +164,16 @@ def test_missing_fields_name_the_file_the_field_and_the_suite(tmp_path: Path) ->
         f"latency knee is judged against the target's bound or a stored baseline's knee"),
         (f"{where}: perf.workloads.sessions not set; the perf suite's test_goodput_at_production_rate[sessions] needs "
         f"it: the sessions workload's production rate and SLOs (README 'SLOs')"),
+        (f"{where}: perf.workloads.sessions not set; the perf suite's "
+         f"test_answers_stay_correct_under_load[goodput-sessions] needs it: the probes ride the sessions workload's "
+         f"production-rate run"),
         (f"{where}: perf.workloads.sessions not set; the perf suite's test_sessions_reuse_the_shared_prefix needs it: "
         f"the sessions workload (turns, shared system prompt) is what it replays"),
     ]
     assert missing_fields(target, ["smoke", "kv"]) == [], "no perf selected: nothing to say"
     assert [f.check for f in missing_fields(target, ["perf"], given=["perf.baseline"])] == [
-        "test_goodput_at_production_rate[sessions]", "test_sessions_reuse_the_shared_prefix"]
+        "test_goodput_at_production_rate[sessions]", "test_answers_stay_correct_under_load[goodput-sessions]",
+        "test_sessions_reuse_the_shared_prefix"]
     assert missing_fields(load_target("rtxpro6000-tp8"), ["perf"]) == [], "the bundled targets set every field"
 
 
@@ -181,7 +185,7 @@ def test_dynamo_only_fields_and_a_trace_that_is_not_there(tmp_path: Path) -> Non
                                                           "gates": {"decode_tok_s_user_p50_min": None,
                                                                     "ttft_p50_s_max": None}})
     missing = {f.check: f for f in missing_fields(target, ["perf"])}
-    assert set(missing) == {"test_dynamo_gate", "test_agentic_trace_replay"}
+    assert set(missing) == {"test_dynamo_gate", "test_agentic_trace_replay", "test_answers_stay_correct_under_load[trace]"}
     assert missing["test_agentic_trace_replay"].problem == (f"names {target.resolve('traces/none.jsonl')}, which does "
                                                             f"not exist")
 
@@ -209,7 +213,7 @@ def test_a_perf_run_reports_missing_fields_before_any_request(
         (f"ml4 target field: {where}: perf.workloads.sessions not set; the perf suite's "
         f"test_goodput_at_production_rate[[]sessions] needs it: * (not judged)"),
     ])
-    assert result.parseoutcomes().get("not_judged") == 3, result.outlines[-15:]
+    assert result.parseoutcomes().get("not_judged") == 4, result.outlines[-15:]
     result.stdout.fnmatch_lines([
         (f"NOT JUDGED suites/test_perf.py::test_latency_knee: {where}: gates.knee_not_before or perf.baseline not "
         f"set; the perf suite's test_latency_knee needs it: *"),

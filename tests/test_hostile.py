@@ -9,6 +9,7 @@ what is checked, the clock only catches a case that would hang.
 from __future__ import annotations
 
 import fnmatch
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -72,6 +73,8 @@ def test_hostile_answer_is_one_assertion_naming_the_url(name: str, client: str) 
         took = time.monotonic() - started
         asked_other = list(other.seen)
     message = str(info.value).split("\n")[0]  # what follows is pytest's explanation of a rewritten assert
+    # A failing verdict leads with its stable code ([area.property]); the pattern is about what follows it.
+    message = re.sub(r"^\[[a-z0-9_]+(?:\.[a-z0-9_]+)+\] ", "", message)
     pattern = ANSWERS[name]["expect"][client].replace("$URL", f"{srv.base_url}/chat/completions")
     pattern = pattern.replace("$OTHER", other.url)
     assert fnmatch.fnmatchcase(message, pattern), f"{ANSWERS[name]['what']}:\n{message[:3000]}\n!= {pattern}"
