@@ -144,7 +144,7 @@ def count_good(records: Sequence[RequestRecord], slo: Slo) -> int:
 def write_goodput_plot(records: Sequence[RequestRecord], slo: Slo, g: Goodput, path: Path, title: str) -> Path:
     """Empirical CDFs of TTFT, ITL and end-to-end latency, each with its SLO as a red line and the floor as a
     dotted level: a curve crossing its SLO line below the floor is a failed goodput gate."""
-    from pytest_ml4.perf.plots import plt
+    from pytest_ml4.perf.plots import plt, write_png
 
     values = latency_values(records)
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
@@ -163,7 +163,4 @@ def write_goodput_plot(records: Sequence[RequestRecord], slo: Slo, g: Goodput, p
     verdict = "meets" if g.fraction >= g.floor else "MISSES"
     fig.suptitle(f"{title}: goodput {g.fraction:.1%} {verdict} the {g.floor:.0%} floor at {g.rate:g} req/s")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return write_png(fig, path)

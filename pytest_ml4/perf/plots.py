@@ -41,6 +41,17 @@ def conditions_text(cond: Mapping[str, Any]) -> str:
                                                                   else "duration ?")
 
 
+def write_png(fig: Any, path: Path) -> Path:
+    """Write ``fig`` to ``path`` and close it. Written then renamed: xdist workers sharing a run may both draw it;
+    readers never see half a PNG."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.png")
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
 @dataclass(frozen=True)
 class BaselineOverlay:
     """Which baseline figures a plot may draw, and how it labels and explains them."""
@@ -145,13 +156,7 @@ def write_plots(points: Sequence[PointFigures], out_dir: Path, title: str, basel
                                       for ax, (names, ylabel, log_y) in zip(axes[0], panels)]
         fig.suptitle(f"{title}: {heading}")
         fig.tight_layout()
-        path = out_dir / filename
-        # Write then rename: xdist workers sharing a sweep may both draw it; readers never see half a PNG.
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.png")
-        fig.savefig(tmp, dpi=90)
-        plt.close(fig)
-        os.replace(tmp, path)
-        paths.append(path)
+        paths.append(write_png(fig, out_dir / filename))
     tmp = out_dir / f".{SIDECAR}.{os.getpid()}"
     tmp.write_text(json.dumps(sidecar, indent=1, default=str) + "\n")
     os.replace(tmp, out_dir / SIDECAR)

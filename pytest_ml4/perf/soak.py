@@ -57,7 +57,7 @@ def soak_buckets(found: PhaseProbes, duration_s: float) -> list[Bucket]:
 
 def write_soak_plot(found: PhaseProbes, duration_s: float, path: Path, title: str) -> Path:
     """Each probe as a point in time (green: passed its verdict, red: violated it), and the violations per bucket."""
-    from pytest_ml4.perf.plots import plt
+    from pytest_ml4.perf.plots import plt, write_png
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5), sharex=True)
     ok = [r.at_s for r in found.judged if not r.violation]
@@ -77,7 +77,4 @@ def write_soak_plot(found: PhaseProbes, duration_s: float, path: Path, title: st
     bottom.legend(loc="upper right", fontsize=8)
     fig.suptitle(f"{title}: {len(bad)} of {len(found.judged)} probe answers violated their verdict")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return write_png(fig, path)
