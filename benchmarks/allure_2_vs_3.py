@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from pytest_ml4.tools import allure_executable, allure_home, java_executable
+from pytest_ml4.runtime.installed import allure_executable, allure_home, java_executable
 
 
 def _size_mb(path: Path) -> float:

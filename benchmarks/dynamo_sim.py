@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from _streaming import streamed_tok_s  # benchmarks/ is on sys.path
+from pytest_ml4_sim.deploy.dynamo import DynamoSim
 
-from pytest_ml4.deploy.dynamo import DynamoSim
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 
 def rss_mib(pid: int | None) -> float:

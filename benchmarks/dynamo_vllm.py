@@ -18,12 +18,12 @@ import os
 import time
 
 from _streaming import streamed_tok_s  # benchmarks/ is on sys.path
+from pytest_ml4_sim.deploy.real_dynamo import RealDynamoDeployment
+from pytest_ml4_sim.deploy.real_vllm import tiny_overrides
 from real_vllm import group_rss_mib
 
-from pytest_ml4.deploy.real_dynamo import RealDynamoDeployment
-from pytest_ml4.deploy.real_vllm import tiny_overrides
-from pytest_ml4.targets import deep_merge, load_target
-from pytest_ml4.tools import DYNAMO_VLLM_ENGINE_VERSION
+from pytest_ml4.runtime.installed import DYNAMO_VLLM_ENGINE_VERSION
+from pytest_ml4.target.model import deep_merge, load_target
 
 
 def main() -> None:

@@ -81,7 +81,7 @@ class EngineMeter:
     incarnations: int = 0
 
     def sample(self) -> None:
-        from pytest_ml4.metrics import scrape
+        from pytest_ml4.evidence.metrics import scrape
 
         try:
             snap = scrape(self.url, timeout=2.0)

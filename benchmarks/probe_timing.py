@@ -4,7 +4,7 @@
 The simulator records, per streamed chunk, the gap since the sequence's previous chunk
 (``vllm:inter_token_latency_seconds``) and, per request, arrival to first token (``vllm:time_to_first_token_seconds``)
 in its Prometheus histograms: that is the server-side schedule. On one simulator run, aiperf drives ``--concurrency``
-streams, then the stream probe (``pytest_ml4.probe``) sends the same number of requests at the same concurrency;
+streams, then the stream probe (``pytest_ml4.client.stream_probe``) sends the same number of requests at the same concurrency;
 each client's means are printed beside the server's means over that client's own phase (histogram differences),
 so the error is the client's timing error, averaged over its requests.
 
@@ -22,13 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+from pytest_ml4_sim.deploy.simulator import SimServer
 
-from pytest_ml4.deploy.simulator import SimServer
-from pytest_ml4.metrics import diff, scrape
+from pytest_ml4.client.stream_probe import probe_chat_stream
+from pytest_ml4.evidence.metrics import diff, scrape
 from pytest_ml4.perf.export import read_records
 from pytest_ml4.perf.runner import AiperfSpec, run_aiperf
-from pytest_ml4.probe import probe_chat_stream
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 
 def server_means(before, after) -> tuple[float | None, float | None]:

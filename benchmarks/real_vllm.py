@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from _streaming import streamed_tok_s  # benchmarks/ is on sys.path
+from pytest_ml4_sim.deploy.real_vllm import RealVllm, tiny_overrides
+from pytest_ml4_sim.deploy.simulator import SimServer
 
-from pytest_ml4.deploy.real_vllm import RealVllm, tiny_overrides
-from pytest_ml4.deploy.simulator import SimServer
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 
 def group_rss_mib(pgid: int) -> float:

@@ -18,19 +18,20 @@ import re
 import time
 from pathlib import Path
 
-from pytest_ml4.client import Endpoint
+from pytest_ml4_sim.deploy.dynamo import DynamoSim
+from pytest_ml4_sim.deploy.fake_k8s import serve_dynamo
+from pytest_ml4_sim.deploy.real_vllm import tiny_overrides
+
+from pytest_ml4.client.endpoint import Endpoint
 from pytest_ml4.control import controller_for
 from pytest_ml4.control.budget import (
     RestartBudget,
     deployment_start_overrides,
     pods_replaced_in_turn,
 )
-from pytest_ml4.control.k8s import api_client
+from pytest_ml4.control.k8s_api import api_client
 from pytest_ml4.control.scenario import load_requests, run_restart_scenario
-from pytest_ml4.deploy.dynamo import DynamoSim
-from pytest_ml4.deploy.fake_k8s import serve_dynamo
-from pytest_ml4.deploy.real_vllm import tiny_overrides
-from pytest_ml4.targets import deep_merge, load_target
+from pytest_ml4.target.model import deep_merge, load_target
 
 DONE = re.compile(r"done waiting for (?P<what>.+) after (?P<s>\d+\.\d) s")
 
@@ -43,7 +44,7 @@ def main() -> None:
     args = ap.parse_args()
     over = deployment_start_overrides(args.sim_engine)
     if args.sim_engine == "vllm":
-        from pytest_ml4.deploy.real_dynamo import RealDynamoDeployment
+        from pytest_ml4_sim.deploy.real_dynamo import RealDynamoDeployment
         over = deep_merge(tiny_overrides(), over)
         cls: type[DynamoSim] = RealDynamoDeployment
     else:

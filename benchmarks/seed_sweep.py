@@ -29,11 +29,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from pytest_ml4.baselines import default_baseline
 from pytest_ml4.perf.baseline import Baseline
 from pytest_ml4.perf.figures import PointFigures, figures_from_export
 from pytest_ml4.perf.runner import AiperfSpec, run_aiperf
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.baselines import default_baseline
+from pytest_ml4.target.model import load_target
 
 SEED = default_baseline("perf", "rtxpro6000-tp8")
 RATE_FIGURES = ("out_tok_s", "tok_s_user", "tok_s_user_p50")
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     key = os.environ.get(target.endpoint.api_key_env or "", "") or None
     sim = None
     if args.url is None:
-        from pytest_ml4.deploy.simulator import SimServer
+        from pytest_ml4_sim.deploy.simulator import SimServer
 
         env = dict(os.environ, ML4_SIM_TIME_SCALE=str(k))
         if target.endpoint.requires_api_key and target.endpoint.api_key_env and not key:

@@ -18,10 +18,10 @@ import statistics
 import time
 
 import httpx
+from pytest_ml4_sim.deploy.simulator import SimServer
+from pytest_ml4_sim.sim.perfmodel import PerfModel
 
-from pytest_ml4.deploy.simulator import SimServer
-from pytest_ml4.sim.perfmodel import PerfModel
-from pytest_ml4.targets import deep_merge, load_target, parse_override
+from pytest_ml4.target.model import deep_merge, load_target, parse_override
 
 
 async def one(client: httpx.AsyncClient, osl: int) -> tuple[float, list[float], int]:

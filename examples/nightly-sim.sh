@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 reports="${1:-reports-sim}"
 py=.venv/bin/python
 status=0
-for target in $("$py" -c 'from pytest_ml4.targets import known_targets; print(" ".join(known_targets()))'); do
+for target in $("$py" -c 'from pytest_ml4.target.model import known_targets; print(" ".join(known_targets()))'); do
   "$py" -m pytest suites/ --target "$target" --sim -m "smoke or tools or reasoning" -q --ml4-reports="$reports" \
     || status=1
   run_dir="$(.venv/bin/ml4-report latest --runs "$reports" --target "$target")"

@@ -97,6 +97,6 @@ def resolve_from(root: Path, relpath: str | Path) -> Path:
 
 def baselines_dir(root: Path | None = None) -> Path:
     """Stored baselines: a team's ``baselines/`` beside its ``targets/`` (under ``root``, a target's
-    :attr:`~pytest_ml4.targets.Target.root`), else the project's own (also when no root is given)."""
+    :attr:`~pytest_ml4.target.model.Target.root`), else the project's own (also when no root is given)."""
     own = None if root is None else root / BASELINES_FOLDER
     return own if own is not None and own.is_dir() else DATA_DIR / BASELINES_FOLDER

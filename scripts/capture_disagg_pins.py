@@ -16,13 +16,13 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+from pytest_ml4_sim.deploy.dynamo import DynamoSim
 
 from pytest_ml4.checks.dynamo import assert_session_affinity
-from pytest_ml4.client import Endpoint
+from pytest_ml4.client.endpoint import Endpoint
 from pytest_ml4.control.dynamo import run_affinity_probe
 from pytest_ml4.control.scenario import load_requests
-from pytest_ml4.deploy.dynamo import DynamoSim
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 REFUSAL = "does not identify a known worker"
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything pytest-ml4 and its own tests need, idempotently:
-#   * .venv in the checkout with the package (editable) and its Python dependencies;
+#   * .venv in the checkout with the package and the embedded deployment (harness/), both editable, and their
+#     Python dependencies;
 #   * the external tools (each step in scripts/install.d/, e.g. aiperf in its own venv, the tiktoken cache,
 #     the LiteLLM proxy, the Allure CLI and Java, journald tools, Chromium) under $ML4_TOOLS
 #     (default ~/.cache/pytest-ml4), keyed by version so a second run is quick.
@@ -14,10 +15,11 @@ py="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
-stamp=".venv/.ml4-installed-$(sha1sum pyproject.toml | cut -c1-12)"
+stamp=".venv/.ml4-installed-$(cat pyproject.toml harness/pyproject.toml | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check -U pip >/dev/null
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+  # The suite (editable) and, as its own distribution, the embedded deployment (harness/: --sim) with it.
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]" -e harness
   rm -f .venv/.ml4-installed-*
   touch "$stamp"
 fi

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_ml4.accuracy.gate import failed_items, table
-from pytest_ml4.accuracy.guard import refusal
+from pytest_ml4.accuracy.synthetic import refusal
 from pytest_ml4.checks.accuracy import (
     assert_every_request_answered,
     assert_no_significant_drop,

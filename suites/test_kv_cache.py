@@ -18,7 +18,6 @@ from typing import Any
 import httpx
 import pytest
 
-from pytest_ml4.client import Endpoint
 from pytest_ml4.checks.kv import (
     VerdictReport,
     assert_kv_pool_holds_requirement,
@@ -27,7 +26,8 @@ from pytest_ml4.checks.kv import (
     assert_peak_kv_usage_under_limit,
     assert_spec_decode_acceptance_within_range,
 )
-from pytest_ml4.kv_load import (
+from pytest_ml4.client.endpoint import Endpoint
+from pytest_ml4.evidence.kv_load import (
     EngineMetrics,
     LoadResult,
     MetricsRead,
@@ -35,7 +35,7 @@ from pytest_ml4.kv_load import (
     wait_for_stats_line,
 )
 from pytest_ml4.logs import LogReader, LogView
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 pytestmark = pytest.mark.kv
 

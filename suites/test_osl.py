@@ -27,14 +27,14 @@ from pytest_ml4.checks.osl import (
     fixed_length_aiperf_spec,
     stream_fixed_length,
 )
-from pytest_ml4.client import Endpoint
+from pytest_ml4.client.endpoint import Endpoint
 from pytest_ml4.logs import LogReader, LogView
 from pytest_ml4.logs.reader import LogMark
 from pytest_ml4.perf.runner import RunResult, failure_log, run_aiperf
 from pytest_ml4.perf.sweep import Client
 from pytest_ml4.plugin.logs import log_reader_if_any
 from pytest_ml4.report.attach import attach_text
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 pytestmark = [pytest.mark.osl, pytest.mark.exclusive]   # the engine counter must see only these requests
 

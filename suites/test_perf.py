@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 
-from pytest_ml4.baselines import describe_conditions
 from pytest_ml4.checks.codes import fail, require
 from pytest_ml4.checks.load import assert_answers_correct_under_load
 from pytest_ml4.checks.perf import (
@@ -33,7 +32,7 @@ from pytest_ml4.checks.perf import (
     assert_trace_replayed,
 )
 from pytest_ml4.checks.verdict import not_judged
-from pytest_ml4.client import Endpoint
+from pytest_ml4.client.endpoint import Endpoint
 from pytest_ml4.perf.capacity import capacity_gate
 from pytest_ml4.perf.evaluate import knee_bound
 from pytest_ml4.perf.gates import knee_unseen
@@ -47,7 +46,8 @@ from pytest_ml4.perf.workloads import (
     keeps_sessions_together,
     prefix_reuse_floor,
 )
-from pytest_ml4.targets import Target
+from pytest_ml4.target.baselines import describe_conditions
+from pytest_ml4.target.model import Target
 
 pytestmark = [pytest.mark.perf, pytest.mark.exclusive]  # no other traffic during a measurement
 

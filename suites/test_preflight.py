@@ -18,7 +18,7 @@ from pytest_ml4.checks.codes import require
 from pytest_ml4.preflight import RULES, Report, Severity
 from pytest_ml4.preflight.applied import of_kinds
 from pytest_ml4.preflight.loader import collect_files, load_file
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 pytestmark = pytest.mark.preflight
 

@@ -15,7 +15,6 @@ import httpx
 import pytest
 import yaml
 
-from pytest_ml4.baselines import BaselineRefused, deployment_provenance
 from pytest_ml4.checks.chat import ChatSession, user
 from pytest_ml4.checks.codes import fail
 from pytest_ml4.checks.expected import expected_for
@@ -38,10 +37,11 @@ from pytest_ml4.checks.reasoning import (
     save_share_if_asked,
     share_conditions,
 )
-from pytest_ml4.client import Endpoint
-from pytest_ml4.dynamo_versions import target_row
+from pytest_ml4.client.endpoint import Endpoint
 from pytest_ml4.locations import data_file
-from pytest_ml4.targets import Target
+from pytest_ml4.stacks.dynamo_versions import target_row
+from pytest_ml4.target.baselines import BaselineRefused, deployment_provenance
+from pytest_ml4.target.model import Target
 
 pytestmark = pytest.mark.reasoning
 

@@ -5,7 +5,7 @@ rolling update half done, a pod with stale arguments) passes every check the rou
 the tools, reasoning and fixed-length suites' own questions (``pytest_ml4/data/prompts/replicas.yaml``) go to each
 worker the frontend's ``/health`` lists (pinned where the release honours the pin headers, else read from
 ``nvext.worker_id``), streamed and not, and one check per probe fails naming the worker that answered it wrong.
-The probes are sent once for the module (about 14 requests per worker). See :mod:`pytest_ml4.replicas`.
+The probes are sent once for the module (about 14 requests per worker). See :mod:`pytest_ml4.evidence.replicas`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ import yaml
 
 from pytest_ml4.checks.replicas import assert_every_worker_answers_right, judge_with
 from pytest_ml4.checks.tools import ToolChat
-from pytest_ml4.client import Endpoint
-from pytest_ml4.dynamo_versions import target_row
-from pytest_ml4.replicas import (
+from pytest_ml4.client.endpoint import Endpoint
+from pytest_ml4.evidence.replicas import (
     PROBES_FILE,
     TOOLS_FILE,
     Reach,
@@ -29,7 +28,8 @@ from pytest_ml4.replicas import (
     read_health,
     sender,
 )
-from pytest_ml4.targets import Target
+from pytest_ml4.stacks.dynamo_versions import target_row
+from pytest_ml4.target.model import Target
 
 pytestmark = [pytest.mark.tools, pytest.mark.reasoning, pytest.mark.dynamo,
               pytest.mark.replicas("largest", 2, why="one worker of a role answers whatever the router does")]

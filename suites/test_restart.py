@@ -35,7 +35,7 @@ from pytest_ml4.checks.restart import (
     assert_scenario_judgeable,
 )
 from pytest_ml4.checks.verdict import not_judged
-from pytest_ml4.client import Endpoint, make_httpx
+from pytest_ml4.client.endpoint import Endpoint, make_httpx
 from pytest_ml4.control.base import RestartError
 from pytest_ml4.control.budget import RestartBudget, pods_replaced_in_turn
 from pytest_ml4.control.scenario import (
@@ -47,10 +47,10 @@ from pytest_ml4.control.scenario import (
     retries_seen,
     send_probe,
 )
-from pytest_ml4.deploy.litellm import ProxySettings, RetryWindow
 from pytest_ml4.logs import LogView, ServerStart
 from pytest_ml4.report.attach import attach_text
-from pytest_ml4.targets import Target
+from pytest_ml4.stacks.litellm import ProxySettings, RetryWindow
+from pytest_ml4.target.model import Target
 
 pytestmark = [pytest.mark.restart, pytest.mark.exclusive]  # other tests must not see the engine go away
 
@@ -286,7 +286,7 @@ def test_model_leaves_and_returns_while_prefill_pods_gone(requests_run: RestartR
     """With every prefill pod deleted the model is hidden (incomplete worker set), then listed again."""
     assert_scenario_judgeable(requests_run, REQUESTS_SCENARIO)
     from pytest_ml4.control.dynamo import watch_model_visibility
-    from pytest_ml4.control.kubernetes import KubernetesController
+    from pytest_ml4.control.k8s_restart import KubernetesController
 
     if not isinstance(ml4_restart_controller, KubernetesController):
         raise RestartError(f"disaggregated targets restart through Kubernetes, got {ml4_restart_controller!r}")

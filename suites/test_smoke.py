@@ -30,10 +30,15 @@ from pytest_ml4.checks.health import (
 )
 from pytest_ml4.checks.protocol import assert_stream_clean
 from pytest_ml4.checks.verdict import not_judged
-from pytest_ml4.client import Endpoint, decode_json, explain_openai_error, quote_body
+from pytest_ml4.client.endpoint import (
+    Endpoint,
+    decode_json,
+    explain_openai_error,
+    quote_body,
+)
+from pytest_ml4.client.urls import display_url
 from pytest_ml4.locations import data_file
-from pytest_ml4.targets import Target
-from pytest_ml4.urls import display_url
+from pytest_ml4.target.model import Target
 
 pytestmark = pytest.mark.smoke
 
@@ -118,7 +123,7 @@ def test_chat_answers_known_question(ml4_target: Target, openai_client: Any) -> 
 
 
 def test_stream_answers_known_question_with_clean_grammar(ml4_target: Target, http_client: httpx.Client) -> None:
-    from pytest_ml4.probe import probe_chat_stream
+    from pytest_ml4.client.stream_probe import probe_chat_stream
 
     body = _chat_body(ml4_target, QUESTION["prompt"], max_tokens=QUESTION["max_tokens"], stream=True,
                       stream_options={"include_usage": True})
@@ -135,7 +140,7 @@ def test_stream_answers_known_question_with_clean_grammar(ml4_target: Target, ht
 
 def test_stream_usage_agrees_with_streamed_text(ml4_target: Target, http_client: httpx.Client,
                                                 ml4_token_counter: Any) -> None:
-    from pytest_ml4.probe import probe_chat_stream
+    from pytest_ml4.client.stream_probe import probe_chat_stream
 
     body = _chat_body(ml4_target, "Write a one-sentence readiness check.", max_tokens=256, stream=True,
                       stream_options={"include_usage": True})

@@ -29,11 +29,11 @@ from pytest_ml4.checks.tools import (
     with_tool_results,
 )
 from pytest_ml4.checks.verdict import not_judged
-from pytest_ml4.client import Endpoint
-from pytest_ml4.dynamo_versions import within_every_release
+from pytest_ml4.client.endpoint import Endpoint
 from pytest_ml4.locations import data_file
 from pytest_ml4.plugin.logs import log_reader_if_any
-from pytest_ml4.targets import Target
+from pytest_ml4.stacks.dynamo_versions import within_every_release
+from pytest_ml4.target.model import Target
 
 pytestmark = pytest.mark.tools
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pytest_ml4.tools import tools_dir
+from pytest_ml4.runtime.installed import tools_dir
 
 pytest_plugins = ["pytester"]
 
@@ -55,7 +55,7 @@ def smoke_copy(pytester: pytest.Pytester) -> None:
 @pytest.fixture(scope="module")
 def rtx_api_key() -> Iterator[str]:
     """A fresh API key in the RTX PRO target's key variable for one module (restored afterwards)."""
-    from pytest_ml4.targets import load_target
+    from pytest_ml4.target.model import load_target
 
     var = load_target("rtxpro6000-tp8").endpoint.api_key_env or "LLM_API_KEY"
     old = os.environ.get(var)

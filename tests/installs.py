@@ -42,17 +42,25 @@ def package_sources(where: Path) -> Path:
     return src
 
 
+def _harness_sources(where: Path) -> Path:
+    src = where / "harness-src"
+    shutil.copytree(REPO_ROOT / "harness", src, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+    return src
+
+
 def clean_env() -> dict[str, str]:
     """This process's environment without what would point the child at this checkout or preset a target."""
     drop = ("PYTHONPATH", "VIRTUAL_ENV", "ML4_TARGET", "PYTEST_ADDOPTS")
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
-def install(where: Path, *, editable: bool) -> Path:
-    """A fresh venv under ``where`` with the package sources' copy installed into it; returns its python."""
+def install(where: Path, *, editable: bool, with_harness: bool = False) -> Path:
+    """A fresh venv under ``where`` with the package sources' copy installed into it (and, ``with_harness``, a copy
+    of the embedded deployment's distribution ``harness/``); returns its python."""
     python = fresh_venv(where)
+    harness = [str(_harness_sources(where))] if with_harness else []
     argv = [str(python), "-m", "pip", "install", "--no-deps", "--quiet",
-            *(["-e"] if editable else []), str(package_sources(where))]
+            *(["-e"] if editable else []), str(package_sources(where)), *harness]
     install = subprocess.run(argv, env=clean_env(), cwd=where, capture_output=True, text=True, timeout=600,
                              check=False)
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]

@@ -32,7 +32,7 @@ from pytest_ml4.checks.codes import (
     origin_allowed,
 )
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR
-from pytest_ml4.targets import TargetError, read_yaml_strict
+from pytest_ml4.target.model import TargetError, read_yaml_strict
 
 REPO = Path(__file__).resolve().parent.parent
 #: ``ML4_KILL_MATRIX_DIR``: another folder of matrices (the harness's own tests run the kill matrix on doctored

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 from ml4_http_stub import Scripted, StubServer
+from pytest_ml4_sim.deploy.simulator import SimServer
 
-from pytest_ml4.access import _PROBES, needs_table, survey
-from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.plugin.access import selected_suites
 from pytest_ml4.plugin.markers import SUITE_MARKERS
 from pytest_ml4.preflight.cli import main as preflight
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.access import _PROBES, needs_table, survey
+from pytest_ml4.target.model import load_target
 
 REPO = Path(__file__).resolve().parent.parent
 KEY = "sk-access-test-0123456789"
@@ -153,7 +153,7 @@ def _team_target(folder: Path, drop: list[str]) -> Path:
 
 
 def test_missing_fields_name_the_file_the_field_and_the_suite(tmp_path: Path) -> None:
-    from pytest_ml4.access import missing_fields
+    from pytest_ml4.target.access import missing_fields
 
     targets = _team_target(tmp_path, ["gates.knee_not_before", "perf.baseline", "perf.workloads.sessions"])
     target = load_target("mine", targets)
@@ -178,7 +178,7 @@ def test_missing_fields_name_the_file_the_field_and_the_suite(tmp_path: Path) ->
 
 
 def test_dynamo_only_fields_and_a_trace_that_is_not_there(tmp_path: Path) -> None:
-    from pytest_ml4.access import missing_fields
+    from pytest_ml4.target.access import missing_fields
 
     doc_dir = REPO / "pytest_ml4" / "data" / "targets"
     target = load_target("gb300-agg", doc_dir, overrides={"perf": {"trace": "traces/none.jsonl"},

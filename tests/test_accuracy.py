@@ -16,18 +16,18 @@ from typing import Any
 
 import pytest
 from checkout import FIXTURES_DIR, REPO_ROOT
+from pytest_ml4_sim.deploy.simulator import SimServer
+from pytest_ml4_sim.sim.faults import ActiveFaults
+from pytest_ml4_sim.sim.responder import plan_response
 
 from pytest_ml4.accuracy.bfcl import CategoryError, load, resolve_categories
 from pytest_ml4.accuracy.data import Item
-from pytest_ml4.accuracy.guard import engine_config_unread, synthetic_acceptance
 from pytest_ml4.accuracy.score import score_reply
 from pytest_ml4.accuracy.stats import drop_z, items_needed, wilson
-from pytest_ml4.deploy.simulator import SimServer
+from pytest_ml4.accuracy.synthetic import engine_config_unread, synthetic_acceptance
 from pytest_ml4.logs import FileLogReader, LogView
-from pytest_ml4.sim.faults import ActiveFaults
-from pytest_ml4.sim.responder import plan_response
-from pytest_ml4.targets import load_target
-from pytest_ml4.tools import ToolMissing, bfcl_site
+from pytest_ml4.runtime.installed import ToolMissing, bfcl_site
+from pytest_ml4.target.model import load_target
 
 SUITE = str(REPO_ROOT / "suites" / "test_accuracy.py")
 
@@ -243,7 +243,7 @@ def test_a_live_run_is_never_judged_by_the_simulators_baseline() -> None:
     from pytest_ml4.plugin.accuracy import judge_against_baseline
 
     target = load_target("rtxpro6000-tp8")
-    from pytest_ml4.baselines import default_baseline
+    from pytest_ml4.target.baselines import default_baseline
 
     default = default_baseline("accuracy", "rtxpro6000-tp8")
     live = _accuracy_run(None)

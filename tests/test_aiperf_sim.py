@@ -11,13 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pytest_ml4_sim.deploy.simulator import SimServer
 
-from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.perf.baseline import sequential_run
 from pytest_ml4.perf.export import read_records
 from pytest_ml4.perf.figures import figures_from_export
 from pytest_ml4.perf.runner import AiperfSpec, failure_log, run_aiperf
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 KEY = "sk-perf-test-" + os.urandom(6).hex()
 

@@ -1,4 +1,4 @@
-"""The one baseline store (:mod:`pytest_ml4.baselines`): every stored file of each kind loads through its kind's
+"""The one baseline store (:mod:`pytest_ml4.target.baselines`): every stored file of each kind loads through its kind's
 reader, an older layout or another kind is refused with one line naming the file, what a save option writes reads
 back, and the direction table covers every figure a gate may compare. Files only, no server (well under a second)."""
 
@@ -14,14 +14,6 @@ import pytest
 from pytest_ml4.accuracy.gate import CategoryScore
 from pytest_ml4.accuracy.gate import load_baseline as load_accuracy
 from pytest_ml4.accuracy.gate import save_baseline as save_accuracy
-from pytest_ml4.baselines import (
-    BASELINE_FILES,
-    DIRECTION,
-    FORMAT,
-    BaselineRefused,
-    baselines_dir,
-    default_baseline,
-)
 from pytest_ml4.checks.reasoning import ShareBaseline, save_share_baseline
 from pytest_ml4.perf.baseline import Baseline, parse_compare_fail, save_baseline
 from pytest_ml4.perf.figures import PointFigures
@@ -33,7 +25,15 @@ from pytest_ml4.report.summary import (
     stored_runs,
     write_summary,
 )
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.baselines import (
+    BASELINE_FILES,
+    DIRECTION,
+    FORMAT,
+    BaselineRefused,
+    baselines_dir,
+    default_baseline,
+)
+from pytest_ml4.target.model import load_target
 
 #: Each kind's reader and what a loaded baseline must hold (how many figures it read).
 READERS: dict[str, tuple[Callable[[Path], Any], Callable[[Any], int]]] = {

@@ -1,7 +1,7 @@
 """A dead endpoint ends the gate (issue 33 item 9): the first check that finds it stalled or dead fails, the rest are
 not sent and end not judged naming that failure, in this process and in every xdist worker.
 
-The core (:mod:`pytest_ml4.breaker`) is met over real sockets (``tests/ml4_http_stub.py``); the plugin through the
+The core (:mod:`pytest_ml4.client.breaker`) is met over real sockets (``tests/ml4_http_stub.py``); the plugin through the
 smoke suite against a stub that answers ``/v1/models`` and never answers a chat, with short deadlines (CI) and with
 the default ones (the smoke gate must end within 5 minutes as a team would run it).
 """
@@ -18,10 +18,10 @@ import httpx
 import pytest
 from ml4_http_stub import Scripted, StubServer, hostile
 
-from pytest_ml4.breaker import STORE_NAME, EndpointDown, EndpointHealth
-from pytest_ml4.client import Endpoint, make_httpx, make_openai
-from pytest_ml4.guard import DeadlineExceeded, Deadlines
-from pytest_ml4.probe import probe_chat_stream
+from pytest_ml4.client.breaker import STORE_NAME, EndpointDown, EndpointHealth
+from pytest_ml4.client.endpoint import Endpoint, make_httpx, make_openai
+from pytest_ml4.client.stream_probe import probe_chat_stream
+from pytest_ml4.client.transport import DeadlineExceeded, Deadlines
 
 SHORT = Deadlines(connect_s=2, first_byte_s=1, idle_s=1, overall_s=2)
 BODY = {"model": "ml4", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pytest_ml4_sim.deploy.simulator import SimServer
 
-from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.logs import FileLogReader, GrammarKill, LogView
 from pytest_ml4.perf import gates
 from pytest_ml4.perf.evaluate import knee_bound
 from pytest_ml4.perf.figures import PointFigures
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 
 def point(c: int, p50: float, ttft_p99: float = 0.5) -> PointFigures:

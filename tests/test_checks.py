@@ -39,8 +39,8 @@ from pytest_ml4.checks.tools import (
     named,
     with_tool_results,
 )
-from pytest_ml4.client import Endpoint, make_httpx, make_openai
-from pytest_ml4.probe import parse_sse_text
+from pytest_ml4.client.endpoint import Endpoint, make_httpx, make_openai
+from pytest_ml4.client.stream_probe import parse_sse_text
 
 PROBE = Path(__file__).resolve().parent.parent / "fixtures" / "probe"
 

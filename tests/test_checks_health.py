@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from pytest_ml4.checks.health import assert_dynamo_workers_registered
-from pytest_ml4.client import Endpoint
-from pytest_ml4.targets import load_target
+from pytest_ml4.client.endpoint import Endpoint
+from pytest_ml4.target.model import load_target
 
 
 def _health(*instances: tuple[str, int], endpoint: str = "generate") -> httpx.Response:

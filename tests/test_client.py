@@ -10,8 +10,7 @@ import openai
 import pytest
 from ml4_http_stub import Scripted, StubServer
 
-from pytest_ml4.guard import AsyncGuardedTransport, GuardedTransport
-from pytest_ml4.client import (
+from pytest_ml4.client.endpoint import (
     BadResponseError,
     Endpoint,
     EndpointConfigError,
@@ -23,6 +22,7 @@ from pytest_ml4.client import (
     make_httpx,
     make_openai,
 )
+from pytest_ml4.client.transport import AsyncGuardedTransport, GuardedTransport
 
 SECRET = "sk-live-do-not-print-1234567890"
 

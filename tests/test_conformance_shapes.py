@@ -1,4 +1,4 @@
-"""The shape comparison of pytest_ml4/deploy/conformance.py (no deployment): it sees a key null on one side and
+"""The shape comparison of harness/pytest_ml4_sim/deploy/conformance.py (no deployment): it sees a key null on one side and
 absent on the other, a changed type, a chunk kind one stream lacks; the allowed-differences data covers only
 the paths it names, flags entries that no longer occur, and refuses an entry without a reason."""
 
@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 from checkout import FIXTURES_DIR
-
-from pytest_ml4.deploy.conformance import (
+from pytest_ml4_sim.deploy.conformance import (
     ConformanceData,
     ConformanceDataError,
     Observation,

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pytest_ml4_sim.deploy.simulator import SimServer
 
 from pytest_ml4.control import (
     RestartError,
@@ -23,8 +24,7 @@ from pytest_ml4.control import (
     controller_for,
     wait_for,
 )
-from pytest_ml4.deploy.simulator import SimServer
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 TARGET = load_target("gb300-agg")  # needs no API key
 MODEL = TARGET.serving.served_model_name

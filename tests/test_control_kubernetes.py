@@ -11,21 +11,21 @@ from typing import Any
 
 import httpx
 import pytest
+from pytest_ml4_sim.deploy.dynamo import DynamoSim
+from pytest_ml4_sim.deploy.fake_k8s import FakeKubeAPI, serve_dynamo
 
 from pytest_ml4.control import RestartError, RestartTimeout
-from pytest_ml4.control.k8s import (
+from pytest_ml4.control.k8s_api import (
     api_client,
     dgd_status,
     list_pods,
     pod_ready,
     selectors,
 )
-from pytest_ml4.control.kubernetes import KubernetesController
-from pytest_ml4.deploy.dynamo import DynamoSim
-from pytest_ml4.deploy.fake_k8s import FakeKubeAPI, serve_dynamo
+from pytest_ml4.control.k8s_restart import KubernetesController
 from pytest_ml4.logs import LogView, ServerStart
 from pytest_ml4.logs.kubernetes import KubernetesLogReader
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 TARGET = load_target("gb300-agg")
 NS = "ml4-test"

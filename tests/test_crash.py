@@ -1,5 +1,5 @@
 """A worker's crash under a stream (pytest_ml4/control/crash.py) and the processes a killed worker leaves behind
-(pytest_ml4/deploy/orphans.py), without Dynamo: the verdicts are judged on real Dynamo 1.6.1 + ``dynamo.vllm``
+(pytest_ml4/runtime/orphans.py), without Dynamo: the verdicts are judged on real Dynamo 1.6.1 + ``dynamo.vllm``
 streams (fixtures/transcripts/dynamo-vllm-1.6.1/kv/), the leftover processes on a parent that spawns a child and
 is SIGKILLed, as ``dynamo.vllm``'s EngineCore outlives its main process."""
 
@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 from checkout import FIXTURES_DIR
+from pytest_ml4_sim.deploy.dynamo import DynamoProcess
 
 from pytest_ml4.checks.restart import assert_stream_survives_worker_crash
 from pytest_ml4.checks.verdict import NotJudged
+from pytest_ml4.client.stream_probe import parse_sse_lines
 from pytest_ml4.control.crash import Crash, CrashRun
 from pytest_ml4.control.scenario import load_requests
-from pytest_ml4.deploy.dynamo import DynamoProcess
-from pytest_ml4.deploy.orphans import end_group, group_members
-from pytest_ml4.probe import parse_sse_lines
+from pytest_ml4.runtime.orphans import end_group, group_members
 
 KV = FIXTURES_DIR / "transcripts" / "dynamo-vllm-1.6.1" / "kv"
 SPEC = load_requests()["crash"]
@@ -180,7 +180,7 @@ def test_restart_suite_on_real_workers_migrates_the_killed_workers_stream(tmp_pa
     import json
     import sys
 
-    from pytest_ml4.tools import ToolMissing, dynamo_vllm_python
+    from pytest_ml4.runtime.installed import ToolMissing, dynamo_vllm_python
 
     try:
         dynamo_vllm_python()

@@ -1,5 +1,5 @@
 """The deployment interface without starting anything: what travels to xdist workers survives the trip, an attached
-view owns nothing, and no module outside ``pytest_ml4/deploy/`` starts a process."""
+view owns nothing, and no module outside ``harness/pytest_ml4_sim/deploy/`` starts a process."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import ast
 import json
 from pathlib import Path
 
+from pytest_ml4_sim.deploy.embedded import Description, ProxyView, attach
+
 import pytest_ml4
-from pytest_ml4.deploy.embedded import Description, ProxyView, attach
 
 PKG = Path(pytest_ml4.__file__).parent
-#: The calls that start a process; only pytest_ml4/deploy/processes.py may make them.
+#: The calls that start a process; only pytest_ml4/runtime/processes.py may make them.
 STARTERS = {("subprocess", "run"), ("subprocess", "Popen"), ("subprocess", "call"), ("subprocess", "check_call"),
             ("subprocess", "check_output"), ("os", "system"), ("os", "popen"), ("asyncio", "create_subprocess_exec"),
             ("asyncio", "create_subprocess_shell")}
@@ -52,4 +53,4 @@ def _process_starts(path: Path) -> list[str]:
 def test_only_deploy_processes_starts_a_process() -> None:
     allowed = PKG / "deploy" / "processes.py"
     starts = [s for p in sorted(PKG.rglob("*.py")) if p != allowed for s in _process_starts(p)]
-    assert not starts, f"processes started outside pytest_ml4/deploy/processes.py: {starts}"
+    assert not starts, f"processes started outside pytest_ml4/runtime/processes.py: {starts}"

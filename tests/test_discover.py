@@ -20,14 +20,15 @@ import pytest
 import yaml
 from checkout import FIXTURES_DIR, REPO_ROOT
 from ml4_http_stub import Scripted, StubServer
+from pytest_ml4_sim.deploy.fake_k8s import FakeKubeAPI
+from pytest_ml4_sim.deploy.launcher import free_port
+from pytest_ml4_sim.deploy.litellm import LiteLLMProxy
+from pytest_ml4_sim.deploy.simulator import SimServer
 
-from pytest_ml4.deploy.fake_k8s import FakeKubeAPI
-from pytest_ml4.deploy.launcher import free_port
-from pytest_ml4.deploy.litellm import LiteLLMProxy, ProxySettings
-from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR
 from pytest_ml4.logs import EngineArgsLogged, FileLogReader, LogView
-from pytest_ml4.targets import Target, load_target
+from pytest_ml4.stacks.litellm import ProxySettings
+from pytest_ml4.target.model import Target, load_target
 
 SIM_TARGET = "rtxpro6000-tp8"
 KEY_VAR = "ML4_DISCOVER_TEST_KEY"
@@ -43,7 +44,7 @@ def oracle() -> Target:
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServer]:
-    """The simulator (``python -m pytest_ml4.deploy.sim_cli``) serving the RTX PRO target, its key from KEY_VAR's
+    """The simulator (``python -m pytest_ml4_sim.deploy.sim_cli``) serving the RTX PRO target, its key from KEY_VAR's
     twin: the target names LLM_API_KEY, set for the child only."""
     var = load_target(SIM_TARGET).endpoint.api_key_env or "LLM_API_KEY"
     with SimServer(SIM_TARGET, log_file=tmp_path_factory.mktemp("sim") / "engine.log", env={var: KEY}) as server:

@@ -7,10 +7,10 @@ import socket
 from pathlib import Path
 
 import pytest
+from pytest_ml4_sim.deploy.dynamo import DynamoSim, DynamoStartError, FrontendProcess
 
-from pytest_ml4.deploy.dynamo import DynamoSim, DynamoStartError, FrontendProcess
-from pytest_ml4.targets import load_target
-from pytest_ml4.tools import ToolMissing, dynamo_python
+from pytest_ml4.runtime.installed import ToolMissing, dynamo_python
+from pytest_ml4.target.model import load_target
 
 AGG = load_target("gb300-agg")
 
@@ -50,6 +50,6 @@ def test_worker_that_fails_to_boot_reports_command_and_log_tail(tmp_path: Path) 
         dsim.stop()  # a start that unexpectedly succeeds must not leave processes behind
     text = str(exc.value)
     assert "Dynamo worker worker #0 exited with code 1" in text
-    assert "command: " in text and "-m pytest_ml4.deploy.dynamo_worker_cli" in text and "gpu_memory_utilization" in text
+    assert "command: " in text and "-m pytest_ml4_sim.deploy.dynamo_worker_cli" in text and "gpu_memory_utilization" in text
     assert "No available memory for the cache blocks" in text, text  # the boot log's refusal line
     assert not dsim.frontend.alive() and not any(w.alive() for w in dsim.workers)

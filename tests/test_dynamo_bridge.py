@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from pytest_ml4_sim.sim.dynamo_bridge import BRIDGED, GUIDED, UNBRIDGED, tool_calls_text
 
-from pytest_ml4.sim.dynamo_bridge import BRIDGED, GUIDED, UNBRIDGED, tool_calls_text
-from pytest_ml4.tools import ToolMissing, dynamo_python
+from pytest_ml4.runtime.installed import ToolMissing, dynamo_python
 
 
 def test_legacy_form_is_one_json_array_and_v11_is_per_call() -> None:

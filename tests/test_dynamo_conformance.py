@@ -18,11 +18,11 @@ import httpx
 import pytest
 import yaml
 from checkout import FIXTURES_DIR
+from pytest_ml4_sim.deploy.conformance import chunk_kind
+from pytest_ml4_sim.deploy.dynamo import DynamoSim
 
-from pytest_ml4.deploy.conformance import chunk_kind
-from pytest_ml4.deploy.dynamo import DynamoSim
-from pytest_ml4.targets import load_target
-from pytest_ml4.tools import ToolMissing, dynamo_python
+from pytest_ml4.runtime.installed import ToolMissing, dynamo_python
+from pytest_ml4.target.model import load_target
 
 try:
     dynamo_python()

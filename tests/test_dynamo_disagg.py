@@ -1,4 +1,4 @@
-"""Real dynamo.vllm workers in a disaggregated deployment (pytest_ml4/deploy/real_dynamo_disagg.py, data in
+"""Real dynamo.vllm workers in a disaggregated deployment (harness/pytest_ml4_sim/deploy/real_dynamo_disagg.py, data in
 pytest_ml4/data/dynamo_vllm/disagg.yaml): each role's arguments and environment, one core per worker, the plan capped to
 one worker per role and saying so, and the warm-up request that must come back prefilled and decoded on two
 different workers. The real prefill -> decode run is nightly (two real workers, minutes)."""
@@ -16,10 +16,10 @@ from typing import Any
 
 import httpx
 import pytest
+from pytest_ml4_sim.deploy import real_dynamo_disagg as disagg
+from pytest_ml4_sim.deploy.worker_plan import plan_workers
 
-from pytest_ml4.deploy import real_dynamo_disagg as disagg
-from pytest_ml4.deploy.orphans import group_members
-from pytest_ml4.deploy.worker_plan import plan_workers
+from pytest_ml4.runtime.orphans import group_members
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -110,8 +110,8 @@ def test_real_prefill_then_decode_over_nixl(tmp_path: Path) -> None:
     """gb300-disagg on real workers: one prefill and one decode dynamo.vllm behind the real frontend, the KV handed
     over NIXL/UCX on loopback, the suites' disagg handoff and KV checks passing and summary.json naming the
     reduced topology. Nightly: two real workers boot for minutes here."""
-    pytest.importorskip("pytest_ml4.deploy.real_dynamo")
-    from pytest_ml4.tools import ToolMissing, dynamo_vllm_python
+    pytest.importorskip("pytest_ml4_sim.deploy.real_dynamo")
+    from pytest_ml4.runtime.installed import ToolMissing, dynamo_vllm_python
 
     try:
         dynamo_vllm_python()

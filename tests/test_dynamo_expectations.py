@@ -16,6 +16,7 @@ import httpx
 import pytest
 import yaml
 from checkout import FIXTURES_DIR, REPO_ROOT
+from pytest_ml4_sim.deploy.gateway import Gateway
 
 from pytest_ml4.checks.dynamo import (
     AffinityInconclusive,
@@ -33,7 +34,9 @@ from pytest_ml4.checks.expected import (
 from pytest_ml4.checks.restart import assert_recovery_within_limit
 from pytest_ml4.checks.tools import assert_tool_choice_obeyed, load_tools, named
 from pytest_ml4.checks.verdict import NotJudged
-from pytest_ml4.client import Endpoint, worker_metrics_urls_from_env
+from pytest_ml4.client.endpoint import Endpoint, worker_metrics_urls_from_env
+from pytest_ml4.client.stream_probe import parse_sse_lines
+from pytest_ml4.client.transport import DeadlineExceeded
 from pytest_ml4.control.base import Controller
 from pytest_ml4.control.dynamo import (
     Turn,
@@ -41,7 +44,7 @@ from pytest_ml4.control.dynamo import (
     run_conversation,
     worker_instance_ids,
 )
-from pytest_ml4.control.kubernetes import NVEXT_ABSENT_CAUSES
+from pytest_ml4.control.k8s_restart import NVEXT_ABSENT_CAUSES
 from pytest_ml4.control.scenario import (
     RequestOutcome,
     RestartRun,
@@ -50,8 +53,11 @@ from pytest_ml4.control.scenario import (
     missing_identity_evidence,
     probe_body,
 )
-from pytest_ml4.deploy.gateway import Gateway
-from pytest_ml4.dynamo_versions import (
+from pytest_ml4.evidence.kv_load import EngineMetrics
+from pytest_ml4.locations import data_file
+from pytest_ml4.logs import FileLogReader, GrammarSchemaRefused, LogView
+from pytest_ml4.report.environment import read_environment
+from pytest_ml4.stacks.dynamo_versions import (
     behaviour,
     emulated_grammar_reason,
     first_schema_keyword,
@@ -62,13 +68,7 @@ from pytest_ml4.dynamo_versions import (
     tool_call_drop_cause,
     within_every_release,
 )
-from pytest_ml4.guard import DeadlineExceeded
-from pytest_ml4.kv_load import EngineMetrics
-from pytest_ml4.locations import data_file
-from pytest_ml4.logs import FileLogReader, GrammarSchemaRefused, LogView
-from pytest_ml4.probe import parse_sse_lines
-from pytest_ml4.report.environment import read_environment
-from pytest_ml4.targets import TargetError, load_target
+from pytest_ml4.target.model import TargetError, load_target
 
 DYNAMO_TARGETS = ("gb300-agg", "gb300-disagg", "vr200-agg", "vr200-disagg")
 
@@ -672,7 +672,7 @@ def test_recorded_kv_routing_figures_fit_the_hit_rate_rule() -> None:
 
 # ------------------------------------------------------- evidence absent (nvext / x-dynamo-* stripped): not judged
 def _through_stripping_ingress(frontend: FakeFrontend) -> httpx.Client:
-    """``frontend`` behind the fault gateway's ``dynamo_evidence_stripped`` rewrites (pytest_ml4/deploy/gateway.py):
+    """``frontend`` behind the fault gateway's ``dynamo_evidence_stripped`` rewrites (harness/pytest_ml4_sim/deploy/gateway.py):
     no nvext in answers, no x-dynamo-* request headers, as with DYN_DISABLE_FRONTEND_NVEXT=1 or a stripping ingress."""
     gateway = Gateway("http://fe:8000", "mistral-large-4", ["dynamo_evidence_stripped"])
 
@@ -773,7 +773,7 @@ def test_osl_engine_counter_runs_on_a_live_endpoint(pytester: pytest.Pytester, t
                                                     rtx_api_key: str) -> None:
     """``--endpoint`` at a running engine (no ``--sim``, no metrics variable): the counter is still read, at the
     endpoint's own /metrics (it used to need ``metrics_url``, which only ``--sim`` set)."""
-    from pytest_ml4.deploy.simulator import SimServer
+    from pytest_ml4_sim.deploy.simulator import SimServer
 
     target = load_target("rtxpro6000-tp8")
     with SimServer(target, overrides={"sim": {"ttft_s": 0.005, "itl_ms": 0.2}}, log_file=tmp_path / "e.log") as sim:

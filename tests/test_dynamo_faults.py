@@ -13,11 +13,11 @@ from typing import Any
 
 import httpx
 import pytest
+from pytest_ml4_sim.deploy.dynamo import DynamoSim
 
-from pytest_ml4.deploy.dynamo import DynamoSim
-from pytest_ml4.probe import parse_sse_lines
-from pytest_ml4.targets import load_target
-from pytest_ml4.tools import ToolMissing, dynamo_python
+from pytest_ml4.client.stream_probe import parse_sse_lines
+from pytest_ml4.runtime.installed import ToolMissing, dynamo_python
+from pytest_ml4.target.model import load_target
 
 try:
     dynamo_python()

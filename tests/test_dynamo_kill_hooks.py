@@ -7,12 +7,17 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from pytest_ml4_sim.deploy.dynamo import started_workers
+from pytest_ml4_sim.sim.dynamo_worker import (
+    guided_schema,
+    served_context,
+    tool_choice_of,
+)
+from pytest_ml4_sim.sim.faults import ActiveFaults
+
 from pytest_ml4.control.dynamo import role_instance_ids
-from pytest_ml4.deploy.dynamo import started_workers
 from pytest_ml4.perf.figures import PointFigures
 from pytest_ml4.perf.plots import write_plots
-from pytest_ml4.sim.dynamo_worker import guided_schema, served_context, tool_choice_of
-from pytest_ml4.sim.faults import ActiveFaults
 
 
 def test_workers_down_starts_fewer_workers_but_never_none() -> None:
@@ -73,10 +78,11 @@ def test_plots_of_a_sweep_where_every_request_failed(tmp_path: Path) -> None:
 def test_prefill_crashloop_refuses_the_boots_from_its_replacement_on_with_vllms_recorded_line(tmp_path: Path) -> None:
     """Only prefill workers booted by their pod's N-th replacement or later refuse to start, and what they log is
     vLLM's free-memory refusal as the signature catalogue knows it from the recorded real line."""
-    from pytest_ml4.deploy.dynamo_worker_cli import log_boot_refusal, refuses_boot
+    from pytest_ml4_sim.deploy.dynamo_worker_cli import log_boot_refusal, refuses_boot
+
     from pytest_ml4.logs.records import LogRecord
     from pytest_ml4.logs.signatures import load_catalogue
-    from pytest_ml4.targets import load_target
+    from pytest_ml4.target.model import load_target
 
     faults = ActiveFaults(["prefill_crashloop=3"])
     assert [refuses_boot("prefill", faults, g) for g in range(5)] == [False, False, False, True, True]

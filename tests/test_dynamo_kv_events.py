@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pytest_ml4_sim.deploy.dynamo import DynamoSim
 
 from pytest_ml4.checks.dynamo import assert_prefix_reused, assert_session_affinity
-from pytest_ml4.client import Endpoint
+from pytest_ml4.client.endpoint import Endpoint
 from pytest_ml4.control.dynamo import run_affinity_probe, run_conversation
-from pytest_ml4.deploy.dynamo import DynamoSim
-from pytest_ml4.targets import Target, load_target
-from pytest_ml4.tools import ToolMissing, dynamo_python
+from pytest_ml4.runtime.installed import ToolMissing, dynamo_python
+from pytest_ml4.target.model import Target, load_target
 
 try:
     dynamo_python()

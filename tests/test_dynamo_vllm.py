@@ -16,18 +16,26 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from pytest_ml4.checks.verdict import EXIT_NOT_JUDGED
-from pytest_ml4.deploy.dynamo import DynamoStartError
-from pytest_ml4.deploy.real_dynamo import (
+from pytest_ml4_sim.deploy.dynamo import DynamoStartError
+from pytest_ml4_sim.deploy.real_dynamo import (
     RealDynamoDeployment,
     group_members,
 )
-from pytest_ml4.deploy.worker_plan import WorkerPlan, declared_workers, plan_workers
-from pytest_ml4.dynamo_versions import DynamoVersionError, load_table, model_output
-from pytest_ml4.realdynamo.scripted import guided_text, tool_choice_from_schema
-from pytest_ml4.targets import load_target
-from pytest_ml4.tools import DYNAMO_VLLM_ENGINE_VERSION, ToolMissing, dynamo_vllm_python
+from pytest_ml4_sim.deploy.worker_plan import WorkerPlan, declared_workers, plan_workers
+from pytest_ml4_sim.realdynamo.scripted import guided_text, tool_choice_from_schema
+
+from pytest_ml4.checks.verdict import EXIT_NOT_JUDGED
+from pytest_ml4.runtime.installed import (
+    DYNAMO_VLLM_ENGINE_VERSION,
+    ToolMissing,
+    dynamo_vllm_python,
+)
+from pytest_ml4.stacks.dynamo_versions import (
+    DynamoVersionError,
+    load_table,
+    model_output,
+)
+from pytest_ml4.target.model import load_target
 
 REPO = Path(__file__).resolve().parents[1]
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Get weather",
@@ -108,8 +116,9 @@ def test_bad_emulation_row_names_the_field(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------------------- the real deployment
 def _tiny(name: str):
-    from pytest_ml4.deploy.real_vllm import tiny_overrides
-    from pytest_ml4.targets import deep_merge
+    from pytest_ml4_sim.deploy.real_vllm import tiny_overrides
+
+    from pytest_ml4.target.model import deep_merge
 
     return load_target(name, overrides=deep_merge(tiny_overrides(), {"engine": {"version": DYNAMO_VLLM_ENGINE_VERSION}}))
 
@@ -218,9 +227,10 @@ def test_declared_1_6_1_without_emulation_fails_tools_naming_the_parser(tmp_path
 
 
 def test_frontend_tokenizer_with_another_id_for_a_parser_token_is_refused(tmp_path: Path) -> None:
-    from pytest_ml4.deploy.dynamo_model import PARSER_TOKENS
-    from pytest_ml4.realdynamo.model import check_same_ids
-    from pytest_ml4.tokenizer import SPECIAL_TOKENS
+    from pytest_ml4_sim.deploy.dynamo_model import PARSER_TOKENS
+    from pytest_ml4_sim.realdynamo.model import check_same_ids
+
+    from pytest_ml4.evidence.tokenizer import SPECIAL_TOKENS
 
     added = [{"content": m, "id": SPECIAL_TOKENS.index(m)} for m in PARSER_TOKENS]
     vocab = {f"t{i}": i for i in range(40)}
@@ -235,7 +245,7 @@ def test_frontend_tokenizer_with_another_id_for_a_parser_token_is_refused(tmp_pa
 
 def test_stopped_group_leaves_no_live_member() -> None:
     """The group stop's bookkeeping on a real process group: a shell and its child, killed as a group."""
-    from pytest_ml4.deploy.real_dynamo import wait_group_gone
+    from pytest_ml4_sim.deploy.real_dynamo import wait_group_gone
 
     proc = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60"], start_new_session=True)
     try:

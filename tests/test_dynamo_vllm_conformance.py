@@ -19,27 +19,27 @@ from typing import Any
 import httpx
 import pytest
 from checkout import FIXTURES_DIR
-
-from pytest_ml4.checks.restart import assert_stream_survives_worker_crash
-from pytest_ml4.client import Endpoint
-from pytest_ml4.control.crash import CrashRun, run_crash
-from pytest_ml4.control.scenario import load_requests
-from pytest_ml4.deploy.conformance import (
+from pytest_ml4_sim.deploy.conformance import (
     Observation,
     differences,
     load_conformance,
     log_signatures,
     metric_families,
 )
-from pytest_ml4.deploy.dynamo import DynamoSim
-from pytest_ml4.targets import deep_merge, load_target
-from pytest_ml4.deploy.real_vllm import tiny_overrides
-from pytest_ml4.tools import (
+from pytest_ml4_sim.deploy.dynamo import DynamoSim
+from pytest_ml4_sim.deploy.real_vllm import tiny_overrides
+
+from pytest_ml4.checks.restart import assert_stream_survives_worker_crash
+from pytest_ml4.client.endpoint import Endpoint
+from pytest_ml4.control.crash import CrashRun, run_crash
+from pytest_ml4.control.scenario import load_requests
+from pytest_ml4.runtime.installed import (
     DYNAMO_VLLM_ENGINE_VERSION,
     ToolMissing,
     dynamo_python,
     dynamo_vllm_python,
 )
+from pytest_ml4.target.model import deep_merge, load_target
 
 try:
     dynamo_python()
@@ -47,7 +47,7 @@ try:
 except ToolMissing as err:  # both install steps are part of scripts/install.sh; CI always has them
     pytest.skip(str(err), allow_module_level=True)
 
-from pytest_ml4.deploy.real_dynamo import RealDynamoDeployment
+from pytest_ml4_sim.deploy.real_dynamo import RealDynamoDeployment
 
 DATA = load_conformance(FIXTURES_DIR / "dynamo" / "conformance.yaml")
 #: Dynamo 1.6.1 declared and no emulation: both workers write Mistral Large 4's own output.

@@ -25,18 +25,18 @@ from typing import Any
 import httpx
 import pytest
 from checkout import FIXTURES_DIR, REPO_ROOT
-
-from pytest_ml4.checks.tools import load_tools
-from pytest_ml4.dynamo_versions import behaviour
-from pytest_ml4.logs import FileLogReader, GrammarSchemaRefused, LogView
-from pytest_ml4.sim.dynamo_bridge import behaviour as bridge_mode
-from pytest_ml4.sim.dynamo_worker import (
+from pytest_ml4_sim.sim.dynamo_bridge import behaviour as bridge_mode
+from pytest_ml4_sim.sim.dynamo_worker import (
     Worker,
     prompt_tokens_details,
     refused_schema_keyword,
 )
-from pytest_ml4.sim.faults import ActiveFaults
-from pytest_ml4.targets import Target, load_target
+from pytest_ml4_sim.sim.faults import ActiveFaults
+
+from pytest_ml4.checks.tools import load_tools
+from pytest_ml4.logs import FileLogReader, GrammarSchemaRefused, LogView
+from pytest_ml4.stacks.dynamo_versions import behaviour
+from pytest_ml4.target.model import Target, load_target
 
 FAST = {"sim": {"ttft_s": 0.001, "itl_ms": 0.1}}
 SET_ALARM = load_tools(["set_alarm"])[0]
@@ -136,8 +136,9 @@ def test_worker_refuses_a_schema_keyword_its_release_refuses(tmp_path: Path) -> 
 # ------------------------------------------------------------------------------------------------ end to end
 @pytest.fixture(scope="module")
 def public_1_6_1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from pytest_ml4.deploy.dynamo import DynamoSim
-    from pytest_ml4.tools import ToolMissing
+    from pytest_ml4_sim.deploy.dynamo import DynamoSim
+
+    from pytest_ml4.runtime.installed import ToolMissing
 
     target = load_target("gb300-agg", overrides={**FAST, "serving": {"dynamo_version": "1.6.1"}})
     try:
@@ -155,7 +156,7 @@ def test_the_real_frontend_answers_the_refusal_as_real_1_6_1(public_1_6_1: Any) 
     stream HTTP 200 then an in-band error and no usage chunk (real-dynamo-vllm.md 'Guided tool choice and
     schemas'); a schema without the keyword is served. Nightly: a Dynamo deployment start (~30 s on 2 cores) for
     what the in-process test above already pins on the worker side."""
-    from pytest_ml4.probe import probe_chat_stream
+    from pytest_ml4.client.stream_probe import probe_chat_stream
 
     body = {"model": public_1_6_1.target.serving.served_model_name, "tools": [SET_ALARM], "tool_choice": "required",
             "messages": [{"role": "user", "content": "Wake me at 7 on weekdays."}], "max_tokens": 64}

@@ -14,14 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
-
 from ml4_http_stub import Scripted, StubServer
-from pytest_ml4.endpoint_lock import EndpointLock
+
+from pytest_ml4.client.lock import EndpointLock
 
 HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from pytest_ml4.endpoint_lock import EndpointLock
+    from pytest_ml4.client.lock import EndpointLock
     lock = EndpointLock(sys.argv[1])
     with (lock.exclusive() if sys.argv[2] == "ex" else lock.shared()):
         Path(sys.argv[3]).write_text("held")

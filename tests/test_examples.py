@@ -22,7 +22,7 @@ import yaml
 from kubernetes.client import ApiClient
 
 from pytest_ml4.report.redact import Redactor
-from pytest_ml4.targets import known_targets, load_target
+from pytest_ml4.target.model import known_targets, load_target
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pytest_ml4_sim.deploy.simulator import SimServer
 
-from pytest_ml4 import client
-from pytest_ml4.client import Endpoint, check_reachable
-from pytest_ml4.deploy.simulator import SimServer
-from pytest_ml4.targets import load_target
+from pytest_ml4.client.endpoint import Endpoint, check_reachable
+from pytest_ml4.client import endpoint as client
+from pytest_ml4.target.model import load_target
 
 REPO = Path(__file__).resolve().parent.parent
 PYTEST = [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider"]
@@ -30,10 +30,10 @@ PLAIN_KEY = "plainkey0123456789abcdefXYZ"
 class _Handler(http.server.BaseHTTPRequestHandler):
     delay_s = 0.0
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         time.sleep(self.delay_s)
         if self.path.endswith("/models") and self.headers.get("Authorization", "").endswith(PLAIN_KEY):
-            body = ('{"object": "list", "data": [{"id": "mistral-large-4", "object": "model"}]}').encode()
+            body = (b'{"object": "list", "data": [{"id": "mistral-large-4", "object": "model"}]}')
             self.send_response(200)
         else:  # refuse, echoing what was sent (some gateways do)
             body = f'{{"error": "invalid key {self.headers.get("Authorization", "")[7:]}"}}'.encode()

@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
-
-from pytest_ml4.control.k8s import api_client, dgd_status, list_pods, pod_ready
-from pytest_ml4.deploy.fake_k8s import (
+from pytest_ml4_sim.deploy.fake_k8s import (
     LABEL_DGD,
     LABEL_TYPE,
     FakeKubeAPI,
     SelectorError,
     matches,
 )
+
+from pytest_ml4.control.k8s_api import api_client, dgd_status, list_pods, pod_ready
 
 NS = "ml4"
 DGD = "dgd-a"
@@ -222,7 +222,7 @@ def test_prestop_delay_only_for_a_running_container(monkeypatch: pytest.MonkeyPa
                                                     expected: list[str]) -> None:
     """Fault ``delayed_stop`` on Dynamo: a deleted pod's worker serves ``pre_stop_s`` before SIGTERM; a container that
     died on its own has no preStop to run."""
-    from pytest_ml4.deploy import fake_k8s
+    from pytest_ml4_sim.deploy import fake_k8s
 
     calls: list[str] = []
     monkeypatch.setattr(fake_k8s.time, "sleep", lambda s: calls.append(f"preStop {s:g}") if s else None)
@@ -301,7 +301,7 @@ def test_a_replacement_that_fails_at_boot_backs_off_and_is_not_ready(tmp_path: P
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A replaced pod whose process dies at boot is not Ready, shows CrashLoopBackOff, and is started again only
     after the kubelet's back-off, not in a tight loop."""
-    import pytest_ml4.deploy.fake_k8s as fk
+    import pytest_ml4_sim.deploy.fake_k8s as fk
 
     monkeypatch.setattr(fk, "BACKOFF_FIRST_S", 1.0)
     backend = BootFailingBackend(tmp_path / "prefill.log")

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from pytest_ml4_sim.deploy.simulator import SimServer
 from test_sim_support import kill_processes_mentioning
 
-from pytest_ml4.deploy.simulator import SimServer
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 REPO = Path(__file__).resolve().parent.parent
 SUITES = [str(REPO / "suites" / "test_tools.py"), str(REPO / "suites" / "test_reasoning.py")]

@@ -20,7 +20,7 @@ import yaml
 from ml4_http_stub import HOSTILE_FILE, Scripted, StubServer, hostile, hostile_answers
 
 from pytest_ml4.checks.protocol import assert_stream_clean
-from pytest_ml4.client import (
+from pytest_ml4.client.endpoint import (
     Endpoint,
     check_reachable,
     decode_json,
@@ -28,8 +28,8 @@ from pytest_ml4.client import (
     make_httpx,
     make_openai,
 )
-from pytest_ml4.guard import Deadlines, EndpointMisbehaved, parse_deadlines
-from pytest_ml4.probe import probe_chat_stream
+from pytest_ml4.client.stream_probe import probe_chat_stream
+from pytest_ml4.client.transport import Deadlines, EndpointMisbehaved, parse_deadlines
 
 SPEC = yaml.safe_load(HOSTILE_FILE.read_text())
 ANSWERS = hostile_answers()
@@ -157,7 +157,7 @@ def test_a_400_that_is_not_a_key_refusal_is_the_tests_business() -> None:
 
 
 def test_deadlines_derive_from_the_target() -> None:
-    from pytest_ml4.targets import load_target
+    from pytest_ml4.target.model import load_target
 
     d = Deadlines.for_target(load_target("rtxpro6000-tp8"))
     # rtxpro6000-tp8: TTFT knee 5 s (12 x = 60 s, the floor), ITL p50 11.7 ms (10 x = 0.117 s/token), osl 4096.

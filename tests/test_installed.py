@@ -95,12 +95,28 @@ def test_a_run_that_collects_nothing_says_why_in_one_line(installed: Installed, 
     assert lines == [expected], run.stderr
 
 
+def test_a_live_install_carries_no_embedded_deployment(installed: Installed, tmp_path: Path) -> None:
+    """``pip install`` of the suite alone: no module of the embedded deployment (``harness/``) comes with it, and a
+    ``--sim`` run says in one line what to install. (That the live suites run from such an install, against a
+    deployment it did not start, is tests/test_team_flow.py's.)"""
+    probe = installed.command("python", "-c", "import importlib.util as u; print(u.find_spec('pytest_ml4_sim'))",
+                              cwd=tmp_path)
+    assert probe.stdout.strip() == "None", probe.stdout + probe.stderr
+    modules = {p.relative_to(installed.package).parts[0] for p in installed.package.rglob("*.py")}
+    assert not modules & {"deploy", "sim", "realvllm", "realdynamo"}, sorted(modules)
+    run = installed.pytest("--target", TEAM_TARGET, "--sim", "-m", "smoke", cwd=_team_repository(tmp_path))
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "--sim needs the embedded deployment (pytest-ml4-sim)" in run.stderr, run.stderr[-2000:]
+    assert "pip install 'pytest-ml4[sim]'" in run.stderr, run.stderr[-2000:]
+
+
 @pytest.mark.nightly
 def test_the_pip_installed_suite_runs_a_teams_own_target_from_its_repository(tmp_path: Path) -> None:
-    """Caught: the package found its tables, targets and suites only through the checkout (``REPO_ROOT``).
+    """Caught: the package found its tables, targets and suites only through the checkout (``REPO_ROOT``). The
+    embedded deployment (``--sim``) is installed beside it from ``harness/``, as the ``sim`` extra does.
     Nightly: it takes about two minutes on two busy cores (a wheel build, an install, LiteLLM and the simulator
     starting), over CI's budget for one test."""
-    python = install(tmp_path, editable=False)
+    python = install(tmp_path, editable=False, with_harness=True)
     env = clean_env()
     where = subprocess.run([str(python), "-c", "import pytest_ml4.locations as l; print(l.PACKAGE_DIR)"],
                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True)

@@ -123,7 +123,7 @@ def test_sigterm_during_a_perf_run_ends_simulator_and_aiperf(run_pytest, tmp_pat
     proc = run_pytest(PERF + NO_PROXY)
     below = _wait_for(proc, "aiperf profiling", _aiperf_profiling(run))
     kinds = " ".join(below.values())
-    assert "pytest_ml4.deploy.sim_cli" in kinds and "aiperf" in kinds, kinds
+    assert "pytest_ml4_sim.deploy.sim_cli" in kinds and "aiperf" in kinds, kinds
     os.kill(proc.pid, signal.SIGTERM)  # pytest alone, as `kill PID` or a service manager does
     _finish(proc, run, below)
     assert proc.returncode == pytest.ExitCode.INTERRUPTED
@@ -141,7 +141,7 @@ def test_double_ctrl_c_during_aiperf_leaves_nothing_running(run_pytest, tmp_path
     proc = run_pytest(PERF)
     below = _wait_for(proc, "aiperf profiling", _aiperf_profiling(run))
     kinds = " ".join(below.values())
-    assert "litellm" in kinds and "pytest_ml4.deploy.sim_cli" in kinds and "aiperf" in kinds, kinds
+    assert "litellm" in kinds and "pytest_ml4_sim.deploy.sim_cli" in kinds and "aiperf" in kinds, kinds
     os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: the whole foreground group
     time.sleep(0.3)  # a second press, not the same one (a state cannot be awaited from outside here)
     os.killpg(proc.pid, signal.SIGINT)

@@ -21,10 +21,10 @@ from pytest_ml4.checks.kv import (
     required_pool,
     spec_decode_verdict,
 )
-from pytest_ml4.kv_load import SpecCounts
+from pytest_ml4.evidence.kv_load import SpecCounts
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR
 from pytest_ml4.logs import FileLogReader, KvCacheSize, LogView, records_from_text
-from pytest_ml4.targets import Target, load_target
+from pytest_ml4.target.model import Target, load_target
 
 LOGS = FIXTURES_DIR / "logs"
 SUITE = REPO_ROOT / "suites" / "test_kv_cache.py"
@@ -222,7 +222,7 @@ def test_spec_decode_without_lines_or_readable_counters_is_not_judged(rtx: Targe
     check is not judged and says why; with the counters readable (they never moved) it still fails."""
     from pytest_ml4.checks.kv import assert_spec_decode_acceptance_within_range
     from pytest_ml4.checks.verdict import NotJudged
-    from pytest_ml4.kv_load import LoadResult
+    from pytest_ml4.evidence.kv_load import LoadResult
 
     class Report:
         def attach(self, *args: object) -> None: ...

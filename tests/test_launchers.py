@@ -1,4 +1,4 @@
-"""One process-launcher base (``pytest_ml4.deploy.launcher.ProcessLauncher``): every kind of server process the
+"""One process-launcher base (``pytest_ml4_sim.deploy.launcher.ProcessLauncher``): every kind of server process the
 project starts derives from it, only it calls ``processes.popen`` among the classes of ``pytest_ml4/``, and what it
 gives every kind (start wait, restart on the same port, stop of the group, context manager) holds for a plain
 HTTP server. Costs about 2 s (two short-lived ``python -m http.server`` processes)."""
@@ -10,22 +10,25 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from pytest_ml4.deploy import processes
-from pytest_ml4.deploy.dynamo import (
+from pytest_ml4_sim import HARNESS_PARENT
+from pytest_ml4_sim.deploy.dynamo import (
     DynamoSim,
     DynamoWorker,
     FrontendProcess,
     GatewayProcess,
 )
-from pytest_ml4.deploy.launcher import Engine, LaunchError, ProcessLauncher
-from pytest_ml4.deploy.litellm import LiteLLMProxy, ProxyError, ProxySettings
-from pytest_ml4.deploy.real_dynamo import RealDynamoDeployment, RealDynamoWorker
-from pytest_ml4.deploy.real_vllm import RealVllm
-from pytest_ml4.deploy.simulator import SimServer
-from pytest_ml4.locations import PACKAGE_PARENT
+from pytest_ml4_sim.deploy.launcher import Engine, LaunchError, ProcessLauncher
+from pytest_ml4_sim.deploy.litellm import LiteLLMProxy, ProxyError
+from pytest_ml4_sim.deploy.real_dynamo import RealDynamoDeployment, RealDynamoWorker
+from pytest_ml4_sim.deploy.real_vllm import RealVllm
+from pytest_ml4_sim.deploy.simulator import SimServer
 
-PACKAGE = PACKAGE_PARENT / "pytest_ml4"
+from pytest_ml4.locations import PACKAGE_PARENT
+from pytest_ml4.runtime import processes
+from pytest_ml4.stacks.litellm import ProxySettings
+
+#: The suite's package and the embedded deployment's (harness/): every process either starts goes through here.
+PACKAGES = (PACKAGE_PARENT / "pytest_ml4", HARNESS_PARENT / "pytest_ml4_sim")
 KINDS = [SimServer, RealVllm, LiteLLMProxy, FrontendProcess, GatewayProcess, DynamoWorker, RealDynamoWorker]
 #: The functions (not classes) that start a process beside the tests without being a server of the deployment:
 #: the headless browser that prints the report, and aiperf.
@@ -47,9 +50,9 @@ def test_a_dynamo_deployment_is_an_engine_without_being_one_process(deployment: 
 
 
 def _popen_callers() -> set[tuple[str, str]]:
-    """(file, the class or else the module-level function) of every ``processes.popen(...)`` in the package."""
+    """(file, the class or else the module-level function) of every ``processes.popen(...)`` in the packages."""
     found: set[tuple[str, str]] = set()
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted(p for package in PACKAGES for p in package.rglob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
         for top in tree.body:
             if not isinstance(top, ast.ClassDef | ast.FunctionDef):
@@ -58,7 +61,7 @@ def _popen_callers() -> set[tuple[str, str]]:
                 func = node.func if isinstance(node, ast.Call) else None
                 if isinstance(func, ast.Attribute) and func.attr == "popen" and \
                         isinstance(func.value, ast.Name) and func.value.id == "processes":
-                    found.add((path.relative_to(PACKAGE).as_posix(), top.name))
+                    found.add((path.relative_to(next(p for p in PACKAGES if path.is_relative_to(p))).as_posix(), top.name))
     return found
 
 
@@ -113,8 +116,9 @@ def test_a_process_that_dies_at_start_is_one_error_with_command_and_log_tail(tmp
 
 def test_the_litellm_proxy_waits_with_the_shared_start_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """LiteLLM's start goes through the base's wait: its error is the shared one, with its command and log tail."""
-    from pytest_ml4.deploy import litellm
-    from pytest_ml4.targets import load_target
+    from pytest_ml4_sim.deploy import litellm
+
+    from pytest_ml4.target.model import load_target
 
     fake = tmp_path / "litellm"
     fake.write_text("#!/bin/sh\necho 'ImportError: no module named litellm (test)'\nexit 5\n")

@@ -17,7 +17,7 @@ from pytest_ml4.locations import (
     target_root,
     targets_dir,
 )
-from pytest_ml4.targets import known_targets, load_target
+from pytest_ml4.target.model import known_targets, load_target
 
 
 def _team(tmp_path: Path, name: str = "team-rtx") -> Path:

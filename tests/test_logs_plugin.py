@@ -68,7 +68,7 @@ def test_attach_log_writes_the_excerpt_into_allure_results(pytester: pytest.Pyte
 ])
 def test_memory_model_header(target: str, expect: str) -> None:
     from pytest_ml4.plugin.logs import memory_header
-    from pytest_ml4.targets import load_target
+    from pytest_ml4.target.model import load_target
 
     assert expect in memory_header(load_target(target))
 

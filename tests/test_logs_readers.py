@@ -21,7 +21,7 @@ from pytest_ml4.logs import (
     start_failure_summary,
 )
 from pytest_ml4.logs.records import LogRecord, line_time
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 LOGS = FIXTURES_DIR / "logs"
 

@@ -1,10 +1,10 @@
-"""The seed's GPU memory model (pytest_ml4.memory) against the seed's data points and vLLM's message formats."""
+"""The seed's GPU memory model (pytest_ml4.evidence.memory) against the seed's data points and vLLM's message formats."""
 
 from __future__ import annotations
 
 import pytest
 
-from pytest_ml4.memory import (
+from pytest_ml4.evidence.memory import (
     CALIBRATION_FILE,
     format_gib,
     format_size,
@@ -12,7 +12,7 @@ from pytest_ml4.memory import (
     load_calibration,
     plan_memory,
 )
-from pytest_ml4.targets import Target, load_target
+from pytest_ml4.target.model import Target, load_target
 
 SEED_OOM = ("MemoryError: CUDA out of memory. Tried to allocate 792.00 MiB. GPU 0 has a total capacity of 95.06 GiB "
             "of which 751.25 MiB is free.")

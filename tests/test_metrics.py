@@ -8,7 +8,13 @@ import pytest
 from ml4_http_stub import Scripted, StubServer
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from pytest_ml4.metrics import MetricsError, diff, parse_metrics, quantile_from_buckets, scrape
+from pytest_ml4.evidence.metrics import (
+    MetricsError,
+    diff,
+    parse_metrics,
+    quantile_from_buckets,
+    scrape,
+)
 
 RECORDED = Path(__file__).resolve().parent.parent / "fixtures" / "probe" / "vllm-0.33-metrics.txt"
 MODEL = "mistral-large-4"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 SMOKE = "suites/test_smoke.py"
 

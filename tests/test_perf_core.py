@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from checkout import REPO_ROOT
 
-from pytest_ml4.baselines import default_baseline
 from pytest_ml4.locations import data_file
 from pytest_ml4.perf import gates
 from pytest_ml4.perf.baseline import (
@@ -46,7 +45,8 @@ from pytest_ml4.perf.runner import (
 )
 from pytest_ml4.perf.summary import update_summary
 from pytest_ml4.perf.sweep import grace_for, settings_from_target, short_trace
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.baselines import default_baseline
+from pytest_ml4.target.model import load_target
 
 BASELINE = default_baseline("perf", "rtxpro6000-tp8")
 AIPERF = REPO_ROOT / "fixtures" / "aiperf"
@@ -358,7 +358,7 @@ def test_a_targets_simulator_baseline_judges_simulator_runs_only(tmp_path: Path)
     """The target's own perf.baseline made by the simulator: it judges a simulator run; on a live run there is no
     baseline, and the reason names the file and the command that records one (the check says not judged)."""
     from pytest_ml4.plugin.perf import choose_perf_baseline
-    from pytest_ml4.targets import load_target
+    from pytest_ml4.target.model import load_target
 
     data = json.loads(BASELINE.read_text())
     sim = tmp_path / "sim.json"

@@ -1,6 +1,6 @@
 """Fault detection: a 2x ITL regression and a 5 % error rate each fail the right perf gate, and only that one.
 
-The simulator is started with the fault (``pytest_ml4.sim.faults``), one aiperf point is run at the target's highest
+The simulator is started with the fault (``pytest_ml4_sim.sim.faults``), one aiperf point is run at the target's highest
 sweep concurrency (where the Dynamo profile sits just inside its gate), and the same gate code as the perf suite
 judges it.
 """
@@ -11,14 +11,14 @@ import os
 from pathlib import Path
 
 import pytest
+from pytest_ml4_sim.deploy.dynamo import DynamoSim
+from pytest_ml4_sim.deploy.simulator import SimServer
 
-from pytest_ml4.deploy.dynamo import DynamoSim
-from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.perf import gates
 from pytest_ml4.perf.baseline import Baseline, compare
 from pytest_ml4.perf.figures import PointFigures, figures_from_export
 from pytest_ml4.perf.runner import AiperfSpec, failure_log, run_aiperf
-from pytest_ml4.targets import Target, load_target
+from pytest_ml4.target.model import Target, load_target
 
 
 def run_point(target: Target, faults: tuple[str, ...], tmp: Path, *, concurrency: int, osl: int,

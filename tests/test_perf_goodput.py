@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 
 import pytest
+from pytest_ml4_sim.deploy.dynamo import DynamoSim
 
-from pytest_ml4.deploy.dynamo import DynamoSim
 from pytest_ml4.perf import gates
 from pytest_ml4.perf.export import read_records
 from pytest_ml4.perf.figures import figures_from_export
@@ -29,7 +29,7 @@ from pytest_ml4.perf.goodput import (
     workload_spec,
 )
 from pytest_ml4.perf.runner import failure_log, run_aiperf
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 TARGET = "gb300-disagg"
 REQUESTS = 40

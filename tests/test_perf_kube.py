@@ -1,6 +1,6 @@
 """``--perf-kube N`` without a cluster: the JobSet the real ``aiperf kube generate --no-operator``
 renders for a target (golden), the preflight lint over it, and the submit -> follow -> fetch -> judge loop against
-the project's fake Kubernetes API (``pytest_ml4/deploy/fake_k8s.py``), whose JobSet runner runs aiperf against the simulator as
+the project's fake Kubernetes API (``harness/pytest_ml4_sim/deploy/fake_k8s.py``), whose JobSet runner runs aiperf against the simulator as
 the pods would. The fetched export is judged by the suite's own goodput gate.
 """
 
@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 from checkout import REPO_ROOT
-from pytest_ml4.deploy.fake_k8s import FakeKubeAPI
+from pytest_ml4_sim.deploy.fake_k8s import FakeKubeAPI
+from pytest_ml4_sim.deploy.simulator import SimServer
 
-from pytest_ml4.control.k8s import api_client
-from pytest_ml4.deploy.simulator import SimServer
+from pytest_ml4.control.k8s_api import api_client
 from pytest_ml4.perf import kube
 from pytest_ml4.perf.export import ProfileExport
 from pytest_ml4.perf.goodput import goodput_gate, goodput_of, workload_spec
 from pytest_ml4.perf.runner import run_aiperf
 from pytest_ml4.preflight.lint import lint_paths
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 GOLDEN = REPO_ROOT / "fixtures" / "aiperf" / "kube" / "gb300-disagg-chat-4pods.json"
 TARGET = "gb300-disagg"
@@ -142,7 +142,7 @@ def test_failed_jobset_is_reported_with_its_name(rendered: tuple[Path, list[dict
 
 
 def _counters(url: str) -> dict[str, float]:
-    from pytest_ml4.metrics import scrape
+    from pytest_ml4.evidence.metrics import scrape
 
     snap = scrape(url)
     return {n: snap.sum(n) for n in ("vllm:request_success_total", "vllm:generation_tokens_total")}

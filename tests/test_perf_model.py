@@ -1,4 +1,4 @@
-"""The simulator's performance model (pytest_ml4/sim/perfmodel.py) against its calibration targets.
+"""The simulator's performance model (harness/pytest_ml4_sim/sim/perfmodel.py) against its calibration targets.
 
 rtxpro6000-tp8 follows seed 000's table (ITL by running sequences, burst prefill spacing, acceptance); the Dynamo
 targets sit just inside the seed-002 gate at c32, so that twice the ITL falls outside it.
@@ -10,15 +10,15 @@ import random
 import statistics
 
 import pytest
-
-from pytest_ml4.sim.perfmodel import (
+from pytest_ml4_sim.sim.perfmodel import (
     TIME_SCALE_ENV,
     Curve,
     PerfModel,
     QueueState,
     profile_for,
 )
-from pytest_ml4.targets import load_target
+
+from pytest_ml4.target.model import load_target
 
 DYNAMO = ("gb300-agg", "gb300-disagg", "vr200-agg", "vr200-disagg")
 

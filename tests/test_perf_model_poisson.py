@@ -31,12 +31,12 @@ import statistics
 from dataclasses import dataclass
 
 import pytest
+from pytest_ml4_sim.sim.engine import Engine, Sequence, block_hashes
+from pytest_ml4_sim.sim.perfmodel import TIME_SCALE_ENV, PerfModel
+from pytest_ml4_sim.sim.promstats import SimMetrics
 
-from pytest_ml4.baselines import default_baseline
-from pytest_ml4.sim.engine import Engine, Sequence, block_hashes
-from pytest_ml4.sim.perfmodel import TIME_SCALE_ENV, PerfModel
-from pytest_ml4.sim.promstats import SimMetrics
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.baselines import default_baseline
+from pytest_ml4.target.model import load_target
 
 TARGET = "rtxpro6000-tp8"
 SEED_TABLE = default_baseline("perf", TARGET)

@@ -24,7 +24,7 @@ from pytest_ml4.perf.workloads import (
     prefix_reuse_floor,
     prompt_engine_urls,
 )
-from pytest_ml4.targets import (
+from pytest_ml4.target.model import (
     BUNDLED,
     TargetError,
     Workload,

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from test_sim_support import kill_processes_mentioning, processes_mentioning
 
-from pytest_ml4.tools import tools_dir
+from pytest_ml4.runtime.installed import tools_dir
 
 REPO = Path(__file__).resolve().parent.parent
 CASES = yaml.safe_load((REPO / "fixtures" / "bad_input" / "cases.yaml").read_text())["cases"]
@@ -53,7 +53,7 @@ def busy_port() -> Iterator[int]:
 @pytest.fixture(scope="module")
 def keyed_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A simulated rtxpro6000-tp8 engine holding a key of its own: the session's key is the wrong one."""
-    from pytest_ml4.deploy.simulator import SimServer
+    from pytest_ml4_sim.deploy.simulator import SimServer
 
     sim = SimServer("rtxpro6000-tp8", env={"LLM_API_KEY": "sk-the-right-key-0123456789"},
                     log_file=tmp_path_factory.mktemp("keyed-sim") / "engine.log")

@@ -63,4 +63,4 @@ def test_one_option_reader() -> None:
 
 def test_no_plugin_module_starts_a_process() -> None:
     starters = sorted(p.name for p in PLUGIN.glob("*.py") if "subprocess" in _imported_modules(p))
-    assert not starters, f"plugin modules importing subprocess (processes start in pytest_ml4.deploy): {starters}"
+    assert not starters, f"plugin modules importing subprocess (processes start in pytest_ml4_sim.deploy): {starters}"

@@ -10,7 +10,12 @@ import yaml
 
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR
 from pytest_ml4.plugin.markers import skip_reason
-from pytest_ml4.targets import TargetError, known_targets, load_target, parse_override
+from pytest_ml4.target.model import (
+    TargetError,
+    known_targets,
+    load_target,
+    parse_override,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 FIVE = ["gb300-agg", "gb300-disagg", "rtxpro6000-tp8", "vr200-agg", "vr200-disagg"]

@@ -108,7 +108,7 @@ def test_the_needs_table_matches_what_each_rule_does_without_hardware(rule_id: s
 
 
 def _target_report(name: str):  # type: ignore[no-untyped-def]
-    from pytest_ml4.targets import load_target
+    from pytest_ml4.target.model import load_target
 
     target = load_target(name)
     return lint_documents(load_paths([target.resolve(m) for m in target.manifests], target))

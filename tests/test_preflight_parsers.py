@@ -19,7 +19,7 @@ from pytest_ml4.preflight.shell import (
     parse_script,
     split_words,
 )
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 RTX = "# ml4-target: rtxpro6000-tp8\n"
 

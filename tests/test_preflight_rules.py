@@ -16,7 +16,7 @@ from checkout import FIXTURES_DIR, REPO_ROOT
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR
 from pytest_ml4.preflight import RULES, Severity, lint_paths
 from pytest_ml4.preflight.cli import main
-from pytest_ml4.targets import known_targets, load_target
+from pytest_ml4.target.model import known_targets, load_target
 
 CASES = FIXTURES_DIR / "preflight"
 

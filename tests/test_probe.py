@@ -17,7 +17,7 @@ import pytest
 from ml4_http_stub import Scripted, StubServer, sse
 
 from pytest_ml4.checks.protocol import Assembled
-from pytest_ml4.probe import (
+from pytest_ml4.client.stream_probe import (
     parse_sse_lines,
     parse_sse_text,
     probe_chat_stream,

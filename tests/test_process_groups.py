@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ml4.deploy import processes
+from pytest_ml4.runtime import processes
 
 # A leader that starts a child in its own group and exits on SIGINT, leaving the child running: what aiperf's
 # main process does to its system_controller.
@@ -88,7 +88,7 @@ def test_end_all_since_a_mark_ends_only_the_later_groups() -> None:
 
 _HANDLERS = textwrap.dedent("""
     import signal, sys, time
-    from pytest_ml4.deploy import processes
+    from pytest_ml4.runtime import processes
     processes.install_signal_handlers()
     group = processes.popen(["sleep", "300"])
     try:
@@ -125,7 +125,7 @@ def test_sigterm_interrupts_and_a_second_signal_kills_the_groups_now() -> None:
 
 
 def test_atexit_ends_groups_nobody_stopped() -> None:
-    script = ("import sys; from pytest_ml4.deploy import processes; "
+    script = ("import sys; from pytest_ml4.runtime import processes; "
               "print(processes.popen(['sleep', '300']).pid, flush=True); sys.exit(3)")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 3

@@ -9,18 +9,17 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from pytest_ml4_sim.deploy.litellm import LiteLLMProxy, litellm_executable
+from pytest_ml4_sim.deploy.simulator import SimServer
 
-from pytest_ml4.deploy.litellm import (
+from pytest_ml4.stacks.litellm import (
     ATTEMPTED_RETRIES_HEADER,
-    LiteLLMProxy,
-    ProxyError,
+    ProxyConfigError,
     ProxySettings,
     attempted_retries,
-    litellm_executable,
     render_config,
 )
-from pytest_ml4.deploy.simulator import SimServer
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 TARGET = load_target("rtxpro6000-tp8")
 KEY_ENV = TARGET.endpoint.api_key_env or "LLM_API_KEY"
@@ -75,9 +74,9 @@ def test_unknown_alias_and_missing_file_are_errors(tmp_path: Path) -> None:
     cfg.write_text(yaml.safe_dump({"model_list": [{"model_name": "other", "litellm_params": {}}]}))
     settings = ProxySettings(base_config=cfg, backend_base_url="http://x/v1", alias="ml4", backend_model="ml4",
                              key_env=KEY_ENV)
-    with pytest.raises(ProxyError, match="no model_list entry named 'ml4'"):
+    with pytest.raises(ProxyConfigError, match="no model_list entry named 'ml4'"):
         render_config(settings)
-    with pytest.raises(ProxyError, match="not found"):
+    with pytest.raises(ProxyConfigError, match="not found"):
         render_config(ProxySettings(base_config=tmp_path / "nope.yaml", backend_base_url="http://x/v1", alias="ml4",
                                     backend_model="ml4", key_env=KEY_ENV))
 

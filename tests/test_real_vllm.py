@@ -26,12 +26,12 @@ import httpx
 import pytest
 from checkout import REPO_ROOT
 from prometheus_client.parser import text_string_to_metric_families
+from pytest_ml4_sim.deploy.real_vllm import RealVllm, tiny_overrides
+from pytest_ml4_sim.deploy.simulator import SimServer
 from test_sim_support import collapse, pairs, shape, stream_lines
 
-from pytest_ml4.deploy.real_vllm import RealVllm, tiny_overrides
-from pytest_ml4.deploy.simulator import SimServer
-from pytest_ml4.targets import Target, deep_merge, load_target
-from pytest_ml4.vllm_versions import for_version
+from pytest_ml4.stacks.vllm_versions import for_version
+from pytest_ml4.target.model import Target, deep_merge, load_target
 
 TARGET = "rtxpro6000-tp8"
 SUITE_MARKERS = "smoke or tools or reasoning or osl or kv"
@@ -230,7 +230,7 @@ def test_sim_metrics_families_are_a_subset_of_real(clients: dict[str, httpx.Clie
 
 def test_tokenize_counts_agree(clients: dict[str, httpx.Client]) -> None:
     """The deployment's own /tokenize and the local Tekken (the re-count's fallback) count text alike."""
-    from pytest_ml4.tokenizer import get_tokenizer
+    from pytest_ml4.evidence.tokenizer import get_tokenizer
 
     text = "The Mistral Large 4 endpoint is ready and responding normally."
     got = {side: c.post("/tokenize", json={"prompt": text, "add_special_tokens": False})

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 from checkout import FIXTURES_DIR
-
-from pytest_ml4.realvllm.scripted import (
+from pytest_ml4_sim.realvllm.scripted import (
     parallel_from_grammar,
     request_from_prompt,
     script_ids,
     tool_choice_from_grammar,
 )
-from pytest_ml4.sim import wire
-from pytest_ml4.tokenizer import SPECIAL_TOKENS, get_tokenizer
-from pytest_ml4.vllm_versions import for_version
+from pytest_ml4_sim.sim import wire
+
+from pytest_ml4.evidence.tokenizer import SPECIAL_TOKENS, get_tokenizer
+from pytest_ml4.stacks.vllm_versions import for_version
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
                                             "parameters": {"type": "object",
@@ -113,8 +113,9 @@ def test_engine_not_installed_is_one_line_naming_the_step(pytester: pytest.Pytes
 def test_failed_start_shows_command_and_log_tail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A start that dies (here: a stand-in interpreter that prints vLLM's fatal line and exits 132) is
     reported with the command and the log tail."""
-    from pytest_ml4.deploy import real_vllm as srv
-    from pytest_ml4.targets import load_target
+    from pytest_ml4_sim.deploy import real_vllm as srv
+
+    from pytest_ml4.target.model import load_target
 
     fake = tmp_path / "python"
     fake.write_text("#!/bin/sh\necho 'Illegal instruction (core dumped)'\nexit 132\n")
@@ -130,7 +131,7 @@ def test_failed_start_shows_command_and_log_tail(tmp_path: Path, monkeypatch: py
 
 
 def test_recount_falls_back_to_local_tekken_and_says_why() -> None:
-    from pytest_ml4.recount import TokenCounter
+    from pytest_ml4.evidence.recount import TokenCounter
 
     counter = TokenCounter("http://127.0.0.1:9/tokenize", 15)  # discard port: nothing listens
     text = "The Mistral Large 4 endpoint is ready and responding normally."

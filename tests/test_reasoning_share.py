@@ -14,14 +14,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from pytest_ml4_sim.deploy.simulator import SimServer
 
-from pytest_ml4.baselines import (
-    BaselineRefused,
-    baselines_dir,
-    default_baseline,
-    pick_baseline,
-    provenance_of,
-)
 from pytest_ml4.checks.reasoning import (
     ShareBaseline,
     ShareBaselineChoice,
@@ -30,8 +24,14 @@ from pytest_ml4.checks.reasoning import (
     share_baseline_drift,
 )
 from pytest_ml4.checks.verdict import NotJudged
-from pytest_ml4.deploy.simulator import SimServer
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.baselines import (
+    BaselineRefused,
+    baselines_dir,
+    default_baseline,
+    pick_baseline,
+    provenance_of,
+)
+from pytest_ml4.target.model import load_target
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = "rtxpro6000-tp8"

@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from pytest_ml4_sim.deploy.simulator import SimServer
 
 from pytest_ml4.checks.verdict import EXIT_NOT_JUDGED
-from pytest_ml4.deploy.simulator import SimServer
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR, DATA_DIR
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = {"sim": {"ttft_s": 0.005, "itl_ms": 0.2}}

@@ -17,7 +17,7 @@ PIECES = ["The key is ", KEY[:4], KEY[4:9], KEY[9:15], KEY[15:22], KEY[22:], " -
 
 
 def _transcript(pieces: list[str], field: str = "content") -> str:
-    """A stream as the probe's transcript writes it (pytest_ml4.probe.StreamResult.to_transcript)."""
+    """A stream as the probe's transcript writes it (pytest_ml4.client.stream_probe.StreamResult.to_transcript)."""
     def chunk(text: str) -> dict:
         if field == "arguments":
             return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}

@@ -1,5 +1,5 @@
-"""Every replica answers right (suites/test_replicas.py, pytest_ml4/replicas.py, pytest_ml4/checks/replicas.py) and
-the one-worker faults (``only_worker=K``, pytest_ml4/sim/faults.py).
+"""Every replica answers right (suites/test_replicas.py, pytest_ml4/evidence/replicas.py, pytest_ml4/checks/replicas.py) and
+the one-worker faults (``only_worker=K``, harness/pytest_ml4_sim/sim/faults.py).
 
 The verdict's rules are proven on replies built here; the gate itself on the REAL Dynamo 1.6.1 frontend over the
 simulated workers (two deployments, about 10 s each): one worker of two with the answer faults fails naming it
@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pytest_ml4_sim.sim.faults import ONE_WORKER_FAULTS, ActiveFaults
 
 from pytest_ml4.checks.chat import Answer, ChatSession, user
 from pytest_ml4.checks.codes import Violation
@@ -22,9 +23,7 @@ from pytest_ml4.checks.replicas import assert_every_worker_answers_right, judge_
 from pytest_ml4.checks.tools import ToolChat
 from pytest_ml4.checks.verdict import NotJudged
 from pytest_ml4.control.dynamo import PIN_HEADER, PREFILL_PIN_HEADER
-from pytest_ml4.dynamo_versions import VERSIONS_FILE, DynamoVersionError, _row
-from pytest_ml4.plugin.markers import _replicas
-from pytest_ml4.replicas import (
+from pytest_ml4.evidence.replicas import (
     TOOLS_FILE,
     Probe,
     Reach,
@@ -36,8 +35,9 @@ from pytest_ml4.replicas import (
     reach_every_worker,
     sender,
 )
-from pytest_ml4.sim.faults import ONE_WORKER_FAULTS, ActiveFaults
-from pytest_ml4.targets import load_target
+from pytest_ml4.plugin.markers import _replicas
+from pytest_ml4.stacks.dynamo_versions import VERSIONS_FILE, DynamoVersionError, _row
+from pytest_ml4.target.model import load_target
 
 AGG = load_target("gb300-agg")
 FAST = {"sim": {"ttft_s": 0.005, "itl_ms": 0.2}}
@@ -55,7 +55,7 @@ def test_only_worker_confines_the_answer_faults_to_worker_k() -> None:
 
 
 def test_only_worker_is_refused_where_there_is_one_engine(capsys: pytest.CaptureFixture[str]) -> None:
-    from pytest_ml4.deploy.sim_cli import target_and_faults
+    from pytest_ml4_sim.deploy.sim_cli import target_and_faults
 
     args = argparse.Namespace(target="rtxpro6000-tp8", overrides=[], fault=["only_worker=0", "tool_parser_off"])
     with pytest.raises(SystemExit):
@@ -65,7 +65,7 @@ def test_only_worker_is_refused_where_there_is_one_engine(capsys: pytest.Capture
 
 
 def test_only_worker_must_name_a_worker_that_starts() -> None:
-    from pytest_ml4.deploy.dynamo import DynamoStartError, refuse_idle_only_worker
+    from pytest_ml4_sim.deploy.dynamo import DynamoStartError, refuse_idle_only_worker
 
     refuse_idle_only_worker(["only_worker=1"], [("worker", []), ("worker", [])])
     with pytest.raises(DynamoStartError, match=r"only_worker=2: no such worker; the deployment starts 2 aggregated worker\(s\)"):
@@ -148,8 +148,9 @@ def test_every_worker_right_passes_with_a_line_per_worker() -> None:
 
 # ------------------------------------------------------------------------------------------------ on the real frontend
 def _deployment(faults: list[str]) -> Any:
-    from pytest_ml4.deploy.dynamo import DynamoSim
-    from pytest_ml4.tools import ToolMissing, dynamo_python
+    from pytest_ml4_sim.deploy.dynamo import DynamoSim
+
+    from pytest_ml4.runtime.installed import ToolMissing, dynamo_python
 
     try:
         dynamo_python()
@@ -159,14 +160,14 @@ def _deployment(faults: list[str]) -> Any:
 
 
 def _clients(base_url: str) -> tuple[Any, Any, Any]:
-    from pytest_ml4.client import Endpoint, make_httpx, make_openai
+    from pytest_ml4.client.endpoint import Endpoint, make_httpx, make_openai
 
     ep = Endpoint(base_url, model=AGG.serving.served_model_name)
     return ep, make_openai(ep), make_httpx(ep)
 
 
 def _judge_on(oai: Any, http: Any) -> Any:
-    from pytest_ml4.recount import TokenCounter
+    from pytest_ml4.evidence.recount import TokenCounter
 
     conventions = yaml.safe_load(TOOLS_FILE.read_text()).get("conventions")
     chat = ToolChat(oai, http, AGG.serving.served_model_name, {}).on(AGG, conventions, None, None)
@@ -174,7 +175,7 @@ def _judge_on(oai: Any, http: Any) -> Any:
 
 
 def test_one_bad_worker_of_two_fails_the_gate_naming_it_while_the_suites_pass_on_the_good_one() -> None:
-    from pytest_ml4.client import make_httpx
+    from pytest_ml4.client.endpoint import make_httpx
 
     """gb300-agg, worker #1 with three one-worker faults: the gate fails each faulty probe naming worker #1's
     instance id and passes the others; the tools and reasoning suites' own checks, pinned to worker #0 (the router

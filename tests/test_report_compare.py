@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ml4.baselines import default_baseline, direction
 from pytest_ml4.perf.baseline import Baseline
 from pytest_ml4.perf.summary import update_summary
 from pytest_ml4.report.cli import main
@@ -23,6 +22,7 @@ from pytest_ml4.report.summary import (
     stored_runs,
     write_summary,
 )
+from pytest_ml4.target.baselines import default_baseline, direction
 
 BASELINE = default_baseline("perf", "rtxpro6000-tp8")
 
@@ -214,8 +214,8 @@ def test_control_compare_with_an_earlier_run_compares(tmp_path: Path, capsys: py
 def test_comparisons_across_conditions_are_refused_with_one_line() -> None:
     """A baseline of other conditions that lists no figure comparable across run lengths, or an
     accuracy of another sample, is not compared: one row says why, naming both conditions."""
-    from pytest_ml4.baselines import Provenance
     from pytest_ml4.report.compare import compare_accuracy, compare_with_baseline
+    from pytest_ml4.target.baselines import Provenance
 
     base = Baseline("b", {1: {"tok_s_user": 90.0}}, {}, Provenance("seed", {}), path=Path("b.json"),
                     conditions={"isl": 512, "osl": 4096, "duration_s": 300})

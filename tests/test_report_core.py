@@ -26,7 +26,7 @@ from pytest_ml4.report.labels import (
     suite_of,
 )
 from pytest_ml4.report.results import write_crash_result
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 GATE, PROTOCOL, UNREACHABLE, CRASH, DEFECT, NOT_JUDGED_CAT = (c["name"] for c in load_categories())
 

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 from checkout import REPO_ROOT
+from pytest_ml4_sim.deploy.simulator import SimServer
 
 from pytest_ml4.checks.restart import assert_restart_finished, assert_scenario_judgeable
 from pytest_ml4.checks.verdict import NotJudged
-from pytest_ml4.client import Endpoint
+from pytest_ml4.client.endpoint import Endpoint
+from pytest_ml4.client.transport import Deadlines
 from pytest_ml4.control import SimController
 from pytest_ml4.control.budget import (
     FIRST_ANSWER,
@@ -24,9 +26,7 @@ from pytest_ml4.control.budget import (
     deployment_start_overrides,
 )
 from pytest_ml4.control.scenario import run_restart_scenario
-from pytest_ml4.deploy.simulator import SimServer
-from pytest_ml4.guard import Deadlines
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 SUITE = REPO_ROOT / "suites" / "test_restart.py"
 START_S = 8

@@ -18,17 +18,17 @@ from typing import Any
 
 import httpx
 import pytest
+from pytest_ml4_sim.deploy.dynamo import DynamoSim
 
 from pytest_ml4.checks.restart import assert_stream_survives_worker_crash
-from pytest_ml4.client import Endpoint
+from pytest_ml4.client.endpoint import Endpoint
+from pytest_ml4.client.stream_probe import parse_sse_lines
 from pytest_ml4.control.crash import run_crash
 from pytest_ml4.control.dynamo import SESSION_HEADER
 from pytest_ml4.control.scenario import load_requests
-from pytest_ml4.deploy.dynamo import DynamoSim
-from pytest_ml4.metrics import scrape
-from pytest_ml4.probe import parse_sse_lines
-from pytest_ml4.targets import load_target
-from pytest_ml4.tools import ToolMissing, dynamo_python
+from pytest_ml4.evidence.metrics import scrape
+from pytest_ml4.runtime.installed import ToolMissing, dynamo_python
+from pytest_ml4.target.model import load_target
 
 try:
     dynamo_python()

@@ -7,14 +7,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pytest_ml4_sim.deploy.litellm import LiteLLMProxy
+from pytest_ml4_sim.deploy.simulator import SimServer
 
 from pytest_ml4.checks.restart import assert_client_errors_as_allowed
-from pytest_ml4.client import Endpoint
+from pytest_ml4.client.endpoint import Endpoint
 from pytest_ml4.control import SimController
 from pytest_ml4.control.scenario import RestartRun, retries_seen, run_restart_scenario
-from pytest_ml4.deploy.litellm import LiteLLMProxy, ProxySettings, RetryWindow
-from pytest_ml4.deploy.simulator import SimServer
-from pytest_ml4.targets import load_target
+from pytest_ml4.stacks.litellm import ProxySettings, RetryWindow
+from pytest_ml4.target.model import load_target
 
 TARGET = load_target("rtxpro6000-tp8")
 KEY_ENV = TARGET.endpoint.api_key_env or "LLM_API_KEY"

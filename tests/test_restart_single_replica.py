@@ -9,7 +9,7 @@ import pytest
 from pytest_ml4.checks.restart import assert_client_errors_as_allowed
 from pytest_ml4.control.base import RestartResult
 from pytest_ml4.control.scenario import RequestOutcome, RestartRun, SingleReplicaOutage
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 UNLISTED = RequestOutcome(2, 0.6, 0.1, 404, None, "''")
 FIRST = RequestOutcome(1, 0.1, 0.4, 500, None,

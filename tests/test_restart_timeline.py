@@ -8,12 +8,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pytest_ml4_sim.deploy.simulator import SimServer
 
 from pytest_ml4.checks.restart import (
     assert_client_errors_as_allowed,
     assert_recovery_within_limit,
 )
-from pytest_ml4.client import Endpoint
+from pytest_ml4.client.endpoint import Endpoint
 from pytest_ml4.control import SimController
 from pytest_ml4.control.scenario import (
     RequestOutcome,
@@ -24,9 +25,8 @@ from pytest_ml4.control.scenario import (
     build_timeline,
     run_restart_scenario,
 )
-from pytest_ml4.deploy.litellm import ProxySettings, RetryWindow
-from pytest_ml4.deploy.simulator import SimServer
-from pytest_ml4.targets import load_target
+from pytest_ml4.stacks.litellm import ProxySettings, RetryWindow
+from pytest_ml4.target.model import load_target
 
 #: The modelled outage and the stop delay of the scenario below: the old engine serves 0.3 s after the trigger
 #: (systemd's stop delay), then the port stays closed 4 s (once reported: "recovery 0.70 s" for "about 4 s of outage").

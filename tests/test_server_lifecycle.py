@@ -1,4 +1,4 @@
-"""The one start-up wait (``pytest_ml4.deploy.launcher.wait_until_healthy``) the simulator, real vLLM and the
+"""The one start-up wait (``pytest_ml4_sim.deploy.launcher.wait_until_healthy``) the simulator, real vLLM and the
 Dynamo processes share: ready, died first, deadline passed, and the retry hook."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-
-from pytest_ml4.deploy.launcher import wait_until_healthy
+from pytest_ml4_sim.deploy.launcher import wait_until_healthy
 
 
 class StartFailed(RuntimeError):

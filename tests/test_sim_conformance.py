@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pytest_ml4_sim.deploy.simulator import SimServer
 from test_sim_support import (
     WEATHER_TOOL,
     collapse,
@@ -24,8 +25,6 @@ from test_sim_support import (
     stream_lines,
     transcript_cases,
 )
-
-from pytest_ml4.deploy.simulator import SimServer
 
 OVERRIDES = {"sim": {"ttft_s": 0.01, "itl_ms": 0.5}, "engine": {"speculative": None, "max_model_len": 4096}}
 FP = re.compile(r"^vllm-0\.33\.0-tp\d+-[0-9a-f]{8}$")
@@ -213,7 +212,7 @@ def test_prompt_too_long_error(http: httpx.Client) -> None:
 
 def test_prompt_over_the_character_bound_is_refused_before_tokenising(http: httpx.Client) -> None:
     """0.33's _text_len_check: more characters than max_model_len tokens could hold -> 400, param input_text."""
-    from pytest_ml4.tokenizer import get_tokenizer
+    from pytest_ml4.evidence.tokenizer import get_tokenizer
 
     bound = 4096 * get_tokenizer(15).max_chars_per_token
     text = "x" * (bound + 1)
@@ -231,7 +230,7 @@ def test_prompt_over_the_character_bound_is_refused_before_tokenising(http: http
 
 def _words_for_tokens(n: int) -> str:
     """A user prompt whose chat encoding is exactly ``n`` Tekken tokens."""
-    from pytest_ml4.tokenizer import get_tokenizer
+    from pytest_ml4.evidence.tokenizer import get_tokenizer
 
     tok = get_tokenizer(15)
     overhead = tok.prompt_tokens({"messages": [{"role": "user", "content": "word"}]}) - 1
@@ -317,7 +316,7 @@ def test_completion_tokens_count_eos(http: httpx.Client) -> None:
     u = body["usage"]
     assert u["prompt_tokens"] + u["completion_tokens"] == u["total_tokens"]
     content = body["choices"][0]["message"]["content"]
-    from pytest_ml4.tokenizer import get_tokenizer
+    from pytest_ml4.evidence.tokenizer import get_tokenizer
     assert u["completion_tokens"] == get_tokenizer(15).count(content) + 1
 
 

@@ -7,12 +7,12 @@ import random
 import statistics
 
 import pytest
+from pytest_ml4_sim.sim.engine import Engine, Sequence, block_hashes
+from pytest_ml4_sim.sim.perfmodel import PerfModel, QueueState
+from pytest_ml4_sim.sim.promstats import SimMetrics
 
 from pytest_ml4.locations import data_file
-from pytest_ml4.sim.engine import Engine, Sequence, block_hashes
-from pytest_ml4.sim.perfmodel import PerfModel, QueueState
-from pytest_ml4.sim.promstats import SimMetrics
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 
 @pytest.mark.parametrize("name", ["rtxpro6000-tp8", "gb300-agg", "vr200-disagg"])

@@ -12,16 +12,15 @@ from typing import Any
 
 import httpx
 import pytest
-from test_sim_support import FAST, FAST_NO_SPEC, WEATHER_TOOL, stream_lines
-
-from pytest_ml4.deploy.simulator import SimServer
-from pytest_ml4.sim.faults import (
+from pytest_ml4_sim.deploy.simulator import SimServer
+from pytest_ml4_sim.sim.faults import (
     FAULTS,
     ActiveFaults,
     FaultError,
     FaultSpec,
     parse_fault,
 )
+from test_sim_support import FAST, FAST_NO_SPEC, WEATHER_TOOL, stream_lines
 
 CHAT = {"messages": [{"role": "user", "content": "What is 17 + 25?"}]}
 TOOL_CHAT = {"messages": [{"role": "user", "content": "What is the weather in Paris?"}], "tools": [WEATHER_TOOL]}
@@ -63,7 +62,7 @@ def test_every_fault_documented() -> None:
 def test_cli_rejects_unknown_fault() -> None:
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-m", "pytest_ml4.deploy.sim_cli", "--target", "gb300-agg", "--port", "1",
+    r = subprocess.run([sys.executable, "-m", "pytest_ml4_sim.deploy.sim_cli", "--target", "gb300-agg", "--port", "1",
                         "--fault", "nope"], capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2 and "unknown fault 'nope'" in r.stderr and "midstream_error" in r.stderr
 
@@ -166,7 +165,7 @@ def test_target_file_can_name_faults() -> None:
 
 
 def test_target_faults_must_be_known(tmp_path: Any) -> None:
-    from pytest_ml4.deploy.simulator import SimServerError
+    from pytest_ml4_sim.deploy.simulator import SimServerError
 
     overrides = {"sim": {"extra": {"faults": ["no_such_fault"]}}}
     with pytest.raises(SimServerError, match="unknown fault 'no_such_fault'"):

@@ -1,4 +1,4 @@
-"""The fault gateway in front of the Dynamo frontend (pytest_ml4/deploy/gateway.py): each fault alters only what it
+"""The fault gateway in front of the Dynamo frontend (harness/pytest_ml4_sim/deploy/gateway.py): each fault alters only what it
 names, everything else passes through unchanged, streams chunk by chunk.
 
 The upstream here is a small recording aiohttp server (no Dynamo needed); the kill matrix
@@ -19,15 +19,14 @@ from typing import Any
 import httpx
 import pytest
 from aiohttp import web
-
-from pytest_ml4.deploy.gateway import (
+from pytest_ml4_sim.deploy.gateway import (
     drop_tool_choice_none,
     gateway_faults,
     repair_invalid,
     serve_any_model,
     unlist_models,
 )
-from pytest_ml4.deploy.launcher import free_port
+from pytest_ml4_sim.deploy.launcher import free_port
 
 SERVED = "mistral-large-4"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
@@ -163,7 +162,7 @@ def upstream() -> Iterator[Upstream]:
 
 def _gateway(upstream: Upstream, *faults: str) -> Iterator[str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "pytest_ml4.deploy.gateway", "--upstream", f"http://127.0.0.1:{upstream.port}",
+    cmd = [sys.executable, "-m", "pytest_ml4_sim.deploy.gateway", "--upstream", f"http://127.0.0.1:{upstream.port}",
            "--port", str(port), "--served-model", SERVED, *[a for f in faults for a in ("--fault", f)]]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -259,9 +258,10 @@ def test_evidence_stripped_drops_nvext_and_the_dynamo_headers_only(upstream: Ups
                                                          (("any_model", "tool_parser_off"), True)])
 def test_dynamo_sim_starts_a_gateway_only_for_its_faults(tmp_path: Any, faults: tuple[str, ...],
                                                          through_gateway: bool) -> None:
-    from pytest_ml4.deploy.dynamo import DynamoSim
-    from pytest_ml4.targets import load_target
-    from pytest_ml4.tools import ToolMissing
+    from pytest_ml4_sim.deploy.dynamo import DynamoSim
+
+    from pytest_ml4.runtime.installed import ToolMissing
+    from pytest_ml4.target.model import load_target
 
     try:
         dsim = DynamoSim(load_target("gb300-agg"), faults=faults, log_file=tmp_path / "engine.log")
@@ -279,7 +279,7 @@ def test_health_login_page_answers_the_probe_itself(upstream: Upstream) -> None:
     health check refuses it, naming the page; other paths still reach the frontend. The control: without the
     fault the probe is the frontend's."""
     from pytest_ml4.checks.health import assert_endpoint_healthy
-    from pytest_ml4.client import BadResponseError, Endpoint
+    from pytest_ml4.client.endpoint import BadResponseError, Endpoint
 
     for url in _gateway(upstream, "health_login_page"):
         r = httpx.get(url + "/health", timeout=10)

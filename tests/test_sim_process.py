@@ -14,9 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
+from pytest_ml4_sim.deploy.simulator import SimServer
 from test_sim_support import kill_processes_mentioning, processes_mentioning
-
-from pytest_ml4.deploy.simulator import SimServer
 
 #: Below the default drain bound (8 s): an exit this fast shows the drain ended early for the reason under test.
 #: Generous on purpose, the box is shared and slow.

@@ -12,11 +12,11 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from pytest_ml4_sim.deploy.simulator import SimServer, SimServerError
 from test_sim_support import FAST, stream_lines
 
 from pytest_ml4.locations import data_file
-from pytest_ml4.deploy.simulator import SimServer, SimServerError
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 CHAT = {"messages": [{"role": "user", "content": "What is 17 + 25?"}]}
 LOG_LINE = re.compile(r"^\((APIServer|EngineCore) pid=\d+\) (INFO|DEBUG|WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\d "
@@ -184,10 +184,10 @@ def test_crash_on_first_large_step(tmp_path: Path) -> None:
     import asyncio
 
     from aiohttp.test_utils import TestClient, TestServer
+    from pytest_ml4_sim.sim.boot import BootResult
+    from pytest_ml4_sim.sim.server import LogWriter, SimApp, SimConfig
 
-    from pytest_ml4.sim.boot import BootResult
-    from pytest_ml4.sim.server import LogWriter, SimApp, SimConfig
-    from pytest_ml4.tokenizer import get_tokenizer
+    from pytest_ml4.evidence.tokenizer import get_tokenizer
 
     target = load_target("gb300-agg", overrides=FAST)
     boot = BootResult(lines=[], crash_on_first_step=True, crash_min_step_tokens=500,

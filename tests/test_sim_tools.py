@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
+from pytest_ml4_sim.deploy.simulator import SimServer
 from test_sim_support import FAST, WEATHER_TOOL, assemble, stream_lines
 
-from pytest_ml4.deploy.simulator import SimServer
-from pytest_ml4.tokenizer import CONTROL_MARKERS
+from pytest_ml4.evidence.tokenizer import CONTROL_MARKERS
 
 FLIGHTS = {"type": "function", "function": {
     "name": "search_flights", "description": "Search flights between two cities",

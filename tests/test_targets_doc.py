@@ -10,8 +10,7 @@ import yaml
 from pydantic import BaseModel
 
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR
-from pytest_ml4.targets import Target
-from pytest_ml4.targets_doc import (
+from pytest_ml4.target.doc import (
     DOC,
     READERS_FILE,
     REGENERATE,
@@ -21,6 +20,7 @@ from pytest_ml4.targets_doc import (
     read_by,
     sections,
 )
+from pytest_ml4.target.model import Target
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_ml4.hardware import simulation_refusal
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR
 from pytest_ml4.perf.roofline import roofline
 from pytest_ml4.plugin.markers import skip_reason
 from pytest_ml4.preflight.cli import main as preflight_main
 from pytest_ml4.preflight.parsers import infer_hardware
-from pytest_ml4.targets import TargetError, load_target
+from pytest_ml4.target.hardware import simulation_refusal
+from pytest_ml4.target.model import TargetError, load_target
 
 SIM_REFUSAL = ("--sim cannot simulate hardware.family {family}: no seed describes its boot, memory and timing "
                "(it simulates: rtxpro, gb300, vr200); run it live, or pick one of those families")
@@ -119,7 +119,7 @@ def test_sim_refuses_an_unknown_family_in_one_line(pytester: pytest.Pytester) ->
 
 def test_ml4_sim_refuses_an_unknown_family_in_one_line(tmp_path: Path) -> None:
     target = write_target(tmp_path, h200_data(family="mi300x"))
-    proc = subprocess.run([sys.executable, "-m", "pytest_ml4.deploy.sim_cli", "--target", str(target), "--port", "0"],
+    proc = subprocess.run([sys.executable, "-m", "pytest_ml4_sim.deploy.sim_cli", "--target", str(target), "--port", "0"],
                           capture_output=True, text=True, timeout=60, env={**os.environ, "LLM_API_KEY": "x"},
                           check=False)
     assert proc.returncode == 2

@@ -10,7 +10,12 @@ import pytest
 import yaml
 
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR
-from pytest_ml4.targets import TargetError, field_names_at, load_target, parse_override
+from pytest_ml4.target.model import (
+    TargetError,
+    field_names_at,
+    load_target,
+    parse_override,
+)
 
 
 def team_target(tmp_path: Path, name: str = "gb300-agg", mutate: Any = None) -> Path:

@@ -1,7 +1,8 @@
 """A platform team's first afternoon, end to end, with the suite pip-installed into a venv of its own.
 
-The team's deployment is the embedded simulator started with the install's own ``ml4-sim`` (a live endpoint to
-the suite: no ``--sim``), at a fast pace so three gate runs fit CI. In the team's folder, with the install's
+The team's install is the suite alone (``pip install`` of the core: no embedded deployment in it). Its deployment
+is the embedded simulator started with this checkout's ``ml4-sim`` (the ``harness/`` distribution: a live
+endpoint to the suite, no ``--sim``), at a fast pace so three gate runs fit CI. In the team's folder, with the install's
 console scripts only: ``ml4-target new mine --hardware h200 --gpus 8`` describes it; ``--collect-only`` collects
 the package's suites; the first gate run is not signed (exit 6: the reasoning share has no baseline of this
 deployment); ``--ml4-record-baselines`` records it into the team's ``baselines/`` and exits 0; the next plain run
@@ -14,6 +15,7 @@ import json
 import secrets
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,8 +25,8 @@ import pytest
 from installs import Installed, clean_env
 
 from pytest_ml4.checks.verdict import EXIT_NOT_JUDGED
-from pytest_ml4.deploy import processes
-from pytest_ml4.targets import load_target
+from pytest_ml4.runtime import processes
+from pytest_ml4.target.model import load_target
 
 KEY_VAR = "ML4_TEAM_KEY"
 GATE = "smoke or tools or reasoning"
@@ -46,11 +48,12 @@ def install(tmp_path_factory: pytest.TempPathFactory) -> Installed:
 
 @pytest.fixture(scope="module")
 def deployment(install: Installed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """The team's deployment: ``ml4-sim`` of the install on a free port; (its /v1 URL, its key)."""
+    """The team's deployment: this checkout's ``ml4-sim`` (the install has none) on a free port; (its /v1 URL, its
+    key)."""
     where = tmp_path_factory.mktemp("deployment")
     key = "sk-team-" + secrets.token_urlsafe(12)
     port = _free_port()
-    argv = [str(install.python.parent / "ml4-sim"), "--target", "rtxpro6000-tp8", "--port", str(port),
+    argv = [str(Path(sys.executable).parent / "ml4-sim"), "--target", "rtxpro6000-tp8", "--port", str(port),
             "--log-file", str(where / "engine.log"), *FAST]
     # The bundled target names the key's variable; the team's own variable holds the same key.
     env = {**clean_env(), "LLM_API_KEY": key}

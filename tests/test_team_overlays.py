@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_ml4.baselines import default_baseline
-from pytest_ml4.dynamo_versions import behaviour, row_for, target_row
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR, DATA_DIR
 from pytest_ml4.report.environment import read_environment
-from pytest_ml4.targets import load_target
+from pytest_ml4.stacks.dynamo_versions import behaviour, row_for, target_row
+from pytest_ml4.target.baselines import default_baseline
+from pytest_ml4.target.model import load_target
 
 PACKAGE_ROW = behaviour("1.6.1")
 SEED_RELEASE = "1.7.0-mistral-large-4-dev.1"

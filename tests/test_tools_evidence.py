@@ -16,7 +16,7 @@ from pytest_ml4.checks.tools import (
     no_call_verdict,
     refusal_evidence,
 )
-from pytest_ml4.dynamo_versions import tool_call_drop_cause
+from pytest_ml4.stacks.dynamo_versions import tool_call_drop_cause
 
 ROW_CAUSE = tool_call_drop_cause("1.6.1", "mistral")
 DROPS = "silently drops Mistral Large 4's"

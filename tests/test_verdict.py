@@ -19,7 +19,7 @@ from pytest_ml4.plugin.markers import unmet_need
 from pytest_ml4.report.cli import main
 from pytest_ml4.report.summary import CheckRecord, build_summary, write_summary
 from pytest_ml4.report.verdict import run_verdict, verdict_lines
-from pytest_ml4.targets import load_target
+from pytest_ml4.target.model import load_target
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from pytest_ml4.locations import data_file
-from pytest_ml4.tools import bfcl_site
+from pytest_ml4.runtime.installed import bfcl_site
 
 CATEGORIES_FILE = data_file("accuracy", "categories.yaml")
 #: The name the checker is told; the stub maps every name to ``underscore_to_dot=True`` because the tools are
@@ -114,7 +114,7 @@ def load(project_root: Path) -> Bfcl:
     from bfcl_eval.model_handler.utils import convert_to_tool
     from bfcl_eval.utils import load_dataset_entry, load_ground_truth_entry
 
-    from pytest_ml4.tools import BFCL_VERSION
+    from pytest_ml4.runtime.installed import BFCL_VERSION
 
     return Bfcl(load_dataset_entry, load_ground_truth_entry, convert_to_tool, GORILLA_TO_OPENAPI,
                 ModelStyle.OPENAI_COMPLETIONS, ast_checker, Language.PYTHON, BFCL_VERSION)

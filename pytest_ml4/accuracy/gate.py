@@ -13,7 +13,7 @@ from typing import Any
 
 from pytest_ml4.accuracy.score import ItemResult
 from pytest_ml4.accuracy.stats import drop_z, wilson
-from pytest_ml4.baselines import (
+from pytest_ml4.target.baselines import (
     BaselineRefused,
     Provenance,
     conditions_differ,
@@ -78,7 +78,7 @@ def run_conditions(bfcl_eval: str, size: int | None, seed: int) -> dict[str, Any
 @dataclass(frozen=True)
 class AccuracyBaseline:
     """``pytest_ml4/data/baselines/accuracy-<target>.json`` (or a team's ``baselines/``): per-category scores, their conditions and provenance
-    (:mod:`pytest_ml4.baselines`)."""
+    (:mod:`pytest_ml4.target.baselines`)."""
 
     path: Path
     provenance: Provenance

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_ml4.accuracy.gate import Drop
-from pytest_ml4.accuracy.guard import refusal
 from pytest_ml4.accuracy.score import ItemResult
+from pytest_ml4.accuracy.synthetic import refusal
 from pytest_ml4.checks.codes import require
 from pytest_ml4.checks.verdict import not_judged
 

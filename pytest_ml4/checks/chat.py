@@ -22,8 +22,8 @@ from pytest_ml4.checks.protocol import (
     assert_stream_clean,
     assert_stream_equals_non_stream,
 )
-from pytest_ml4.client import explain_openai_error, quote_body
-from pytest_ml4.probe import StreamResult, probe_chat_stream
+from pytest_ml4.client.endpoint import explain_openai_error, quote_body
+from pytest_ml4.client.stream_probe import StreamResult, probe_chat_stream
 from pytest_ml4.report.redact import redact
 
 #: Request fields the openai SDK's ``chat.completions.create`` takes as keyword arguments.

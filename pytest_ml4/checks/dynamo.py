@@ -13,7 +13,7 @@ from typing import Any
 from pytest_ml4.checks.codes import fail
 from pytest_ml4.checks.verdict import NotJudged
 from pytest_ml4.control.dynamo import SESSION_HEADER, AffinityRun, Turn
-from pytest_ml4.control.kubernetes import NVEXT_ABSENT_CAUSES
+from pytest_ml4.control.k8s_restart import NVEXT_ABSENT_CAUSES
 
 #: kv_hit_rate is reported rounded (0.92 for 12/13 blocks in 70_kv_routing.txt).
 HIT_RATE_TOLERANCE = 0.02

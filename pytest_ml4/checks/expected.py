@@ -30,9 +30,9 @@ from typing import Any
 import httpx
 
 from pytest_ml4.checks.codes import fail, require
-from pytest_ml4.client import decode_json, quote_body
-from pytest_ml4.guard import DeadlineExceeded
-from pytest_ml4.probe import StreamResult
+from pytest_ml4.client.endpoint import decode_json, quote_body
+from pytest_ml4.client.stream_probe import StreamResult
+from pytest_ml4.client.transport import DeadlineExceeded
 
 ACCEPTED = 200
 _ROW_KEYS = {"status", "message_contains", "shape", "type", "param", "details", "body", "deviations", "source"}

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 
 from pytest_ml4.checks.codes import require
-from pytest_ml4.client import Endpoint, decode_json, refuse_html
+from pytest_ml4.client.endpoint import Endpoint, decode_json, refuse_html
 from pytest_ml4.control.dynamo import role_instance_ids, worker_instance_ids
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 HEALTH_TIMEOUT_S = 10
 

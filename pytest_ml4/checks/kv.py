@@ -5,7 +5,7 @@ message a release manager reads, or NotJudged where a cross-check could not run,
 and figures whether the verdict holds or not. The ``*_verdict`` functions under them return a :class:`Verdict`
 whose message quotes the log line(s) judged, so a failed check reads like the seed's own diagnosis ("GPU KV cache
 size: 272,636 tokens ..."; "MemoryError: CUDA out of memory. Tried to allocate 792.00 MiB ..."); the tests on
-recorded logs call those. What is judged (the short load, the /metrics scrapes) is :mod:`pytest_ml4.kv_load`.
+recorded logs call those. What is judged (the short load, the /metrics scrapes) is :mod:`pytest_ml4.evidence.kv_load`.
 Nothing here needs pytest.
 
 Rates measured over few speculative drafts are noisy, so range checks on acceptance allow three standard errors
@@ -23,7 +23,7 @@ from typing import Any
 from pytest_ml4.accuracy.stats import wilson
 from pytest_ml4.checks.codes import require
 from pytest_ml4.checks.verdict import not_judged
-from pytest_ml4.kv_load import LoadResult, MetricsRead, SpecCounts
+from pytest_ml4.evidence.kv_load import LoadResult, MetricsRead, SpecCounts
 from pytest_ml4.logs.events import (
     EngineFailure,
     KvCacheSize,
@@ -34,7 +34,7 @@ from pytest_ml4.logs.events import (
     quote,
 )
 from pytest_ml4.report.redact import redact
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 #: Standard errors a measured mean acceptance length may lie outside its range before it counts as outside.
 Z_TOLERANCE = 3.0

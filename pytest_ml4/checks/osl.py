@@ -4,7 +4,7 @@ aiperf's export), no request is killed by the reasoning grammar, and no perf con
 ``ignore_eos``.
 
 The streamed requests are :func:`stream_fixed_length`'s; the counts are read from the engine's own generated-token
-counter around them (:data:`pytest_ml4.metrics.STACK_TOKEN_COUNTER`).
+counter around them (:data:`pytest_ml4.evidence.metrics.STACK_TOKEN_COUNTER`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from pytest_ml4.checks.codes import fail, require
-from pytest_ml4.client import Endpoint
+from pytest_ml4.client.endpoint import Endpoint
+from pytest_ml4.client.stream_probe import StreamResult, probe_chat_stream
+from pytest_ml4.client.urls import display_url
+from pytest_ml4.evidence.metrics import STACK_TOKEN_COUNTER, generated_tokens
 from pytest_ml4.logs import GrammarKill, LogEvent, LogView
-from pytest_ml4.metrics import STACK_TOKEN_COUNTER, generated_tokens
 from pytest_ml4.perf.export import read_records
 from pytest_ml4.perf.methodology import (
     WHY_NOT_IGNORE_EOS,
@@ -29,9 +31,7 @@ from pytest_ml4.perf.methodology import (
     ignore_eos_in_files,
 )
 from pytest_ml4.perf.runner import AiperfSpec, RunResult
-from pytest_ml4.probe import StreamResult, probe_chat_stream
-from pytest_ml4.targets import Target
-from pytest_ml4.urls import display_url
+from pytest_ml4.target.model import Target
 
 if TYPE_CHECKING:
     from pytest_ml4.perf.sweep import Client

@@ -15,8 +15,8 @@ import httpx
 
 from pytest_ml4.checks.codes import require
 from pytest_ml4.checks.expected import Expected, assert_answer_expected, error_object
-from pytest_ml4.client import quote_body
-from pytest_ml4.probe import StreamResult
+from pytest_ml4.client.endpoint import quote_body
+from pytest_ml4.client.stream_probe import StreamResult
 
 #: Each Mistral control token and the defect its appearance in client-visible output means.
 CONTROL_TOKENS: dict[str, str] = {

@@ -15,7 +15,16 @@ from typing import Any
 
 import httpx
 
-from pytest_ml4.baselines import (
+from pytest_ml4.checks.chat import Answer, ChatSession, attach, send_raw, user
+from pytest_ml4.checks.codes import fail, require
+from pytest_ml4.checks.expected import Expected, assert_answer_expected, assert_served
+from pytest_ml4.checks.protocol import assert_no_control_tokens, assert_rejected
+from pytest_ml4.checks.verdict import not_judged
+from pytest_ml4.client.endpoint import quote_body
+from pytest_ml4.evidence.recount import LOCAL_SLACK_FRACTION, TokenCounter
+from pytest_ml4.stacks.dynamo_versions import target_row
+from pytest_ml4.stacks.vllm_versions import for_version
+from pytest_ml4.target.baselines import (
     BaselineRefused,
     Provenance,
     conditions_differ,
@@ -24,16 +33,7 @@ from pytest_ml4.baselines import (
     refusal_line,
     write_baseline,
 )
-from pytest_ml4.checks.chat import Answer, ChatSession, attach, send_raw, user
-from pytest_ml4.checks.codes import fail, require
-from pytest_ml4.checks.expected import Expected, assert_answer_expected, assert_served
-from pytest_ml4.checks.protocol import assert_no_control_tokens, assert_rejected
-from pytest_ml4.checks.verdict import not_judged
-from pytest_ml4.client import quote_body
-from pytest_ml4.dynamo_versions import target_row
-from pytest_ml4.recount import LOCAL_SLACK_FRACTION, TokenCounter
-from pytest_ml4.targets import Target
-from pytest_ml4.vllm_versions import for_version
+from pytest_ml4.target.model import Target
 
 #: Tokens by which the reasoning count may differ from a re-tokenisation: a real parser counts the text
 #: between the markers as the engine emitted it, which can split differently at the edges (a leading space,
@@ -49,7 +49,7 @@ REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
 def count_tokens(text: str, tokenizer_version: int) -> int:
     """Tekken token count of ``text`` with the tokenizer the simulator serves (mistral-common's v13/v15 Tekken)."""
-    from pytest_ml4.tokenizer import get_tokenizer
+    from pytest_ml4.evidence.tokenizer import get_tokenizer
 
     return get_tokenizer(tokenizer_version).count(text) if text else 0
 
@@ -85,7 +85,7 @@ def assert_reasoning_separated(message: Mapping[str, Any], where: str) -> str:
 def assert_reasoning_tokens_agree(reasoning: str, usage: Mapping[str, Any] | None,
                                   counter: int | TokenCounter, where: str) -> int:
     """``reasoning_tokens`` in usage matches the reasoning text's token count within a few tokens. ``counter``:
-    the deployment's re-counter (:func:`pytest_ml4.recount.counter_for`), or a Tekken version to count locally."""
+    the deployment's re-counter (:func:`pytest_ml4.evidence.recount.counter_for`), or a Tekken version to count locally."""
     reported = reasoning_tokens(usage)
     require(reported is not None, "reasoning.usage_no_field",
             lambda: f"{where}: usage has no completion_tokens_details.reasoning_tokens "
@@ -253,7 +253,7 @@ def report_share(rows: list[dict[str, Any]], conditions: dict[str, Any], out: Pa
 @dataclass(frozen=True)
 class ShareBaseline:
     """``pytest_ml4/data/baselines/reasoning-share-<target>.json``: per-prompt shares, the conditions they were measured
-    under and where they came from (:mod:`pytest_ml4.baselines`)."""
+    under and where they came from (:mod:`pytest_ml4.target.baselines`)."""
 
     path: Path
     provenance: Provenance

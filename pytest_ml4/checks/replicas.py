@@ -1,5 +1,5 @@
 """Every replica answers right: each worker's answers to one functional probe, judged by the verdicts the
-single-request suites use (tools, reasoning, fixed length), reported per worker (:mod:`pytest_ml4.replicas` sends
+single-request suites use (tools, reasoning, fixed length), reported per worker (:mod:`pytest_ml4.evidence.replicas` sends
 them).
 
 A worker is the one the answer's ``nvext.worker_id`` names, never the one a pin asked for. One worker answering
@@ -19,7 +19,7 @@ from pytest_ml4.checks.osl import assert_usage_exactly_n
 from pytest_ml4.checks.reasoning import assert_effort_honoured
 from pytest_ml4.checks.tools import ToolChat, assert_parallel_calls
 from pytest_ml4.checks.verdict import not_judged
-from pytest_ml4.replicas import Reach, Reply, WorkerRef
+from pytest_ml4.evidence.replicas import Reach, Reply, WorkerRef
 
 #: Why a deployment's answers may carry no worker ids (the not-judged reason says it).
 NO_EVIDENCE = ("the answers carry no nvext.worker_id, although the probes asked for it (a frontend run with "

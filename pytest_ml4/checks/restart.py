@@ -19,7 +19,7 @@ from pytest_ml4.control.scenario import (
     SingleReplicaOutage,
     StaleInstances,
 )
-from pytest_ml4.deploy.litellm import RetryWindow
+from pytest_ml4.stacks.litellm import RetryWindow
 
 BAD_VERDICTS = ("silently_truncated",)
 

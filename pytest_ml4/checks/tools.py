@@ -29,17 +29,17 @@ from pytest_ml4.checks.chat import (
 from pytest_ml4.checks.codes import Violation, fail, require
 from pytest_ml4.checks.expected import assert_answer_expected, expected_for
 from pytest_ml4.checks.protocol import assert_no_control_tokens
-from pytest_ml4.client import Endpoint, decode_json, quote_body
-from pytest_ml4.dynamo_versions import (
+from pytest_ml4.client.endpoint import Endpoint, decode_json, quote_body
+from pytest_ml4.client.stream_probe import StreamResult
+from pytest_ml4.locations import data_file
+from pytest_ml4.logs import GrammarSchemaRefused, LogView
+from pytest_ml4.stacks.dynamo_versions import (
     ROW_PARSER,
     emulated_grammar_reason,
     guided_refusal_cause,
     tool_call_drop_cause,
 )
-from pytest_ml4.locations import data_file
-from pytest_ml4.logs import GrammarSchemaRefused, LogView
-from pytest_ml4.probe import StreamResult
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 TOOLS_DIR = data_file("tools")
 

@@ -25,7 +25,7 @@ from pytest_ml4.control.base import (
 )
 from pytest_ml4.control.sim import SimController
 from pytest_ml4.control.systemd import SystemdController
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 __all__ = ["Controller", "KubernetesController", "RestartError", "RestartResult", "RestartTimeout", "SimController",
            "SystemdController", "WaitStep", "controller_for", "health_check", "model_listed_check", "models_listed",
@@ -35,7 +35,7 @@ __all__ = ["Controller", "KubernetesController", "RestartError", "RestartResult"
 def __getattr__(name: str) -> Any:
     # The kubernetes client is a heavy import; only Dynamo targets need it.
     if name == "KubernetesController":
-        from pytest_ml4.control.kubernetes import KubernetesController
+        from pytest_ml4.control.k8s_restart import KubernetesController
         return KubernetesController
     raise AttributeError(name)
 
@@ -59,8 +59,8 @@ def _controller(target: Target, *, root_url: str, base_url: str, api_key: str | 
     model = target.serving.engine_served_model_name or target.serving.served_model_name
     timeout = target.control.restart_timeout_s
     if target.control.kind == "kubernetes":
-        from pytest_ml4.control.k8s import api_client, target_namespace
-        from pytest_ml4.control.kubernetes import KubernetesController
+        from pytest_ml4.control.k8s_api import api_client, target_namespace
+        from pytest_ml4.control.k8s_restart import KubernetesController
 
         if not target.control.dgd:
             raise RestartError(f"target {target.name}: control.dgd is not set")

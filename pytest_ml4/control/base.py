@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from pytest_ml4.control.budget import REGISTER
-from pytest_ml4.metrics import MetricsError, scrape
+from pytest_ml4.evidence.metrics import MetricsError, scrape
 
 log = logging.getLogger("pytest_ml4.control")
 

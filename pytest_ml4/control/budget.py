@@ -63,7 +63,7 @@ class RestartBudget:
     def for_target(cls, target: Any, *, pods: int, retry_window_s: float = 0.0,
                    probe_max_tokens: int = 256) -> RestartBudget:
         """From the target: its workers' declared start time, the request deadlines derived from it."""
-        from pytest_ml4.guard import Deadlines
+        from pytest_ml4.client.transport import Deadlines
 
         deadlines = Deadlines.for_target(target)
         answer = deadlines.connect_s + deadlines.overall_for(probe_max_tokens, deadlines.first_byte_s)

@@ -23,8 +23,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from pytest_ml4.client import Endpoint, make_httpx
-from pytest_ml4.probe import StreamResult, parse_sse_lines
+from pytest_ml4.client.endpoint import Endpoint, make_httpx
+from pytest_ml4.client.stream_probe import StreamResult, parse_sse_lines
 
 #: The fields of the in-band error event compared with the one real Dynamo 1.6.1 sends when a stream's worker dies
 #: and migration is off (pytest_ml4/data/restart/requests.yaml ``crash.unmigrated_error``, from

@@ -30,9 +30,9 @@ from typing import Any
 
 import httpx
 
-from pytest_ml4.client import Endpoint, make_httpx, quote_body
+from pytest_ml4.client.endpoint import Endpoint, make_httpx, quote_body
 from pytest_ml4.control.base import Progress, models_listed
-from pytest_ml4.control.kubernetes import KubernetesController
+from pytest_ml4.control.k8s_restart import KubernetesController
 
 SESSION_HEADER = "x-dynamo-session-id"
 #: Pins a request to one decode/aggregated worker (dynamo.md §5 header overrides; a bogus id answers 400).

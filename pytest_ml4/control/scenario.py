@@ -34,12 +34,12 @@ import httpx
 import yaml
 
 from pytest_ml4.checks.codes import fail
-from pytest_ml4.client import Endpoint, make_httpx, quote_body
+from pytest_ml4.client.endpoint import Endpoint, make_httpx, quote_body
+from pytest_ml4.client.stream_probe import StreamResult, probe_chat_stream
 from pytest_ml4.control.base import Controller, Progress, RestartResult, RestartTimeout
 from pytest_ml4.control.budget import FIRST_ANSWER, PhaseTimeout, RestartBudget
-from pytest_ml4.deploy.litellm import attempted_retries
 from pytest_ml4.locations import data_file
-from pytest_ml4.probe import StreamResult, probe_chat_stream
+from pytest_ml4.stacks.litellm import attempted_retries
 
 REQUESTS_FILE = data_file("restart", "requests.yaml")
 STALE_FILE = data_file("restart", "stale-instances.yaml")

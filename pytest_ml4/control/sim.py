@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from pytest_ml4.control.base import (
-    Check,
     START_TIME_METRIC,
+    Check,
     Controller,
     Progress,
     RestartError,

@@ -19,7 +19,7 @@ from pytest_ml4.control.base import (
     health_check,
     model_listed_check,
 )
-from pytest_ml4.deploy import processes
+from pytest_ml4.runtime import processes
 
 #: ssh never prompts: a missing key must fail the restart, not hang the session.
 SSH_COMMAND = ("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10")

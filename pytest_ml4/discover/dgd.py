@@ -15,7 +15,7 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as Urllib3Error
 
-from pytest_ml4.control.k8s import (
+from pytest_ml4.control.k8s_api import (
     DGD_GROUP,
     DGD_PLURAL,
     DGD_VERSION,
@@ -24,9 +24,9 @@ from pytest_ml4.control.k8s import (
 )
 from pytest_ml4.discover.draft import Draft, arg_value, fields_table
 from pytest_ml4.discover.probe import DiscoverError
-from pytest_ml4.dynamo_versions import behaviour, image_version, row_for
 from pytest_ml4.preflight.model import DgdComponent, DgdDocument, EngineArgs
 from pytest_ml4.preflight.parsers import parse_dgd
+from pytest_ml4.stacks.dynamo_versions import behaviour, image_version, row_for
 
 
 def read_dgd(name: str, namespace: str, host: str | None = None) -> DgdDocument:

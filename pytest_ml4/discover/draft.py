@@ -20,7 +20,7 @@ from pytest_ml4.control.dynamo import role_instance_ids
 from pytest_ml4.discover.probe import DiscoverError, Shown
 from pytest_ml4.locations import data_file
 from pytest_ml4.logs import EngineArgsLogged, LogView
-from pytest_ml4.targets import Engine, Hardware, Serving, Target, Topology
+from pytest_ml4.target.model import Engine, Hardware, Serving, Target, Topology
 
 FIELDS_FILE = data_file("discover", "fields.yaml")
 HARDWARE_FILE = data_file("discover", "hardware.yaml")
@@ -266,6 +266,6 @@ def check(data: dict[str, Any], where: str) -> Target:
     """The loader's verdict on the mapping (``TargetError`` naming the field)."""
     from pathlib import Path
 
-    from pytest_ml4.targets import parse_target
+    from pytest_ml4.target.model import parse_target
 
     return parse_target(data, Path(where))

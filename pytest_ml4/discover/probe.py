@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from pytest_ml4.client import (
+from pytest_ml4.client.endpoint import (
     BadResponseError,
     Endpoint,
     EndpointConfigError,
@@ -21,8 +21,8 @@ from pytest_ml4.client import (
     key_refusal,
     make_httpx,
 )
-from pytest_ml4.metrics import MetricsError, MetricsSnapshot, parse_metrics
-from pytest_ml4.urls import display_url
+from pytest_ml4.client.urls import display_url
+from pytest_ml4.evidence.metrics import MetricsError, MetricsSnapshot, parse_metrics
 
 
 class DiscoverError(ValueError):

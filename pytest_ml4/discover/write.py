@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from pytest_ml4.client.urls import display_url
 from pytest_ml4.discover.dgd import from_dgd, read_dgd
 from pytest_ml4.discover.draft import (
     Draft,
@@ -38,8 +39,7 @@ from pytest_ml4.discover.draft import (
 from pytest_ml4.discover.probe import DiscoverError, endpoint_for, probe
 from pytest_ml4.discover.proxy import from_litellm
 from pytest_ml4.logs import FileLogReader, LogView
-from pytest_ml4.targets import TargetError
-from pytest_ml4.urls import display_url
+from pytest_ml4.target.model import TargetError
 
 #: The order of a target file's top-level keys (the bundled targets' order).
 SECTION_ORDER = ("name", "description", "source", "hardware", "topology", "serving", "engine", "prefill_engine",
@@ -200,7 +200,7 @@ def _document(draft: Draft) -> dict[str, Any]:
 def _header(req: NewTarget, base_url: str, undiscovered: list[str]) -> list[str]:
     lines = [f"Target {req.name}, written by `ml4-target new` on {dt.date.today().isoformat()} from {base_url}.",
              "Each value says where it came from: 'discovered: <what the deployment showed>', 'flag --X', or",
-             "'estimate: <how to set it>'. Validated with pytest_ml4.targets.load_target when written."]
+             "'estimate: <how to set it>'. Validated with pytest_ml4.target.model.load_target when written."]
     if undiscovered:
         lines.append("Not discovered (check these before a gate run):")
         lines += [f"  - {u}" for u in undiscovered]

@@ -46,7 +46,7 @@ from pytest_ml4.logs.journald import JournaldLogReader, LogReadError
 from pytest_ml4.logs.reader import LogReader
 from pytest_ml4.logs.records import LogRecord, records_from_text
 from pytest_ml4.logs.signatures import Catalogue, Signature, load_catalogue
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 __all__ = [
     "EVENT_TYPES", "AvailableKvMemory", "Catalogue", "CudaOom", "EngineArgsLogged", "EngineFailure", "FileLogReader", "GrammarKill", "GrammarSchemaRefused",

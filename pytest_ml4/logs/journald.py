@@ -21,10 +21,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_ml4.deploy import processes
 from pytest_ml4.logs.reader import LogReader
-from pytest_ml4.logs.records import LogRecord, Since, filter_since, line_time, since_epoch, strip_ansi
-from pytest_ml4.tools import ToolMissing, tools_dir
+from pytest_ml4.logs.records import (
+    LogRecord,
+    Since,
+    filter_since,
+    line_time,
+    since_epoch,
+    strip_ansi,
+)
+from pytest_ml4.runtime import processes
+from pytest_ml4.runtime.installed import ToolMissing, tools_dir
 
 #: ssh never prompts: a missing key must fail the read, not hang the session.
 SSH_COMMAND: tuple[str, ...] = ("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10")

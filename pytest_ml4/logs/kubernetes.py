@@ -21,7 +21,7 @@ from typing import Any
 from kubernetes import client as k8s_client
 from kubernetes.client.rest import ApiException
 
-from pytest_ml4.control.k8s import KubeConfigError, api_client, list_pods
+from pytest_ml4.control.k8s_api import KubeConfigError, api_client, list_pods
 from pytest_ml4.logs.journald import LogReadError
 from pytest_ml4.logs.reader import LogReader
 from pytest_ml4.logs.records import (
@@ -31,7 +31,7 @@ from pytest_ml4.logs.records import (
     records_from_text,
     since_epoch,
 )
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 
 def _split_stamp(line: str) -> tuple[float | None, str]:

@@ -14,7 +14,7 @@ still running after ``grace_s``), and from that the aggregate throughput and the
 tolerance, comparisons use the implied value and say so (:meth:`Baseline.reference`); the printed value stays in the
 file. Seed 000's c1 row is such a case: 7 requests at 67.9 tok/s with decode concurrency 1.0 cannot all hold.
 
-The file is the one baseline format (:mod:`pytest_ml4.baselines`), kind ``perf``: ``figures`` is a list of points
+The file is the one baseline format (:mod:`pytest_ml4.target.baselines`), kind ``perf``: ``figures`` is a list of points
 ``{"concurrency": int, figure: number, ...}``, ``tolerances`` the relative tolerance per figure, and two comparison
 settings: ``value_max_concurrency`` (figure prefix -> the highest concurrency at which its value is comparable; TTFT
 past the knee is queueing) and ``short_run_metrics``.
@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_ml4.baselines import (
+from pytest_ml4.perf.figures import PointFigures
+from pytest_ml4.target.baselines import (
     DIRECTION,
     BaselineRefused,
     Provenance,
@@ -37,7 +38,6 @@ from pytest_ml4.baselines import (
     read_baseline,
     write_baseline,
 )
-from pytest_ml4.perf.figures import PointFigures
 
 #: The c1 figures that follow from TTFT, ITL and the run window (see :func:`sequential_run`).
 SEQUENTIAL_FIGURES = ("out_tok_s", "decode_conc_avg")

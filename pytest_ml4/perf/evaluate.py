@@ -17,7 +17,7 @@ from pytest_ml4.perf.plots import write_plots
 from pytest_ml4.perf.roofline import Roofline, roofline
 from pytest_ml4.perf.summary import deviation_dicts, gate_dicts, update_summary
 from pytest_ml4.perf.sweep import PROBES_BESIDE, PointResult, SweepSettings
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 
 @dataclass

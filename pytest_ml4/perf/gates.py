@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from pytest_ml4.perf.baseline import Deviation
 from pytest_ml4.perf.figures import PointFigures
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 #: Below max_num_seqs, the smallest share of the concurrency the decode concurrency p50 may show (see saturation).
 SATURATION_MIN_SHARE = 0.5

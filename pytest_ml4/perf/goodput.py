@@ -20,7 +20,7 @@ from typing import Any
 from pytest_ml4.perf.export import ProfileExport, RequestRecord
 from pytest_ml4.perf.gates import GateResult
 from pytest_ml4.perf.runner import AiperfSpec
-from pytest_ml4.targets import Slo, Target, Workload
+from pytest_ml4.target.model import Slo, Target, Workload
 
 #: Open-loop runs: the cap on requests in flight, far above what any production rate here needs, so the Poisson
 #: arrivals are never held back by it (a capped client would hide a slow deployment behind a slower schedule).

@@ -22,10 +22,10 @@ from typing import Any
 
 import yaml
 
-from pytest_ml4 import tools
-from pytest_ml4.deploy import processes
 from pytest_ml4.perf.export import RECORDS_FILE, SUMMARY_FILE
 from pytest_ml4.perf.runner import AiperfSpec, build_argv, child_env
+from pytest_ml4.runtime import installed as tools
+from pytest_ml4.runtime import processes
 
 #: aiperf's default ``runtime.workersPerPod``; ``--total-workers`` must be a multiple of it above one pod.
 WORKERS_PER_POD = 10

@@ -25,9 +25,9 @@ import matplotlib
 matplotlib.use("Agg")  # no display in CI; must precede pyplot
 import matplotlib.pyplot as plt
 
-from pytest_ml4.baselines import conditions_differ
 from pytest_ml4.perf.baseline import Baseline
 from pytest_ml4.perf.figures import PointFigures
+from pytest_ml4.target.baselines import conditions_differ
 
 #: The run conditions a perf figure depends on (what ``Baseline.same_conditions`` and the legend look at).
 RUN_CONDITION_KEYS = ("isl", "osl", "duration_s")

@@ -74,7 +74,7 @@ def tool_probes(target: Any, model: str, streams: Sequence[bool], tool_choices: 
     """``tool_choice`` obeyed with valid arguments (suites/test_tools.py's ``test_tool_choice_is_obeyed``)."""
     from pytest_ml4.checks.chat import user
     from pytest_ml4.checks.tools import ToolChat, load_tools, named
-    from pytest_ml4.dynamo_versions import within_every_release
+    from pytest_ml4.stacks.dynamo_versions import within_every_release
 
     data = _load("tools.yaml")
     toolset = load_tools(data["toolset"])
@@ -332,7 +332,7 @@ class Prober:
 
     def __init__(self, endpoint: Any, probes: Sequence[Probe], share: float, settle_s: float = 0.0,
                  stop_grace_s: float = STOP_GRACE_S) -> None:
-        from pytest_ml4.client import make_httpx, make_openai
+        from pytest_ml4.client.endpoint import make_httpx, make_openai
 
         if not probes:
             raise ValueError("a prober needs at least one probe")

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pytest_ml4.metrics import generated_tokens
+from pytest_ml4.evidence.metrics import generated_tokens
 from pytest_ml4.perf.runner import PhaseState
 
 

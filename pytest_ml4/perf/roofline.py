@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 NVFP4_BITS_PER_PARAM = 4.5
 ACTIVE_PARAMS_SEED000 = 52e9

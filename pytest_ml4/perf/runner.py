@@ -35,10 +35,10 @@ from typing import Any
 
 import yaml
 
-from pytest_ml4 import tools
 from pytest_ml4.checks.codes import fail
-from pytest_ml4.deploy import processes
 from pytest_ml4.perf.export import LOG_FILE, SUMMARY_FILE, ExportError, ProfileExport
+from pytest_ml4.runtime import installed as tools
+from pytest_ml4.runtime import processes
 
 #: Environment variable the child aiperf reads the API key from (through the YAML ``${...}`` substitution).
 API_KEY_ENV = "ML4_AIPERF_API_KEY"

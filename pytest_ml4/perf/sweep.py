@@ -26,7 +26,7 @@ from pytest_ml4.perf.runner import (
     expected_p99_latency_s,
     failure_log,
 )
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 #: The short profile CI runs: a few seconds per point, concurrencies around the engine cap. The prompt is short
 #: and the output long enough that decode, not the serialised prefill of the first burst, dominates each request:

@@ -22,7 +22,7 @@ from pytest_ml4.perf.sweep import (
     run_trace,
     short_trace,
 )
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 #: Trace rows the short (CI) profile replays.
 TRACE_SHORT_ROWS = 16

@@ -36,7 +36,7 @@ from pytest_ml4.perf.probes import Phase, probed_aiperf
 from pytest_ml4.perf.runner import AiperfSpec, failure_log, judge
 from pytest_ml4.perf.summary import gate_dicts, update_summary
 from pytest_ml4.perf.sweep import Client, cached_json, session_env
-from pytest_ml4.targets import Target, Workload
+from pytest_ml4.target.model import Target, Workload
 
 #: Capacity search per profile: (runs per rate at most, rates probed above the declared one, requests per run).
 #: A rate meets the 95 % floor on its own only from about 53 all-good requests (one-sided Wilson bound), hence 60.
@@ -191,7 +191,7 @@ PREFIX_COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_to
 
 def engine_counters(urls: tuple[str, ...]) -> dict[str, float] | str:
     """``PREFIX_COUNTERS`` summed over the engines at ``urls``, or why they could not be read."""
-    from pytest_ml4.metrics import MetricsError, scrape
+    from pytest_ml4.evidence.metrics import MetricsError, scrape
 
     if not urls:
         return "no engine /metrics URL is known (Dynamo: endpoint.worker_metrics_url_env of the target)"

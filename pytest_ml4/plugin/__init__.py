@@ -1,7 +1,7 @@
 """The pytest plugin (``pytest11`` entry point ``ml4``): the session's start and end, the report header.
 
-A thin layer over the core: :mod:`pytest_ml4.targets` loads the deployment's description, :mod:`pytest_ml4.deploy`
-starts the embedded one, :mod:`pytest_ml4.client` builds clients. The plugin's own concerns are modules of this
+A thin layer over the core: :mod:`pytest_ml4.target.model` loads the deployment's description, :mod:`pytest_ml4_sim.deploy`
+starts the embedded one, :mod:`pytest_ml4.client.endpoint` builds clients. The plugin's own concerns are modules of this
 package listed in ``pytest_plugins`` below: the options (``options``, the one ``ml4`` group), the session state
 (``state``), the markers and skipping (``markers``), the core fixtures (``fixtures``) and one module per concern.
 This module imports none of those that import it back.
@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from pytest_ml4.deploy import processes
 from pytest_ml4.plugin.state import (
     STATE_KEY,
     WI_DEPLOYMENT,
@@ -26,7 +25,8 @@ from pytest_ml4.plugin.state import (
     Ml4State,
     get_state,
 )
-from pytest_ml4.targets import known_targets
+from pytest_ml4.runtime import processes
+from pytest_ml4.target.model import known_targets
 
 pytest_plugins = [
     "pytest_ml4.plugin.options",
@@ -38,7 +38,7 @@ pytest_plugins = [
     "pytest_ml4.plugin.accuracy",
     "pytest_ml4.plugin.args",
     "pytest_ml4.plugin.breaker",
-    "pytest_ml4.plugin.guard",
+    "pytest_ml4.plugin.deadlines",
     "pytest_ml4.plugin.logs",
     "pytest_ml4.plugin.perf",
     "pytest_ml4.plugin.preflight",

@@ -1,4 +1,4 @@
-"""pytest glue for :mod:`pytest_ml4.access`: the accesses the selected suites need, in the session header, and a
+"""pytest glue for :mod:`pytest_ml4.target.access`: the accesses the selected suites need, in the session header, and a
 check whose suite needs a missing access ends not judged at setup, before any request.
 
 The header probes (2 s to connect; not under ``--collect-only``); the setup decision reads only set or missing, so
@@ -11,7 +11,9 @@ import os
 
 import pytest
 
-from pytest_ml4.access import (
+from pytest_ml4.checks.verdict import NOT_JUDGED_PREFIX
+from pytest_ml4.plugin.state import STATE_KEY
+from pytest_ml4.target.access import (
     Access,
     MissingField,
     blocking,
@@ -19,8 +21,6 @@ from pytest_ml4.access import (
     needs_table,
     survey,
 )
-from pytest_ml4.checks.verdict import NOT_JUDGED_PREFIX
-from pytest_ml4.plugin.state import STATE_KEY
 
 _SET_OR_MISSING = pytest.StashKey[list[Access]]()
 _MISSING_FIELDS = pytest.StashKey[list[MissingField]]()

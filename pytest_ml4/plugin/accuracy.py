@@ -15,9 +15,6 @@ from typing import Any
 
 import pytest
 
-from pytest_ml4.client import Endpoint
-from pytest_ml4.logs import LogReadError, LogReader
-from pytest_ml4.logs.events import LogView
 from pytest_ml4.accuracy.bfcl import CategoryError, resolve_categories
 from pytest_ml4.accuracy.gate import (
     AccuracyBaseline,
@@ -31,7 +28,14 @@ from pytest_ml4.accuracy.gate import (
     summarize,
 )
 from pytest_ml4.accuracy.score import ItemResult
-from pytest_ml4.baselines import (
+from pytest_ml4.client.endpoint import Endpoint
+from pytest_ml4.logs import LogReader, LogReadError
+from pytest_ml4.logs.events import LogView
+from pytest_ml4.plugin.option_group import group as ml4_group
+from pytest_ml4.plugin.option_group import opt
+from pytest_ml4.plugin.record import recording
+from pytest_ml4.plugin.state import simulator_answers
+from pytest_ml4.target.baselines import (
     BaselineRefused,
     default_baseline,
     deployment_provenance,
@@ -39,11 +43,7 @@ from pytest_ml4.baselines import (
     record_command,
     recording_path,
 )
-from pytest_ml4.plugin.record import recording
-from pytest_ml4.plugin.state import simulator_answers
-from pytest_ml4.targets import Target
-from pytest_ml4.plugin.option_group import group as ml4_group
-from pytest_ml4.plugin.option_group import opt
+from pytest_ml4.target.model import Target
 
 SUMMARY_FILE = "accuracy-summary.json"
 #: How a deployment's accuracy baseline is recorded (named by the gate when it cannot judge without one).
@@ -184,8 +184,8 @@ def run_accuracy(config: pytest.Config, target: Target, declared: Target, endpoi
     """Guard, sample, drive, score, compare; the summary file is written whatever the outcome."""
     from pytest_ml4.accuracy import bfcl
     from pytest_ml4.accuracy.data import load_dataset
-    from pytest_ml4.accuracy.guard import engine_config_unread, synthetic_acceptance
     from pytest_ml4.accuracy.runner import RunSettings, run_items
+    from pytest_ml4.accuracy.synthetic import engine_config_unread, synthetic_acceptance
 
     opts = options(config, target.name)
     run = AccuracyRun(opts)
@@ -228,7 +228,7 @@ def ml4_accuracy(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: 
                  ml4_run_dir: Path, request: pytest.FixtureRequest) -> AccuracyRun:
     from pytest_ml4.plugin.perf import progress_writer
     from pytest_ml4.plugin.state import get_state
-    from pytest_ml4.tools import ToolMissing
+    from pytest_ml4.runtime.installed import ToolMissing
 
     declared = get_state(pytestconfig).declared_target or ml4_target
     try:

@@ -1,4 +1,4 @@
-"""pytest glue for :mod:`pytest_ml4.breaker`: checks not started after the endpoint was judged gone are not judged.
+"""pytest glue for :mod:`pytest_ml4.client.breaker`: checks not started after the endpoint was judged gone are not judged.
 
 * Before each check (setup, before any fixture sends a request): once the breaker is tripped, by this process or
   another xdist worker (the run folder's ``.endpoint-breaker.json``), the check ends not judged naming the first
@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_ml4.breaker import EndpointHealth
 from pytest_ml4.checks.verdict import NOT_JUDGED_PREFIX, NotJudged
+from pytest_ml4.client.breaker import EndpointHealth
 from pytest_ml4.locations import data_file
 from pytest_ml4.plugin.state import STATE_KEY
 

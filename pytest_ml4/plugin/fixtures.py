@@ -1,6 +1,6 @@
 """The core fixtures: the target, the run folder, the faults, the ``--sim`` engine and the endpoint with its clients.
 
-The deployment itself is ``deploy/``'s (:mod:`pytest_ml4.deploy.embedded`): these fixtures ask the session state
+The deployment itself is ``deploy/``'s (:mod:`pytest_ml4_sim.deploy.embedded`): these fixtures ask the session state
 for it and know none of its kinds.
 """
 
@@ -12,14 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_ml4.deploy.launcher import Engine
 from pytest_ml4.plugin.state import get_state
-from pytest_ml4.targets import Target, known_targets
+from pytest_ml4.target.model import Target, known_targets
 
 if TYPE_CHECKING:  # openai and httpx load only when a test asks for an endpoint (collection stays fast)
     import httpx
+    from pytest_ml4_sim.deploy.launcher import (
+        Engine,  # the harness: imported only under --sim
+    )
 
-    from pytest_ml4.client import Endpoint
+    from pytest_ml4.client.endpoint import Endpoint
 
 
 @pytest.fixture(scope="session")
@@ -66,7 +68,7 @@ def ml4_endpoint(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Engin
 
 @pytest.fixture(scope="session")
 def openai_client(ml4_endpoint: Endpoint) -> Iterator[Any]:
-    from pytest_ml4.client import make_openai
+    from pytest_ml4.client.endpoint import make_openai
 
     client = make_openai(ml4_endpoint)
     yield client
@@ -76,7 +78,7 @@ def openai_client(ml4_endpoint: Endpoint) -> Iterator[Any]:
 @pytest.fixture
 def async_openai_client(ml4_endpoint: Endpoint) -> Any:
     """Function-scoped: an async client's connections belong to the event loop of the one test using it."""
-    from pytest_ml4.client import make_async_openai
+    from pytest_ml4.client.endpoint import make_async_openai
 
     return make_async_openai(ml4_endpoint)
 
@@ -84,15 +86,15 @@ def async_openai_client(ml4_endpoint: Endpoint) -> Any:
 @pytest.fixture(scope="session")
 def ml4_token_counter(ml4_target: Target, ml4_endpoint: Endpoint) -> Any:
     """Token re-counter for usage checks: the deployment's ``POST /tokenize`` where the stack has one, else the
-    local Tekken (``pytest_ml4.recount``)."""
-    from pytest_ml4.recount import counter_for
+    local Tekken (``pytest_ml4.evidence.recount``)."""
+    from pytest_ml4.evidence.recount import counter_for
 
     return counter_for(ml4_target, ml4_endpoint)
 
 
 @pytest.fixture(scope="session")
 def http_client(ml4_endpoint: Endpoint) -> Iterator[httpx.Client]:
-    from pytest_ml4.client import make_httpx
+    from pytest_ml4.client.endpoint import make_httpx
 
     client = make_httpx(ml4_endpoint)
     yield client

@@ -28,10 +28,10 @@ from pytest_ml4.logs import (
     reader_for_target,
 )
 from pytest_ml4.plugin.option_group import group as ml4_group
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 if TYPE_CHECKING:  # annotations only: the fixtures import what they start lazily
-    from pytest_ml4.deploy.launcher import Engine
+    from pytest_ml4_sim.deploy.launcher import Engine
 
 
 
@@ -139,7 +139,7 @@ def _check_log_file(config: pytest.Config) -> None:
 
 def memory_header(target: Target) -> str:
     """One header line: what the simulator's memory model makes of the target (seed-calibrated or an estimate)."""
-    from pytest_ml4.memory import plan_memory
+    from pytest_ml4.evidence.memory import plan_memory
 
     plan = plan_memory(target.hardware, target.engine, target.topology.tensor_parallel)
     basis = "estimate: no seed measured this hardware/KV dtype" if plan.estimate else "calibrated on seed 000"

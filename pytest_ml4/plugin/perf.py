@@ -18,15 +18,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ml4.baselines import (
-    BaselineRefused,
-    deployment_provenance,
-    package_target,
-    record_command,
-    recording_path,
-    usable_on,
-)
-from pytest_ml4.client import Endpoint
+from pytest_ml4.client.endpoint import Endpoint
 from pytest_ml4.perf.baseline import Baseline, BaselineError, parse_compare_fail
 from pytest_ml4.perf.evaluate import (
     SweepOutputs,
@@ -53,8 +45,16 @@ from pytest_ml4.perf.workloads import (
 from pytest_ml4.plugin.option_group import group as ml4_group
 from pytest_ml4.plugin.option_group import opt
 from pytest_ml4.plugin.record import recording
-from pytest_ml4.targets import Target
-from pytest_ml4.tools import ToolMissing
+from pytest_ml4.runtime.installed import ToolMissing
+from pytest_ml4.target.baselines import (
+    BaselineRefused,
+    deployment_provenance,
+    package_target,
+    record_command,
+    recording_path,
+    usable_on,
+)
+from pytest_ml4.target.model import Target
 
 PROGRESS_FILE = "perf/progress.log"
 
@@ -371,8 +371,8 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def ml4_perf_probes(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint: Endpoint) -> Iterator[Any]:
     """The functional probes beside every load phase (:mod:`pytest_ml4.perf.probes`); None with a share of 0."""
+    from pytest_ml4.evidence.recount import counter_for
     from pytest_ml4.perf.probes import Prober, probe_cycle, probe_settings
-    from pytest_ml4.recount import counter_for
 
     share = probe_share(pytestconfig)
     if share == 0:
@@ -424,11 +424,11 @@ def ml4_perf_kube(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint:
     if ml4_endpoint.api_key and secret is None and not ml4_endpoint.simulated:
         raise pytest.UsageError(f"--perf-kube: target {ml4_target.name} needs an API key; name the Secret holding "
                                 f"it with --perf-kube-secret SECRET/KEY")
-    from pytest_ml4.control.k8s import KubeConfigError, api_client, target_namespace
+    from pytest_ml4.control.k8s_api import KubeConfigError, api_client, target_namespace
 
     namespace = pytestconfig.getoption("ml4_perf_kube_namespace")
     if ml4_endpoint.simulated:
-        from pytest_ml4.deploy.fake_k8s import FakeKubeAPI
+        from pytest_ml4_sim.deploy.fake_k8s import FakeKubeAPI
 
         load = KubeLoad(None, namespace or "ml4-perf", pods, secret or ("ml4-sim", "api-key"))
         with FakeKubeAPI() as fake:

@@ -13,7 +13,7 @@ import pytest
 
 from pytest_ml4.plugin.option_group import group as ml4_group
 from pytest_ml4.preflight.lint import Report, lint_paths
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

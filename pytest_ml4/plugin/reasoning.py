@@ -1,5 +1,5 @@
 """pytest glue for the reasoning-share baseline (``suites/test_reasoning.py``); the core is
-:mod:`pytest_ml4.checks.reasoning` and :mod:`pytest_ml4.baselines`."""
+:mod:`pytest_ml4.checks.reasoning` and :mod:`pytest_ml4.target.baselines`."""
 
 from __future__ import annotations
 
@@ -7,18 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ml4.baselines import (
+from pytest_ml4.checks.reasoning import ShareBaseline, ShareBaselineChoice
+from pytest_ml4.plugin.option_group import group as ml4_group
+from pytest_ml4.plugin.record import recording
+from pytest_ml4.plugin.state import simulator_answers
+from pytest_ml4.target.baselines import (
     BaselineRefused,
     default_baseline,
     pick_baseline,
     record_command,
     recording_path,
 )
-from pytest_ml4.checks.reasoning import ShareBaseline, ShareBaselineChoice
-from pytest_ml4.plugin.option_group import group as ml4_group
-from pytest_ml4.plugin.record import recording
-from pytest_ml4.plugin.state import simulator_answers
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

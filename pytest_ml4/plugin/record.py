@@ -3,7 +3,7 @@
 The selected suites run as a gate; the accuracy, reasoning-share and perf checks (whichever are selected) write
 this deployment's figures with their provenance (target, endpoint host, model, version and image as the target
 declares them, date, the command line) into the team's ``baselines/`` beside its ``targets/``
-(:func:`pytest_ml4.baselines.recording_path`), and pass as "recorded" instead of ending not judged for want of a
+(:func:`pytest_ml4.target.baselines.recording_path`), and pass as "recorded" instead of ending not judged for want of a
 baseline; the next plain run judges against those files. A bundled target (its folder is the installed package) is
 refused before anything runs: the package is never written into. No ini twin: recording is a one-off action, an
 ini line would re-record on every run.
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_ml4.baselines import package_target, recording_path
 from pytest_ml4.plugin.option_group import group as ml4_group
 from pytest_ml4.plugin.state import get_state
+from pytest_ml4.target.baselines import package_target, recording_path
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -520,13 +520,13 @@ def _versions(state: Any) -> dict[str, str]:
         if state.config.getoption("ml4_endpoint"):
             urls.insert(0, state.config.getoption("ml4_endpoint"))
     reported = engine_version(urls) if urls else None
-    from pytest_ml4.dynamo_versions import target_row
+    from pytest_ml4.stacks.dynamo_versions import target_row
 
     row = target_row(target)
     if row is not None:  # the behaviour the suites expect of the target's Dynamo release, and how it is known
         out["dynamo_behaviour"] = row.describe()
     dyn = info.dynamo if info is not None else None
-    if dyn:  # a real dynamo.frontend served the run (pytest_ml4.deploy.dynamo)
+    if dyn:  # a real dynamo.frontend served the run (pytest_ml4_sim.deploy.dynamo)
         out["dynamo_frontend"] = dyn["frontend"]["dynamo_version"]
         out["dynamo_frontend_command"] = " ".join(dyn["frontend"]["command"][1:])
         out["dynamo_bridge"] = "on" if dyn["bridge"] else "off"

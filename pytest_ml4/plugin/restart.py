@@ -1,6 +1,6 @@
 """pytest glue for the restart concern: the restart controller, the LiteLLM proxy in front of the simulator, the
 Kubernetes API (a fake one in ``--sim`` Dynamo runs), and the retry options. The core lives in
-:mod:`pytest_ml4.control`, :mod:`pytest_ml4.deploy.litellm`, :mod:`pytest_ml4.deploy.dynamo` and
+:mod:`pytest_ml4.control`, :mod:`pytest_ml4_sim.deploy.litellm`, :mod:`pytest_ml4_sim.deploy.dynamo` and
 :mod:`pytest_ml4.logs.kubernetes`.
 
 Fixtures (session scope):
@@ -8,10 +8,10 @@ Fixtures (session scope):
 * ``ml4_proxy`` — the real LiteLLM proxy the plugin starts in front of the simulator for targets with
   ``serving.proxy`` under ``--sim`` (None otherwise); ``--ml4-proxy-retries`` / ``--ml4-proxy-max-retries``
   (defined here) choose its retry settings;
-* ``ml4_dynamo_sim`` — the :class:`~pytest_ml4.deploy.dynamo.DynamoSim` of a ``--sim`` Dynamo target (the session's
+* ``ml4_dynamo_sim`` — the :class:`~pytest_ml4_sim.deploy.dynamo.DynamoSim` of a ``--sim`` Dynamo target (the session's
   ``ml4_sim`` when it is one, else one started here);
 * ``ml4_kube_api`` — a ``kubernetes`` ApiClient for Dynamo targets (kubeconfig / ``--ml4-kube-host``; under
-  ``--sim`` the fake API server of ``pytest_ml4/deploy/fake_k8s.py`` serving the DynamoSim's processes as pods);
+  ``--sim`` the fake API server of ``harness/pytest_ml4_sim/deploy/fake_k8s.py`` serving the DynamoSim's processes as pods);
 * ``ml4_kube_namespace``, ``ml4_restart_endpoint`` (where the restart suite sends requests),
   ``ml4_restart_controller`` and ``ml4_restart_logs`` (the engine log reader the post-restart checks use);
 * ``ml4_restart_progress`` — where a restart scenario's progress lines go (phase, elapsed, what it waits for): the
@@ -29,13 +29,14 @@ import pytest
 
 from pytest_ml4.plugin.option_group import group as ml4_group
 from pytest_ml4.plugin.state import get_state as _state
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 if TYPE_CHECKING:  # annotations only: the fixtures import what they start lazily
-    from pytest_ml4.client import Endpoint
-    from pytest_ml4.deploy.dynamo import DynamoSim
-    from pytest_ml4.deploy.embedded import Proxy
-    from pytest_ml4.deploy.launcher import Engine
+    from pytest_ml4_sim.deploy.dynamo import DynamoSim
+    from pytest_ml4_sim.deploy.embedded import Proxy
+    from pytest_ml4_sim.deploy.launcher import Engine
+
+    from pytest_ml4.client.endpoint import Endpoint
 
 
 #: Namespace of the simulated DGD when the target names none in the environment.
@@ -82,16 +83,18 @@ def ml4_proxy(pytestconfig: pytest.Config, ml4_sim: Engine | None) -> Proxy | No
 def ml4_dynamo_sim(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Engine | None,
                    ml4_run_dir: Path) -> Iterator[DynamoSim | None]:
     """The simulated Dynamo deployment of a ``--sim`` Dynamo target, else None."""
-    from pytest_ml4.deploy.dynamo import DynamoSim
-
     if ml4_sim is None or not ml4_target.is_dynamo:
         yield None
         return
+    from pytest_ml4_sim.deploy.dynamo import (
+        DynamoSim,  # under --sim only: the harness is installed
+    )
+
     if isinstance(ml4_sim, DynamoSim):
         yield ml4_sim
         return
     # An xdist worker sees the controller's deployment: it starts Dynamo frontend + workers of its own to restart.
-    from pytest_ml4.deploy.embedded import DeploymentFailed, start_own_dynamo
+    from pytest_ml4_sim.deploy.embedded import DeploymentFailed, start_own_dynamo
 
     log_file = ml4_run_dir / "dynamo" / os.environ.get("PYTEST_XDIST_WORKER", "main") / "engine.log"
     try:
@@ -108,7 +111,7 @@ def ml4_dynamo_sim(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Eng
 def ml4_kube_namespace(ml4_target: Target, ml4_dynamo_sim: DynamoSim | None) -> str | None:
     if not ml4_target.is_dynamo and ml4_target.control.kind != "kubernetes":
         return None
-    from pytest_ml4.control.k8s import KubeConfigError, target_namespace
+    from pytest_ml4.control.k8s_api import KubeConfigError, target_namespace
 
     try:
         return target_namespace(ml4_target)
@@ -125,12 +128,12 @@ def ml4_kube_api(pytestconfig: pytest.Config, ml4_target: Target, ml4_dynamo_sim
     if ml4_kube_namespace is None:
         yield None
         return
-    from pytest_ml4.control.k8s import api_client
+    from pytest_ml4.control.k8s_api import api_client
 
     if ml4_dynamo_sim is None:
         yield api_client(pytestconfig.getoption("ml4_kube_host"))
         return
-    from pytest_ml4.deploy.fake_k8s import (
+    from pytest_ml4_sim.deploy.fake_k8s import (
         serve_dynamo,  # aiohttp: only when a Dynamo run asks for it
     )
 

@@ -11,28 +11,20 @@ import datetime as _dt
 import os
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_ml4.breaker import EndpointHealth
-from pytest_ml4.client import Endpoint
-from pytest_ml4.deploy.embedded import (
-    ENGINES,
-    Deployment,
-    DeploymentFailed,
-    Description,
-    Settings,
-    attach,
-    start,
-)
-from pytest_ml4.deploy.endpoint import EndpointUnusable, endpoint_for
-from pytest_ml4.endpoint_lock import EndpointLock
-from pytest_ml4.guard import Deadlines, parse_deadlines
+from pytest_ml4.client.breaker import EndpointHealth
+from pytest_ml4.client.endpoint import Endpoint
+from pytest_ml4.client.lock import EndpointLock
+from pytest_ml4.client.transport import Deadlines, parse_deadlines
 from pytest_ml4.locations import targets_dir
+from pytest_ml4.plugin.embedded import SIM_ENGINES, harness_module
+from pytest_ml4.plugin.endpoint import EndpointUnusable, endpoint_for
 from pytest_ml4.plugin.option_group import int_opt, opt
 from pytest_ml4.report.redact import redact
-from pytest_ml4.targets import (
+from pytest_ml4.target.model import (
     Target,
     TargetError,
     deep_merge,
@@ -40,6 +32,9 @@ from pytest_ml4.targets import (
     load_target,
     parse_override,
 )
+
+if TYPE_CHECKING:
+    from pytest_ml4_sim.deploy.embedded import Deployment, Description, Settings
 
 STATE_KEY = pytest.StashKey["Ml4State"]()
 
@@ -82,7 +77,7 @@ class Ml4State:
         return self._endpoint_lock
 
     def endpoint_health(self) -> EndpointHealth:
-        """The run's breaker (``pytest_ml4.breaker``), shared by every process through the run folder."""
+        """The run's breaker (``pytest_ml4.client.breaker``), shared by every process through the run folder."""
         if self._endpoint_health is None:
             self._endpoint_health = EndpointHealth.in_folder(self.ensure_run_dir())
         return self._endpoint_health
@@ -104,10 +99,9 @@ class Ml4State:
             raise pytest.UsageError("--sim and --endpoint exclude each other: the simulator is the endpoint")
         self.sim_engine = _sim_engine(config, self.use_sim, self.faults)
         if self.sim_engine == "vllm":
-            from pytest_ml4.deploy.real_vllm import tiny_overrides
-
             # What the tiny CPU deployment really is; --ml4-set still goes on top.
-            self.overrides = deep_merge(self.overrides, tiny_overrides())
+            tiny = harness_module("deploy.real_vllm", "--sim-engine vllm").tiny_overrides()
+            self.overrides = deep_merge(self.overrides, tiny)
         if self.use_sim:
             from pytest_ml4.control.budget import deployment_start_overrides
 
@@ -135,7 +129,7 @@ class Ml4State:
         self.declared_target = self.target
         if self.sim_engine == "vllm" and self.target is not None and self.target.is_dynamo:
             # Real dynamo.vllm workers run the vLLM ai-dynamo 1.6.1 pins, not rtxpro6000-tp8's.
-            from pytest_ml4.tools import DYNAMO_VLLM_ENGINE_VERSION
+            from pytest_ml4.runtime.installed import DYNAMO_VLLM_ENGINE_VERSION
 
             self.overrides = deep_merge(self.overrides, {"engine": {"version": DYNAMO_VLLM_ENGINE_VERSION}})
             self.target = load_target(self.target.path or self.target.name, overrides=self.overrides)
@@ -146,7 +140,8 @@ class Ml4State:
         if wi and wi.get(WI_RUN_DIR):
             self.run_dir = Path(wi[WI_RUN_DIR])
             if wi.get(WI_DEPLOYMENT):
-                self.deployment = attach(Description.from_wire(wi[WI_DEPLOYMENT]))
+                embedded = harness_module("deploy.embedded")
+                self.deployment = embedded.attach(embedded.Description.from_wire(wi[WI_DEPLOYMENT]))
         return self
 
     @property
@@ -159,7 +154,7 @@ class Ml4State:
         timeout = self.config.getoption("ml4_sim_timeout")
         if timeout is None and self.sim_engine == "sim":  # the ini's 60 s is the simulator's, not real vLLM's
             timeout = opt(self.config, "ml4_sim_timeout", "ml4_sim_start_timeout")
-        return Settings(faults=self.faults, overrides=self.overrides or None, engine=self.sim_engine,
+        return harness_module("deploy.embedded").Settings(faults=self.faults, overrides=self.overrides or None, engine=self.sim_engine,
                         dynamo_bridge=self.dynamo_bridge, start_timeout_s=float(timeout) if timeout else None,
                         proxy_retries=int_opt(self.config, "ml4_proxy_retries"),
                         proxy_max_retries=int_opt(self.config, "ml4_proxy_max_retries"))
@@ -168,9 +163,10 @@ class Ml4State:
         """Start the --sim deployment once (controller); a key a process logged never reaches the console."""
         if self.deployment is None:
             assert self.target is not None
+            embedded = harness_module("deploy.embedded")
             try:
-                self.deployment = start(self.target, self.ensure_run_dir(), self.settings())
-            except DeploymentFailed as err:
+                self.deployment = embedded.start(self.target, self.ensure_run_dir(), self.settings())
+            except embedded.DeploymentFailed as err:
                 raise pytest.UsageError(redact(str(err))) from None
         return self.deployment
 
@@ -224,8 +220,6 @@ class Ml4State:
 def _dynamo_bridge(config: pytest.Config, state: Ml4State) -> bool:
     """The bridge setting; turned off under --sim it makes the target describe public Dynamo 1.6.1 (through the
     normal override path, so xdist workers and the simulator's workers see the same target)."""
-    from pytest_ml4.sim.dynamo_bridge import PUBLIC_VERSION
-
     bridge = opt(config, "ml4_dynamo_bridge", "ml4_dynamo_bridge")
     if config.getoption("ml4_dynamo_bridge") is None or bridge:
         return True if bridge is None else bool(bridge)
@@ -235,15 +229,16 @@ def _dynamo_bridge(config: pytest.Config, state: Ml4State) -> bool:
         raise pytest.UsageError(f"--ml4-no-dynamo-bridge: target {state.target.name} is not served by Dynamo "
                                 f"({state.target.serving.stack})")
     if state.target is not None:
-        state.overrides = deep_merge(state.overrides, {"serving": {"dynamo_version": PUBLIC_VERSION}})
+        public = harness_module("sim.dynamo_bridge", "--ml4-no-dynamo-bridge").PUBLIC_VERSION
+        state.overrides = deep_merge(state.overrides, {"serving": {"dynamo_version": public}})
         state.target = load_target(state.target.path or state.target.name, overrides=state.overrides)
     return False
 
 
 def _sim_engine(config: pytest.Config, use_sim: bool, faults: tuple[str, ...]) -> str:
     engine = str(opt(config, "ml4_sim_engine", "ml4_sim_engine") or "sim")
-    if engine not in ENGINES:
-        raise pytest.UsageError(f"ml4_sim_engine = {engine!r}: choose one of {', '.join(ENGINES)}")
+    if engine not in SIM_ENGINES:
+        raise pytest.UsageError(f"ml4_sim_engine = {engine!r}: choose one of {', '.join(SIM_ENGINES)}")
     if engine == "vllm" and not use_sim:
         raise pytest.UsageError("--sim-engine vllm needs --sim (it replaces the simulator behind --sim)")
     if engine == "vllm" and faults:
@@ -253,7 +248,7 @@ def _sim_engine(config: pytest.Config, use_sim: bool, faults: tuple[str, ...]) -
 
 
 def _check_simulable(target: Target) -> None:
-    from pytest_ml4.hardware import simulation_refusal
+    from pytest_ml4.target.hardware import simulation_refusal
 
     refusal = simulation_refusal(target.hardware)
     if refusal:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import yaml
 
-from pytest_ml4.hardware import has_memory_model, no_memory_calibration
 from pytest_ml4.locations import data_file
 from pytest_ml4.preflight.model import (
     DgdDocument,
@@ -24,7 +23,8 @@ from pytest_ml4.preflight.model import (
     Rule,
     VllmLaunch,
 )
-from pytest_ml4.targets import known_targets
+from pytest_ml4.target.hardware import has_memory_model, no_memory_calibration
+from pytest_ml4.target.model import known_targets
 
 NEEDS_FILE = data_file("preflight", "rule_needs.yaml")
 

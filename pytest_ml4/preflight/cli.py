@@ -19,7 +19,7 @@ from pytest_ml4.preflight.applied import grouped
 from pytest_ml4.preflight.lint import lint_paths
 from pytest_ml4.preflight.model import Severity, relpath
 from pytest_ml4.preflight.rules import RULES
-from pytest_ml4.targets import TargetError, load_target
+from pytest_ml4.target.model import TargetError, load_target
 
 _ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _access(target_name: str | None, suites: str | None) -> int:
-    """``--access``: one line per access, then which suites cannot be judged (pytest_ml4/access.py)."""
-    from pytest_ml4.access import blocking, needs_table, survey
+    """``--access``: one line per access, then which suites cannot be judged (pytest_ml4/target/access.py)."""
+    from pytest_ml4.target.access import blocking, needs_table, survey
 
     if not target_name:
         print("ml4-preflight: --access needs --target NAME", file=sys.stderr)

@@ -9,7 +9,7 @@ from pytest_ml4.preflight.applied import NotApplied, not_applied
 from pytest_ml4.preflight.loader import load_paths
 from pytest_ml4.preflight.model import Document, Finding, LintContext, Rule, Severity
 from pytest_ml4.preflight.rules import RULES
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 
 @dataclass

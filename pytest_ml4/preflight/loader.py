@@ -21,7 +21,7 @@ from pytest_ml4.preflight.parsers import (
     parse_systemd_unit,
     parse_yaml,
 )
-from pytest_ml4.targets import Target, TargetError, known_targets, load_target
+from pytest_ml4.target.model import Target, TargetError, known_targets, load_target
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".service", ".sh", ".bash", ".cmd", ".conf")
 

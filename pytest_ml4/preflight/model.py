@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_ml4.targets import Engine, Hardware, Target
+from pytest_ml4.target.model import Engine, Hardware, Target
 
 
 class Severity(str, enum.Enum):

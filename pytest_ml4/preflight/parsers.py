@@ -19,7 +19,6 @@ from typing import Any
 
 import yaml
 
-from pytest_ml4.hardware import family_of_product
 from pytest_ml4.preflight.args import parse_flags
 from pytest_ml4.preflight.model import (
     UNKNOWN_HARDWARE,
@@ -43,6 +42,7 @@ from pytest_ml4.preflight.shell import (
     parse_script,
     split_words,
 )
+from pytest_ml4.target.hardware import family_of_product
 
 #: Annotation a DGD / Job carries when it is a pure performance run (synthetic acceptance allowed there).
 RUN_PURPOSE_ANNOTATION = "pytest-ml4/run-purpose"

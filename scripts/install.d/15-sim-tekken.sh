@@ -5,4 +5,4 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")/../.." && pwd)"
 export ML4_TOOLS="${ML4_TOOLS:-$HOME/.cache/pytest-ml4}"
-"$here/.venv/bin/python" -m pytest_ml4.tokenizer >/dev/null
+"$here/.venv/bin/python" -m pytest_ml4.evidence.tokenizer >/dev/null

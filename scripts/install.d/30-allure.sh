@@ -4,7 +4,7 @@
 #     then runs fully offline (tooling.md §1.1, §1.3);
 #   * Java (Debian default-jre-headless) when no `java` is on PATH — the Allure 2 CLI is a JVM program;
 #   * Debian `chromium` when missing — tests/test_allure_html.py renders the report headless (tooling.md §4).
-# pytest_ml4/tools.py finds these again from the same $ML4_TOOLS layout.
+# pytest_ml4/runtime/installed.py finds these again from the same $ML4_TOOLS layout.
 set -euo pipefail
 ALLURE_VERSION="${ML4_ALLURE_VERSION:-2.46.1}"
 ML4_TOOLS="${ML4_TOOLS:-$HOME/.cache/pytest-ml4}"

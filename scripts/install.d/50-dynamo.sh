@@ -5,7 +5,7 @@
 # Recipe: shared/reference/real-dynamo.md "Install": `ai-dynamo` depends on `aisimulate`, a placeholder sdist that
 # cannot install here, so both Dynamo wheels go in with --no-deps and their run-time deps are listed by hand.
 # Why its own venv: Dynamo pins kubernetes<33 and transformers, which clash with the project's venv.
-# The embedded worker (pytest_ml4/sim/dynamo_worker.py) imports the project's simulated engine: the checkout is
+# The embedded worker (harness/pytest_ml4_sim/sim/dynamo_worker.py) imports the project's simulated engine: the checkout is
 # put on PYTHONPATH when the worker is launched (no copy of the project lives here, so the worker always runs the
 # checkout's code); this venv only adds the engine's own deps (pyyaml, mistral-common, prometheus-client).
 # Idempotent: a stamp file marks a finished install, so a second run returns at once. Nothing is fetched at run time.
@@ -27,7 +27,7 @@ ml4_pip "$venv" 'pydantic>=2.10.6,<=2.13.5' 'uvloop>=0.21.0' 'aiohttp>=3.14.3,<4
   'pyyaml>=6' 'mistral-common>=1.13,<2'
 # The HF tokenizer.json model dir, converted offline from the Tekken file the simulator already provisions
 # (15-sim-tekken.sh writes it under $ML4_TOOLS/sim).
-PYTHONPATH="$here" "$venv/bin/python" -m pytest_ml4.deploy.dynamo_model "$dest/model"
+PYTHONPATH="$here:$here/harness" "$venv/bin/python" -m pytest_ml4_sim.deploy.dynamo_model "$dest/model"
 # Check the frontend and the worker runtime import with the offline environment.
 HF_HUB_OFFLINE=1 "$venv/bin/python" -c "import dynamo.frontend, dynamo.llm, dynamo.runtime" >/dev/null
 touch "$stamp"

@@ -24,7 +24,7 @@ patchfile="$here/fixtures/dynamo_vllm/torchvision-cpu.patch"
 venv_key="$(sha1sum "$lock" | cut -c1-12)"
 [ -f "$front/tokenizer.json" ] || bash "$here/scripts/install.d/50-dynamo.sh"
 model_key="$(cat "$here/pytest_ml4/data/vllm/tiny_model.yaml" "$here/pytest_ml4/data/vllm/versions.yaml" \
-  "$here/pytest_ml4/tokenizer.py" "$here/pytest_ml4/realdynamo/model.py" "$front/chat_template.jinja" \
+  "$here/pytest_ml4/evidence/tokenizer.py" "$here/harness/pytest_ml4_sim/realdynamo/model.py" "$front/chat_template.jinja" \
   | sha1sum | cut -c1-12)"
 model_stamp="$dest/model/.ml4-model-$model_key"
 ml4_stamp_ok "$stamp" -x "$venv/bin/python" -f "$venv/.ml4-lock-$venv_key" -f "$model_stamp" && exit 0
@@ -41,7 +41,7 @@ fi
 meta="$("$venv/bin/python" -c 'import importlib.util as u; print(u.find_spec("torchvision").submodule_search_locations[0])')/_meta_registrations.py"
 grep -q 'dynvllm:' "$meta" || patch --normal -s "$meta" < "$patchfile"
 rm -f "$dest"/model/.ml4-model-*
-PYTHONPATH="$here" "$venv/bin/python" -m pytest_ml4.realdynamo.model "$dest/model" "$front" >/dev/null
+PYTHONPATH="$here:$here/harness" "$venv/bin/python" -m pytest_ml4_sim.realdynamo.model "$dest/model" "$front" >/dev/null
 touch "$model_stamp"
 # The worker, the frontend and nixl import with the offline environment the launcher gives them.
 HF_HUB_OFFLINE=1 VLLM_TARGET_DEVICE=cpu "$venv/bin/python" -c \

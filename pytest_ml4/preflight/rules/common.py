@@ -13,7 +13,7 @@ from pytest_ml4.preflight.model import (
     LintContext,
     VllmLaunch,
 )
-from pytest_ml4.targets import Engine
+from pytest_ml4.target.model import Engine
 
 #: vLLM's default --gpu-memory-utilization since 0.22 (reference vllm.md §8: "0.9 (<= 0.19) -> 0.92 (0.22+)").
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92

@@ -15,8 +15,8 @@ from pytest_ml4.preflight.model import (
     PerfRun,
     Severity,
 )
-from pytest_ml4.preflight.rules.registry import RULES, rule
 from pytest_ml4.preflight.rules.common import engine_sites, truthy
+from pytest_ml4.preflight.rules.registry import RULES, rule
 
 DGD = ("dgd",)
 _PD_CAPABLE = {"NixlConnector"}  # the PD-capable child Dynamo requires exactly one of (dynamo.md §8)
@@ -309,7 +309,7 @@ def _mistral_parser_sites(doc: DgdDocument) -> list[str]:
       "request 404, empty body') and real-dynamo-1.6.1-transcripts/python-worker/31_v2_*; seeds/002 'the frontend "
       "sets DYN_PARSER_VERSION=2'; the version from the frontend container's image tag", DGD)
 def check_parser_v2_served(ctx: LintContext) -> Iterator[Finding]:
-    from pytest_ml4.dynamo_versions import behaviour, image_version
+    from pytest_ml4.stacks.dynamo_versions import behaviour, image_version
 
     r = RULES["dynamo-parser-v2-unserved"]
     for doc in ctx.of(DgdDocument):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pytest_ml4.memory import MemoryPlan, plan_memory
+from pytest_ml4.evidence.memory import MemoryPlan, plan_memory
 from pytest_ml4.preflight.model import Finding, LintContext, Severity, VllmLaunch
-from pytest_ml4.preflight.rules.registry import RULES, rule
 from pytest_ml4.preflight.rules.common import EngineSite, engine_sites, truthy
+from pytest_ml4.preflight.rules.registry import RULES, rule
 
 ANY = ("vllm", "dgd", "litellm", "perf")
 ENGINES = ("vllm", "dgd")
@@ -37,7 +37,7 @@ def check_parse(ctx: LintContext) -> Iterator[Finding]:
       "use the stable unit's --gpu-memory-utilization 0.97 --max-num-batched-tokens 4096 (about 3 GiB headroom)",
       "seeds/000 'The crash: 792 MiB MoE workspace': crashing config --gpu-memory-utilization 0.98-0.983 "
       "--max-num-batched-tokens 8192; 'Tried to allocate 792.00 MiB ... of which 751.25 MiB is free'; also "
-      "pytest_ml4.memory.plan_memory outcome oom_first_step", ENGINES)
+      "pytest_ml4.evidence.memory.plan_memory outcome oom_first_step", ENGINES)
 def check_moe_oom(ctx: LintContext) -> Iterator[Finding]:
     r = RULES["rtx-moe-workspace-oom"]
     for site in engine_sites(ctx):
@@ -88,7 +88,7 @@ def _plan(site: EngineSite) -> MemoryPlan | None:
       "lower --max-model-len to the predicted pool (or free memory: fewer batched tokens, more GPUs)",
       "seeds/000: 'the KV pool is sized from whatever memory is left' (272,636 tokens at max_model_len 204800) "
       "and open item 1 'verify GPU KV cache size >= 256,000 tokens'; vllm.md §9 too-short message; "
-      "pytest_ml4.memory.plan_memory", ENGINES)
+      "pytest_ml4.evidence.memory.plan_memory", ENGINES)
 def check_kv_pool(ctx: LintContext) -> Iterator[Finding]:
     r = RULES["kv-pool-below-max-model-len"]
     for site in engine_sites(ctx):

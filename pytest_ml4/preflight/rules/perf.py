@@ -13,8 +13,8 @@ from pytest_ml4.preflight.model import (
     PerfRun,
     Severity,
 )
-from pytest_ml4.preflight.rules.registry import RULES, rule
 from pytest_ml4.preflight.rules.common import truthy
+from pytest_ml4.preflight.rules.registry import RULES, rule
 from pytest_ml4.preflight.shell import is_run_unique
 
 PERF = ("perf",)

@@ -14,11 +14,11 @@ from pytest_ml4.preflight.model import (
     Severity,
     VllmLaunch,
 )
-from pytest_ml4.preflight.rules.registry import RULES, rule
 from pytest_ml4.preflight.rules.common import EngineSite, engine_sites
 from pytest_ml4.preflight.rules.engine import synthetic_keys
+from pytest_ml4.preflight.rules.registry import RULES, rule
 from pytest_ml4.preflight.shell import expand_vars
-from pytest_ml4.targets import Target
+from pytest_ml4.target.model import Target
 
 
 def engine_drift(site: EngineSite) -> list[str]:

@@ -1,0 +1,233 @@
+"""The KV checks' short load and the engines' /metrics it reads: what the KV verdicts (``checks/kv.py``) judge.
+
+:func:`run_load` sends concurrent requests, one with a prompt over ``max_num_batched_tokens`` (a full step: where
+seed 000's crashing config died), while a poller thread keeps the peak of ``vllm:kv_cache_usage_perc``; the
+spec-decode counters are read before and after. :class:`EngineMetrics` says where the ``vllm:*`` families are: the
+engine's own /metrics, or on Dynamo every worker's (``Endpoint.worker_metrics_urls``). The load's sizes and
+pacing are in ``fixtures/kv/load.yaml``. Nothing here needs pytest.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import yaml
+
+from pytest_ml4.client.endpoint import Endpoint
+from pytest_ml4.evidence.metrics import MetricsError, MetricsSnapshot, scrape
+from pytest_ml4.locations import data_file
+from pytest_ml4.logs import LogReader, LogView, StatsLine
+from pytest_ml4.target.model import Target
+
+LOAD_FILE = data_file("kv", "load.yaml")
+
+
+@functools.cache
+def load_settings() -> dict[str, Any]:
+    """The load's sizes and pacing (``fixtures/kv/load.yaml``)."""
+    return yaml.safe_load(LOAD_FILE.read_text())
+
+
+@dataclass(frozen=True)
+class SpecCounts:
+    """Speculative-decoding counters over a window (from /metrics deltas)."""
+
+    drafts: float
+    accepted: float
+    accepted_per_pos: tuple[float, ...]
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1.0 + self.accepted / self.drafts if self.drafts else 0.0
+
+    @property
+    def per_position(self) -> tuple[float, ...]:
+        return tuple(a / self.drafts for a in self.accepted_per_pos) if self.drafts else ()
+
+
+@dataclass
+class LoadResult:
+    """What the short load saw: request outcomes, the KV usage gauge's peak and the spec-decode counter deltas."""
+
+    started: float
+    requests: int = 0
+    completed: int = 0
+    errors: list[str] = field(default_factory=list)
+    metric_peak_pct: float | None = None
+    metrics_error: str | None = None
+    spec: SpecCounts | None = None
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.errors)
+
+    def note(self) -> str:
+        """A line for a verdict's message: how many requests completed and the first error."""
+        note = f"\nload: {self.completed}/{self.requests} requests completed"
+        if self.errors:
+            note += f"; first error: {self.errors[0]}"
+        return note
+
+
+def _scrape(url: str) -> MetricsSnapshot | None:
+    try:
+        return scrape(url, timeout=5.0)
+    except MetricsError:
+        return None
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    """Where the engines' ``vllm:*`` families are: the engine's own /metrics (vLLM, or behind a proxy the target's
+    metrics URL), or on Dynamo every worker's system-port /metrics (the frontend's has only ``dynamo_*``)."""
+
+    urls: tuple[str, ...]
+    #: The agg/decode workers' URLs: the role ``engine`` describes (cache config is per role).
+    engine_urls: tuple[str, ...]
+    #: Why there are none (names the target field to set), or None.
+    missing: str | None = None
+
+    @classmethod
+    def of(cls, endpoint: Endpoint, target: Target) -> EngineMetrics:
+        if not target.is_dynamo:
+            url = endpoint.effective_metrics_url
+            return cls((url,), (url,))
+        by_role = endpoint.worker_metrics_urls
+        engine_urls = tuple(u for role in ("worker", "decode") for u in by_role.get(role, ()))
+        urls = endpoint.all_worker_metrics_urls()
+        if urls:
+            return cls(urls, engine_urls)
+        variables = ", ".join(f"{r}: {v}" for r, v in target.endpoint.worker_metrics_url_env.items()) or "none"
+        return cls((), (), f"the vllm:* cross-check needs the Dynamo workers' /metrics and no worker metrics URL is "
+                           f"known: set the variables of endpoint.worker_metrics_url_env ({variables}) of target "
+                           f"{target.name} (the frontend's /metrics has no vllm:* families)")
+
+    def snapshots(self, urls: tuple[str, ...] | None = None) -> list[MetricsSnapshot | None]:
+        return [_scrape(u) for u in (self.urls if urls is None else urls)]
+
+
+@dataclass
+class MetricsRead:
+    """Scrapes of several /metrics URLs: a snapshot per URL (None where unreadable) and why each failed."""
+
+    snapshots: list[MetricsSnapshot | None]
+    errors: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, urls: tuple[str, ...]) -> MetricsRead:
+        read = cls([])
+        for url in urls:
+            try:
+                read.snapshots.append(scrape(url, timeout=5.0))
+            except MetricsError as err:
+                read.snapshots.append(None)
+                read.errors.append(f"cannot read the engine's metrics at {url}: {err}")
+        return read
+
+    def cache_info(self) -> dict[str, str] | None:
+        """The labels of the first ``vllm:cache_config_info`` sample (None when no engine exposes it)."""
+        samples = next((snap.samples("vllm:cache_config_info") for snap in self.snapshots
+                        if snap and snap.samples("vllm:cache_config_info")), [])
+        return dict(samples[0].labels) if samples else None
+
+
+def _spec_delta(before: list[MetricsSnapshot | None], after: list[MetricsSnapshot | None],
+                k: int) -> SpecCounts | None:
+    """The spec-decode counters' increase summed over every engine (None when one of them could not be read)."""
+    if not k or not before or any(s is None for s in before + after):
+        return None
+
+    def delta(name: str, **labels: str) -> float:
+        return sum(a.sum(name, **labels) - b.sum(name, **labels) for a, b in zip(after, before))  # type: ignore[union-attr]
+
+    drafts = delta("vllm:spec_decode_num_drafts_total")
+    if drafts <= 0:
+        return None
+    return SpecCounts(drafts, delta("vllm:spec_decode_num_accepted_tokens_total"),
+                      tuple(delta("vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(i))
+                            for i in range(k)))
+
+
+def _prompt(i: int, tokens: int) -> str:
+    load = load_settings()
+    paragraph = " ".join(str(load["paragraph"]).split())
+    want = tokens * int(load["chars_per_token"])
+    body = (paragraph + " ") * (want // (len(paragraph) + 1) + 1)
+    return f"Request {i} of the KV check. " + body[:want]
+
+
+def _poll_usage(urls: tuple[str, ...], stop: threading.Event, result: LoadResult) -> None:
+    """Peak of vllm:kv_cache_usage_perc (0..1, max over engines and workers) while the load runs."""
+    while not stop.is_set():
+        for url in urls:
+            snap = _scrape(url)
+            if snap is None:
+                result.metrics_error = result.metrics_error or f"cannot read the engine's metrics at {url}"
+                continue
+            values = [s.value for s in snap.samples("vllm:kv_cache_usage_perc")]
+            if not values:
+                # A /metrics that answers without the gauge (on Dynamo: the worker's engine-metrics callback
+                # failed and the runtime served its own families only) is as unreadable as a 500.
+                result.metrics_error = result.metrics_error or (
+                    f"the engine's metrics at {url} carry no vllm:kv_cache_usage_perc")
+            else:
+                peak = max(values) * 100
+                result.metric_peak_pct = max(peak, result.metric_peak_pct or 0.0)
+        stop.wait(float(load_settings()["metrics_poll_s"]))
+
+
+def _one_request(http: httpx.Client, model: str, prompt: str) -> str | None:
+    load = load_settings()
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}],
+            # min_tokens: the answer would end at its EOS after ~30 tokens, too few drafts to judge acceptance.
+            "max_tokens": int(load["max_tokens"]), "min_tokens": int(load["max_tokens"]), "temperature": 0.0}
+    try:
+        resp = http.post("chat/completions", json=body, timeout=float(load["request_timeout_s"]))
+    except httpx.HTTPError as err:
+        return f"{type(err).__name__}: {err}"
+    if resp.status_code != 200:
+        return f"HTTP {resp.status_code}: {resp.text[:300]}"
+    return None
+
+
+def run_load(http: httpx.Client, endpoint: Endpoint, target: Target) -> LoadResult:
+    """Concurrent requests, one with a prompt over ``max_num_batched_tokens`` (a full step); polls /metrics."""
+    load, eng = load_settings(), target.engine
+    n = max(1, min(int(load["concurrency"]), eng.max_num_seqs))
+    large = min(int(load["max_prompt_tokens"]), eng.max_model_len // 2,
+                int(eng.max_num_batched_tokens * float(load["large_prompt_steps"])))
+    sizes = [large] + [min(int(load["small_prompt_tokens"]), large)] * (n - 1)
+    result = LoadResult(started=time.time(), requests=n)
+    metrics = EngineMetrics.of(endpoint, target)
+    before = metrics.snapshots()
+    stop = threading.Event()
+    poller = threading.Thread(target=_poll_usage, args=(metrics.urls, stop, result), daemon=True)
+    poller.start()
+    try:
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            outcomes = list(pool.map(lambda i: _one_request(http, endpoint.model, _prompt(i, sizes[i])), range(n)))
+    finally:
+        stop.set()
+        poller.join(timeout=10)
+    result.errors = [o for o in outcomes if o]
+    result.completed = n - len(result.errors)
+    k = eng.speculative.num_speculative_tokens if eng.speculative else 0
+    result.spec = _spec_delta(before, metrics.snapshots(), k)
+    return result
+
+
+def wait_for_stats_line(logs: LogReader, since: float) -> None:
+    """vLLM logs its stats every 10 s once there was traffic; wait for the one covering the load."""
+    deadline = time.monotonic() + float(load_settings()["stats_wait_s"])
+    while time.monotonic() < deadline:
+        # Only the lines since the load: cheap over ssh, and enough to see the stats line or the engine's death.
+        view = LogView(logs.read(since=since - 1), logs.describe())
+        if view.failures() or view.all(StatsLine):
+            return
+        time.sleep(0.5)
