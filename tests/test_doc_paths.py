@@ -80,7 +80,7 @@ def exists(reference: str, base: Path) -> bool:
     for candidate in expand_braces(re.sub(r"<[^<>]*>", "*", reference)):
         for folder in (REPO, base):
             pattern = str(folder / candidate)
-            if ("*" in candidate and glob.glob(pattern)) or Path(pattern).exists():
+            if ("*" in candidate and glob.glob(pattern, recursive=True)) or Path(pattern).exists():
                 return True
     return False
 
