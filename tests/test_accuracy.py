@@ -48,7 +48,7 @@ def test_drop_z_hand_values() -> None:
 
 
 def test_items_needed_for_a_5_point_drop() -> None:
-    # (1.6449*sqrt(2*.875*.125) + 0.8416*sqrt(.09 + .1275))^2 / .05^2 = 539.9 (ARCHITECTURE.md, BFCL decision).
+    # (1.6449*sqrt(2*.875*.125) + 0.8416*sqrt(.09 + .1275))^2 / .05^2 = 539.9 (docs/decisions/accuracy.md, BFCL).
     assert items_needed(0.90, 0.05) == 540
     assert items_needed(0.50, 0.05) > items_needed(0.90, 0.05)
 
@@ -173,8 +173,8 @@ def _run(pytester: pytest.Pytester, reports: Path, *extra: str) -> pytest.RunRes
 
 
 def _drops_by_the_documented_rule(acc: dict[str, Any]) -> set[str]:
-    """The categories ARCHITECTURE's "BFCL accuracy" rule calls a drop, from the summary's raw counts: more than
-    the tolerance lost AND a one-sided pooled two-proportion z-test below alpha (stdlib NormalDist)."""
+    """The categories the "BFCL accuracy" decision (docs/decisions/accuracy.md) calls a drop, from the summary's raw
+    counts: more than the tolerance lost AND a one-sided pooled two-proportion z-test below alpha (stdlib NormalDist)."""
     tolerance, alpha = acc["settings"]["tolerance"], acc["settings"]["alpha"]
     drops = set()
     for category, now in acc["categories"].items():

@@ -1,6 +1,6 @@
 """Binomial statistics for per-category accuracy: Wilson interval, two-proportion z-test, sample size.
 
-Formulas (why: ARCHITECTURE.md, "BFCL accuracy: a stratified sample, a drop that is both large and significant"):
+Formulas (why: docs/decisions/accuracy.md, "BFCL accuracy: a stratified sample, a drop that is both large and significant"):
 * Wilson 95 %: (p + z²/2n ± z·sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n), z = 1.96.
 * Drop test (one-sided, pooled): z = (p_base - p_now) / sqrt(p̄(1-p̄)(1/n_base + 1/n_now)),
   p̄ = (k_base + k_now) / (n_base + n_now); p-value = P(Z >= z).

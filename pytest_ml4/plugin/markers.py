@@ -3,7 +3,7 @@ target, ``sim_only`` without ``--sim``, the scale checks the tiny real-vLLM depl
 read from the target's own fields (:data:`NEED_MARKERS`: a field it must set, workers of a role, the embedded
 deployment). A check that does not apply is decided here, at collection, before any request: a skip whose reason
 starts with ``does not apply: `` (:data:`pytest_ml4.checks.verdict.DOES_NOT_APPLY_PREFIX`), never a pass and never
-"not judged" (Decisions: "Four outcomes, and a run that was not judged is not signed")."""
+"not judged" (docs/decisions/checks-and-verdicts.md, "Four outcomes, and a run that was not judged is not signed")."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ the first NIXL handshake cost 16-79 s once, which the prefill's 30 s KV lease di
 reference's "first-request stall"). Idle, a disaggregated worker's engine still busy-polls NIXL/UCX (0.6 core each,
 against 0.01 for an aggregated one), which starved the Dynamo runtime past its 10 s file-discovery lease: the
 keys expired and the model vanished (the reference's key expiry). Fewer NIXL threads and a lower priority for
-the engine processes than for the Dynamo runtime remove that (docs/ARCHITECTURE.md, Decisions, "Real
+the engine processes than for the Dynamo runtime remove that (docs/decisions/embedded-deployment.md, "Real
 disaggregated workers on CPU").
 """
 

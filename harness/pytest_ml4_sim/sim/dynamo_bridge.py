@@ -60,7 +60,7 @@ def behaviour(bridge: bool) -> Behaviour:
 #: ``tool_choice: required``/named reach the worker as ``guided_decoding.json``: an array of ``{"name": <enum>,
 #: "parameters": {...}}`` (1.6.1's schema). Any engine under that grammar emits exactly such an array, whatever
 #: the bridge says; emitting ``[TOOL_CALLS]`` there (outside the schema) makes 1.6.1 stream two finish chunks
-#: (ARCHITECTURE.md Decisions, "A guided tool_choice gets the schema's bare array").
+#: (docs/decisions/embedded-deployment.md, "A guided tool_choice gets the schema's bare array").
 GUIDED = "guided"
 #: The arguments' key per JSON form.
 ARGUMENT_KEYS = {"legacy": "arguments", GUIDED: "parameters"}
