@@ -141,3 +141,29 @@ def test_the_checker_finds_a_missing_path(tmp_path: Path) -> None:
     )
     found = [(line, reference) for line, reference, resolves in references(doc) if not resolves]
     assert found == [(1, "pytest_ml4/targets.py"), (2, "pytest_ml4.targets"), (2, "missing.md")]
+
+
+def test_each_decisions_file_is_one_topic_and_indexed() -> None:
+    """`docs/decisions/<topic>.md` starts `# Decisions: <topic>`, holds `## <title>` sections only, and the map's
+    index links it (a topic file nobody can find from ARCHITECTURE.md is lost)."""
+    index = (REPO / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    problems = []
+    for path in sorted((REPO / "docs" / "decisions").glob("*.md")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        name = path.relative_to(REPO)
+        if not lines or lines[0] != f"# Decisions: {path.stem}":
+            problems.append(f"{name}:1: first line must be '# Decisions: {path.stem}'")
+        problems += [
+            f"{name}:{number}: a decision is a '## <title>' section, not {line.split()[0]!r}"
+            for number, line in doc_lines(path)
+            if number > 1 and re.match(r"#(?!# )#*\s", line)
+        ]
+        if f"](decisions/{path.name})" not in index:
+            problems.append(f"{name}: not in docs/ARCHITECTURE.md's index")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_map_stays_one_page() -> None:
+    """ARCHITECTURE.md is the map a maintainer reads first; contracts and decisions have files of their own."""
+    lines = (REPO / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8").count("\n")
+    assert lines < 250, f"docs/ARCHITECTURE.md has {lines} lines (under 250): move detail to docs/contracts.md or docs/decisions/"
