@@ -292,19 +292,21 @@ def _kill(path: Path, name: str, spec: dict[str, Any]) -> Kill:
                 str(spec.get("nightly", "")))
 
 
-def _with_base(path: Path, data: dict[str, Any]) -> dict[str, Any]:
-    """A matrix with ``base: <target>`` takes that target's matrix and changes it: its own kills and checks replace
-    the base's of the same name (a kill set to null is dropped), its own profiles, profile_of and common_args
-    replace the base's. Targets of one stack and topology share their kills; what differs stays data."""
+def _with_base(path: Path, data: dict[str, Any], seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A matrix with ``base: <name>`` takes that matrix (resolved: its own base first) and changes it: its own kills
+    and checks replace the base's of the same name (a kill set to null is dropped), its own profiles, profile_of
+    and common_args replace the base's. Every target ends at ``common.yaml`` (the entries all targets share);
+    targets of one stack and topology share their kills through one another; what differs stays data."""
     base_name = data.get("base")
     if not base_name:
         return data
     base_path = path.parent / f"{base_name}.yaml"
     if not base_path.is_file():
         raise MatrixError(f"{path.name}: base: {base_name!r} has no matrix file {base_path.name}")
-    base = _read(base_path)
-    if base.get("base"):
-        raise MatrixError(f"{path.name}: base: {base_name!r} has a base itself (one level only)")
+    if base_path.name in (*seen, path.name):
+        raise MatrixError(f"{path.name}: base: {base_name!r} makes a cycle "
+                          f"({' -> '.join((*seen, path.name, base_path.name))})")
+    base = _with_base(base_path, _read(base_path), (*seen, path.name))
     merged = {**base, **{k: v for k, v in data.items() if k not in ("kills", "checks")}}
     for section in ("kills", "checks"):
         merged[section] = {**(base.get(section) or {}), **(data.get(section) or {})}
@@ -321,12 +323,18 @@ def _read(path: Path) -> dict[str, Any]:
         raise MatrixError(str(err)) from None
 
 
-def load_matrix(target: str, directory: Path = MATRIX_DIR) -> Matrix:
+def flattened(target: str, directory: Path = MATRIX_DIR) -> dict[str, Any]:
+    """The target's matrix as one file would give it: its bases' entries merged in, no ``base``."""
     path = directory / f"{target}.yaml"
     data = _read(path)
     if data.get("target") != target:
         raise MatrixError(f"{path.name}: target is {data.get('target')!r}, the file name says {target!r}")
-    data = _with_base(path, data)
+    return {k: v for k, v in _with_base(path, data).items() if k != "base"}
+
+
+def load_matrix(target: str, directory: Path = MATRIX_DIR) -> Matrix:
+    path = directory / f"{target}.yaml"
+    data = flattened(target, directory)
     kills = {name: _kill(path, name, spec) for name, spec in data["kills"].items()}
     checks = {key: _check(path, key, raw or {}) for key, raw in data["checks"].items()}
     for c in checks.values():

@@ -165,8 +165,8 @@ def test_the_tally_names_checks_whose_profile_did_not_run() -> None:
 
 
 def test_a_matrix_takes_its_base_and_changes_only_what_it_lists(tmp_path: Path) -> None:
-    """``base:``: the base's kills and checks, the file's own replacing them by name, a kill set to null dropped;
-    a base that is missing or has a base itself is refused with the file's name."""
+    """``base:``: the base's kills and checks (its own base's first), the file's own replacing them by name, a kill
+    set to null dropped; a base that is missing or makes a cycle is refused with the file's name."""
     from killmatrix import MatrixError
 
     (tmp_path / "a.yaml").write_text(
@@ -183,7 +183,10 @@ def test_a_matrix_takes_its_base_and_changes_only_what_it_lists(tmp_path: Path) 
     assert b.checks["suites/test_x.py::one"].killed_by["k1"].code == "preflight.rule_error"
     assert b.checks["suites/test_x.py::two"].pending == "one worker"
     (tmp_path / "c.yaml").write_text("target: c\nbase: b\nkills: {}\nchecks: {}\n")
-    with pytest.raises(MatrixError, match="c.yaml: base: 'b' has a base itself"):
+    c = load_matrix("c", tmp_path)   # through b to a: b's changes, then a's entries
+    assert sorted(c.kills) == ["k1"] and c.checks["suites/test_x.py::two"].pending == "one worker"
+    (tmp_path / "a.yaml").write_text((tmp_path / "a.yaml").read_text().replace("target: a\n", "target: a\nbase: c\n"))
+    with pytest.raises(MatrixError, match=r"a.yaml: base: 'c' makes a cycle \(c.yaml -> b.yaml -> a.yaml -> c.yaml\)"):
         load_matrix("c", tmp_path)
     (tmp_path / "d.yaml").write_text("target: d\nbase: nowhere\nkills: {}\nchecks: {}\n")
     with pytest.raises(MatrixError, match="d.yaml: base: 'nowhere' has no matrix file nowhere.yaml"):
@@ -207,7 +210,7 @@ def test_a_key_given_twice_is_refused_with_file_and_line(tmp_path: Path) -> None
 def test_a_nightly_profile_is_read_with_its_reason(tmp_path: Path) -> None:
     """``nightly: <why>`` on a profile (the disagg matrices' real profile, for CI time) keeps its runs out of
     CI, each with its reason; a matrix without it (rtxpro6000-tp8) keeps every profile in."""
-    for target in ("gb300-disagg", "gb300-agg", "rtxpro6000-tp8"):
+    for target in ("gb300-disagg", "gb300-agg", "rtxpro6000-tp8", "common"):
         shutil.copy(REPO / "fixtures" / "killmatrix" / f"{target}.yaml", tmp_path / f"{target}.yaml")
     m = load_matrix("gb300-disagg", tmp_path)
     assert set(m.nightly) == {"real"} and all(m.nightly.values()), m.nightly
@@ -411,14 +414,16 @@ def test_the_ran_scope_requires_every_check_of_the_profiles_run_and_only_those()
 
 
 def _doctored_matrices(directory: Path, nightly_kill: bool) -> Path:
-    """rtxpro6000-tp8's matrix with its preflight checks and offline kills as they are and every other check a
-    measurement in a nightly profile; ``nightly_kill``: one of those checks gets a kill, which CI never runs."""
+    """rtxpro6000-tp8's matrix (one file, its base merged in) with its preflight checks and offline kills as they
+    are and every other check a measurement in a nightly profile; ``nightly_kill``: one of those checks gets a kill,
+    which CI never runs."""
     import yaml
+    from killmatrix import flattened
 
     shutil.copytree(REPO / "fixtures" / "killmatrix", directory)   # its manifests, logs and configs
     for other in directory.glob("*.yaml"):
         other.unlink()
-    m = yaml.safe_load((REPO / "fixtures" / "killmatrix" / "rtxpro6000-tp8.yaml").read_text())
+    m = flattened("rtxpro6000-tp8", REPO / "fixtures" / "killmatrix")   # common.yaml's entries merged in
     m["profiles"] = {"offline": {"sim": False}, "later": {"sim": False, "nightly": "doctored: not run here"}}
     m["profile_of"] = {f: "offline" if f == "suites/test_preflight.py" else "later" for f in m["profile_of"]}
     m["checks"] = {k: c if k.startswith("suites/test_preflight.py::") else {"measurement": "doctored"}
