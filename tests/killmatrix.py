@@ -25,14 +25,17 @@ from glob import iglob
 from pathlib import Path
 from typing import Any
 
-from pytest_ml4.checks.codes import (
-    CODES_FILE,
-    declared_origins,
-    known_codes,
-    origin_allowed,
+from killmatrix_file import (
+    VERDICT_KEYS,
+    CheckEntry,
+    ExpectEntry,
+    KillEntry,
+    MatrixError,
+    resolve,
 )
+
+from pytest_ml4.checks.codes import CODES_FILE, declared_origins, origin_allowed
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR
-from pytest_ml4.target.model import TargetError, read_yaml_strict
 
 REPO = Path(__file__).resolve().parent.parent
 #: ``ML4_KILL_MATRIX_DIR``: another folder of matrices (the harness's own tests run the kill matrix on doctored
@@ -47,12 +50,6 @@ RUN_TIMEOUT_S = 1500
 #: How long a run past its limit gets after SIGTERM to end what it started (the plugin's session end stops its
 #: deployment's process groups) before SIGKILL, which would leave those processes running.
 STOP_GRACE_S = 60
-VERDICT_KEYS = ("killed_by", "measurement", "skipped", "pending")
-#: What a verdict code looks like (``area.property``): a ``killed_by`` string of this form is a code, else a regex.
-CODE_FORM = re.compile(r"^[a-z0-9_]+(?:\.[a-z0-9_]+)+$")
-#: How a check may end under a kill that lists it as collateral (``{why, outcome}``): ``not_judged`` is a skip
-#: whose reason starts with ``not judged: ``, ``skipped`` any other skip.
-COLLATERAL_OUTCOMES = ("failed", "skipped", "not_judged")
 #: How a not-judged check's skip reason starts (pytest_ml4.checks.verdict.NOT_JUDGED_PREFIX; kept literal so the
 #: harness reads the JUnit XML as any reader of it would).
 NOT_JUDGED = "not judged: "
@@ -63,7 +60,8 @@ class Collateral:
     """A check of the run, not named by the kill, that the kill is allowed to move off its healthy outcome."""
 
     why: str
-    #: The one outcome allowed (one of :data:`COLLATERAL_OUTCOMES`); None: failed, skipped or not judged.
+    #: The one outcome allowed (``failed``, ``skipped`` or ``not_judged``: a skip whose reason starts with
+    #: ``not judged: ``); None: any of them.
     outcome: str | None = None
 
     def allows(self, outcome: Outcome) -> bool:
@@ -196,10 +194,6 @@ class Matrix:
                 if k.name in c.killed_by and self.profile(c.key) == profile]
 
 
-class MatrixError(ValueError):
-    """A malformed matrix file; the message names the file and the entry."""
-
-
 def matches(name: str, pattern: str) -> bool:
     """``*`` is the only wildcard (parametrize ids hold brackets and dashes)."""
     escaped = "".join("[[]" if ch == "[" else "[]]" if ch == "]" else ch for ch in pattern)
@@ -219,45 +213,24 @@ def param_id(node: str) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------------ loading
-def _expect(path: Path, key: str, kill: str, raw: Any) -> Expect:
-    """``{kill: CODE}`` or ``{kill: {code: CODE, message: REGEX, only: [...], except: [...]}}``, or a list of these
-    covering different instances; a regex alone is refused (messages are free to change, codes are not)."""
-    where = f"{path.name}: {key}: killed_by.{kill}"
-    if isinstance(raw, list):
-        return Expect(parts=tuple(_expect(path, key, kill, part) for part in raw))
-    if isinstance(raw, str):
-        raw = {"code": raw} if CODE_FORM.match(raw) else {"message": raw}
-    if not isinstance(raw, dict) or not ({"code", "message"} & set(raw)):
-        raise MatrixError(f"{where} must be a verdict code or {{code, message, only, except}}")
-    unknown = sorted(set(raw) - {"code", "message", "only", "except"})
-    if unknown:
-        raise MatrixError(f"{where}: unknown keys {unknown}")
-    code = raw.get("code")
-    if code is None:
-        raise MatrixError(f"{where}: a message regex without a verdict code; name the code the check raises "
-                          f"(code: area.property, declared in {CODES_FILE.name})")
-    if code is not None and str(code) not in known_codes():
-        raise MatrixError(f"{where}: verdict code {code!r} is not declared in {CODES_FILE}")
-    message = raw.get("message")
-    return Expect(None if code is None else str(code), None if message is None else str(message),
-                  tuple(raw.get("only", ["*"])), tuple(raw.get("except", [])))
+def _expect(entry: ExpectEntry | list[ExpectEntry]) -> Expect:
+    """The file's expectation (validated by :class:`killmatrix_file.ExpectEntry`) as the harness judges by it."""
+    if isinstance(entry, list):
+        return Expect(parts=tuple(_expect(part) for part in entry))
+    return Expect(entry.code, entry.message, tuple(entry.only), tuple(entry.except_))
 
 
-def _check(path: Path, key: str, raw: dict[str, Any]) -> Check:
-    given = [k for k in VERDICT_KEYS if raw.get(k)]
-    if len(given) != 1:
-        raise MatrixError(f"{path.name}: {key}: give exactly one of {', '.join(VERDICT_KEYS)} (got {given or 'none'})")
-    killed = {kill: _expect(path, key, kill, v) for kill, v in (raw.get("killed_by") or {}).items()}
-    return Check(key, killed, raw.get("measurement"), raw.get("skipped"), raw.get("pending"),
-                 dict(raw.get("pending_params") or {}), dict(raw.get("skipped_params") or {}))
+def _check(key: str, entry: CheckEntry) -> Check:
+    return Check(key, {kill: _expect(e) for kill, e in entry.killed_by.items()}, entry.measurement, entry.skipped,
+                 entry.pending, dict(entry.pending_params), dict(entry.skipped_params))
 
 
-def _options(raw: list[Any]) -> tuple[str, ...]:
+def _options(raw: list[str]) -> tuple[str, ...]:
     places = {"killmatrix": str(MATRIX_DIR), "fixtures": str(REPO / "fixtures"),
               "preflight": str(REPO / "fixtures" / "preflight")}
     args: list[str] = []
     for arg in raw:
-        arg = str(arg).format(**places)
+        arg = arg.format(**places)
         if arg.startswith("--preflight-path=") and "*" in arg:   # one option per matching folder
             args += [f"--preflight-path={p}" for p in sorted(iglob(arg.split("=", 1)[1]))]
         else:
@@ -265,88 +238,33 @@ def _options(raw: list[Any]) -> tuple[str, ...]:
     return tuple(args)
 
 
-def _collateral(path: Path, kill: str, key: str, raw: Any) -> Collateral:
-    """``check: why`` (failed, skipped or not judged allowed) or ``check: {why: ..., outcome: not_judged}``."""
-    if isinstance(raw, str):
-        return Collateral(raw)
-    outcome = raw.get("outcome") if isinstance(raw, dict) else None
-    if not isinstance(raw, dict) or not raw.get("why") or outcome not in (None, *COLLATERAL_OUTCOMES) \
-            or set(raw) - {"why", "outcome"}:
-        raise MatrixError(f"{path.name}: kills.{kill}.collateral.{key}: give a reason, or {{why: ..., outcome: "
-                          f"{'|'.join(COLLATERAL_OUTCOMES)}}}; got {raw!r}")
-    return Collateral(str(raw["why"]), outcome)
+def _kill(name: str, entry: KillEntry) -> Kill:
+    faults = tuple(a for f in entry.faults for a in ("--ml4-fault", f))
+    return Kill(name, entry.why, faults + _options(entry.breaks), _options(entry.args), entry.group or name,
+                {key: Collateral(c.why, c.outcome) for key, c in entry.collateral.items()}, entry.nightly)
 
 
-def _kill(path: Path, name: str, spec: dict[str, Any]) -> Kill:
-    unknown = sorted(set(spec) - {"why", "faults", "breaks", "args", "group", "collateral", "nightly"})
-    if unknown:
-        raise MatrixError(f"{path.name}: kills.{name}: unknown keys {unknown}")
-    faults = [a for f in spec.get("faults", []) for a in ("--ml4-fault", str(f))]
-    breaks = tuple(faults) + _options(spec.get("breaks", []))
-    if not breaks:
-        raise MatrixError(f"{path.name}: kills.{name}: neither faults nor breaks: the kill would break nothing")
-    if not spec.get("why"):
-        raise MatrixError(f"{path.name}: kills.{name}: no why (which real failure it stands for)")
-    return Kill(name, str(spec["why"]), breaks, _options(spec.get("args", [])), str(spec.get("group", name)),
-                {str(k): _collateral(path, name, str(k), v) for k, v in (spec.get("collateral") or {}).items()},
-                str(spec.get("nightly", "")))
-
-
-def _with_base(path: Path, data: dict[str, Any]) -> dict[str, Any]:
-    """A matrix with ``base: <target>`` takes that target's matrix and changes it: its own kills and checks replace
-    the base's of the same name (a kill set to null is dropped), its own profiles, profile_of and common_args
-    replace the base's. Targets of one stack and topology share their kills; what differs stays data."""
-    base_name = data.get("base")
-    if not base_name:
-        return data
-    base_path = path.parent / f"{base_name}.yaml"
-    if not base_path.is_file():
-        raise MatrixError(f"{path.name}: base: {base_name!r} has no matrix file {base_path.name}")
-    base = _read(base_path)
-    if base.get("base"):
-        raise MatrixError(f"{path.name}: base: {base_name!r} has a base itself (one level only)")
-    merged = {**base, **{k: v for k, v in data.items() if k not in ("kills", "checks")}}
-    for section in ("kills", "checks"):
-        merged[section] = {**(base.get(section) or {}), **(data.get(section) or {})}
-    merged["kills"] = {name: spec for name, spec in merged["kills"].items() if spec is not None}
-    return merged
-
-
-def _read(path: Path) -> dict[str, Any]:
-    """The matrix file's YAML; a key given twice (plain YAML keeps the last one silently, dropping the first's
-    kill or collateral reason) is a :class:`MatrixError` naming the file and line."""
-    try:
-        return read_yaml_strict(path)
-    except TargetError as err:
-        raise MatrixError(str(err)) from None
+def flattened(target: str, directory: Path = MATRIX_DIR) -> dict[str, Any]:
+    """The target's matrix as one file without ``base`` would give it (its bases' entries merged in)."""
+    m = resolve(target, directory)
+    dump = {"mode": "json", "by_alias": True, "exclude_defaults": True}
+    return {"target": target, "common_args": list(m.common_args),
+            "profiles": {name: p.model_dump(**dump) for name, p in (m.profiles or {}).items()},
+            "profile_of": dict(m.profile_of or {}),
+            "kills": {name: k.model_dump(**dump) for name, (k, _) in m.kills.items()},
+            "checks": {key: c.model_dump(**dump) for key, (c, _) in m.checks.items()}}
 
 
 def load_matrix(target: str, directory: Path = MATRIX_DIR) -> Matrix:
-    path = directory / f"{target}.yaml"
-    data = _read(path)
-    if data.get("target") != target:
-        raise MatrixError(f"{path.name}: target is {data.get('target')!r}, the file name says {target!r}")
-    data = _with_base(path, data)
-    kills = {name: _kill(path, name, spec) for name, spec in data["kills"].items()}
-    checks = {key: _check(path, key, raw or {}) for key, raw in data["checks"].items()}
-    for c in checks.values():
-        unknown = sorted(set(c.killed_by) - set(kills))
-        if unknown:
-            raise MatrixError(f"{path.name}: {c.key}: killed_by names undefined kills {unknown}")
-    for k in kills.values():
-        unknown = sorted(set(k.collateral) - set(checks))
-        if unknown:
-            raise MatrixError(f"{path.name}: kills.{k.name}.collateral names checks the matrix lacks: {unknown}")
-    profiles, offline, nightly = {}, set(), {}
-    for name, spec in data["profiles"].items():
-        spec = spec if isinstance(spec, dict) else {"args": spec}
-        profiles[name] = tuple(map(str, spec.get("args") or []))
-        if spec.get("sim", True) is False:
-            offline.add(name)
-        if spec.get("nightly"):
-            nightly[name] = str(spec["nightly"])
-    return Matrix(target, tuple(map(str, data.get("common_args", []))), profiles, frozenset(offline),
-                  dict(data["profile_of"]), kills, checks, nightly)
+    """The target's matrix (``<target>.yaml`` over its bases); a bad file is one :class:`MatrixError` line naming
+    the file, the line and the field."""
+    m = resolve(target, directory)
+    assert m.profiles is not None and m.profile_of is not None      # resolve() refuses a matrix without them
+    return Matrix(target, tuple(m.common_args), {name: tuple(p.args) for name, p in m.profiles.items()},
+                  frozenset(name for name, p in m.profiles.items() if not p.sim), dict(m.profile_of),
+                  {name: _kill(name, k) for name, (k, _) in m.kills.items()},
+                  {key: _check(key, c) for key, (c, _) in m.checks.items()},
+                  {name: p.nightly for name, p in m.profiles.items() if p.nightly})
 
 
 # ------------------------------------------------------------------------------------------------ subprocess runs

@@ -3,7 +3,10 @@
 ``fixtures/killmatrix/<target>.yaml`` lists, for every test function in ``suites/``, the kills that must fail it
 (simulator faults, recorded bad logs and configs, broken settings) with the verdict code it must fail with (raised
 from where ``codes.yaml`` declares; a message regex beside it where the code cannot tell two kills apart), or
-why it has no killer (``measurement``, ``skipped`` on the target, ``pending``). The harness is
+why it has no killer (``measurement``, ``skipped`` on the target, ``pending``). A target's matrix is its file over
+the chain of files it names as ``base``, which ends at ``common.yaml``: the entries every target shares, so a check
+killed alike everywhere is one entry there. The format is typed in ``tests/killmatrix_file.py`` (a bad field fails
+the load with its file, line and field) and described in ``rtxpro6000-tp8.yaml``'s header. The harness is
 ``tests/killmatrix.py`` (proved by ``tests/test_kill_matrix_harness.py``). Here:
 
 * every target in ``targets/`` has a matrix, and it names every test collected from ``suites/`` for the target;

@@ -165,9 +165,9 @@ def test_the_tally_names_checks_whose_profile_did_not_run() -> None:
 
 
 def test_a_matrix_takes_its_base_and_changes_only_what_it_lists(tmp_path: Path) -> None:
-    """``base:``: the base's kills and checks, the file's own replacing them by name, a kill set to null dropped;
-    a base that is missing or has a base itself is refused with the file's name."""
-    from killmatrix import MatrixError
+    """``base:``: the base's kills and checks (its own base's first), the file's own replacing them by name, a kill
+    set to null dropped; a base that is missing or makes a cycle is refused with the file's name."""
+    from killmatrix_file import MatrixError
 
     (tmp_path / "a.yaml").write_text(
         "target: a\nprofiles: {offline: {sim: false}}\nprofile_of: {suites/test_x.py: offline}\n"
@@ -183,17 +183,21 @@ def test_a_matrix_takes_its_base_and_changes_only_what_it_lists(tmp_path: Path) 
     assert b.checks["suites/test_x.py::one"].killed_by["k1"].code == "preflight.rule_error"
     assert b.checks["suites/test_x.py::two"].pending == "one worker"
     (tmp_path / "c.yaml").write_text("target: c\nbase: b\nkills: {}\nchecks: {}\n")
-    with pytest.raises(MatrixError, match="c.yaml: base: 'b' has a base itself"):
+    c = load_matrix("c", tmp_path)   # through b to a: b's changes, then a's entries
+    assert sorted(c.kills) == ["k1"] and c.checks["suites/test_x.py::two"].pending == "one worker"
+    (tmp_path / "a.yaml").write_text((tmp_path / "a.yaml").read_text().replace("target: a\n", "target: a\nbase: c\n"))
+    with pytest.raises(MatrixError, match=r"a.yaml: line 2: base: 'c' makes a cycle \(c.yaml -> b.yaml -> a.yaml -> "
+                                          r"c.yaml\)"):
         load_matrix("c", tmp_path)
     (tmp_path / "d.yaml").write_text("target: d\nbase: nowhere\nkills: {}\nchecks: {}\n")
-    with pytest.raises(MatrixError, match="d.yaml: base: 'nowhere' has no matrix file nowhere.yaml"):
+    with pytest.raises(MatrixError, match="d.yaml: line 2: base: 'nowhere' has no matrix file nowhere.yaml"):
         load_matrix("d", tmp_path)
 
 
 def test_a_key_given_twice_is_refused_with_file_and_line(tmp_path: Path) -> None:
     """Plain YAML keeps the last of two ``collateral:`` keys silently, dropping the first's reasons; the matrix
     loader refuses the file instead, naming it and the line."""
-    from killmatrix import MatrixError
+    from killmatrix_file import MatrixError
 
     (tmp_path / "a.yaml").write_text(
         "target: a\nprofiles: {offline: {sim: false}}\nprofile_of: {suites/test_x.py: offline}\n"
@@ -207,7 +211,7 @@ def test_a_key_given_twice_is_refused_with_file_and_line(tmp_path: Path) -> None
 def test_a_nightly_profile_is_read_with_its_reason(tmp_path: Path) -> None:
     """``nightly: <why>`` on a profile (the disagg matrices' real profile, for CI time) keeps its runs out of
     CI, each with its reason; a matrix without it (rtxpro6000-tp8) keeps every profile in."""
-    for target in ("gb300-disagg", "gb300-agg", "rtxpro6000-tp8"):
+    for target in ("gb300-disagg", "gb300-agg", "rtxpro6000-tp8", "common"):
         shutil.copy(REPO / "fixtures" / "killmatrix" / f"{target}.yaml", tmp_path / f"{target}.yaml")
     m = load_matrix("gb300-disagg", tmp_path)
     assert set(m.nightly) == {"real"} and all(m.nightly.values()), m.nightly
@@ -243,12 +247,12 @@ _ONE_CHECK = ("target: a\nprofiles: {offline: {sim: false}}\nprofile_of: {suites
 
 
 @pytest.mark.parametrize(("entry", "refusal"), [
-    pytest.param("preflight.nothing_deployabel", "a.yaml: suites/test_preflight.py::test_manifests_parse: "
+    pytest.param("preflight.nothing_deployabel", "a.yaml: line 7: suites/test_preflight.py::test_manifests_parse: "
                  "killed_by.k1: verdict code 'preflight.nothing_deployabel' is not declared in", id="undeclared"),
     pytest.param("{code: preflight.typo, message: x}", "killed_by.k1: verdict code 'preflight.typo' is not declared",
                  id="undeclared-with-message"),
-    pytest.param("'no vLLM launch'", "a.yaml: suites/test_preflight.py::test_manifests_parse: killed_by.k1: a message "
-                 "regex without a verdict code", id="regex-only"),
+    pytest.param("'no vLLM launch'", "a.yaml: line 7: suites/test_preflight.py::test_manifests_parse: killed_by.k1: "
+                 "a message regex without a verdict code", id="regex-only"),
     pytest.param("{message: 'no vLLM launch'}", "killed_by.k1: a message regex without a verdict code",
                  id="regex-only-mapping"),
     pytest.param("{code: preflight.nothing_deployable, regex: x}", "killed_by.k1: unknown keys ['regex']",
@@ -256,13 +260,95 @@ _ONE_CHECK = ("target: a\nprofiles: {offline: {sim: false}}\nprofile_of: {suites
 ])
 def test_a_matrix_entry_without_a_declared_code_is_refused_at_load(tmp_path: Path, entry: str, refusal: str) -> None:
     """A kill names a code codes.yaml declares; a typo, or a regex standing alone, is one line naming the file,
-    the check and the kill."""
-    from killmatrix import MatrixError
+    the line, the check and the kill."""
+    from killmatrix_file import MatrixError
 
     (tmp_path / "a.yaml").write_text(_ONE_CHECK % entry)
     with pytest.raises(MatrixError, match=re.escape(refusal)) as info:
         load_matrix("a", tmp_path)
     assert "\n" not in str(info.value)
+
+
+_MATRIX = """target: a
+profiles:
+  offline: {sim: false}
+profile_of: {suites/test_x.py: offline}
+kills:
+  k1:
+    why: w
+    faults: [f1]
+    collateral:
+      suites/test_x.py::two: {why: r, outcome: failed}
+checks:
+  suites/test_x.py::one:
+    killed_by:
+      k1:
+        - {code: preflight.rule_error, only: [a]}
+        - {code: preflight.unparsable, only: [b]}
+  suites/test_x.py::two: {measurement: m}
+"""
+
+
+@pytest.mark.parametrize(("old", "new", "refusal"), [
+    pytest.param("outcome: failed", "outcome: maybe", "a.yaml: line 10: kills.k1.collateral.suites/test_x.py::two."
+                 "outcome: Input should be 'failed', 'skipped' or 'not_judged'", id="collateral-outcome"),
+    pytest.param("{sim: false}", "{sim: sometimes}", "a.yaml: line 3: profiles.offline.sim: Input should be a valid "
+                 "boolean", id="profile-sim"),
+    pytest.param("preflight.unparsable", "preflight.unparseable", "a.yaml: line 16: suites/test_x.py::one: "
+                 "killed_by.k1.1: verdict code 'preflight.unparseable' is not declared in", id="second-part-code"),
+    pytest.param("{measurement: m}", "{measurement: m, pending: p}", "a.yaml: line 17: suites/test_x.py::two: give "
+                 "exactly one of killed_by, measurement, skipped, pending (got ['measurement', 'pending'])",
+                 id="two-verdicts"),
+    pytest.param("    why: w\n", "", "a.yaml: line 7: kills.k1: no why (which real failure it stands for)",
+                 id="kill-without-why"),
+    pytest.param("    faults: [f1]", "    faults: [f1]\n    retries: 2", "a.yaml: line 7: kills.k1: unknown keys "
+                 "['retries'] (allowed: args, breaks, collateral, faults, group, nightly, why)", id="kill-unknown-key"),
+    pytest.param("{suites/test_x.py: offline}", "{suites/test_x.py: ofline}", "a.yaml: line 4: "
+                 "profile_of.suites/test_x.py: 'ofline' is not a profile (offline)", id="unknown-profile"),
+    pytest.param("      k1:\n        -", "      k2:\n        -", "a.yaml: line 14: suites/test_x.py::one: killed_by: "
+                 "names kills a's matrix does not define: ['k2']", id="undefined-kill"),
+    pytest.param("suites/test_x.py::two: {why", "suites/test_x.py::three: {why", "a.yaml: line 10: "
+                 "kills.k1.collateral: names checks a's matrix lacks: ['suites/test_x.py::three']",
+                 id="collateral-of-no-check"),
+])
+def test_a_bad_field_is_one_line_with_file_line_and_field(tmp_path: Path, old: str, new: str, refusal: str) -> None:
+    """Every field of the file is typed: a bad one is refused at load with the file, the line that holds it and its
+    path in the file (a check by its key, a kill as ``kills.<name>``)."""
+    from killmatrix_file import MatrixError
+
+    assert load_matrix("a", _write(tmp_path, "a", _MATRIX)).checks["suites/test_x.py::two"].measurement == "m"
+    _write(tmp_path, "a", _MATRIX.replace(old, new, 1))
+    with pytest.raises(MatrixError, match=re.escape(refusal)) as info:
+        load_matrix("a", tmp_path)
+    assert str(info.value).startswith("a.yaml: ") and "\n" not in str(info.value)
+
+
+def _write(directory: Path, name: str, text: str) -> Path:
+    (directory / f"{name}.yaml").write_text(text)
+    return directory
+
+
+def test_a_bad_entry_is_placed_in_the_file_that_gives_it(tmp_path: Path) -> None:
+    """A target's matrix is put together from its file and its bases: a bad entry of common.yaml is named there,
+    at its line, whichever target's matrix reached it (vr200-disagg through gb300-agg)."""
+    from killmatrix_file import MatrixError
+
+    shutil.copytree(REPO / "fixtures" / "killmatrix", tmp_path, dirs_exist_ok=True)
+    common = tmp_path / "common.yaml"
+    lines = common.read_text().splitlines(keepends=True)
+    [at] = [n for n, line in enumerate(lines, 1) if "{prefix_cache_off: perf.prefix_reuse}" in line]
+    common.write_text("".join(lines).replace("perf.prefix_reuse}", "perf.prefix_reuze}"))
+    with pytest.raises(MatrixError, match=re.escape(
+            f"common.yaml: line {at}: suites/test_perf.py::test_sessions_reuse_the_shared_prefix: "
+            "killed_by.prefix_cache_off: verdict code 'perf.prefix_reuze' is not declared")):
+        load_matrix("vr200-disagg", tmp_path)
+    _write(tmp_path, "common", "".join(lines))
+    (tmp_path / "vr200-disagg.yaml").write_text((tmp_path / "vr200-disagg.yaml").read_text()
+                                                .replace("  affinity_off: null\n", "  affinity_off: null\n  prefix_cache_off: null\n"))
+    with pytest.raises(MatrixError, match=re.escape(
+            f"common.yaml: line {at}: suites/test_perf.py::test_sessions_reuse_the_shared_prefix: killed_by: "
+            "names kills vr200-disagg's matrix does not define: ['prefix_cache_off']")):
+        load_matrix("vr200-disagg", tmp_path)
 
 
 def test_a_code_entry_reads_as_code_message_and_instances(tmp_path: Path) -> None:
@@ -411,14 +497,16 @@ def test_the_ran_scope_requires_every_check_of_the_profiles_run_and_only_those()
 
 
 def _doctored_matrices(directory: Path, nightly_kill: bool) -> Path:
-    """rtxpro6000-tp8's matrix with its preflight checks and offline kills as they are and every other check a
-    measurement in a nightly profile; ``nightly_kill``: one of those checks gets a kill, which CI never runs."""
+    """rtxpro6000-tp8's matrix (one file, its base merged in) with its preflight checks and offline kills as they
+    are and every other check a measurement in a nightly profile; ``nightly_kill``: one of those checks gets a kill,
+    which CI never runs."""
     import yaml
+    from killmatrix import flattened
 
     shutil.copytree(REPO / "fixtures" / "killmatrix", directory)   # its manifests, logs and configs
     for other in directory.glob("*.yaml"):
         other.unlink()
-    m = yaml.safe_load((REPO / "fixtures" / "killmatrix" / "rtxpro6000-tp8.yaml").read_text())
+    m = flattened("rtxpro6000-tp8", REPO / "fixtures" / "killmatrix")   # common.yaml's entries merged in
     m["profiles"] = {"offline": {"sim": False}, "later": {"sim": False, "nightly": "doctored: not run here"}}
     m["profile_of"] = {f: "offline" if f == "suites/test_preflight.py" else "later" for f in m["profile_of"]}
     m["checks"] = {k: c if k.startswith("suites/test_preflight.py::") else {"measurement": "doctored"}
