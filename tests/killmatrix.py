@@ -4,7 +4,7 @@
 Kept apart from the tests so the harness's tests can drive it on a doctored copy of ``suites/``.
 
 A run is judged by each check's *verdict code* (``pytest_ml4.checks.codes``): the ``[code]`` leading the failure
-message, raised from the place ``pytest_ml4/data/verdicts/codes.yaml`` declares for it (the origin the plugin
+message, raised from a function declared to raise it (``@fails_with``; the origin the plugin
 records as the JUnit property ``ml4_verdict_origin``). An optional ``message:`` regex is matched against the failure
 message only where the code alone cannot say which of several kills it was: the message of the exception the
 check raised, without pytest's ``assert ...`` explanation. Never the traceback: it holds the check's source, so a
@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_ml4.checks.codes import (
-    CODES_FILE,
+    CODE_FORM,
     declared_origins,
+    declared_places,
     known_codes,
     origin_allowed,
 )
@@ -48,8 +49,6 @@ RUN_TIMEOUT_S = 1500
 #: deployment's process groups) before SIGKILL, which would leave those processes running.
 STOP_GRACE_S = 60
 VERDICT_KEYS = ("killed_by", "measurement", "skipped", "pending")
-#: What a verdict code looks like (``area.property``): a ``killed_by`` string of this form is a code, else a regex.
-CODE_FORM = re.compile(r"^[a-z0-9_]+(?:\.[a-z0-9_]+)+$")
 #: How a check may end under a kill that lists it as collateral (``{why, outcome}``): ``not_judged`` is a skip
 #: whose reason starts with ``not judged: ``, ``skipped`` any other skip.
 COLLATERAL_OUTCOMES = ("failed", "skipped", "not_judged")
@@ -226,7 +225,7 @@ def _expect(path: Path, key: str, kill: str, raw: Any) -> Expect:
     if isinstance(raw, list):
         return Expect(parts=tuple(_expect(path, key, kill, part) for part in raw))
     if isinstance(raw, str):
-        raw = {"code": raw} if CODE_FORM.match(raw) else {"message": raw}
+        raw = {"code": raw} if CODE_FORM.fullmatch(raw) else {"message": raw}  # else a regex
     if not isinstance(raw, dict) or not ({"code", "message"} & set(raw)):
         raise MatrixError(f"{where} must be a verdict code or {{code, message, only, except}}")
     unknown = sorted(set(raw) - {"code", "message", "only", "except"})
@@ -235,9 +234,10 @@ def _expect(path: Path, key: str, kill: str, raw: Any) -> Expect:
     code = raw.get("code")
     if code is None:
         raise MatrixError(f"{where}: a message regex without a verdict code; name the code the check raises "
-                          f"(code: area.property, declared in {CODES_FILE.name})")
+                          f"(code: area.property, declared with @fails_with on the function that raises it)")
     if code is not None and str(code) not in known_codes():
-        raise MatrixError(f"{where}: verdict code {code!r} is not declared in {CODES_FILE}")
+        raise MatrixError(f"{where}: verdict code {code!r} is not declared (no @fails_with in pytest_ml4 or its "
+                          f"suites)")
     message = raw.get("message")
     return Expect(None if code is None else str(code), None if message is None else str(message),
                   tuple(raw.get("only", ["*"])), tuple(raw.get("except", [])))
@@ -532,7 +532,7 @@ def plan_kill_run(m: Matrix, kills: list[Kill], profile: str, root: Path = REPO)
 
 def judge_named(outcome: Outcome, node: str, kill: Kill, expect: Expect) -> str | None:
     """Why the named check did not fail as its kill requires, or None: the code it raised, the place it raised it
-    from (codes.yaml's ``from``), and the message where the matrix gives a regex."""
+    from (a function declared to raise it), and the message where the matrix gives a regex."""
     expect = expect.for_node(node)
     if outcome.status != "failed":
         return f"{node}: {outcome.status} under {kill.name} ({kill.why})"
@@ -545,7 +545,8 @@ def judge_named(outcome: Outcome, node: str, kill: Kill, expect: Expect) -> str 
                     f"{outcome.message[:300]}")
         if not origin_allowed(expect.code, outcome.origin):
             return (f"{node}: raised [{expect.code}] from {outcome.origin}, not from "
-                    f"{', '.join(declared_origins(expect.code))} ({CODES_FILE.name}): {outcome.message[:300]}")
+                    f"{', '.join(declared_origins(expect.code))} "
+                    f"(declared at {', '.join(declared_places(expect.code))}): {outcome.message[:300]}")
     pattern = expect.pattern(node)
     if pattern is not None and not re.search(pattern, outcome.message):
         return f"{node}: failed, but its message does not name the defect /{pattern}/: {outcome.message[:400]}"

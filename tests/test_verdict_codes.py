@@ -3,7 +3,9 @@ each code is declared once, on the function that raises it."""
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import subprocess
 import sys
 
@@ -51,16 +53,12 @@ def test_a_holding_condition_raises_nothing_and_builds_no_message(monkeypatch: p
     codes.require(True, "demo.broken", lambda: pytest.fail("the message was built for a passing condition"))
 
 
-def test_every_declared_code_is_a_dotted_lowercase_name_with_a_meaning() -> None:
-    for code, what in codes.known_codes().items():
-        area, _, prop = code.partition(".")
-        assert area and prop and code == code.lower(), f"{codes.declared_places(code)}: {code!r} is not <area>.<property>"
-        assert what.strip(), f"{codes.declared_places(code)}: {code!r} says nothing of the property it stands for"
-
-
 def test_a_code_of_another_form_is_refused_where_it_is_declared() -> None:
-    with pytest.raises(DeclarationError, match=r"^tests/test_verdict_codes\.py:\d+: verdict code 'Demo\.Broken' is not"):
+    place = r"^tests/test_verdict_codes\.py:\d+: "
+    with pytest.raises(DeclarationError, match=place + r"verdict code 'Demo\.Broken' is not <area>\.<property>"):
         declaration("Demo.Broken", "demo", judge_demo)
+    with pytest.raises(DeclarationError, match=place + r"verdict code 'demo' is not"):
+        declaration("demo", "demo", judge_demo)
 
 
 def test_a_declaration_names_the_function_as_a_violation_names_its_origin(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,3 +116,35 @@ def test_the_registry_is_complete_without_running_a_test() -> None:
     fresh = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     here = {code: [what, list(codes.declared_origins(code))] for code, what in codes.known_codes().items()}
     assert json.loads(fresh.stdout) == here
+
+
+def _function_at(place: str) -> tuple[str, str]:
+    """The name and source (signature and body, its decorators left out) of the function declared at ``place``."""
+    from pytest_ml4.locations import PACKAGE_PARENT
+
+    file, _, line = place.rpartition(":")
+    source = (PACKAGE_PARENT / file).read_text(encoding="utf-8")
+    [node] = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+              and (n.decorator_list[0].lineno if n.decorator_list else n.lineno) == int(line)]
+    return node.name, ast.get_source_segment(source, node) or ""
+
+
+def test_every_code_is_raised_by_the_function_declared_to_raise_it() -> None:
+    """A declaration stays on the function that raises its code: the function names the code, or raises the code
+    a verdict or an argument carries (``verdict.code``, ``gate.code``: kv's log verdicts, perf's gate results),
+    which the package or a suite then names. A raise moved to another function without its declaration fails here."""
+    from pytest_ml4.locations import PACKAGE_DIR, suites_dir
+
+    files = [*PACKAGE_DIR.rglob("*.py"), *(suites_dir() or PACKAGE_DIR).glob("*.py")]
+    named = "\n".join(line for path in files for line in path.read_text(encoding="utf-8").splitlines()
+                      if "@fails_with(" not in line)
+    astray = []
+    for code in codes.known_codes():
+        for origin, place in zip(codes.declared_origins(code), codes.declared_places(code), strict=True):
+            name, source = _function_at(place)
+            assert origin.endswith(f".{name}"), f"{place}: declared for {origin}, but the function there is {name}"
+            literal = re.compile(rf"""["']{re.escape(code)}["']""")
+            carried = re.search(r"\.code\b", source) and literal.search(named)
+            if not literal.search(source) and not carried:
+                astray.append(f"{place}: {origin} is declared to raise {code} but does not")
+    assert not astray, "\n".join(astray)

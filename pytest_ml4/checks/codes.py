@@ -39,14 +39,14 @@ from pytest_ml4.locations import PACKAGE_PARENT, SUITES_PACKAGE, suites_dir
 DECLARING_PACKAGE = "pytest_ml4"
 #: Modules the registry never imports: a ``__main__`` runs a program, a suites folder's conftest is pytest's.
 NOT_IMPORTED = ("__main__", "conftest")
-#: What a code looks like: ``<area>.<property>``, lowercase.
+#: What a code looks like: ``<area>.<property>``, lowercase (a kill matrix's string of another form is a regex).
 CODE_FORM = re.compile(r"[a-z0-9_]+(?:\.[a-z0-9_]+)+")
 
 Raiser = TypeVar("Raiser", bound=Callable[..., Any])
 
 
 class DeclarationError(ValueError):
-    """The declarations contradict each other: a code given two meanings, or raised where none is given."""
+    """A code not of the form ``<area>.<property>``, given two meanings, or raised where none is given."""
 
 
 @dataclass(frozen=True)
@@ -170,26 +170,9 @@ def _registry_of(declarations: tuple[Declaration, ...]) -> dict[str, Code]:
     return registry(declarations)
 
 
-#: Until every code is declared where it is raised: the codes still listed in the data file.
-CODES_FILE = Path(__file__).resolve().parent.parent / "data" / "verdicts" / "codes.yaml"
-
-
-@cache
-def _listed() -> tuple[Declaration, ...]:
-    import yaml
-
-    data = yaml.safe_load(CODES_FILE.read_text(encoding="utf-8")) or {}
-    made = []
-    for code, raw in data.items():
-        origins = raw["from"]
-        for index, origin in enumerate([origins] if isinstance(origins, str) else origins):
-            made.append(Declaration(code, "" if index else raw["what"], origin, f"{CODES_FILE.name}: {code}"))
-    return tuple(made)
-
-
 def _registry() -> dict[str, Code]:
     _import_declaring_modules()
-    return _registry_of(_listed() + tuple(_DECLARED.values()))
+    return _registry_of(tuple(_DECLARED.values()))
 
 
 def known_codes() -> dict[str, str]:
