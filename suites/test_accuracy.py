@@ -18,12 +18,13 @@ from pytest_ml4.checks.accuracy import (
     assert_no_significant_drop,
     assert_no_synthetic_acceptance,
 )
-from pytest_ml4.checks.codes import fail
+from pytest_ml4.checks.codes import fail, fails_with
 from pytest_ml4.report.attach import attach_json, attach_text
 
 pytestmark = pytest.mark.accuracy
 
 
+@fails_with("accuracy.run_refused", "the accuracy run was refused (synthetic acceptance): no accuracy figure may pass")
 def _measured(run):  # type: ignore[no-untyped-def]
     if run.refused:
         fail("accuracy.run_refused", refusal(run.refused))
@@ -41,6 +42,7 @@ def test_every_request_answered(ml4_accuracy) -> None:  # type: ignore[no-untype
     assert_every_request_answered(_measured(ml4_accuracy).results)
 
 
+@fails_with("baseline.refused")
 def test_accuracy_vs_baseline(ml4_accuracy) -> None:  # type: ignore[no-untyped-def]
     """No BFCL category's accuracy dropped significantly below the stored baseline"""
     run = _measured(ml4_accuracy)

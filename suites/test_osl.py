@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from pytest_ml4.checks.codes import require
+from pytest_ml4.checks.codes import fails_with, require
 from pytest_ml4.checks.osl import (
     Streamed,
     assert_aiperf_export_exactly_n,
@@ -70,6 +70,7 @@ def test_streamed_token_count_is_exactly_n(streamed: Streamed, record_property: 
 
 
 @pytest.fixture(scope="module")
+@fails_with("osl.spec_uses_ignore_eos", "the suite's own aiperf spec holds ignore_eos")
 def aiperf_osl(ml4_perf_client: Client, ml4_run_dir: Path, osl_window_start: LogMark) -> RunResult:
     spec = fixed_length_aiperf_spec(ml4_perf_client, N)
     require(not spec.uses_ignore_eos, "osl.spec_uses_ignore_eos", "the suite's own aiperf spec holds ignore_eos")

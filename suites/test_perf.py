@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ml4.checks.codes import fail, require
+from pytest_ml4.checks.codes import fail, fails_with, require
 from pytest_ml4.checks.load import assert_answers_correct_under_load
 from pytest_ml4.checks.perf import (
     assert_gate_passed,
@@ -59,6 +59,7 @@ def _attach(name: str, body: str | bytes, kind: str = "TEXT", extension: str | N
     allure.attach(body, name=name, attachment_type=getattr(allure.attachment_type, kind), extension=extension)
 
 
+@fails_with("perf.point_unusable", "a sweep point is not a usable aiperf run")
 def test_every_point_is_a_usable_aiperf_run(ml4_perf_sweep: Any) -> None:
     bad = [p for p in ml4_perf_sweep.points if not p.ok]
     for p in bad:
@@ -71,6 +72,9 @@ def test_zero_errors(ml4_perf_sweep: Any) -> None:
     assert_no_request_errors(ml4_perf_sweep.verdict.by_gate("errors"))
 
 
+@fails_with("perf.point_no_figures", "a sweep point has no figures")
+@fails_with("perf.osl_not_fixed", "a sweep point's output_sequence_length is not min = max = OSL, std 0")
+@fails_with("perf.extra_inputs", "a sweep point was not asked with min_tokens = OSL, or asked with ignore_eos")
 def test_fixed_output_length_in_every_point(ml4_perf_sweep: Any) -> None:
     osl = ml4_perf_sweep.settings.osl
     for p in ml4_perf_sweep.points:
@@ -96,6 +100,7 @@ def test_dynamo_gate(ml4_perf_sweep: Any, ml4_target: Target) -> None:
     assert_gates_pass(results, none=none, none_code="perf.no_figures" if defined else "perf.dynamo_gate_undefined")
 
 
+@fails_with("perf.baseline_incomparable", "no figure of the sweep is comparable with the baseline")
 def test_baseline(ml4_perf_sweep: Any) -> None:
     if ml4_perf_sweep.recorded is not None:   # --ml4-record-baselines: passes as recorded, the next run compares
         print(f"perf sweep recorded as this deployment's baseline: {ml4_perf_sweep.recorded}")
@@ -136,6 +141,8 @@ def test_latency_knee(ml4_perf_sweep: Any, ml4_target: Target) -> None:
     assert_gate_passed(knee)
 
 
+@fails_with("perf.plot_missing", "a perf plot is missing or empty")
+@fails_with("perf.summary_written", "perf-summary.json does not record the sweep as run and judged")
 def test_plots_and_summary_written(ml4_perf_sweep: Any, ml4_run_dir: Path) -> None:
     for png in ml4_perf_sweep.outputs.plots:
         if not (png.is_file() and png.stat().st_size > 1000):
@@ -155,6 +162,7 @@ def test_plots_and_summary_written(ml4_perf_sweep: Any, ml4_run_dir: Path) -> No
 
 # ------------------------------------------------------------------------------------- agentic trace replay
 @pytest.mark.dynamo
+@fails_with("perf.trace_missing", "the agentic trace to replay is missing")
 def test_agentic_trace_replay(ml4_target: Target, ml4_perf_client: Any, ml4_run_dir: Path, ml4_perf_settings: Any,
                               ml4_perf_progress: Any, ml4_endpoint: Endpoint) -> None:
     """The agentic trace replays on its schedule after a warmup, every row answered, within seed 002's gate"""
@@ -169,6 +177,7 @@ def test_agentic_trace_replay(ml4_target: Target, ml4_perf_client: Any, ml4_run_
 
 
 # ------------------------------------------------------------------------------------ goodput, capacity, sessions
+@fails_with("perf.workload_undeclared", "the target declares no perf workload (or capacity) the check needs")
 def _workload(target: Any, name: str) -> Any:
     w = target.perf.workloads.get(name)
     if w is None:
@@ -177,6 +186,7 @@ def _workload(target: Any, name: str) -> Any:
 
 
 @pytest.mark.parametrize("workload", ["chat", "sessions"])
+@fails_with("perf.workload_run_unusable", "an open-loop workload's aiperf run is not usable")
 def test_goodput_at_production_rate(workload: str, ml4_perf_workloads: Any, ml4_target: Target, ml4_run_dir: Path,
                                     ml4_endpoint: Endpoint) -> None:
     """At the workload's production rate (Poisson arrivals), the share of requests meeting every SLO (TTFT, ITL,
@@ -195,6 +205,8 @@ def test_goodput_at_production_rate(workload: str, ml4_perf_workloads: Any, ml4_
     assert_gate_passed(verdict.gate)
 
 
+@fails_with("perf.capacity_run_failed", "the capacity runs could not be made")
+@fails_with("perf.workload_undeclared")
 def test_capacity_at_least_declared(ml4_perf_workloads: Any, ml4_target: Target, ml4_run_dir: Path,
                                     ml4_endpoint: Endpoint) -> None:
     """The declared ``capacity_rps`` of the chat workload meets the goodput floor, judged from pooled repeated
@@ -217,6 +229,9 @@ def test_capacity_at_least_declared(ml4_perf_workloads: Any, ml4_target: Target,
     assert_gate_passed(gate)
 
 
+@fails_with("perf.prefix_reuse",
+            "the engines served fewer prompt tokens from their prefix cache than the sessions guarantee")
+@fails_with("perf.workload_run_unusable")
 def test_sessions_reuse_the_shared_prefix(ml4_perf_workloads: Any, ml4_target: Target) -> None:
     """Multi-turn sessions sharing a system prompt hit the engines' prefix cache, read from the engines' own
     counters (``vllm:prefix_cache_hits_total`` / ``_queries_total``; on Dynamo every prompt-computing worker's:

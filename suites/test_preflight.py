@@ -14,7 +14,7 @@ from pathlib import Path
 import allure
 import pytest
 
-from pytest_ml4.checks.codes import require
+from pytest_ml4.checks.codes import fails_with, require
 from pytest_ml4.preflight import RULES, Report, Severity
 from pytest_ml4.preflight.applied import of_kinds
 from pytest_ml4.preflight.loader import collect_files, load_file
@@ -28,6 +28,7 @@ def _findings_text(report: Report, rule_id: str) -> str:
 
 
 @pytest.mark.parametrize("rule_id", list(RULES))
+@fails_with("preflight.rule_error", "a preflight rule found an error in the target's manifests")
 def test_rule(rule_id: str, ml4_preflight_report: Report, ml4_preflight_paths: list[Path],
               ml4_target: Target) -> None:
     rule = RULES[rule_id]
@@ -59,6 +60,8 @@ def test_rule(rule_id: str, ml4_preflight_report: Report, ml4_preflight_paths: l
         + f"\n    fix: {rule.fix}\n    source: {rule.source}"))
 
 
+@fails_with("preflight.nothing_deployable", "a listed manifest holds no vLLM launch, DGD, LiteLLM config or aiperf run")
+@fails_with("preflight.unparsable", "a listed manifest has a document that does not parse")
 def test_manifests_parse(ml4_preflight_paths: list[Path], ml4_target: Target) -> None:
     """Every manifest the target lists yields at least one deployable document and no parse error."""
     empty, broken = [], []

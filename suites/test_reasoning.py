@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from pytest_ml4.checks.chat import ChatSession, user
-from pytest_ml4.checks.codes import fail
+from pytest_ml4.checks.codes import fail, fails_with
 from pytest_ml4.checks.expected import expected_for
 from pytest_ml4.checks.protocol import assert_no_control_tokens
 from pytest_ml4.checks.reasoning import (
@@ -130,6 +130,7 @@ def test_invalid_reasoning_requests_are_rejected(ml4_target: Target, ml4_endpoin
 
 
 @STREAM
+@fails_with("baseline.refused", "the stored baseline cannot judge this run (other conditions, made elsewhere)")
 def test_reasoning_share_of_output_is_measured(chat: ChatSession, ml4_target: Target, ml4_run_dir: Path,
                                                ml4_share_baseline: ShareBaselineChoice, ml4_endpoint: Endpoint,
                                                record_property: Any, stream: bool) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ml4.checks.codes import fail, require
+from pytest_ml4.checks.codes import fail, fails_with, require
 from pytest_ml4.checks.kv import (
     kv_pool_verdict,
     max_concurrency_verdict,
@@ -153,6 +153,7 @@ def _retry_window(target: Target, proxy: Any) -> RetryWindow | None:
                                                                num_retries=getattr(proxy, "num_retries", None)))
 
 
+@fails_with("restart.no_retry", "no request during the restart needed the proxy's retry: the check crossed no outage")
 def test_new_requests_during_restart(requests_run: RestartRun, ml4_target: Target, ml4_restart_endpoint: Endpoint,
                                      ml4_proxy: Any, record_property: Any) -> None:
     """New requests during the restart succeed where the target allows no client error (a proxy retries them)."""
@@ -191,6 +192,7 @@ def test_recovery_time(requests_run: RestartRun, ml4_target: Target, record_prop
     print(f"recovery {took:.2f} s (limit {ml4_target.gates.recovery_time_s_max:.0f} s)")
 
 
+@fails_with("restart.no_fresh_boot", "the engine log shows no boot after the restart")
 def test_fresh_boot_in_logs(requests_run: RestartRun, ml4_restart_logs: Any, ml4_target: Target) -> None:
     """Every engine's log shows a boot that started after the restart began."""
     assert_scenario_judgeable(requests_run, REQUESTS_SCENARIO)
@@ -206,6 +208,8 @@ def test_fresh_boot_in_logs(requests_run: RestartRun, ml4_restart_logs: Any, ml4
             f"{requests_run.triggered_wall:.0f}): {start.quote}")
 
 
+@fails_with("restart.kv_after_restart",
+            "after the restart the KV pool falls short or the log shows an OOM or engine death")
 def test_kv_pool_and_no_oom_after_restart(requests_run: RestartRun, ml4_restart_logs: Any, ml4_target: Target,
                                           kv_before: dict[str, bool]) -> None:
     """The KV verdicts of ``pytest_ml4.checks.kv`` after the restart: no failure line, no verdict worse than before."""
@@ -219,6 +223,8 @@ def test_kv_pool_and_no_oom_after_restart(requests_run: RestartRun, ml4_restart_
     require(not problems, "restart.kv_after_restart", lambda: "after the restart:\n" + "\n".join(problems))
 
 
+@fails_with("restart.chat_failed", "a chat after the restart failed")
+@fails_with("restart.chat_wrong_answer", "a chat after the restart answered wrongly")
 def test_smoke_chat_after_restart(requests_run: RestartRun, ml4_restart_endpoint: Endpoint,
                                   restart_spec: dict[str, Any]) -> None:
     assert_scenario_judgeable(requests_run, REQUESTS_SCENARIO)
@@ -264,6 +270,7 @@ def test_session_affinity(requests_run: RestartRun, ml4_restart_endpoint: Endpoi
 
 
 @pytest.mark.disagg
+@fails_with("dynamo.turn_failed")
 def test_disagg_prefill_decode_handoff(requests_run: RestartRun, ml4_restart_endpoint: Endpoint,
                                        restart_spec: dict[str, Any]) -> None:
     assert_scenario_judgeable(requests_run, REQUESTS_SCENARIO)
@@ -280,6 +287,8 @@ def test_disagg_prefill_decode_handoff(requests_run: RestartRun, ml4_restart_end
 
 
 @pytest.mark.disagg
+@fails_with("restart.model_not_unlisted", "the model stayed in /v1/models while no prefill worker could serve it")
+@fails_with("restart.model_not_back", "the model did not come back to /v1/models after the prefill pods were replaced")
 def test_model_leaves_and_returns_while_prefill_pods_gone(requests_run: RestartRun, ml4_restart_controller: Any,
                                                           ml4_restart_endpoint: Endpoint,
                                                           restart_budget: RestartBudget) -> None:

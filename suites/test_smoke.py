@@ -16,7 +16,7 @@ import openai
 import pytest
 import yaml
 
-from pytest_ml4.checks.codes import fail, require
+from pytest_ml4.checks.codes import fail, fails_with, require
 from pytest_ml4.checks.expected import (
     Expected,
     answer_to_refuse,
@@ -68,6 +68,8 @@ def test_health(ml4_target: Target, ml4_endpoint: Endpoint, ml4_worker_engine: d
         assert_engine_behind_proxy_healthy(ml4_endpoint, ml4_target, DATA["health_path"][engine_stack])
 
 
+@fails_with("models.http_status", "GET /v1/models does not answer 200")
+@fails_with("models.served_name_missing", "the served model name is missing from /v1/models")
 def test_models_lists_served_name(ml4_target: Target, http_client: httpx.Client) -> None:
     resp = http_client.get("/models")
     where = display_url(str(resp.request.url))
@@ -91,6 +93,7 @@ def _engine_card(ml4_target: Target, ml4_endpoint: Endpoint) -> dict[str, Any] |
     return next((c for c in decode_json(resp, "engine GET /v1/models").get("data", []) if c.get("id") == name), None)
 
 
+@fails_with("models.max_model_len", "the served context length differs from the target's max_model_len")
 def test_models_max_model_len(ml4_target: Target, ml4_endpoint: Endpoint, http_client: httpx.Client) -> None:
     body = decode_json(http_client.get("/models"), "GET /v1/models")
     card = next(c for c in body["data"] if c.get("id") == ml4_target.serving.served_model_name)
@@ -105,6 +108,11 @@ def test_models_max_model_len(ml4_target: Target, ml4_endpoint: Endpoint, http_c
             lambda: f"max_model_len {length} on /v1/models differs from the target's {ml4_target.engine.max_model_len}")
 
 
+@fails_with("chat.request_failed")
+@fails_with("chat.finish_reason", "a plain answer did not finish with stop")
+@fails_with("chat.no_usage", "a non-streamed answer carries no usage")
+@fails_with("chat.usage_sum", "prompt_tokens + completion_tokens != total_tokens")
+@fails_with("smoke.wrong_answer", "the known question got a wrong answer")
 def test_chat_answers_known_question(ml4_target: Target, openai_client: Any) -> None:
     try:
         resp = openai_client.chat.completions.create(
@@ -122,6 +130,10 @@ def test_chat_answers_known_question(ml4_target: Target, openai_client: Any) -> 
             lambda: f"usage does not add up: {usage}")
 
 
+@fails_with("stream.error_event", "a stream carried an in-band error event")
+@fails_with("stream.finish_reason", "a plain streamed answer did not finish with stop")
+@fails_with("stream.no_first_token", "no time to first token was measured for a stream")
+@fails_with("smoke.wrong_answer")
 def test_stream_answers_known_question_with_clean_grammar(ml4_target: Target, http_client: httpx.Client) -> None:
     from pytest_ml4.client.stream_probe import probe_chat_stream
 
@@ -138,6 +150,10 @@ def test_stream_answers_known_question_with_clean_grammar(ml4_target: Target, ht
             lambda: f"no time to first token measured (ttft {result.ttft_s})")
 
 
+@fails_with("stream.no_usage", "no usage chunk although stream_options.include_usage was set")
+@fails_with("stream.usage_sum", "a stream's usage does not add up")
+@fails_with("stream.too_few_events", "a streamed answer has too few SSE events to be streamed")
+@fails_with("smoke.usage_disagrees_with_text", "usage.completion_tokens disagrees with the streamed text's token count")
 def test_stream_usage_agrees_with_streamed_text(ml4_target: Target, http_client: httpx.Client,
                                                 ml4_token_counter: Any) -> None:
     from pytest_ml4.client.stream_probe import probe_chat_stream
@@ -185,6 +201,8 @@ def test_wrong_api_key_is_refused(ml4_target: Target, ml4_endpoint: Endpoint) ->
     assert_answer_expected(resp, _expect(ml4_target, "bad_api_key"), "wrong API key")
 
 
+@fails_with("chat.burst_failed", "requests of a parallel burst failed")
+@fails_with("chat.burst_wrong_answer", "answers of a parallel burst do not hold the known answer")
 def test_parallel_burst_all_succeed(ml4_target: Target, async_openai_client: Any) -> None:
     burst = DATA["burst"]
 

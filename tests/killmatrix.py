@@ -4,7 +4,7 @@
 Kept apart from the tests so the harness's tests can drive it on a doctored copy of ``suites/``.
 
 A run is judged by each check's *verdict code* (``pytest_ml4.checks.codes``): the ``[code]`` leading the failure
-message, raised from the place ``pytest_ml4/data/verdicts/codes.yaml`` declares for it (the origin the plugin
+message, raised from a function declared to raise it (``@fails_with``; the origin the plugin
 records as the JUnit property ``ml4_verdict_origin``). An optional ``message:`` regex is matched against the failure
 message only where the code alone cannot say which of several kills it was: the message of the exception the
 check raised, without pytest's ``assert ...`` explanation. Never the traceback: it holds the check's source, so a
@@ -34,7 +34,7 @@ from killmatrix_file import (
     resolve,
 )
 
-from pytest_ml4.checks.codes import CODES_FILE, declared_origins, origin_allowed
+from pytest_ml4.checks.codes import declared_origins, declared_places, origin_allowed
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR
 
 REPO = Path(__file__).resolve().parent.parent
@@ -450,7 +450,7 @@ def plan_kill_run(m: Matrix, kills: list[Kill], profile: str, root: Path = REPO)
 
 def judge_named(outcome: Outcome, node: str, kill: Kill, expect: Expect) -> str | None:
     """Why the named check did not fail as its kill requires, or None: the code it raised, the place it raised it
-    from (codes.yaml's ``from``), and the message where the matrix gives a regex."""
+    from (a function declared to raise it), and the message where the matrix gives a regex."""
     expect = expect.for_node(node)
     if outcome.status != "failed":
         return f"{node}: {outcome.status} under {kill.name} ({kill.why})"
@@ -463,7 +463,8 @@ def judge_named(outcome: Outcome, node: str, kill: Kill, expect: Expect) -> str 
                     f"{outcome.message[:300]}")
         if not origin_allowed(expect.code, outcome.origin):
             return (f"{node}: raised [{expect.code}] from {outcome.origin}, not from "
-                    f"{', '.join(declared_origins(expect.code))} ({CODES_FILE.name}): {outcome.message[:300]}")
+                    f"{', '.join(declared_origins(expect.code))} "
+                    f"(declared at {', '.join(declared_places(expect.code))}): {outcome.message[:300]}")
     pattern = expect.pattern(node)
     if pattern is not None and not re.search(pattern, outcome.message):
         return f"{node}: failed, but its message does not name the defect /{pattern}/: {outcome.message[:400]}"

@@ -24,13 +24,12 @@ from pydantic import (
     model_validator,
 )
 
-from pytest_ml4.checks.codes import CODES_FILE, known_codes
+from pytest_ml4.checks.codes import CODE_FORM, known_codes
 from pytest_ml4.target.model import TargetError, read_yaml_strict
 
 #: The entries a check may give, exactly one of which says how it is proven (or why it is not).
 VERDICT_KEYS = ("killed_by", "measurement", "skipped", "pending")
 #: What a verdict code looks like (``area.property``): a ``killed_by`` string of this form is a code, else a regex.
-CODE_FORM = re.compile(r"^[a-z0-9_]+(?:\.[a-z0-9_]+)+$")
 #: How a check may end under a kill that lists it as collateral (``{why, outcome}``): ``not_judged`` is a skip
 #: whose reason starts with ``not judged: ``, ``skipped`` any other skip.
 CollateralOutcome = Literal["failed", "skipped", "not_judged"]
@@ -92,9 +91,9 @@ class ExpectEntry(_Entry):
             raise ValueError("must be a verdict code or {code, message, only, except}")
         if self.code is None:
             raise ValueError(f"a message regex without a verdict code; name the code the check raises "
-                             f"(code: area.property, declared in {CODES_FILE.name})")
+                             "(code: area.property, declared with @fails_with on the function that raises it)")
         if self.code not in known_codes():
-            raise ValueError(f"verdict code {self.code!r} is not declared in {CODES_FILE}")
+            raise ValueError(f"verdict code {self.code!r} is not declared (no @fails_with names it)")
         return self
 
 

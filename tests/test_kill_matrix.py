@@ -2,7 +2,7 @@
 
 ``fixtures/killmatrix/<target>.yaml`` lists, for every test function in ``suites/``, the kills that must fail it
 (simulator faults, recorded bad logs and configs, broken settings) with the verdict code it must fail with (raised
-from where ``codes.yaml`` declares; a message regex beside it where the code cannot tell two kills apart), or
+from a function declared to raise it, ``@fails_with``; a message regex beside it where the code cannot tell two kills apart), or
 why it has no killer (``measurement``, ``skipped`` on the target, ``pending``). A target's matrix is its file over
 the chain of files it names as ``base``, which ends at ``common.yaml``: the entries every target shares, so a check
 killed alike everywhere is one entry there. The format is typed in ``tests/killmatrix_file.py`` (a bad field fails

@@ -248,7 +248,7 @@ _ONE_CHECK = ("target: a\nprofiles: {offline: {sim: false}}\nprofile_of: {suites
 
 @pytest.mark.parametrize(("entry", "refusal"), [
     pytest.param("preflight.nothing_deployabel", "a.yaml: line 7: suites/test_preflight.py::test_manifests_parse: "
-                 "killed_by.k1: verdict code 'preflight.nothing_deployabel' is not declared in", id="undeclared"),
+                 "killed_by.k1: verdict code 'preflight.nothing_deployabel' is not declared", id="undeclared"),
     pytest.param("{code: preflight.typo, message: x}", "killed_by.k1: verdict code 'preflight.typo' is not declared",
                  id="undeclared-with-message"),
     pytest.param("'no vLLM launch'", "a.yaml: line 7: suites/test_preflight.py::test_manifests_parse: killed_by.k1: "
@@ -259,7 +259,7 @@ _ONE_CHECK = ("target: a\nprofiles: {offline: {sim: false}}\nprofile_of: {suites
                  id="unknown-key"),
 ])
 def test_a_matrix_entry_without_a_declared_code_is_refused_at_load(tmp_path: Path, entry: str, refusal: str) -> None:
-    """A kill names a code codes.yaml declares; a typo, or a regex standing alone, is one line naming the file,
+    """A kill names a declared code (``@fails_with``); a typo, or a regex standing alone, is one line naming the file,
     the line, the check and the kill."""
     from killmatrix_file import MatrixError
 
@@ -295,7 +295,7 @@ checks:
     pytest.param("{sim: false}", "{sim: sometimes}", "a.yaml: line 3: profiles.offline.sim: Input should be a valid "
                  "boolean", id="profile-sim"),
     pytest.param("preflight.unparsable", "preflight.unparseable", "a.yaml: line 16: suites/test_x.py::one: "
-                 "killed_by.k1.1: verdict code 'preflight.unparseable' is not declared in", id="second-part-code"),
+                 "killed_by.k1.1: verdict code 'preflight.unparseable' is not declared", id="second-part-code"),
     pytest.param("{measurement: m}", "{measurement: m, pending: p}", "a.yaml: line 17: suites/test_x.py::two: give "
                  "exactly one of killed_by, measurement, skipped, pending (got ['measurement', 'pending'])",
                  id="two-verdicts"),
@@ -360,17 +360,18 @@ def test_a_code_entry_reads_as_code_message_and_instances(tmp_path: Path) -> Non
     assert (expect.code, expect.message) == ("preflight.nothing_deployable", None)
 
 
-def test_every_code_a_matrix_names_says_where_it_is_raised() -> None:
-    """A code without ``from:`` in codes.yaml would let any function raise it unnoticed: every code a kill names
-    declares its origin."""
+def test_every_code_a_matrix_names_is_declared_where_it_is_raised() -> None:
+    """Every code a kill names is declared with ``@fails_with`` on a function: the place its check must raise it
+    from, which the kill's judgement holds the check to."""
     from killmatrix import TARGETS
 
-    from pytest_ml4.checks.codes import CODES_FILE, declared_origins
+    from pytest_ml4.checks.codes import declared_origins, known_codes
 
     named = {(t, p.code) for t in TARGETS for c in load_matrix(t).checks.values()
              for e in c.killed_by.values() for p in (e.parts or (e,)) if p.code}
-    bare = sorted(f"{t}: {code}" for t, code in named if not declared_origins(code))
-    assert not bare, f"codes named by kill matrices without `from:` in {CODES_FILE}: {bare}"
+    assert named, "the kill matrices name no verdict code"
+    undeclared = sorted(f"{t}: {code}" for t, code in named if code not in known_codes() or not declared_origins(code))
+    assert not undeclared, f"codes named by kill matrices that no @fails_with declares: {undeclared}"
 
 
 # ------------------------------------------------------------------------------------ outcomes the harness sees

@@ -1,7 +1,7 @@
 """The verdicts: every function a suite calls to judge the deployment, one module per concern, without pytest.
 
 A verdict is named for what must hold, ``assert_<what must hold>(...)``: it raises a
-:class:`~pytest_ml4.checks.codes.Violation` (an AssertionError) with a stable code from ``data/verdicts/codes.yaml``
+:class:`~pytest_ml4.checks.codes.Violation` (an AssertionError) with a stable code declared on it (``@fails_with``)
 (the kill matrix matches the code and the function that raised it) and a message naming the defect, or
 :class:`~pytest_ml4.checks.verdict.NotJudged` where the evidence is missing; it returns the figure a report records,
 if any. Where a verdict is reported even when it holds, its pure part is ``<what>_verdict(...)`` beside it. What is

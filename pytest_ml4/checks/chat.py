@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import httpx
 import openai
 
-from pytest_ml4.checks.codes import fail
+from pytest_ml4.checks.codes import fail, fails_with
 from pytest_ml4.checks.protocol import (
     Assembled,
     assert_stream_clean,
@@ -75,6 +75,8 @@ def sdk_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
+@fails_with("chat.request_failed", "a chat request was answered with an error")
+@fails_with("chat.not_a_completion", "a non-streamed answer is not a chat completion")
 def ask(openai_client: openai.OpenAI, http_client: httpx.Client, body: dict[str, Any], stream: bool,
         transcript_dir: Path | None = None, name: str = "chat") -> Answer:
     """Send ``body``; a failed request or a broken stream fails here with the reason."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pytest_ml4.checks.codes import fail
+from pytest_ml4.checks.codes import fail, fails_with
 from pytest_ml4.checks.verdict import NotJudged
 from pytest_ml4.control.dynamo import SESSION_HEADER, AffinityRun, Turn
 from pytest_ml4.control.k8s_restart import NVEXT_ABSENT_CAUSES
@@ -41,6 +41,9 @@ def assert_worker_ids_known(turns: list[Turn], check: str) -> None:
                         f"unknown; likely cause: {NVEXT_ABSENT_CAUSES}\n" + "\n".join(t.line() for t in turns))
 
 
+@fails_with("dynamo.turn_failed", "a turn of a routing probe's conversation failed")
+@fails_with("dynamo.affinity_off", "one session was served by different workers: session affinity is off")
+@fails_with("dynamo.affinity_partial", "a session kept one phase's worker but not its binding of the other phase")
 def assert_session_affinity(run: AffinityRun) -> Any:
     """Session turn 2 stayed on turn 1's worker although KV routing (proven by the control) would have sent its
     prefix to the other worker of the routed phase, and on turn 1's worker of every other bound phase; returns
@@ -78,6 +81,9 @@ def assert_session_affinity(run: AffinityRun) -> Any:
     return first.worker(field)
 
 
+@fails_with("dynamo.turn_failed")
+@fails_with("dynamo.no_cached_tokens", "the continuation turn reports no cached prompt tokens")
+@fails_with("dynamo.kv_hit_rate", "nvext kv_hit_rate disagrees with the cached tokens the turn reports (KV events off)")
 def assert_prefix_reused(turns: list[Turn], block_size: int) -> int:
     """The router's figures show the continuation reusing the previous turn's KV blocks; returns its cached tokens.
 
@@ -133,6 +139,7 @@ def _handoff_problems(turn: Turn, by_id: dict[Any, dict[str, Any]]) -> list[str]
     return problems
 
 
+@fails_with("dynamo.no_handoff", "a turn was not prefilled on a prefill worker and decoded on a decode worker")
 def assert_prefill_decode_handoff(turns: list[Turn], instances: list[dict[str, Any]]) -> list[tuple[Any, Any]]:
     """Every turn was prefilled and decoded on different instances, the prefill one from the prefill component.
     Every turn, not the first only: a continuation turn is the one whose prefix the decode worker already holds,

@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from pytest_ml4.checks.codes import fail, require
+from pytest_ml4.checks.codes import fail, fails_with, require
 from pytest_ml4.client.endpoint import decode_json, quote_body
 from pytest_ml4.client.stream_probe import StreamResult
 from pytest_ml4.client.transport import DeadlineExceeded
@@ -104,6 +104,7 @@ def expected_for(table: Mapping[str, Any], stack: str, case: str, where: str | o
     raise ExpectationError(f"{where}: no expectation for case {case!r} on stack {stack!r} (looked in {seen})")
 
 
+@fails_with("answer.none", "a request got no HTTP answer")
 def _answer(resp: httpx.Response | StreamResult, what: str) -> tuple[int, str, Any]:
     """Status, raw text and decoded JSON body (None for a 200) of a plain or streamed answer."""
     if isinstance(resp, StreamResult):
@@ -121,6 +122,7 @@ def _answer(resp: httpx.Response | StreamResult, what: str) -> tuple[int, str, A
     return code, text, (decode_json(resp, what) if code != ACCEPTED else None)
 
 
+@fails_with("answer.not_served", "a request the stack accepts was not served: an in-band error after the 200")
 def assert_served(resp: httpx.Response | StreamResult, what: str) -> None:
     """Where a stack's row says it accepts a request, accepted must mean served: a stream that opened with 200 and
     then carried an in-band error (a worker failing the request) was not. Not part of :func:`assert_answer_expected`: a
@@ -158,6 +160,8 @@ def _shape_problems(body: Any, code: int, shape: str | None) -> list[str]:
     return [] if body.get("code") == code else [f"code {body.get('code')!r} is not the HTTP status {code}"]
 
 
+@fails_with("answer.computed_not_refused",
+            "a request that must be refused at validation was still computing at its deadline")
 def answer_to_refuse(send: Callable[[], httpx.Response], what: str) -> httpx.Response:
     """The answer to a request the deployment must refuse at validation, before any prefill.
 
@@ -172,6 +176,12 @@ def answer_to_refuse(send: Callable[[], httpx.Response], what: str) -> httpx.Res
                                             f"is computing the prompt instead of refusing it ({e})")
 
 
+@fails_with("answer.known_defect", "the answer is one a stack's row names as a known defect")
+@fails_with("answer.refused", "a request the stack must accept was refused")
+@fails_with("answer.accepted", "a request the stack must refuse was accepted (HTTP 200)")
+@fails_with("answer.status", "a refusal with another HTTP status than the stack's")
+@fails_with("answer.body", "a refusal's body differs from the stack's exact body")
+@fails_with("answer.error_body", "a refusal's error body has the wrong shape, message or fields")
 def assert_answer_expected(resp: httpx.Response | StreamResult, expected: Expected, what: str) -> Any:
     """Assert ``resp`` is what ``expected`` says the stack answers; returns the decoded error body (None for 200)."""
     code, text, body = _answer(resp, what)

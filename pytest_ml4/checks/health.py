@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from pytest_ml4.checks.codes import require
+from pytest_ml4.checks.codes import fails_with, require
 from pytest_ml4.client.endpoint import Endpoint, decode_json, refuse_html
 from pytest_ml4.control.dynamo import role_instance_ids, worker_instance_ids
 from pytest_ml4.target.model import Target
@@ -22,6 +22,7 @@ from pytest_ml4.target.model import Target
 HEALTH_TIMEOUT_S = 10
 
 
+@fails_with("health.http_status", "the endpoint's health path does not answer 200")
 def assert_endpoint_healthy(endpoint: Endpoint, path: str) -> httpx.Response:
     """``GET <root><path>`` answers 200 with something other than an HTML page; returns the answer."""
     resp = httpx.get(endpoint.root_url + path, headers=endpoint.auth_headers(), timeout=HEALTH_TIMEOUT_S)
@@ -52,6 +53,9 @@ def _short_roles(health: Any, want: Mapping[str, int], who: str) -> list[str]:
             for role, n in want.items() if len(listed[role]) < n]
 
 
+@fails_with("health.frontend_unhealthy", "the Dynamo frontend's /health does not say healthy")
+@fails_with("health.no_worker", "the Dynamo frontend lists no worker instance")
+@fails_with("health.workers_missing", "fewer worker instances (of a role) registered than the deployment has")
 def assert_dynamo_workers_registered(resp: httpx.Response, path: str, target: Target,
                                      reduced_to: Mapping[str, int] | None = None) -> None:
     """The Dynamo frontend's /health is healthy and lists at least the expected workers (per role when disagg;
@@ -73,6 +77,8 @@ def assert_dynamo_workers_registered(resp: httpx.Response, path: str, target: Ta
                     f"workers: not every worker registered")
 
 
+@fails_with("health.engine_unreachable", "the engine behind the proxy cannot be reached to ask its own health")
+@fails_with("health.engine_unhealthy", "the engine behind the proxy answers its health path with other than 200")
 def assert_engine_behind_proxy_healthy(endpoint: Endpoint, target: Target, engine_path: str) -> None:
     """The engine behind the proxy answers its own health path with 200 (the proxy's liveness proves nothing)."""
     proxy = target.serving.proxy.kind if target.serving.proxy else "(none)"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_ml4.accuracy.stats import wilson
-from pytest_ml4.checks.codes import require
+from pytest_ml4.checks.codes import fails_with, require
 from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.evidence.kv_load import LoadResult, MetricsRead, SpecCounts
 from pytest_ml4.logs.events import (
@@ -70,7 +70,7 @@ class Verdict:
         return self.missing or self.own_code or VERDICT_CODES[self.name]
 
 
-#: The code each verdict fails with (``pytest_ml4/data/verdicts/codes.yaml``), by verdict name.
+#: The code each verdict fails with (declared on :func:`assert_holds`, which raises it), by verdict name.
 VERDICT_CODES = {"kv_pool": "kv.pool_short", "kv_max_concurrency": "kv.max_concurrency_short",
                  "kv_peak_usage": "kv.peak_usage_over_limit", "no_failures": "kv.engine_failure",
                  "spec_decode": "kv.spec_acceptance"}
@@ -314,6 +314,25 @@ class VerdictReport:
     record: Callable[[str, Any], None]
 
 
+@fails_with("kv.pool_short", "the engine's KV pool does not hold the target's requirement")
+@fails_with("kv.engine_failure", "an OOM, start-up refusal, KV shortage or engine death since the last boot")
+@fails_with("kv.load_failed_unexplained", "the load failed but the engine log has no known failure line")
+@fails_with("kv.spec_acceptance", "speculative-decoding acceptance outside the target's ranges")
+@fails_with("kv.spec_not_running",
+            "speculative decoding is configured, but no SpecDecoding line or counter shows it running")
+@fails_with("kv.no_pool_line",
+            "the engine log has no 'GPU KV cache size' line since the last boot: the KV pool was never sized")
+@fails_with("kv.pool_disagrees_with_metrics",
+            "the logged KV pool disagrees with vllm:cache_config_info or the target's engine flags")
+@fails_with("kv.metrics_unreadable",
+            "the engine's /metrics could not be read (or lacks the vllm:* family the check needs)")
+@fails_with("kv.max_concurrency_short",
+            "the logged maximum concurrency at max_model_len is under gates.kv_max_concurrency_min")
+@fails_with("kv.max_model_len_differs",
+            "the KV line's max_model_len differs from the target's, or carries no concurrency figure")
+@fails_with("kv.usage_unknown", "no KV usage to judge: no stats line and no vllm:kv_cache_usage_perc sample")
+@fails_with("kv.load_failed", "the KV load failed, so its usage figures prove nothing")
+@fails_with("kv.peak_usage_over_limit", "peak KV usage reached gates.kv_usage_pct_max")
 def assert_holds(verdict: Verdict, view: LogView, report: VerdictReport, extra: str = "",
                  unchecked: str | None = None) -> None:
     """Report the verdict, then assert it; ``unchecked``: why its /metrics cross-check could not run (a passing

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_ml4.checks.chat import attach
-from pytest_ml4.checks.codes import fail
+from pytest_ml4.checks.codes import fail, fails_with
 from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.perf.probes import LoadAnswers, PhaseProbes, first_violation
 
@@ -34,6 +34,8 @@ def assert_answers_correct_under_load(kind: str, found: Sequence[PhaseProbes], f
     return sent
 
 
+@fails_with("load.answer_wrong",
+            "a functional probe sent beside a load phase got an answer that fails the single-request suites' verdict")
 def _fail_on_first_probe_violation(kind: str, found: Sequence[PhaseProbes], sent: int) -> None:
     first = first_violation(found)
     if first is None:
@@ -45,6 +47,14 @@ def _fail_on_first_probe_violation(kind: str, found: Sequence[PhaseProbes], sent
                               f"transcript {first.transcript})")
 
 
+@fails_with("load.reasoning_missing",
+            "where the load's workload reasons, some of its answers (aiperf's per-request usage) report no reasoning "
+            "tokens")
+@fails_with("load.usage_inconsistent",
+            "a load answer's usage does not add up (reasoning over completion tokens, prompt + completion != total)")
+@fails_with("load.error_in_200",
+            "load answers were HTTP 200 but ended without their usage (aiperf --use-server-token-count): an error "
+            "body inside the 200 or a cut stream, which aiperf 0.13 counts as a success without recording the body")
 def assert_load_answers_consistent(answers: Sequence[LoadAnswers]) -> None:
     """The load's own answers (aiperf's per-request usage): where the workload reasons, every answer reports its
     reasoning tokens (an answer without them had its reasoning left in content or dropped, ``load.reasoning_missing``);

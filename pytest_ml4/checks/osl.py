@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from pytest_ml4.checks.codes import fail, require
+from pytest_ml4.checks.codes import fail, fails_with, require
 from pytest_ml4.client.endpoint import Endpoint
 from pytest_ml4.client.stream_probe import StreamResult, probe_chat_stream
 from pytest_ml4.client.urls import display_url
@@ -69,6 +69,10 @@ def stream_fixed_length(http_client: httpx.Client, endpoint: Endpoint, target: T
                     f"{counter} at {display_url(url)}")
 
 
+@fails_with("osl.request_failed", "a fixed-length request did not stream to its end without errors")
+@fails_with("osl.no_usage", "a fixed-length stream carried no usage although include_usage was asked")
+@fails_with("osl.usage_not_n", "usage.completion_tokens differs from min_tokens = max_tokens")
+@fails_with("osl.finish_reason", "a fixed-length request did not finish with length: an EOS ended it early")
 def assert_usage_exactly_n(results: Sequence[StreamResult], n: int) -> None:
     """Each request streamed to its end and its final usage reports exactly ``n`` completion tokens."""
     for r in results:
@@ -85,6 +89,10 @@ def assert_usage_exactly_n(results: Sequence[StreamResult], n: int) -> None:
             fail("osl.finish_reason", f"finish_reason {r.finish_reason!r}: an EOS ended the request early")
 
 
+@fails_with("osl.streamed_count_not_n", "the per-chunk usage of a fixed-length stream does not sum to its length")
+@fails_with("osl.empty_chunk", "a content chunk carried no new token")
+@fails_with("osl.engine_count_not_n", "the engine's generated-token counter grew by other than length x requests")
+@fails_with("osl.no_streamed_count", "neither per-chunk usage nor the engine's counter counted the stream")
 def assert_streamed_count_exactly_n(streamed: Streamed, n: int) -> None:
     """The per-chunk usage sums to ``n`` per request where the path keeps it, and the engine's counter grew by
     ``n`` per request where it can be read; at least one of the two counted."""
@@ -113,6 +121,12 @@ def fixed_length_aiperf_spec(perf_client: Client, n: int) -> AiperfSpec:
                       duration_s=None, request_count=8, min_tokens=n, server_metrics_url=perf_client.metrics_url)
 
 
+@fails_with("osl.aiperf_no_osl", "aiperf wrote no output_sequence_length")
+@fails_with("osl.aiperf_osl_not_n", "aiperf's output_sequence_length is not min = max = n, std 0")
+@fails_with("osl.aiperf_no_min_tokens", "aiperf's fixed-length run was not asked with min_tokens")
+@fails_with("osl.aiperf_ignore_eos", "aiperf's fixed-length run held the length with ignore_eos")
+@fails_with("osl.aiperf_records_missing", "aiperf wrote fewer per-request records than requests")
+@fails_with("osl.aiperf_records_not_n", "aiperf records requests without exactly n completion tokens")
 def assert_aiperf_export_exactly_n(run: RunResult, n: int) -> None:
     """aiperf's export: output_sequence_length min = max = ``n``, std 0, asked with ``min_tokens``, and every
     request's record at exactly ``n`` completion tokens."""
@@ -133,6 +147,9 @@ def assert_aiperf_export_exactly_n(run: RunResult, n: int) -> None:
             lambda: f"requests without exactly {n} completion tokens: {bad[:5]}")
 
 
+@fails_with("osl.no_log_lines",
+            "no engine log lines while the fixed-OSL requests ran: the grammar-kill check cannot see them")
+@fails_with("osl.grammar_kill", "the engine log shows a request terminated by the grammar")
 def assert_no_grammar_kill(view: LogView, attach: Callable[[LogView, Sequence[LogEvent], str], Any]) -> None:
     """The engine log's lines since the fixed-length requests started (``view``) are there, and no grammar kill
     among them; ``attach`` reports the kills it found (the plugin's ``ml4_attach_log``)."""
@@ -146,6 +163,8 @@ def assert_no_grammar_kill(view: LogView, attach: Callable[[LogView, Sequence[Lo
             "fixed-OSL run:\n" + view.excerpt(kills) + "\n" + WHY_NOT_IGNORE_EOS)
 
 
+@fails_with("osl.ignore_eos_in_manifests", "the target's manifests hold the length with ignore_eos")
+@fails_with("osl.ignore_eos_in_extra_inputs", "the user's --perf-extra-input holds the length with ignore_eos")
 def assert_no_ignore_eos(manifests: Sequence[Path], extra_inputs: Mapping[str, Any]) -> None:
     """Neither the target's manifests nor the user's ``--perf-extra-input`` hold the length with ignore_eos."""
     uses = ignore_eos_in_files(manifests)

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from pytest_ml4.checks.codes import require
+from pytest_ml4.checks.codes import fails_with, require
 from pytest_ml4.checks.expected import Expected, assert_answer_expected, error_object
 from pytest_ml4.client.endpoint import quote_body
 from pytest_ml4.client.stream_probe import StreamResult
@@ -66,11 +66,16 @@ def control_token_leaks(fields: Mapping[str, str]) -> list[str]:
     return found
 
 
+@fails_with("protocol.control_tokens", "a control token (a parser's markup) leaked into a client-visible field")
 def assert_no_control_tokens(message: Mapping[str, Any], where: str) -> None:
     leaks = control_token_leaks(visible_fields(message))
     require(not leaks, "protocol.control_tokens", lambda: f"{where}: " + "; ".join(leaks))
 
 
+@fails_with("stream.no_answer", "a stream got no HTTP answer")
+@fails_with("stream.http_status", "a stream was answered with other than HTTP 200")
+@fails_with("stream.grammar",
+            "the SSE stream breaks vLLM's grammar (no [DONE], events after it, malformed chunks, an in-band error)")
 def assert_stream_clean(result: StreamResult, where: str | None = None) -> None:
     """HTTP 200, no grammar violation, no in-band error; the message (one line, naming the URL unless ``where``
     says otherwise) lists every problem found."""
@@ -151,6 +156,7 @@ class Assembled:
         return out
 
 
+@fails_with("protocol.stream_differs", "a streamed answer assembles differently from the same request non-streamed")
 def assert_stream_equals_non_stream(streamed: Assembled, whole: Assembled, lenient_tool_finish: bool = False) -> None:
     diffs = streamed.differences(whole, lenient_tool_finish)
     require(not diffs, "protocol.stream_differs",

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from pytest_ml4.checks.chat import Answer, ChatSession, attach, send_raw, user
-from pytest_ml4.checks.codes import fail, require
+from pytest_ml4.checks.codes import fail, fails_with, require
 from pytest_ml4.checks.expected import Expected, assert_answer_expected, assert_served
 from pytest_ml4.checks.protocol import assert_no_control_tokens, assert_rejected
 from pytest_ml4.checks.verdict import not_judged
@@ -61,6 +61,10 @@ def reasoning_tokens(usage: Mapping[str, Any] | None) -> int | None:
     return int(value) if isinstance(value, (int, float)) else None
 
 
+@fails_with("reasoning.markup_in_content",
+            "the reasoning markup ([THINK]) leaked into content: the reasoning parser is off")
+@fails_with("reasoning.not_separated", "no reasoning field although the model reasons by default")
+@fails_with("reasoning.repeated_in_content", "the reasoning text is repeated in content")
 def assert_reasoning_separated(message: Mapping[str, Any], where: str) -> str:
     """There is reasoning, it sits in the reasoning field, and content carries the answer only. Returns it."""
     reasoning = message.get("reasoning")
@@ -82,6 +86,10 @@ def assert_reasoning_separated(message: Mapping[str, Any], where: str) -> str:
     return reasoning
 
 
+@fails_with("reasoning.usage_no_field", "usage has no completion_tokens_details.reasoning_tokens")
+@fails_with("reasoning.usage_missing", "usage reports 0 reasoning tokens for an answer that reasoned")
+@fails_with("reasoning.usage_disagrees", "usage's reasoning_tokens disagree with the reasoning text re-tokenised")
+@fails_with("reasoning.usage_over_completion", "reasoning_tokens exceed completion_tokens")
 def assert_reasoning_tokens_agree(reasoning: str, usage: Mapping[str, Any] | None,
                                   counter: int | TokenCounter, where: str) -> int:
     """``reasoning_tokens`` in usage matches the reasoning text's token count within a few tokens. ``counter``:
@@ -125,6 +133,7 @@ def accepted_efforts(target: Target) -> tuple[str, ...]:
     return row.reasoning_efforts if row is not None else tuple(for_version(target.engine.version).reasoning_efforts)
 
 
+@fails_with("reasoning.wrong_answer", "a reasoned answer does not hold the known answer")
 def assert_right_answer(answer: Answer, expect_substring: str, where: str | None = None,
                         at: str = "in content") -> None:
     """The answer (content, not reasoning) holds the known answer to the question."""
@@ -133,6 +142,7 @@ def assert_right_answer(answer: Answer, expect_substring: str, where: str | None
                     f"{answer.content!r}")
 
 
+@fails_with("reasoning.finish_reason", "a reasoned answer did not finish with stop")
 def assert_reasoned_answer(answer: Answer, expect_substring: str) -> None:
     """No control token, the reasoning apart from the content, the right answer, ``stop``."""
     assert_no_control_tokens(answer.message, answer.where)
@@ -150,6 +160,8 @@ def assert_effort_refused(http_client: httpx.Client, model: str, prompt: str, ef
                     f"reasoning_effort={effort!r} on vLLM {vllm_version}")
 
 
+@fails_with("reasoning.effort_none_reasoned", "reasoning_effort none still produced reasoning")
+@fails_with("reasoning.effort_none_usage", "reasoning_effort none, yet usage reports reasoning tokens")
 def assert_effort_honoured(answer: Answer, effort: str, expect_substring: str,
                            counter: int | TokenCounter) -> None:
     """The right answer at ``effort``; ``none`` reasons not at all (no text, no reasoning tokens), the others
@@ -198,6 +210,8 @@ def cut_inside_reasoning(finish_reason: str | None, content: str | None) -> bool
     return finish_reason == "length" and not (content or "").strip()
 
 
+@fails_with("reasoning.share_unmeasurable",
+            "the reasoning share cannot be measured: usage lacks reasoning_tokens or completion_tokens")
 def share_row(prompt: str, usage: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
     """One measured prompt: tokens and share; AssertionError naming what usage lacks."""
     share = reasoning_share(usage)
@@ -215,6 +229,7 @@ def share_conditions(chat: ChatSession, prompts: Sequence[str], max_tokens: int,
             "reasoning_effort": chat.defaults.get("reasoning_effort"), "temperature": chat.defaults.get("temperature")}
 
 
+@fails_with("reasoning.share_no_answer", "a share prompt got no answer after its reasoning")
 def measure_share(chat: ChatSession, prompts: Sequence[str], stream: bool, source: str,
                   **limits: int) -> list[dict[str, Any]]:
     """One row per prompt. A natural answer must reason, keep it apart and answer after it; one cut inside its
@@ -326,6 +341,7 @@ def save_share_if_asked(choice: ShareBaselineChoice, rows: list[Mapping[str, Any
         save_share_baseline(choice.save, rows, conditions, provenance, tolerance)
 
 
+@fails_with("reasoning.share_drift", "the reasoning share moved from the stored baseline")
 def assert_share_within_baseline(rows: list[Mapping[str, Any]], conditions: Mapping[str, Any],
                                  choice: ShareBaselineChoice) -> None:
     """Each prompt's share stays within the tolerance of the deployment's baseline (passes as recorded while
@@ -355,6 +371,8 @@ def assert_share_within_baseline(rows: list[Mapping[str, Any]], conditions: Mapp
 SHARE_TOLERANCE = 0.02
 
 
+@fails_with("reasoning.share_outside_seed_band",
+            "the reasoning share at the seed's conditions lies outside the seed's band")
 def assert_share_in_seed_band(mean: float, band: Sequence[float] | None, n: int, rows: list[Mapping[str, Any]],
                               target_name: str) -> None:
     """At seed 000's forced length the mean share is within the target's seed figure (``gates.reasoning_share``);

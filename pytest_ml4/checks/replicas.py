@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pytest_ml4.checks.codes import fail
+from pytest_ml4.checks.codes import fail, fails_with
 from pytest_ml4.checks.osl import assert_usage_exactly_n
 from pytest_ml4.checks.reasoning import assert_effort_honoured
 from pytest_ml4.checks.tools import ToolChat, assert_parallel_calls
@@ -71,6 +71,11 @@ def _names(workers: Any) -> str:
     return " + ".join(map(str, workers))
 
 
+@fails_with("replica.worker_answers_wrong",
+            "a worker of the deployment (named by the answer's nvext.worker_id) answered a functional probe wrong "
+            "while others answered it right or were not asked")
+@fails_with("replica.wrong_answer_unattributed",
+            "a functional probe sent to each worker was answered wrong and the answer names no worker")
 def assert_every_worker_answers_right(reach: Reach, probe: str, judge: Judge) -> list[str]:
     """Every worker answered probe ``probe`` right; returns one line per worker (route) judged right."""
     if reach.unavailable:

@@ -9,7 +9,7 @@ what the release manager reads, or NotJudged where the evidence is missing. Runn
 
 from __future__ import annotations
 
-from pytest_ml4.checks.codes import fail
+from pytest_ml4.checks.codes import fail, fails_with
 from pytest_ml4.checks.verdict import NotJudged
 from pytest_ml4.control.base import RestartResult
 from pytest_ml4.control.crash import ERROR_KEYS, CrashRun, stream_ending
@@ -24,6 +24,8 @@ from pytest_ml4.stacks.litellm import RetryWindow
 BAD_VERDICTS = ("silently_truncated",)
 
 
+@fails_with("restart.phase_timeout", "the restart scenario ran past the bound of one of its phases")
+@fails_with("restart.not_completed", "the restart did not complete")
 def assert_restart_finished(run: RestartRun) -> RestartResult:
     """The scenario's own check: the restart completed within its bound. A scenario past its bound fails here
     naming its phase (once: the checks depending on it call :func:`assert_scenario_judgeable`); one not run is
@@ -48,6 +50,9 @@ def assert_scenario_judgeable(run: RestartRun, scenario: str) -> RestartResult:
     return assert_restart_finished(run)
 
 
+@fails_with("restart.scenario_invalid", "the streams the scenario judges were not running when the restart began")
+@fails_with("restart.streams_cut_silently",
+            "in-flight streams ended without a finish_reason, [DONE] or an error the client can see")
 def assert_in_flight_streams_ended_detectably(run: RestartRun) -> dict[str, int]:
     """Every in-flight stream ended detectably (completed or a detected error); returns verdict counts."""
     counts: dict[str, int] = {}
@@ -66,6 +71,10 @@ def assert_in_flight_streams_ended_detectably(run: RestartRun) -> dict[str, int]
     return counts
 
 
+@fails_with("restart.nothing_sent", "no request was sent during the restart: the scenario measured nothing")
+@fails_with("restart.client_errors",
+            "requests sent during the restart failed where the target allows no client-visible error")
+@fails_with("restart.wrong_answers", "requests answered 200 during the restart with a wrong answer")
 def assert_client_errors_as_allowed(run: RestartRun, allowed: bool, *, retry_window: RetryWindow | None = None,
                         stale: StaleInstances | None = None,
                         outage: SingleReplicaOutage | None = None) -> list[RequestOutcome]:
@@ -117,6 +126,7 @@ def _outage_beside_retry_window(run: RestartRun, window: RetryWindow | None) -> 
             f"failures are not explained by the outage's length; see what the proxy answered")
 
 
+@fails_with("restart.recovery_slow", "no new engine answered within the target's recovery limit")
 def assert_recovery_within_limit(run: RestartRun, limit_s: float) -> float:
     """Trigger to the first answer of a new engine (an answer of the old one never counts) within the limit;
     not judged where the answers could not name their engine although the controller asked them to."""
@@ -132,6 +142,8 @@ def assert_recovery_within_limit(run: RestartRun, limit_s: float) -> float:
     return run.recovery_s
 
 
+@fails_with("restart.single_replica_outage",
+            "a single replica's restart outage gave undocumented answers or never ended")
 def _assert_single_replica_outage(outage: SingleReplicaOutage, run: RestartRun, failed: list[RequestOutcome]) -> None:
     """A role of one replica: every failure is one of Dynamo's documented answers and the service recovers."""
     roles = " and ".join(f"'{r}'" for r in outage.roles)
@@ -149,6 +161,7 @@ def _assert_single_replica_outage(outage: SingleReplicaOutage, run: RestartRun, 
                                               f"({run.restart_error or 'last request failed'})\n{listing}")
 
 
+@fails_with("crash.stream_refused", "the stream to crash was refused before its worker was killed")
 def assert_stream_survives_worker_crash(run: CrashRun) -> str:
     """With migration the stream completes on another worker; without, it ends with Dynamo's own error event and
     ``[DONE]``. Returns a one-line verdict for the report; raises ``AssertionError`` quoting the timeline."""
@@ -164,6 +177,11 @@ def assert_stream_survives_worker_crash(run: CrashRun) -> str:
     return _assert_migrated(run, report) if run.migration_limit > 0 else _assert_unmigrated(run, report)
 
 
+@fails_with("crash.no_migration",
+            "a stream whose worker was SIGKILLed did not continue on another worker although migration is on")
+@fails_with("crash.tokens_lost", "a migrated stream lost or repeated tokens")
+@fails_with("crash.migration_unlogged",
+            "a stream completed, but the frontend log names no migration off the killed worker")
 def _assert_migrated(run: CrashRun, report: str) -> str:
     want = int(run.stream.request["max_tokens"])
     got = (run.stream.usage or {}).get("completion_tokens")
@@ -185,6 +203,9 @@ def _assert_migrated(run: CrashRun, report: str) -> str:
     return f"stream migrated after its worker's SIGKILL: {got}/{want} tokens, longest gap after the kill {gap}"
 
 
+@fails_with("crash.no_error_event",
+            "without migration, a stream whose worker was SIGKILLed did not end with an in-band error")
+@fails_with("crash.wrong_error_event", "the in-band error after a worker's SIGKILL is not the documented one")
 def _assert_unmigrated(run: CrashRun, report: str) -> str:
     if not run.stream.error_events:
         fail("crash.no_error_event",

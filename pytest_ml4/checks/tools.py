@@ -26,7 +26,7 @@ from pytest_ml4.checks.chat import (
     served_by_litellm,
     user,
 )
-from pytest_ml4.checks.codes import Violation, fail, require
+from pytest_ml4.checks.codes import Violation, fail, fails_with, require
 from pytest_ml4.checks.expected import assert_answer_expected, expected_for
 from pytest_ml4.checks.protocol import assert_no_control_tokens
 from pytest_ml4.client.endpoint import Endpoint, decode_json, quote_body
@@ -90,6 +90,8 @@ class ToolConventions:
 VLLM_TOOLS = ToolConventions()
 
 
+@fails_with("tools.bad_ids", "tool-call ids are not in the stack's format (vLLM: Mistral's 9 characters)")
+@fails_with("tools.duplicate_ids", "two tool calls of one answer share an id")
 def assert_mistral_tool_ids(calls: Sequence[Mapping[str, Any]], where: str,
                             conventions: ToolConventions = VLLM_TOOLS) -> None:
     """Ids in the stack's format (vLLM: Mistral's 9 characters) and unique."""
@@ -101,6 +103,8 @@ def assert_mistral_tool_ids(calls: Sequence[Mapping[str, Any]], where: str,
     require(len(set(ids)) == len(ids), "tools.duplicate_ids", lambda: f"{where}: duplicate tool-call ids {ids}")
 
 
+@fails_with("tools.arguments_not_string", "a tool call's arguments are not a JSON string")
+@fails_with("tools.invalid_json", "a tool call's arguments are not valid JSON")
 def parse_arguments(call: Mapping[str, Any], where: str) -> Any:
     """``function.arguments`` parsed as JSON, or a failure naming the call and quoting the text."""
     fn = call.get("function") or {}
@@ -121,6 +125,8 @@ def schema_errors(arguments: Any, tool: Mapping[str, Any]) -> list[str]:
             for e in sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))]
 
 
+@fails_with("tools.unknown_tool", "a tool call names a tool the request did not offer")
+@fails_with("tools.schema_invalid", "a tool call's arguments do not validate against the tool's JSON schema")
 def assert_arguments_valid(calls: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]],
                            where: str) -> list[Any]:
     """Every call names an offered tool and its arguments are JSON that validates against that tool's schema.
@@ -158,6 +164,12 @@ def named(tool: str) -> dict[str, Any]:
     return {"type": "function", "function": {"name": tool}}
 
 
+@fails_with("tools.called_under_none", "tool_choice none, yet the model called a tool")
+@fails_with("tools.no_content_under_none", "tool_choice none gave no content")
+@fails_with("tools.no_call", "a tool call was due (auto on a matching prompt, required, named) and none came back")
+@fails_with("tools.wrong_tool", "the model called another tool than the one the prompt or the named choice asks for")
+@fails_with("tools.forced_call_content", "a forced tool call (required, named) came with content")
+@fails_with("tools.finish_reason", "the finish_reason is not the one tool_choice and the calls made require")
 def assert_tool_choice_obeyed(tool_choice: Any, message: Mapping[str, Any], finish_reason: str | None,
                               expect_tool: str | None, where: str, via_litellm: bool = False,
                               no_call_cause: str | None = None,
@@ -196,6 +208,7 @@ def assert_tool_choice_obeyed(tool_choice: Any, message: Mapping[str, Any], fini
                                                                   f"with {len(calls)} call(s)")
 
 
+@fails_with("tools.argument_value", "a tool call's argument differs from the value the prompt states")
 def assert_expected_arguments(arguments: Mapping[str, Any], expected: Mapping[str, Any] | None, tool: str,
                               where: str) -> None:
     """The arguments carry the values the prompt states (``expect_args`` of a case)."""
@@ -205,6 +218,7 @@ def assert_expected_arguments(arguments: Mapping[str, Any], expected: Mapping[st
                  f"{where}: {tool} argument {key!r} is {arguments.get(key)!r}, the prompt says {value!r}")
 
 
+@fails_with("tools.named_content", "a named tool_choice gave other content than the stack's convention")
 def assert_named_content(message: Mapping[str, Any], where: str, conventions: ToolConventions = VLLM_TOOLS) -> None:
     """A named ``tool_choice`` gives the content the stack's conventions name (vLLM: empty)."""
     allowed = conventions.named_content
@@ -213,6 +227,8 @@ def assert_named_content(message: Mapping[str, Any], where: str, conventions: To
         f"({conventions.source}), got {message.get('content')!r}"))
 
 
+@fails_with("tools.parallel_call_count", "a prompt asking for several things got another number of parallel calls")
+@fails_with("tools.parallel_call_values", "the parallel calls lack the values the prompt asked about")
 def assert_parallel_calls(arguments: Sequence[Mapping[str, Any]], expect_calls: int, expect_values: Sequence[str],
                           where: str) -> None:
     """One call per thing the prompt asks about, each with its value."""
@@ -223,12 +239,14 @@ def assert_parallel_calls(arguments: Sequence[Mapping[str, Any]], expect_calls: 
             lambda: f"{where}: parallel call arguments {arguments}")
 
 
+@fails_with("tools.parallel_calls_not_filtered", "parallel_tool_calls=false still returned more than one call")
 def assert_single_call(arguments: Sequence[Any], where: str) -> None:
     """``parallel_tool_calls=false`` keeps only the first call."""
     require(len(arguments) == 1, "tools.parallel_calls_not_filtered", lambda: f"{where}: parallel_tool_calls=false "
             f"must keep only the first call (maybe_filter_parallel_tool_calls), got {len(arguments)}: {arguments}")
 
 
+@fails_with("tools.unexpected_tool", "the model called a tool the round trip has no result for")
 def with_tool_results(messages: list[dict[str, Any]], first: Answer,
                       results: Mapping[str, str]) -> list[dict[str, Any]]:
     """The conversation after the model's calls: its assistant turn, then each call's canned result."""
@@ -243,6 +261,9 @@ def with_tool_results(messages: list[dict[str, Any]], first: Answer,
     return messages
 
 
+@fails_with("tools.called_again", "after the tool results the model called tools again instead of answering")
+@fails_with("tools.final_finish_reason", "the final answer after the tool results did not finish with 'stop'")
+@fails_with("tools.result_unused", "the final answer after the tool results does not use them")
 def assert_final_answer_uses_results(final: Answer, expect_in_answer: Iterable[str]) -> None:
     """After the tool results the model answers (no further call, ``stop``) with what the results said."""
     assert_no_control_tokens(final.message, final.where)
@@ -363,6 +384,9 @@ class ToolChat(ChatSession):
             self.conventions = ToolConventions.from_row(row)
         return self
 
+    @fails_with("tools.guided_refused",
+                "a guided tool_choice (required, named) was refused because the grammar refused a keyword of the "
+                "tools' schemas, shown by the 400 or the grammar's log line")
     def ask(self, body: dict[str, Any], stream: bool) -> Answer:
         started = time.time()
         try:
@@ -400,6 +424,7 @@ class ToolChat(ChatSession):
             f"(2) the engine or the frontend failed the request for another reason (the failure above says what "
             f"came back)", False)
 
+    @fails_with("tools.no_call")
     def assert_obeyed(self, answer: Answer, tools: list[dict[str, Any]], tool_choice: Any,
                       expect_tool: str | None) -> list[Any]:
         """The checks every answer with tools gets: no control tokens, ``tool_choice`` obeyed, the stack's ids,
@@ -448,6 +473,9 @@ def invalid_request_body(model: str, case: Mapping[str, Any]) -> dict[str, Any]:
     return body
 
 
+@fails_with("tools.called_without_tools", "a request without tools that the stack accepts got a tool call")
+@fails_with("tools.engine_unreachable",
+            "the engine behind the proxy cannot be reached to ask it to refuse what the proxy served")
 def assert_invalid_request_refused(http_client: httpx.Client, endpoint: Endpoint, target: Target, case: str,
                                    body: dict[str, Any], expect: Mapping[str, Any], source: Path,
                                    stream: bool) -> None:

@@ -25,7 +25,7 @@ import httpx
 import openai
 import yaml
 
-from pytest_ml4.checks.codes import Violation
+from pytest_ml4.checks.codes import Violation, fails_with
 from pytest_ml4.client.transport import (
     AsyncGuardedTransport,
     Deadlines,
@@ -260,6 +260,8 @@ def quote_body(text: str | bytes, limit: int = QUOTE_CHARS) -> str:
     return repr(flat[:limit] + "...") + f" ({total:,} {unit} in all)"
 
 
+@fails_with("endpoint.bad_json",
+            "an answer that must be JSON is not (an HTML page, broken JSON, not UTF-8, an error inside a 2xx)")
 def decode_json(resp: httpx.Response, what: str = "response") -> Any:
     """``resp.json()``, or a :class:`BadResponseError` quoting what came back: an HTML page, broken JSON, bytes
     that are not UTF-8, or an error object inside a 2xx."""
@@ -271,6 +273,7 @@ def decode_json(resp: httpx.Response, what: str = "response") -> Any:
                            f"{resp.status_code}, content-type {ctype or 'none'}): {quote_body(resp.content)}")
 
 
+@fails_with("endpoint.html_page", "an answer that must come from the API is an HTML page (a login portal's 200)")
 def refuse_html(resp: httpx.Response, what: str) -> None:
     """A :class:`BadResponseError` when a page that should be an API's answer is an HTML page (a login portal
     answering 200 to ``/health`` is not a healthy deployment)."""

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import httpx
 import yaml
 
-from pytest_ml4.checks.codes import fail
+from pytest_ml4.checks.codes import fail, fails_with
 from pytest_ml4.client.endpoint import Endpoint, make_httpx, quote_body
 from pytest_ml4.client.stream_probe import StreamResult, probe_chat_stream
 from pytest_ml4.control.base import Controller, Progress, RestartResult, RestartTimeout
@@ -284,6 +284,7 @@ def missing_identity_evidence(controller: Controller, body: dict[str, Any], engi
 
 
 # ----------------------------------------------------------------------------------------------- the scenario
+@fails_with("restart.not_serving_before", "the deployment did not serve before the restart")
 def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: dict[str, Any] | None = None,
                          with_streams: bool = True, with_requests: bool = True, recovery_limit_s: float = 600.0,
                          progress: Progress | None = None, budget: RestartBudget | None = None,

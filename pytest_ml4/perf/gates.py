@@ -23,7 +23,7 @@ from pytest_ml4.target.model import Target
 
 #: Below max_num_seqs, the smallest share of the concurrency the decode concurrency p50 may show (see saturation).
 SATURATION_MIN_SHARE = 0.5
-#: The verdict code a failed gate raises (``pytest_ml4/data/verdicts/codes.yaml``), by the gate's name before any
+#: The verdict code a failed gate raises (declared in ``pytest_ml4/checks/perf.py``), by the gate's name before any
 #: ``:`` (``baseline:tok_s_user`` -> ``baseline``). Dynamo's two P50 gates are one property, the seed's gate.
 GATE_CODES = {"run": "perf.run_unusable", "errors": "perf.error_rate", "decode_tok_s_user_p50": "perf.dynamo_gate",
               "ttft_p50": "perf.dynamo_gate", "saturation": "perf.saturation", "knee": "perf.knee",

@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from pytest_ml4.checks.codes import fail
+from pytest_ml4.checks.codes import fail, fails_with
 from pytest_ml4.perf.export import LOG_FILE, SUMMARY_FILE, ExportError, ProfileExport
 from pytest_ml4.runtime import installed as tools
 from pytest_ml4.runtime import processes
@@ -324,6 +324,7 @@ class RunResult:
     def console_path(self) -> Path:
         return self.out_dir / "aiperf-console.log"
 
+    @fails_with("perf.run_unusable", "an aiperf run is not usable: no export, cancelled, or requests dropped")
     def require(self) -> ProfileExport:
         if self.export is None or self.problems:
             fail("perf.run_unusable", self.describe())

@@ -337,8 +337,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
 
 def _record_violation(item: pytest.Item, exc: BaseException | None) -> None:
     """A verdict's code and the function that raised it, as JUnit properties (``ml4_verdict_code``,
-    ``ml4_verdict_origin``): the kill matrix judges a kill by them, so a code raised from another place than
-    codes.yaml declares does not count (``pytest_ml4.checks.codes``). Set on the item: pytest's JUnit report
+    ``ml4_verdict_origin``): the kill matrix judges a kill by them, so a code raised from another function than
+    the ones declared to raise it does not count (``pytest_ml4.checks.codes``). Set on the item: pytest's JUnit report
     writes the properties of the teardown report, built from the item's."""
     if isinstance(exc, Violation):
         item.user_properties += [("ml4_verdict_code", exc.code), ("ml4_verdict_origin", exc.origin)]
