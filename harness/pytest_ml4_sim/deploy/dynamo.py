@@ -22,6 +22,7 @@ hooks (``recover``, ``crash_busy_worker``, ``migration_evidence``) and ``supervi
 fake Kubernetes API use, whatever the workers' kind. Each process is a
 :class:`~pytest_ml4_sim.deploy.launcher.ProcessLauncher`.
 """
+
 from __future__ import annotations
 
 import abc
