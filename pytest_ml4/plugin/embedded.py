@@ -105,9 +105,9 @@ def start_own_dynamo(target: Target, log_file: Path, how: Settings) -> DynamoDep
         return harness_module("deploy.embedded").start_own_dynamo(target, log_file, how)
 
 
-def is_dynamo_deployment(engine: object) -> bool:
-    """True when ``engine`` is an embedded Dynamo deployment (simulated or real ``dynamo.vllm`` workers)."""
-    return isinstance(engine, harness_module("deploy.dynamo").DynamoDeployment)
+def as_dynamo_deployment(engine: object) -> DynamoDeployment | None:
+    """``engine`` when it is an embedded Dynamo deployment (simulated or real ``dynamo.vllm`` workers), else None."""
+    return engine if isinstance(engine, harness_module("deploy.dynamo").DynamoDeployment) else None
 
 
 def serve_fake_dynamo_api(deployment: DynamoDeployment, namespace: str, dgd: str) -> FakeKubeAPI:

@@ -30,7 +30,7 @@ import pytest
 
 from pytest_ml4.plugin.embedded import (
     StartFailed,
-    is_dynamo_deployment,
+    as_dynamo_deployment,
     serve_fake_dynamo_api,
     start_own_dynamo,
 )
@@ -93,8 +93,9 @@ def ml4_dynamo_deployment(pytestconfig: pytest.Config, ml4_target: Target, ml4_s
     if ml4_sim is None or not ml4_target.is_dynamo:
         yield None
         return
-    if is_dynamo_deployment(ml4_sim):
-        yield ml4_sim
+    session_dynamo = as_dynamo_deployment(ml4_sim)
+    if session_dynamo is not None:
+        yield session_dynamo
         return
     # An xdist worker sees the controller's deployment: it starts Dynamo frontend + workers of its own to restart.
     log_file = ml4_run_dir / "dynamo" / os.environ.get("PYTEST_XDIST_WORKER", "main") / "engine.log"
