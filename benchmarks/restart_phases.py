@@ -18,7 +18,7 @@ import re
 import time
 from pathlib import Path
 
-from pytest_ml4_sim.deploy.dynamo import DynamoSim
+from pytest_ml4_sim.deploy.dynamo import DynamoDeployment, DynamoSim
 from pytest_ml4_sim.deploy.fake_k8s import serve_dynamo
 from pytest_ml4_sim.deploy.real_vllm import tiny_overrides
 
@@ -46,7 +46,7 @@ def main() -> None:
     if args.sim_engine == "vllm":
         from pytest_ml4_sim.deploy.real_dynamo import RealDynamoDeployment
         over = deep_merge(tiny_overrides(), over)
-        cls: type[DynamoSim] = RealDynamoDeployment
+        cls: type[DynamoDeployment] = RealDynamoDeployment
     else:
         cls = DynamoSim
     target = load_target(args.target, overrides=over)

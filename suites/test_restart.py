@@ -317,8 +317,9 @@ def test_model_leaves_and_returns_while_prefill_pods_gone(requests_run: RestartR
                                "instead of crashing")
 @pytest.mark.replicas("stream", 2, why="a crashed stream needs another worker to migrate to; the outage is "
                                        "test_new_requests_during_restart's")
-def test_worker_crash_under_a_stream(requests_run: RestartRun, ml4_dynamo_sim: Any, ml4_restart_endpoint: Endpoint,
-                                     restart_spec: dict[str, Any], record_property: Any, ml4_target: Target,
+def test_worker_crash_under_a_stream(requests_run: RestartRun, ml4_dynamo_deployment: Any,
+                                     ml4_restart_endpoint: Endpoint, restart_spec: dict[str, Any],
+                                     record_property: Any, ml4_target: Target,
                                      restart_budget: RestartBudget) -> None:
     """A worker SIGKILLed under a running stream (a crash: no deregistration, no drain): with the frontend's
     ``--migration-limit`` the stream continues on another worker, without it the client gets Dynamo's in-band
@@ -330,8 +331,8 @@ def test_worker_crash_under_a_stream(requests_run: RestartRun, ml4_dynamo_sim: A
     from pytest_ml4.checks.restart import assert_stream_survives_worker_crash
     from pytest_ml4.control.crash import run_crash
 
-    run = run_crash(ml4_restart_endpoint, ml4_dynamo_sim, restart_spec["crash"],
-                    ml4_dynamo_sim.frontend.migration_limit,
+    run = run_crash(ml4_restart_endpoint, ml4_dynamo_deployment, restart_spec["crash"],
+                    ml4_dynamo_deployment.frontend.migration_limit,
                     recover_s=restart_budget.worker_start_s + restart_budget.first_answer_s)
     attach_text(run.report(), "worker crash timeline: the worker killed, the stream migrated or ended")
     print(run.report())

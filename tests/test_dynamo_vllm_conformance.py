@@ -26,7 +26,7 @@ from pytest_ml4_sim.deploy.conformance import (
     log_signatures,
     metric_families,
 )
-from pytest_ml4_sim.deploy.dynamo import DynamoSim
+from pytest_ml4_sim.deploy.dynamo import DynamoDeployment, DynamoSim
 from pytest_ml4_sim.deploy.real_vllm import tiny_overrides
 
 from pytest_ml4.checks.restart import assert_stream_survives_worker_crash
@@ -67,7 +67,7 @@ def _fill(obj: Any, context: int) -> Any:
     return obj
 
 
-def _send(dep: DynamoSim, request: dict[str, Any]) -> Observation:
+def _send(dep: DynamoDeployment, request: dict[str, Any]) -> Observation:
     context = int(TARGET.engine.max_model_len)
     url = dep.frontend.url + request.get("path", "/v1/chat/completions")
     if "raw" in request:
@@ -79,7 +79,7 @@ def _send(dep: DynamoSim, request: dict[str, Any]) -> Observation:
     return Observation.of(r.status_code, r.text)
 
 
-def _observe(dep: DynamoSim) -> dict[str, Any]:
+def _observe(dep: DynamoDeployment) -> dict[str, Any]:
     out: dict[str, Any] = {name: _send(dep, req).compared() for name, req in DATA.requests.items()}
     worker = dep.workers[0]
     # One path per family / signature, so a difference names it.

@@ -21,6 +21,7 @@ from checkout import REPO_ROOT
 from installs import Installed, clean_env, install
 
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR
+from pytest_ml4.plugin.embedded import INSTALL_HINT
 
 TEAM_TARGET = "team-rtx"
 
@@ -97,17 +98,22 @@ def test_a_run_that_collects_nothing_says_why_in_one_line(installed: Installed, 
 
 def test_a_live_install_carries_no_embedded_deployment(installed: Installed, tmp_path: Path) -> None:
     """``pip install`` of the suite alone: no module of the embedded deployment (``harness/``) comes with it, and a
-    ``--sim`` run says in one line what to install. (That the live suites run from such an install, against a
-    deployment it did not start, is tests/test_team_flow.py's.)"""
+    run with ``--sim`` or any option only the embedded deployment reads says in one line what to install, naming
+    the option. (That the live suites run from such an install, against a deployment it did not start, is
+    tests/test_team_flow.py's.)"""
     probe = installed.command("python", "-c", "import importlib.util as u; print(u.find_spec('pytest_ml4_sim'))",
                               cwd=tmp_path)
     assert probe.stdout.strip() == "None", probe.stdout + probe.stderr
     modules = {p.relative_to(installed.package).parts[0] for p in installed.package.rglob("*.py")}
     assert not modules & {"deploy", "sim", "realvllm", "realdynamo"}, sorted(modules)
-    run = installed.pytest("--target", TEAM_TARGET, "--sim", "-m", "smoke", cwd=_team_repository(tmp_path))
-    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout[-2000:] + run.stderr[-2000:]
-    assert "--sim needs the embedded deployment (pytest-ml4-sim)" in run.stderr, run.stderr[-2000:]
-    assert "pip install 'pytest-ml4[sim]'" in run.stderr, run.stderr[-2000:]
+    team = _team_repository(tmp_path)
+    for option in (["--sim"], ["--ml4-fault", "workers_down"], ["--sim-engine", "vllm"], ["--ml4-no-dynamo-bridge"]):
+        run = installed.pytest("--target", TEAM_TARGET, *option, "-m", "smoke", cwd=team)
+        assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout[-2000:] + run.stderr[-2000:]
+        errors = [ln for ln in run.stderr.splitlines() if ln.startswith("ERROR:")]
+        expected = f"ERROR: {option[0]} needs the embedded deployment (pytest-ml4-sim), which is not installed " \
+                   f"here: {INSTALL_HINT}"
+        assert errors == [expected], run.stderr[-2000:]
 
 
 @pytest.mark.nightly

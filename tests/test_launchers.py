@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 from pytest_ml4_sim import HARNESS_PARENT
 from pytest_ml4_sim.deploy.dynamo import (
+    DynamoDeployment,
     DynamoSim,
     DynamoWorker,
     FrontendProcess,
     GatewayProcess,
+    SimDynamoWorker,
 )
 from pytest_ml4_sim.deploy.launcher import Engine, LaunchError, ProcessLauncher
 from pytest_ml4_sim.deploy.litellm import LiteLLMProxy, ProxyError
@@ -29,7 +31,7 @@ from pytest_ml4.stacks.litellm import ProxySettings
 
 #: The suite's package and the embedded deployment's (harness/): every process either starts goes through here.
 PACKAGES = (PACKAGE_PARENT / "pytest_ml4", HARNESS_PARENT / "pytest_ml4_sim")
-KINDS = [SimServer, RealVllm, LiteLLMProxy, FrontendProcess, GatewayProcess, DynamoWorker, RealDynamoWorker]
+KINDS = [SimServer, RealVllm, LiteLLMProxy, FrontendProcess, GatewayProcess, SimDynamoWorker, RealDynamoWorker]
 #: The functions (not classes) that start a process beside the tests without being a server of the deployment:
 #: the headless browser that prints the report, and aiperf.
 TOOL_STARTERS = {("report/html.py", "_start_chromium"), ("perf/runner.py", "run_aiperf")}
@@ -47,6 +49,17 @@ def test_a_dynamo_deployment_is_an_engine_without_being_one_process(deployment: 
     # Engine is a Protocol (not runtime-checkable): its subclasses name it in their MRO.
     assert Engine in deployment.__mro__ and not issubclass(deployment, ProcessLauncher)
     assert deployment.base_url is Engine.base_url, f"{deployment.__name__} writes base_url again"
+
+
+def test_the_real_dynamo_deployment_is_no_kind_of_simulator() -> None:
+    """Simulated and real dynamo.vllm workers are two kinds of one Dynamo deployment, neither a kind of the other;
+    the base alone is no deployment (it has no workers' kind)."""
+    pairs = [(DynamoSim, RealDynamoDeployment, DynamoDeployment), (SimDynamoWorker, RealDynamoWorker, DynamoWorker)]
+    for sim, real, base in pairs:
+        assert issubclass(sim, base) and issubclass(real, base), f"{sim.__name__}, {real.__name__} not {base.__name__}"
+        assert not issubclass(real, sim) and not issubclass(sim, real), f"{real.__name__} and {sim.__name__} related"
+    with pytest.raises(TypeError, match="abstract"):
+        DynamoDeployment(None)  # type: ignore[abstract,arg-type]
 
 
 def _popen_callers() -> set[tuple[str, str]]:

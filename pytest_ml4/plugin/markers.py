@@ -157,11 +157,11 @@ def skip_reason(target: Target, marker_names: set[str]) -> str | None:
 
 def real_vllm_skip_reason(nodeid: str, marker_names: set[str]) -> str | None:
     """Why a test does not apply to the tiny real-vLLM deployment (``pytest_ml4/data/vllm/scale_checks.yaml``)."""
-    from pytest_ml4_sim.realvllm.model import scale_check_reason
+    from pytest_ml4.plugin.embedded import real_vllm_scale_reason
 
     if "sim_only" in marker_names:
         return "needs the embedded simulator (fault injection); --sim-engine vllm runs real vLLM"
-    return scale_check_reason(nodeid)
+    return real_vllm_scale_reason(nodeid)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

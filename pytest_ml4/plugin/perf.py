@@ -428,10 +428,10 @@ def ml4_perf_kube(pytestconfig: pytest.Config, ml4_target: Target, ml4_endpoint:
 
     namespace = pytestconfig.getoption("ml4_perf_kube_namespace")
     if ml4_endpoint.simulated:
-        from pytest_ml4_sim.deploy.fake_k8s import FakeKubeAPI
+        from pytest_ml4.plugin.embedded import fake_kube_api
 
         load = KubeLoad(None, namespace or "ml4-perf", pods, secret or ("ml4-sim", "api-key"))
-        with FakeKubeAPI() as fake:
+        with fake_kube_api() as fake:
             fake.jobset_runner = lambda jobset, _maps: _local_pods(load, ml4_run_dir, ml4_endpoint.api_key)
             load.api = api_client(fake.url)
             yield load

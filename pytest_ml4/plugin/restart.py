@@ -1,17 +1,18 @@
 """pytest glue for the restart concern: the restart controller, the LiteLLM proxy in front of the simulator, the
 Kubernetes API (a fake one in ``--sim`` Dynamo runs), and the retry options. The core lives in
-:mod:`pytest_ml4.control`, :mod:`pytest_ml4_sim.deploy.litellm`, :mod:`pytest_ml4_sim.deploy.dynamo` and
-:mod:`pytest_ml4.logs.kubernetes`.
+:mod:`pytest_ml4.control`, :mod:`pytest_ml4_sim.deploy.litellm`, :mod:`pytest_ml4_sim.deploy.dynamo` (reached
+through :mod:`pytest_ml4.plugin.embedded`) and :mod:`pytest_ml4.logs.kubernetes`.
 
 Fixtures (session scope):
 
 * ``ml4_proxy`` — the real LiteLLM proxy the plugin starts in front of the simulator for targets with
   ``serving.proxy`` under ``--sim`` (None otherwise); ``--ml4-proxy-retries`` / ``--ml4-proxy-max-retries``
   (defined here) choose its retry settings;
-* ``ml4_dynamo_sim`` — the :class:`~pytest_ml4_sim.deploy.dynamo.DynamoSim` of a ``--sim`` Dynamo target (the session's
-  ``ml4_sim`` when it is one, else one started here);
+* ``ml4_dynamo_deployment`` — the embedded :class:`~pytest_ml4_sim.deploy.dynamo.DynamoDeployment` of a ``--sim``
+  Dynamo target, simulated or real ``dynamo.vllm`` workers (the session's ``ml4_sim`` when it is one, else one
+  started here);
 * ``ml4_kube_api`` — a ``kubernetes`` ApiClient for Dynamo targets (kubeconfig / ``--ml4-kube-host``; under
-  ``--sim`` the fake API server of ``harness/pytest_ml4_sim/deploy/fake_k8s.py`` serving the DynamoSim's processes as pods);
+  ``--sim`` the fake API server of ``harness/pytest_ml4_sim/deploy/fake_k8s.py`` serving that deployment's processes as pods);
 * ``ml4_kube_namespace``, ``ml4_restart_endpoint`` (where the restart suite sends requests),
   ``ml4_restart_controller`` and ``ml4_restart_logs`` (the engine log reader the post-restart checks use);
 * ``ml4_restart_progress`` — where a restart scenario's progress lines go (phase, elapsed, what it waits for): the
@@ -27,12 +28,18 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_ml4.plugin.embedded import (
+    StartFailed,
+    as_dynamo_deployment,
+    serve_fake_dynamo_api,
+    start_own_dynamo,
+)
 from pytest_ml4.plugin.option_group import group as ml4_group
 from pytest_ml4.plugin.state import get_state as _state
 from pytest_ml4.target.model import Target
 
 if TYPE_CHECKING:  # annotations only: the fixtures import what they start lazily
-    from pytest_ml4_sim.deploy.dynamo import DynamoSim
+    from pytest_ml4_sim.deploy.dynamo import DynamoDeployment
     from pytest_ml4_sim.deploy.embedded import Proxy
     from pytest_ml4_sim.deploy.launcher import Engine
 
@@ -80,35 +87,30 @@ def ml4_proxy(pytestconfig: pytest.Config, ml4_sim: Engine | None) -> Proxy | No
 
 # ----------------------------------------------------------------------------------------------- Dynamo / Kubernetes
 @pytest.fixture(scope="session")
-def ml4_dynamo_sim(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Engine | None,
-                   ml4_run_dir: Path) -> Iterator[DynamoSim | None]:
-    """The simulated Dynamo deployment of a ``--sim`` Dynamo target, else None."""
+def ml4_dynamo_deployment(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Engine | None,
+                          ml4_run_dir: Path) -> Iterator[DynamoDeployment | None]:
+    """The embedded Dynamo deployment of a ``--sim`` Dynamo target, else None."""
     if ml4_sim is None or not ml4_target.is_dynamo:
         yield None
         return
-    from pytest_ml4_sim.deploy.dynamo import (
-        DynamoSim,  # under --sim only: the harness is installed
-    )
-
-    if isinstance(ml4_sim, DynamoSim):
-        yield ml4_sim
+    session_dynamo = as_dynamo_deployment(ml4_sim)
+    if session_dynamo is not None:
+        yield session_dynamo
         return
     # An xdist worker sees the controller's deployment: it starts Dynamo frontend + workers of its own to restart.
-    from pytest_ml4_sim.deploy.embedded import DeploymentFailed, start_own_dynamo
-
     log_file = ml4_run_dir / "dynamo" / os.environ.get("PYTEST_XDIST_WORKER", "main") / "engine.log"
     try:
-        dsim = start_own_dynamo(ml4_target, log_file, _state(pytestconfig).settings())
-    except DeploymentFailed as err:
+        own = start_own_dynamo(ml4_target, log_file, _state(pytestconfig).settings())
+    except StartFailed as err:
         pytest.exit(str(err), returncode=3)
     try:
-        yield dsim
+        yield own
     finally:
-        dsim.stop()
+        own.stop()
 
 
 @pytest.fixture(scope="session")
-def ml4_kube_namespace(ml4_target: Target, ml4_dynamo_sim: DynamoSim | None) -> str | None:
+def ml4_kube_namespace(ml4_target: Target, ml4_dynamo_deployment: DynamoDeployment | None) -> str | None:
     if not ml4_target.is_dynamo and ml4_target.control.kind != "kubernetes":
         return None
     from pytest_ml4.control.k8s_api import KubeConfigError, target_namespace
@@ -116,28 +118,25 @@ def ml4_kube_namespace(ml4_target: Target, ml4_dynamo_sim: DynamoSim | None) -> 
     try:
         return target_namespace(ml4_target)
     except KubeConfigError:
-        if ml4_dynamo_sim is not None:
+        if ml4_dynamo_deployment is not None:
             return SIM_NAMESPACE
         raise
 
 
 @pytest.fixture(scope="session")
-def ml4_kube_api(pytestconfig: pytest.Config, ml4_target: Target, ml4_dynamo_sim: DynamoSim | None,
+def ml4_kube_api(pytestconfig: pytest.Config, ml4_target: Target, ml4_dynamo_deployment: DynamoDeployment | None,
                  ml4_kube_namespace: str | None) -> Iterator[Any]:
-    """ApiClient for Dynamo targets (the fake API server over the DynamoSim under ``--sim``); None otherwise."""
+    """ApiClient for Dynamo targets (the fake API server over the embedded Dynamo deployment under ``--sim``);
+    None otherwise."""
     if ml4_kube_namespace is None:
         yield None
         return
     from pytest_ml4.control.k8s_api import api_client
 
-    if ml4_dynamo_sim is None:
+    if ml4_dynamo_deployment is None:
         yield api_client(pytestconfig.getoption("ml4_kube_host"))
         return
-    from pytest_ml4_sim.deploy.fake_k8s import (
-        serve_dynamo,  # aiohttp: only when a Dynamo run asks for it
-    )
-
-    fake = serve_dynamo(ml4_dynamo_sim, ml4_kube_namespace, ml4_target.control.dgd)
+    fake = serve_fake_dynamo_api(ml4_dynamo_deployment, ml4_kube_namespace, ml4_target.control.dgd)
     try:
         yield api_client(fake.url)
     finally:
@@ -147,15 +146,17 @@ def ml4_kube_api(pytestconfig: pytest.Config, ml4_target: Target, ml4_dynamo_sim
 
 # ----------------------------------------------------------------------------------------------- restart
 @pytest.fixture(scope="session")
-def ml4_restart_endpoint(ml4_target: Target, ml4_endpoint: Endpoint, ml4_proxy: Proxy | None, ml4_dynamo_sim: DynamoSim | None) -> Any:
+def ml4_restart_endpoint(ml4_target: Target, ml4_endpoint: Endpoint, ml4_proxy: Proxy | None,
+                         ml4_dynamo_deployment: DynamoDeployment | None) -> Any:
     """Where the restart suite sends requests: the proxy, the simulated Dynamo frontend, or the endpoint."""
     from dataclasses import replace
 
     if ml4_proxy is not None:
         return replace(ml4_endpoint, base_url=ml4_proxy.base_url, proxy=True,
                        model=ml4_target.serving.proxy.model_alias if ml4_target.serving.proxy else ml4_endpoint.model)
-    if ml4_dynamo_sim is not None:
-        return replace(ml4_endpoint, base_url=ml4_dynamo_sim.base_url, metrics_url=ml4_dynamo_sim.url + "/metrics")
+    if ml4_dynamo_deployment is not None:
+        return replace(ml4_endpoint, base_url=ml4_dynamo_deployment.base_url,
+                       metrics_url=ml4_dynamo_deployment.url + "/metrics")
     return ml4_endpoint
 
 

@@ -20,7 +20,16 @@ from pytest_ml4.client.endpoint import Endpoint
 from pytest_ml4.client.lock import EndpointLock
 from pytest_ml4.client.transport import Deadlines, parse_deadlines
 from pytest_ml4.locations import targets_dir
-from pytest_ml4.plugin.embedded import SIM_ENGINES, harness_module
+from pytest_ml4.plugin.embedded import (
+    SIM_ENGINES,
+    StartFailed,
+    attach_embedded,
+    embedded_settings,
+    public_dynamo_version,
+    require_harness_for_options,
+    start_embedded,
+    tiny_model_overrides,
+)
 from pytest_ml4.plugin.endpoint import EndpointUnusable, endpoint_for
 from pytest_ml4.plugin.option_group import int_opt, opt
 from pytest_ml4.report.redact import redact
@@ -93,6 +102,7 @@ class Ml4State:
         self.targets_dir = _targets_dir(config)
         self.faults = tuple(config.getoption("ml4_faults") or ())
         self.use_sim = bool(opt(config, "ml4_sim", "ml4_sim"))
+        require_harness_for_options(config, self.use_sim)
         if self.faults and not self.use_sim:
             raise pytest.UsageError("--ml4-fault needs --sim: faults are injected into the embedded simulator")
         if self.use_sim and config.getoption("ml4_endpoint"):
@@ -100,8 +110,7 @@ class Ml4State:
         self.sim_engine = _sim_engine(config, self.use_sim, self.faults)
         if self.sim_engine == "vllm":
             # What the tiny CPU deployment really is; --ml4-set still goes on top.
-            tiny = harness_module("deploy.real_vllm", "--sim-engine vllm").tiny_overrides()
-            self.overrides = deep_merge(self.overrides, tiny)
+            self.overrides = deep_merge(self.overrides, tiny_model_overrides())
         if self.use_sim:
             from pytest_ml4.control.budget import deployment_start_overrides
 
@@ -140,8 +149,7 @@ class Ml4State:
         if wi and wi.get(WI_RUN_DIR):
             self.run_dir = Path(wi[WI_RUN_DIR])
             if wi.get(WI_DEPLOYMENT):
-                embedded = harness_module("deploy.embedded")
-                self.deployment = embedded.attach(embedded.Description.from_wire(wi[WI_DEPLOYMENT]))
+                self.deployment = attach_embedded(wi[WI_DEPLOYMENT])
         return self
 
     @property
@@ -154,19 +162,19 @@ class Ml4State:
         timeout = self.config.getoption("ml4_sim_timeout")
         if timeout is None and self.sim_engine == "sim":  # the ini's 60 s is the simulator's, not real vLLM's
             timeout = opt(self.config, "ml4_sim_timeout", "ml4_sim_start_timeout")
-        return harness_module("deploy.embedded").Settings(faults=self.faults, overrides=self.overrides or None, engine=self.sim_engine,
-                        dynamo_bridge=self.dynamo_bridge, start_timeout_s=float(timeout) if timeout else None,
-                        proxy_retries=int_opt(self.config, "ml4_proxy_retries"),
-                        proxy_max_retries=int_opt(self.config, "ml4_proxy_max_retries"))
+        return embedded_settings(faults=self.faults, overrides=self.overrides or None, engine=self.sim_engine,
+                                 dynamo_bridge=self.dynamo_bridge,
+                                 start_timeout_s=float(timeout) if timeout else None,
+                                 proxy_retries=int_opt(self.config, "ml4_proxy_retries"),
+                                 proxy_max_retries=int_opt(self.config, "ml4_proxy_max_retries"))
 
     def start_deployment(self) -> Deployment:
         """Start the --sim deployment once (controller); a key a process logged never reaches the console."""
         if self.deployment is None:
             assert self.target is not None
-            embedded = harness_module("deploy.embedded")
             try:
-                self.deployment = embedded.start(self.target, self.ensure_run_dir(), self.settings())
-            except embedded.DeploymentFailed as err:
+                self.deployment = start_embedded(self.target, self.ensure_run_dir(), self.settings())
+            except StartFailed as err:
                 raise pytest.UsageError(redact(str(err))) from None
         return self.deployment
 
@@ -229,7 +237,7 @@ def _dynamo_bridge(config: pytest.Config, state: Ml4State) -> bool:
         raise pytest.UsageError(f"--ml4-no-dynamo-bridge: target {state.target.name} is not served by Dynamo "
                                 f"({state.target.serving.stack})")
     if state.target is not None:
-        public = harness_module("sim.dynamo_bridge", "--ml4-no-dynamo-bridge").PUBLIC_VERSION
+        public = public_dynamo_version()
         state.overrides = deep_merge(state.overrides, {"serving": {"dynamo_version": public}})
         state.target = load_target(state.target.path or state.target.name, overrides=state.overrides)
     return False

@@ -1,6 +1,7 @@
 """The embedded Dynamo deployment: the REAL ``python -m dynamo.frontend`` (public Dynamo 1.6.1) in front of one
-real Dynamo Python worker process per worker of the target (:mod:`pytest_ml4_sim.sim.dynamo_worker`, built on the
-project's simulated engine).
+Dynamo worker process per worker of the target, of one of two kinds: :class:`DynamoSim`'s simulated workers (real
+Dynamo Python workers, :mod:`pytest_ml4_sim.sim.dynamo_worker`, built on the project's simulated engine) or
+:class:`~pytest_ml4_sim.deploy.real_dynamo.RealDynamoDeployment`'s real ``dynamo.vllm`` workers.
 
 Everything a Dynamo deployment does between the client and the engine is Dynamo's own: routing (KV, session
 affinity), discovery, migration, the stale-instance window after a kill, draining on SIGTERM, request validation
@@ -13,15 +14,18 @@ TCP and the event plane ZMQ, every socket on 127.0.0.1, ``HOME`` (Dynamo caches 
 (``scripts/install.d/50-dynamo.sh``, located by :func:`pytest_ml4.runtime.installed.dynamo_python`); the workers import the
 checkout through ``PYTHONPATH``.
 
-Handles: :class:`DynamoSim` is an :class:`~pytest_ml4_sim.deploy.launcher.Engine` (``url``/``pid`` = the frontend or
-the gateway in front of it, ``log_file`` = the first decode/agg worker's engine log; ``frontend_log``), with
-``.workers`` (:class:`DynamoWorker`: role, index, instance_id, system port / ``metrics_url``,
-stop/start/restart/alive) and ``.frontend`` (:class:`FrontendProcess`); each process is a
+Handles: :class:`DynamoDeployment`, the base of both kinds, is an :class:`~pytest_ml4_sim.deploy.launcher.Engine`
+(``url``/``pid`` = the frontend or the gateway in front of it, ``log_file`` = the first decode/agg worker's engine
+log; ``frontend_log``), with ``.workers`` (:class:`DynamoWorker`: role, index, instance_id, system port /
+``metrics_url``, stop/start/restart/alive), ``.frontend`` (:class:`FrontendProcess`) and ``.gateway``; the restart
+hooks (``recover``, ``crash_busy_worker``, ``migration_evidence``) and ``supervised`` are what the plugin and the
+fake Kubernetes API use, whatever the workers' kind. Each process is a
 :class:`~pytest_ml4_sim.deploy.launcher.ProcessLauncher`.
 """
 
 from __future__ import annotations
 
+import abc
 import os
 import random
 import signal
@@ -224,22 +228,20 @@ class GatewayProcess(DynamoProcess):
 
 
 class DynamoWorker(DynamoProcess):
-    """One Dynamo Python worker (agg ``worker``, ``prefill`` or ``decode``) on the simulated engine."""
+    """One Dynamo worker process (agg ``worker``, ``prefill`` or ``decode``) of a :class:`DynamoDeployment`, whatever
+    its engine: a kind implements :meth:`argv`, :meth:`ready` and :meth:`missing` (how it starts and how its
+    instance id is learnt)."""
 
-    def __init__(self, owner: DynamoSim, role: str, index: int, log_file: Path, target_file: Path,
+    def __init__(self, owner: DynamoDeployment, role: str, index: int, log_file: Path, target_file: Path,
                  overrides: list[str], faults: Sequence[str]) -> None:
         super().__init__(log_file, owner.env, owner.folder)
         self.owner, self.role, self.index = owner, role, index
         self.name = f"Dynamo {role} worker #{index}"
         self.target_file, self.overrides, self.faults = target_file, overrides, list(faults)
-        self.id_file = log_file.with_suffix(".instance")
         self.instance_id: int | None = None
-        #: Boots of this worker before the current one (0: the first start): a pod replacement or an in-place
-        #: restart boots the next generation; the faults that break only a restarted engine read it.
-        self.generation = -1
 
     def __repr__(self) -> str:
-        return f"DynamoWorker({self.role}#{self.index}, id={self.instance_id}, pid={self.pid})"
+        return f"{type(self).__name__}({self.role}#{self.index}, id={self.instance_id}, pid={self.pid})"
 
     def any_free_port(self) -> int:
         """Its port is the system server's (``/health``, ``/metrics`` with the ``vllm:*`` series)."""
@@ -262,15 +264,34 @@ class DynamoWorker(DynamoProcess):
             time.sleep(self.pre_stop_s)
         return super().restart(timeout)
 
+    def before_start(self) -> None:
+        self.instance_id = None
+
+    def child_env(self) -> dict[str, str]:
+        return {**self._env, "DYN_SYSTEM_PORT": str(self.port)}
+
+
+class SimDynamoWorker(DynamoWorker):
+    """A Dynamo Python worker on the simulated engine (:mod:`pytest_ml4_sim.deploy.dynamo_worker_cli`); it writes
+    its instance id to a file once registered."""
+
+    def __init__(self, owner: DynamoDeployment, role: str, index: int, log_file: Path, target_file: Path,
+                 overrides: list[str], faults: Sequence[str]) -> None:
+        super().__init__(owner, role, index, log_file, target_file, overrides, faults)
+        self.id_file = log_file.with_suffix(".instance")
+        #: Boots of this worker before the current one (0: the first start): a pod replacement or an in-place
+        #: restart boots the next generation; the faults that break only a restarted engine read it.
+        self.generation = -1
+
     def missing(self) -> str:
         if self.instance_id is None:
             return f"its instance id (file {self.id_file}: not written yet)"
         return f"status 'ready' on {self.health_url}"
 
     def before_start(self) -> None:
+        super().before_start()
         self.generation += 1
         self.id_file.unlink(missing_ok=True)
-        self.instance_id = None
 
     def argv(self) -> list[str]:
         cmd = [str(self.owner.python), "-m", "pytest_ml4_sim.deploy.dynamo_worker_cli", "--target", str(self.target_file),
@@ -283,9 +304,6 @@ class DynamoWorker(DynamoProcess):
         if not self.owner.bridge:
             cmd.append("--no-bridge")
         return cmd
-
-    def child_env(self) -> dict[str, str]:
-        return {**self._env, "DYN_SYSTEM_PORT": str(self.port)}
 
     def ready(self) -> bool:
         if self.instance_id is None:
@@ -322,14 +340,15 @@ def refuse_idle_only_worker(faults: Sequence[str], roles: Sequence[tuple[str, An
                          + " (K counts a role's workers from 0 in start order)")
 
 
-class DynamoSim(Engine):
+class DynamoDeployment(Engine, abc.ABC):
     """An embedded Dynamo deployment (the :class:`~pytest_ml4_sim.deploy.launcher.Engine` the suites see) and its
-    processes: the frontend, the workers, the fault gateway."""
+    processes: the frontend, the workers, the fault gateway. A kind sets :attr:`worker_class` and
+    :attr:`restart_timeout_s` and says which Dynamo install runs it (:meth:`_tools`)."""
 
-    #: The worker process class (:class:`pytest_ml4_sim.deploy.real_dynamo.RealDynamoWorker` for real dynamo.vllm).
-    worker_class: type[DynamoWorker] = DynamoWorker
+    #: The worker process class of the kind.
+    worker_class: type[DynamoWorker]
     #: How long a restart may take to serve again (real dynamo.vllm workers need minutes here).
-    restart_timeout_s: float = 60.0
+    restart_timeout_s: float
 
     def __init__(self, target: Target, *, port: int = 0, faults: Sequence[str] = (),
                  overrides: dict[str, Any] | None = None, log_file: Path | str | None = None,
@@ -379,11 +398,9 @@ class DynamoSim(Engine):
         #: :meth:`recover` then waits for it instead of starting a second process.
         self.supervised = False
 
+    @abc.abstractmethod
     def _tools(self) -> tuple[Path, Path]:
         """(Python of the Dynamo venv, model dir) the frontend and the workers run with."""
-        from pytest_ml4.runtime.installed import dynamo_model_dir, dynamo_python
-
-        return dynamo_python(), dynamo_model_dir()
 
     def _environment(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         base = dict(os.environ if extra is None else extra)
@@ -398,7 +415,7 @@ class DynamoSim(Engine):
         return env
 
     def __repr__(self) -> str:
-        return f"DynamoSim({self.target.name}, frontend={self.frontend.url}, workers={len(self.workers)})"
+        return f"{type(self).__name__}({self.target.name}, frontend={self.frontend.url}, workers={len(self.workers)})"
 
     # -- the Engine interface
     @property
@@ -429,7 +446,7 @@ class DynamoSim(Engine):
             out.setdefault(w.role, []).append(w.metrics_url)
         return {role: tuple(urls) for role, urls in out.items()}
 
-    def start(self, timeout: float = 120.0) -> DynamoSim:
+    def start(self, timeout: float = 120.0) -> Self:
         """Start every process; each step waits while its logs grow (``timeout`` without progress fails it), all
         of them together at most ``PROGRESS_CAP_FACTOR`` x ``timeout``: a fixed overall deadline mostly spent by
         slow workers on a loaded machine left the frontend too little."""
@@ -511,7 +528,7 @@ class DynamoSim(Engine):
             w.restart()
         self.wait_serving(self.restart_timeout_s)
 
-    def __enter__(self) -> DynamoSim:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -579,3 +596,15 @@ class DynamoSim(Engine):
 
     def worker_by_id(self, instance_id: int) -> DynamoWorker | None:
         return next((w for w in self.workers if w.instance_id == instance_id), None)
+
+
+class DynamoSim(DynamoDeployment):
+    """The embedded Dynamo deployment with simulated workers (:class:`SimDynamoWorker`), from the Dynamo venv."""
+
+    worker_class = SimDynamoWorker
+    restart_timeout_s = 60.0
+
+    def _tools(self) -> tuple[Path, Path]:
+        from pytest_ml4.runtime.installed import dynamo_model_dir, dynamo_python
+
+        return dynamo_python(), dynamo_model_dir()

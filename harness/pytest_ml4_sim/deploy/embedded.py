@@ -14,10 +14,13 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_ml4.target.model import Target
 from pytest_ml4_sim.deploy.launcher import Engine
+
+if TYPE_CHECKING:
+    from pytest_ml4_sim.deploy.dynamo import DynamoSim
 
 #: The engines ``--sim`` can run: the project's simulated engine, or real vLLM on the CPU.
 ENGINES = ("sim", "vllm")
@@ -70,7 +73,7 @@ class Description:
     base_url: str
     log_file: str
     pid: int | None
-    #: ``DynamoSim.info()``: the frontend's command and version, the workers, the gateway (Dynamo targets).
+    #: ``DynamoDeployment.info()``: the frontend's command and version, the workers, the gateway (Dynamo targets).
     dynamo: dict[str, Any] | None = None
     worker_metrics_urls: dict[str, tuple[str, ...]] = field(default_factory=dict)
     proxy: ProxyView | None = None
@@ -150,7 +153,7 @@ def start(target: Target, run_dir: Path, settings: Settings) -> Deployment:
     return deployment
 
 
-def start_own_dynamo(target: Target, log_file: Path, settings: Settings) -> Any:
+def start_own_dynamo(target: Target, log_file: Path, settings: Settings) -> DynamoSim:
     """A simulated Dynamo deployment of this process's own, beside the session's (an xdist worker's restart suite
     restarts pods; it must not restart the ones the controller's deployment serves every other worker from)."""
     from pytest_ml4_sim.deploy.dynamo import DynamoSim

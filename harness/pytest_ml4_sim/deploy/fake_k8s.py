@@ -35,9 +35,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
+
+if TYPE_CHECKING:
+    from pytest_ml4_sim.deploy.dynamo import DynamoDeployment
 
 DGD_PATH = "/apis/nvidia.com/v1beta1/namespaces/{ns}/dynamographdeployments"
 LABEL_DGD = "nvidia.com/dynamo-graph-deployment-name"
@@ -619,14 +622,14 @@ COMPONENT_NAMES = {"frontend": "Frontend", "worker": "VllmWorker", "prefill": "V
                    "decode": "VllmDecodeWorker"}
 
 
-def serve_dynamo(dsim: Any, namespace: str, dgd: str) -> FakeKubeAPI:
-    """Start a fake API server whose DGD ``dgd`` is the running ``DynamoSim``: one pod per process, labelled as the
+def serve_dynamo(deployment: DynamoDeployment, namespace: str, dgd: str) -> FakeKubeAPI:
+    """Start a fake API server whose DGD ``dgd`` is the running Dynamo deployment (either kind of worker): one pod per process, labelled as the
     Dynamo operator labels them (dynamo.md §2), one container ``main`` each. Each worker pod is a real Dynamo worker
     process behind the real ``dynamo.frontend``: deleting the pod SIGTERMs it (Dynamo deregisters and drains) and
     starts a replacement under a new instance id, so migration and the stale-instance window are Dynamo's own."""
     api = FakeKubeAPI()
     roles: dict[str, int] = {}
-    for w in dsim.workers:
+    for w in deployment.workers:
         roles[w.role] = roles.get(w.role, 0) + 1
     components = [{"name": COMPONENT_NAMES["frontend"], "type": "frontend", "replicas": 1}]
     components += [{"name": COMPONENT_NAMES[r], "type": r, "replicas": n} for r, n in roles.items()]
@@ -638,8 +641,8 @@ def serve_dynamo(dsim: Any, namespace: str, dgd: str) -> FakeKubeAPI:
                 "nvidia.com/selector": f"{dgd}-{comp.lower()}",
                 "nvidia.com/dynamo-namespace": f"{namespace}-{dgd.replace('.', '-')}"}
 
-    dsim.supervised = True  # the watchdog restarts a worker that dies (DynamoSim.recover waits for it)
-    api.add_pod(namespace, COMPONENT_NAMES["frontend"], labels("frontend"), {"main": dsim.frontend})
-    for w in dsim.workers:
+    deployment.supervised = True  # the watchdog restarts a worker that dies (DynamoDeployment.recover waits for it)
+    api.add_pod(namespace, COMPONENT_NAMES["frontend"], labels("frontend"), {"main": deployment.frontend})
+    for w in deployment.workers:
         api.add_pod(namespace, COMPONENT_NAMES[w.role], labels(w.role), {"main": w})
     return api.start()

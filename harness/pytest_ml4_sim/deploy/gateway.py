@@ -9,8 +9,8 @@ refuses before any worker sees it. It is also where a deployment loses the routi
 ``x-dynamo-*`` headers: fault ``dynamo_evidence_stripped``), so the checks that read it must say "not judged".
 
 This is a real reverse proxy (aiohttp): every request is forwarded to the frontend, answers are streamed back
-chunk by chunk (SSE passes through unchanged); it alters only what a fault below says. :class:`DynamoSim
-<pytest_ml4_sim.deploy.dynamo.DynamoSim>` starts it only when one of :data:`GATEWAY_FAULTS` is requested, so a
+chunk by chunk (SSE passes through unchanged); it alters only what a fault below says. :class:`DynamoDeployment
+<pytest_ml4_sim.deploy.dynamo.DynamoDeployment>` starts it only when one of :data:`GATEWAY_FAULTS` is requested, so a
 healthy run never goes through it. The fault names are the ones :mod:`pytest_ml4_sim.sim.server` acts on for the
 vLLM stack: one name, one defect, whatever layer of the stack has it.
 

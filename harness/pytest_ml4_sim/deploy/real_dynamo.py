@@ -3,7 +3,8 @@
 the tiny dummy-weight Mistral, whose every token the scripted model (:mod:`pytest_ml4_sim.realdynamo.scripted`) chooses.
 
 The frontend, its process handling, discovery on files, the gateway and the ``Engine`` interface are
-:class:`~pytest_ml4_sim.deploy.dynamo.DynamoSim`'s; only the worker differs (:class:`RealDynamoWorker`). Per worker
+:class:`~pytest_ml4_sim.deploy.dynamo.DynamoDeployment`'s, the base it shares with the simulated workers'
+:class:`~pytest_ml4_sim.deploy.dynamo.DynamoSim`; only the worker differs (:class:`RealDynamoWorker`). Per worker
 (shared/reference/real-dynamo-vllm.md): ``DYN_SYSTEM_PORT`` below 32768 (its ``/health`` and ``vllm:*`` ``/metrics``),
 KV events published on ``tcp://*:PORT`` (with ``127.0.0.1`` vLLM 0.31 connects instead of binding and the KV router
 sees nothing), its own process group, stopped as a group (after a kill of ``dynamo.vllm`` its EngineCore and Worker
@@ -26,7 +27,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -36,7 +37,7 @@ from pytest_ml4.stacks.dynamo_versions import OWN_OUTPUT, model_output
 from pytest_ml4.target.model import Target
 from pytest_ml4_sim.deploy import real_dynamo_disagg as disagg
 from pytest_ml4_sim.deploy.dynamo import (
-    DynamoSim,
+    DynamoDeployment,
     DynamoStartError,
     DynamoWorker,
     free_system_port,
@@ -65,15 +66,16 @@ def available_gib(meminfo: Path = Path("/proc/meminfo")) -> float:
 
 
 class RealDynamoWorker(DynamoWorker):
-    """One ``python -m dynamo.vllm`` process group (main, EngineCore, Worker) in the role DynamoSim gives it.
+    """One ``python -m dynamo.vllm`` process group (main, EngineCore, Worker) in the role its deployment gives it.
     A stop SIGTERMs the whole group (deregister, drain), SIGKILL to what is left of it after ``stop_timeout``:
     EngineCore and Worker go with it."""
 
     default_timeout = START_TIMEOUT_S
     stop_timeout = STOP_TIMEOUT_S
     stop_leader_only = False
+    owner: RealDynamoDeployment
 
-    def __init__(self, owner: DynamoSim, role: str, index: int, log_file: Path, target_file: Path,
+    def __init__(self, owner: RealDynamoDeployment, role: str, index: int, log_file: Path, target_file: Path,
                  overrides: list[str], faults: Sequence[str]) -> None:
         super().__init__(owner, role, index, log_file, target_file, overrides, faults)
         self.name = f"dynamo.vllm {role} worker #{index}"
@@ -142,6 +144,9 @@ class RealDynamoWorker(DynamoWorker):
             self.instance_id = self.owner.claim_instance(self)
         return self.instance_id is not None
 
+    def missing(self) -> str:
+        return f"a generate instance of its process group listed in {self.owner.frontend.url}/health"
+
     def leader_gone(self, pgid: int) -> None:
         """Nothing recorded: the group had the SIGTERM too, so its EngineCore and Worker are ending, not left."""
 
@@ -161,8 +166,9 @@ def wait_group_gone(pgid: int, timeout: float) -> list[Leftover]:
     return alive
 
 
-class RealDynamoDeployment(DynamoSim):
-    """:class:`DynamoSim` with real ``dynamo.vllm`` workers (as many per role as :func:`plan_workers` fits)."""
+class RealDynamoDeployment(DynamoDeployment):
+    """A :class:`~pytest_ml4_sim.deploy.dynamo.DynamoDeployment` of real ``dynamo.vllm`` workers (as many per role as
+    :func:`plan_workers` fits)."""
 
     worker_class = RealDynamoWorker
     restart_timeout_s = START_TIMEOUT_S
@@ -213,8 +219,8 @@ class RealDynamoDeployment(DynamoSim):
         port = addr.rsplit(":", 1)[-1]
         return port.isdigit() and int(port) in listening_ports([p.pid for p in group_members(worker.pid or -1)])
 
-    def start(self, timeout: float = 120.0) -> RealDynamoDeployment:
-        """Start as :class:`DynamoSim` does; a disaggregated deployment then serves one warm-up request
+    def start(self, timeout: float = 120.0) -> Self:
+        """Start as every :class:`~pytest_ml4_sim.deploy.dynamo.DynamoDeployment` does; a disaggregated deployment then serves one warm-up request
         (:func:`pytest_ml4_sim.deploy.real_dynamo_disagg.warm_up`) before it counts as started."""
         super().start(timeout)
         if self.target.topology.kind == "disagg":

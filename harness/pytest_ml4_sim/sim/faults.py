@@ -242,7 +242,7 @@ register(Fault("reasoning_len", "the model reasons N tokens (default 1024) befor
                "suites/test_reasoning.py (a cut reasoning is reported truncated, never judged as a share; no "
                "reasoning fails naming that)", default=1024.0, takes_value=True))
 
-# Dynamo deployment shape: applied by DynamoSim when it spawns the workers, so the real
+# Dynamo deployment shape: applied by the DynamoDeployment when it spawns the workers, so the real
 # frontend sees fewer instances than the target declares (a worker pod that never registered).
 register(Fault("workers_down", "N of the target's aggregated Dynamo workers never start (default 1)",
                "suites/test_smoke.py (health: every worker registered)", default=1.0, takes_value=True))
