@@ -163,8 +163,9 @@ def target_row(target: Any) -> DynamoBehaviour | None:
     """The row of the Dynamo release ``target`` declares (``serving.dynamo_version``), looked up in the package's
     and the team's tables (``target.root``); a release in neither gets an assumed ``estimate`` row
     (:func:`row_for`). None for a target not served by Dynamo or declaring no release."""
-    version = getattr(target.serving, "dynamo_version", None) if target.is_dynamo else None
-    return row_for(version, getattr(target, "root", None)) if version else None
+    from pytest_ml4.stacks import stack_for  # the registry imports this module
+
+    return stack_for(target).release_row(target)  # type: ignore[no-any-return]
 
 
 def behaviour(version: str, path: Path = VERSIONS_FILE, root: Path | None = None) -> DynamoBehaviour | None:

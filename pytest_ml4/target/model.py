@@ -432,7 +432,11 @@ class Target(_Strict):
 
     @property
     def is_dynamo(self) -> bool:
-        return self.serving.stack == "dynamo+vllm"
+        """Dynamo's frontend routes this target's requests to registered workers: for the embedded deployment
+        (``harness/``), which launches stacks; the core and the suites ask ``pytest_ml4.stacks.stack_for``."""
+        from pytest_ml4.stacks import stack_for  # the stacks read targets
+
+        return stack_for(self).routes_workers
 
     @property
     def has_proxy(self) -> bool:
