@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import re
 import typing
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from pytest_ml4.datafile import DataFileError
+from pytest_ml4.logs.signatures import CATALOGUE_FILE, CatalogueError, load_catalogue
 from pytest_ml4.stacks import (
     REGISTRY,
     StackError,
@@ -17,7 +19,11 @@ from pytest_ml4.stacks import (
     stack_named,
     token_counters,
 )
-from pytest_ml4.stacks.base import Stack, StackRow, stack_rows
+from pytest_ml4.stacks.base import STACKS_FILE, Stack, StackRow, stack_rows
+from pytest_ml4.stacks.dynamo_versions import VERSIONS_FILE as DYNAMO_VERSIONS
+from pytest_ml4.stacks.dynamo_versions import load_table
+from pytest_ml4.stacks.vllm_versions import VERSIONS_FILE as VLLM_VERSIONS
+from pytest_ml4.stacks.vllm_versions import load_versions
 from pytest_ml4.target.model import Serving, TargetError, load_target
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +58,7 @@ def test_no_vllm_metric_literal_outside_the_stacks() -> None:
                        "pytest_ml4/data/stacks/stacks.yaml):\n" + "\n".join(found))
 
 
-def test_the_guard_sees_a_name_test(tmp_path: Path) -> None:
+def test_the_guard_sees_a_name_test() -> None:
     """The patterns catch what they are for (a guard that matches nothing would pass forever)."""
     assert NAME_TEST.search("if target.is_dynamo:") and NAME_TEST.search('x = target.serving.stack')
     assert NAME_TEST.search('if stack == "vllm":') and METRIC_LITERAL.search('snap.sum("vllm:generation_tokens_total")')
@@ -116,8 +122,6 @@ def test_an_unknown_stack_name_fails_in_one_line() -> None:
 
 
 def test_a_bad_stack_row_names_file_field_and_line(tmp_path: Path) -> None:
-    from pytest_ml4.stacks.base import STACKS_FILE
-
     bad = tmp_path / "stacks.yaml"
     bad.write_text(STACKS_FILE.read_text().replace("  health_path: /health/liveliness", "  health_path: liveliness"))
     line = next(i for i, text in enumerate(bad.read_text().splitlines(), 1) if "health_path: liveliness" in text)
@@ -125,3 +129,35 @@ def test_a_bad_stack_row_names_file_field_and_line(tmp_path: Path) -> None:
         stack_rows(bad)
     assert str(err.value).startswith(f"invalid stack table {bad}: line {line}: field 'vllm+litellm.health_path'")
     assert set(StackRow.model_fields) <= set(STACKS_FILE.read_text().split("# Fields:")[1].split("\nvllm:")[0].split())
+
+
+def _doctored(tmp_path: Path, source: Path, old: str, new: str) -> tuple[Path, int]:
+    """A copy of ``source`` with the first ``old`` replaced by ``new``, and the line it is on."""
+    text = source.read_text()
+    assert old in text
+    bad = tmp_path / source.name
+    bad.write_text(text.replace(old, new, 1))
+    return bad, text[: text.index(old)].count("\n") + 1
+
+
+@pytest.mark.parametrize(("source", "load", "what", "old", "new", "field", "reason"), [
+    (DYNAMO_VERSIONS, load_table, "Dynamo versions table", "    reasoning_split_needs_effort: true",
+     "    reasoning_split_needs_effort: maybe", "versions.1.6.1.reasoning_split_needs_effort",
+     "Input should be a valid boolean"),
+    (VLLM_VERSIONS, load_versions, "vLLM versions table", "    tokenize_endpoint: true", "    tokenize_endpoint: [yes]",
+     "versions.0.11.tokenize_endpoint", "Input should be a valid boolean"),
+    (CATALOGUE_FILE, load_catalogue, "signature catalogue", "  severity: critical", "  severity: fatal", "0.severity",
+     "Input should be 'critical', 'error', 'warning' or 'info'"),
+], ids=["dynamo-versions", "vllm-versions", "signatures"])
+def test_a_bad_table_names_file_field_and_line(tmp_path: Path, source: Path, load: Callable[[Path], object],
+                                               what: str, old: str, new: str, field: str, reason: str) -> None:
+    bad, line = _doctored(tmp_path, source, old, new)
+    with pytest.raises((DataFileError, CatalogueError)) as err:
+        load(bad)
+    assert str(err.value) == f"invalid {what} {bad}: line {line}: field '{field}': {reason}"
+
+
+def test_a_typo_in_a_dynamo_versions_row_is_named_with_its_line(tmp_path: Path) -> None:
+    bad, line = _doctored(tmp_path, DYNAMO_VERSIONS, "    status: verified\n", "    status: verified\n    typo: 1\n")
+    with pytest.raises(DataFileError, match=rf"line {line + 1}: field 'versions.1.6.1.typo': unknown field"):
+        load_table(bad)

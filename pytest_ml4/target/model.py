@@ -450,9 +450,10 @@ class Target(_Strict):
         """
         if self.serving.proxy is None:
             return self
-        engine_stack = self.serving.stack.split("+", 1)[0]
+        from pytest_ml4.stacks import stack_for  # the stacks read targets
+
         serving = self.serving.model_copy(update={
-            "stack": engine_stack, "proxy": None, "bypassed_proxy": self.serving.proxy,
+            "stack": stack_for(self).engine, "proxy": None, "bypassed_proxy": self.serving.proxy,
             "served_model_name": self.serving.engine_served_model_name or self.serving.served_model_name,
             "engine_served_model_name": None})
         return self.model_copy(update={"serving": serving})
