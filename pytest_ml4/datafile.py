@@ -26,7 +26,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 from types import UnionType
-from typing import Any, TypeVar, Union, get_args, get_origin, overload
+from typing import Any, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
@@ -201,37 +201,25 @@ def validation_line(path: Path, model: Any, err: ValidationError, root: yaml.Nod
     return f"invalid {what} {path}: " + "; ".join(parts)
 
 
-@overload
-def validate(path: Path, text: str, data: Any, model: type[M], what: str = ...,
-             context: dict[str, Any] | None = ...) -> M: ...
-@overload
-def validate(path: Path, text: str, data: Any, model: Any, what: str = ...,
-             context: dict[str, Any] | None = ...) -> Any: ...
-def validate(path: Path, text: str, data: Any, model: Any, what: str = "data file",
-             context: dict[str, Any] | None = None) -> Any:
-    """``data`` (read from ``path``, whose text is ``text``) as ``model``; :class:`DataFileError` of one line."""
+def validate(path: Path, text: str, data: Any, model: type[M], what: str = "data file",
+             context: dict[str, Any] | None = None, error: type[ValueError] = DataFileError) -> M:
+    """``data`` (read from ``path``, whose text is ``text``) as ``model``; ``error`` of one line naming the file,
+    each bad field and its line."""
     try:
         return TypeAdapter(model).validate_python(data, context=context)
     except ValidationError as err:
-        raise DataFileError(validation_line(path, model, err, compose(text), what)) from None
+        raise error(validation_line(path, model, err, compose(text), what)) from None
 
 
-@overload
-def load_yaml(path: Path, model: type[M], what: str = ..., context: dict[str, Any] | None = ...) -> M: ...
-@overload
-def load_yaml(path: Path, model: Any, what: str = ..., context: dict[str, Any] | None = ...) -> Any: ...
-def load_yaml(path: Path, model: Any, what: str = "data file", context: dict[str, Any] | None = None) -> Any:
-    """A YAML file validated as ``model``; :class:`DataFileError` (file, line, field) when it is not."""
+def load_yaml(path: Path, model: type[M], what: str = "data file", context: dict[str, Any] | None = None) -> M:
+    """A YAML file validated as ``model`` (a pydantic model or any annotation pydantic validates, e.g.
+    ``dict[str, Family]``); :class:`DataFileError` (file, line, field) when it is not."""
     path = Path(path)
     data = read_yaml(path, what)
     return validate(path, path.read_text(encoding="utf-8"), data, model, what, context)
 
 
-@overload
-def load_json(path: Path, model: type[M], what: str = ..., context: dict[str, Any] | None = ...) -> M: ...
-@overload
-def load_json(path: Path, model: Any, what: str = ..., context: dict[str, Any] | None = ...) -> Any: ...
-def load_json(path: Path, model: Any, what: str = "data file", context: dict[str, Any] | None = None) -> Any:
+def load_json(path: Path, model: type[M], what: str = "data file", context: dict[str, Any] | None = None) -> M:
     """A JSON file validated as ``model``; :class:`DataFileError` (file, line, field) when it is not."""
     path = Path(path)
     data = read_json(path, what)
