@@ -39,6 +39,7 @@ from pytest_ml4.checks.reasoning import (
 )
 from pytest_ml4.client.endpoint import Endpoint
 from pytest_ml4.locations import data_file
+from pytest_ml4.stacks import stack_for
 from pytest_ml4.stacks.dynamo_versions import target_row
 from pytest_ml4.target.baselines import BaselineRefused, deployment_provenance
 from pytest_ml4.target.model import Target
@@ -124,7 +125,7 @@ def test_invalid_reasoning_requests_are_rejected(ml4_target: Target, ml4_endpoin
     stream that fails after its 200 is not)."""
     extra = DATA["errors"]["cases"][case]
     body = {"model": ml4_endpoint.model, "messages": user(DATA["question"]["prompt"]), "max_tokens": 64, **extra}
-    expected = expected_for(DATA["errors"]["expect"], ml4_target.serving.stack, case, REASONING_FILE)
+    expected = expected_for(DATA["errors"]["expect"], stack_for(ml4_target).name, case, REASONING_FILE)
     what = f"{extra} ({'streamed' if stream else 'non-streamed'})"
     assert_invalid_request_answered(http_client, body, expected, what, stream)
 

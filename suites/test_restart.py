@@ -49,6 +49,7 @@ from pytest_ml4.control.scenario import (
 )
 from pytest_ml4.logs import LogView, ServerStart
 from pytest_ml4.report.attach import attach_text
+from pytest_ml4.stacks import stack_for
 from pytest_ml4.stacks.litellm import ProxySettings, RetryWindow
 from pytest_ml4.target.model import Target
 
@@ -164,8 +165,8 @@ def test_new_requests_during_restart(requests_run: RestartRun, ml4_target: Targe
     if bypassed is not None and not allowed:
         not_judged(f"--ml4-no-proxy: the target's no-client-error gate counts on its {bypassed.kind} proxy retrying "
                    f"across the restart, and this run goes around the proxy")
-    stale = (StaleInstances.for_dynamo(getattr(ml4_target.serving, "dynamo_version", None))
-             if ml4_target.is_dynamo else None)
+    release = stack_for(ml4_target).release(ml4_target)
+    stale = StaleInstances.for_dynamo(release) if release else None
     failed = assert_client_errors_as_allowed(requests_run, allowed, retry_window=_retry_window(ml4_target, ml4_proxy),
                                              stale=stale, outage=SingleReplicaOutage.for_target(ml4_target))
     retries = retries_seen(requests_run)

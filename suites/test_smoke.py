@@ -38,6 +38,7 @@ from pytest_ml4.client.endpoint import (
 )
 from pytest_ml4.client.urls import display_url
 from pytest_ml4.locations import data_file
+from pytest_ml4.stacks import stack_for, stack_named
 from pytest_ml4.target.model import Target
 
 pytestmark = pytest.mark.smoke
@@ -58,14 +59,14 @@ def test_health(ml4_target: Target, ml4_endpoint: Endpoint, ml4_worker_engine: d
     """The endpoint's health; on Dynamo every worker listed (every worker the embedded deployment started, where it
     reduced the target's topology); behind a proxy, the engine's own ``/health`` (a proxy's liveness answers 200
     while the engine behind it is dead)."""
-    path = DATA["health_path"][ml4_target.serving.stack]
+    stack = stack_for(ml4_target)
+    path = stack.health_path
     resp = assert_endpoint_healthy(ml4_endpoint, path)
-    if ml4_target.is_dynamo:
+    if stack.routes_workers:
         reduced = ml4_worker_engine["started"] if ml4_worker_engine and ml4_worker_engine.get("reduced") else None
         assert_dynamo_workers_registered(resp, path, ml4_target, reduced)
     if ml4_target.has_proxy:
-        engine_stack = ml4_target.serving.stack.split("+", 1)[0]
-        assert_engine_behind_proxy_healthy(ml4_endpoint, ml4_target, DATA["health_path"][engine_stack])
+        assert_engine_behind_proxy_healthy(ml4_endpoint, ml4_target, stack_named(stack.engine).health_path)
 
 
 @fails_with("models.http_status", "GET /v1/models does not answer 200")
@@ -177,7 +178,7 @@ def test_stream_usage_agrees_with_streamed_text(ml4_target: Target, http_client:
 
 
 def _expect(target: Target, case: str) -> Expected:
-    return expected_for(DATA["errors"], target.serving.stack, case, SMOKE_FILE)
+    return expected_for(DATA["errors"], stack_for(target).name, case, SMOKE_FILE)
 
 
 def test_unknown_model_is_refused(ml4_target: Target, http_client: httpx.Client) -> None:

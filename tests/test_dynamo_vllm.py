@@ -25,16 +25,13 @@ from pytest_ml4_sim.deploy.worker_plan import WorkerPlan, declared_workers, plan
 from pytest_ml4_sim.realdynamo.scripted import guided_text, tool_choice_from_schema
 
 from pytest_ml4.checks.verdict import EXIT_NOT_JUDGED
+from pytest_ml4.datafile import DataFileError
 from pytest_ml4.runtime.installed import (
     DYNAMO_VLLM_ENGINE_VERSION,
     ToolMissing,
     dynamo_vllm_python,
 )
-from pytest_ml4.stacks.dynamo_versions import (
-    DynamoVersionError,
-    load_table,
-    model_output,
-)
+from pytest_ml4.stacks.dynamo_versions import load_table, model_output
 from pytest_ml4.target.model import load_target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,7 +107,8 @@ def test_bad_emulation_row_names_the_field(tmp_path: Path) -> None:
                    "    reasoning_split_needs_effort: true\n    status: estimate\n    source: a test\n"
                    "    reasoning_efforts: [high]\n    guided_json_refused_keywords: []\n"
                    "    emulation: {tool_form: hermes}\n")
-    with pytest.raises(DynamoVersionError, match=r"versions\.9\.9\.emulation\.tool_form must be one of"):
+    with pytest.raises(DataFileError, match=r"line 12: field 'versions\.9\.9\.emulation\.tool_form': Input should be "
+                                           r"'legacy' or 'v11'"):
         load_table(bad)
 
 

@@ -23,6 +23,7 @@ from pytest_ml4.checks.replicas import assert_every_worker_answers_right, judge_
 from pytest_ml4.checks.tools import ToolChat
 from pytest_ml4.checks.verdict import NotJudged
 from pytest_ml4.control.dynamo import PIN_HEADER, PREFILL_PIN_HEADER
+from pytest_ml4.datafile import DataFileError
 from pytest_ml4.evidence.replicas import (
     TOOLS_FILE,
     Probe,
@@ -36,7 +37,7 @@ from pytest_ml4.evidence.replicas import (
     sender,
 )
 from pytest_ml4.plugin.markers import _replicas
-from pytest_ml4.stacks.dynamo_versions import VERSIONS_FILE, DynamoVersionError, _row
+from pytest_ml4.stacks.dynamo_versions import VERSIONS_FILE, load_table
 from pytest_ml4.target.model import load_target
 
 AGG = load_target("gb300-agg")
@@ -92,10 +93,12 @@ def test_the_check_applies_where_a_role_has_two_workers() -> None:
 
 def test_pins_workers_is_an_optional_boolean_of_a_versions_row(tmp_path: Any) -> None:
     raw = yaml.safe_load(VERSIONS_FILE.read_text())["versions"]["1.6.1"]
-    assert _row("1.6.1", raw, tmp_path).pins_workers is True
-    assert _row("x", {k: v for k, v in raw.items() if k != "pins_workers"}, tmp_path).pins_workers is True
-    with pytest.raises(DynamoVersionError, match=r"versions.x.pins_workers must be true or false, got 'no'"):
-        _row("x", {**raw, "pins_workers": "no"}, tmp_path)
+    absent, bad = tmp_path / "absent.yaml", tmp_path / "bad.yaml"  # two files: load_table caches by path
+    absent.write_text(yaml.safe_dump({"versions": {"x": {k: v for k, v in raw.items() if k != "pins_workers"}}}))
+    assert load_table(absent)["x"].pins_workers is True
+    bad.write_text(yaml.safe_dump({"versions": {"x": {**raw, "pins_workers": "no"}}}))
+    with pytest.raises(DataFileError, match=r"field 'versions.x.pins_workers': Input should be a valid boolean"):
+        load_table(bad)
 
 
 # ------------------------------------------------------------------------------------------------ the verdict's rules

@@ -34,6 +34,7 @@ from pytest_ml4.logs.events import (
     quote,
 )
 from pytest_ml4.report.redact import redact
+from pytest_ml4.stacks import stack_for
 from pytest_ml4.target.model import Target
 
 #: Standard errors a measured mean acceptance length may lie outside its range before it counts as outside.
@@ -193,16 +194,17 @@ def no_failures_verdict(view: LogView) -> Verdict:
 def peak_usage_verdict(view: LogView, target: Target, metric_peak_pct: float | None) -> Verdict:
     """Peak KV usage (periodic stats lines and /metrics samples) stays under ``gates.kv_usage_pct_max``."""
     limit = target.gates.kv_usage_pct_max
+    gauge = stack_for(target).engine_metric("kv_cache_usage")
     stats = view.all(StatsLine)
     top = max(stats, key=lambda s: s.kv_usage_pct) if stats else None
     sources = []
     if top is not None:
         sources.append(f"stats lines: {top.kv_usage_pct:.1f}% (max of {len(stats)})")
     if metric_peak_pct is not None:
-        sources.append(f"vllm:kv_cache_usage_perc: {metric_peak_pct:.1f}%")
+        sources.append(f"{gauge}: {metric_peak_pct:.1f}%")
     if not sources:
         return Verdict("kv_peak_usage", False, "no KV usage to judge: no stats line since the last boot of "
-                                               f"{view.source} and no vllm:kv_cache_usage_perc samples"
+                                               f"{view.source} and no {gauge} samples"
                                                f"{_failure_context(view)}", judged=view.failures(),
                        own_code="kv.usage_unknown")
     peak = max(([top.kv_usage_pct] if top else []) + ([] if metric_peak_pct is None else [metric_peak_pct]))
@@ -352,11 +354,13 @@ def assert_holds(verdict: Verdict, view: LogView, report: VerdictReport, extra: 
 
 def assert_kv_pool_holds_requirement(view: LogView, target: Target, metrics: MetricsRead, report: VerdictReport,
                                      unchecked: str | None = None) -> None:
-    """The boot's KV pool holds the target's requirement, cross-checked with ``vllm:cache_config_info``."""
-    verdict = kv_pool_verdict(view, target, metrics.cache_info())
+    """The boot's KV pool holds the target's requirement, cross-checked with the engine's cache config
+    (``vllm:cache_config_info``)."""
+    family = stack_for(target).engine_metric("cache_config_info")
+    verdict = kv_pool_verdict(view, target, metrics.cache_info(family))
     if verdict.ok and metrics.errors:
         verdict = Verdict(verdict.name, False, f"{metrics.errors[0]}\n(the KV pool cross-check with "
-                          f"vllm:cache_config_info needs it)\n{verdict.message}", judged=verdict.judged,
+                          f"{family} needs it)\n{verdict.message}", judged=verdict.judged,
                           own_code="kv.metrics_unreadable")
     assert_holds(verdict, view, report, unchecked=unchecked)
 
@@ -380,7 +384,8 @@ def assert_peak_kv_usage_under_limit(view: LogView, target: Target, load: LoadRe
     verdict = peak_usage_verdict(view, target, load.metric_peak_pct)
     if verdict.ok and load.metrics_error:
         verdict = Verdict(verdict.name, False, f"{load.metrics_error} while the load ran: the peak of "
-                          f"vllm:kv_cache_usage_perc is unknown\n{verdict.message}", judged=verdict.judged,
+                          f"{stack_for(target).engine_metric('kv_cache_usage')} is unknown\n{verdict.message}",
+                          judged=verdict.judged,
                           own_code="kv.metrics_unreadable")
     if verdict.ok and load.failed:
         # A usage figure from an engine that died under the load proves nothing about its peak.

@@ -4,7 +4,7 @@ aiperf's export), no request is killed by the reasoning grammar, and no perf con
 ``ignore_eos``.
 
 The streamed requests are :func:`stream_fixed_length`'s; the counts are read from the engine's own generated-token
-counter around them (:data:`pytest_ml4.evidence.metrics.STACK_TOKEN_COUNTER`).
+counter around them (the stack's ``token_counter``: ``pytest_ml4/data/stacks/stacks.yaml``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pytest_ml4.checks.codes import fail, fails_with, require
 from pytest_ml4.client.endpoint import Endpoint
 from pytest_ml4.client.stream_probe import StreamResult, probe_chat_stream
 from pytest_ml4.client.urls import display_url
-from pytest_ml4.evidence.metrics import STACK_TOKEN_COUNTER, generated_tokens
+from pytest_ml4.evidence.metrics import generated_tokens
 from pytest_ml4.logs import GrammarKill, LogEvent, LogView
 from pytest_ml4.perf.export import read_records
 from pytest_ml4.perf.methodology import (
@@ -31,6 +31,7 @@ from pytest_ml4.perf.methodology import (
     ignore_eos_in_files,
 )
 from pytest_ml4.perf.runner import AiperfSpec, RunResult
+from pytest_ml4.stacks import stack_for
 from pytest_ml4.target.model import Target
 
 if TYPE_CHECKING:
@@ -58,8 +59,8 @@ def stream_fixed_length(http_client: httpx.Client, endpoint: Endpoint, target: T
     """Stream one request of exactly ``n`` tokens per prompt, all at once, reading the engine's generated-token
     counter before and after."""
     # The effective metrics URL (not only a --sim one): live runs read the engine's, or the Dynamo frontend's,
-    # counter too; each stack's URL carries its own counter (STACK_TOKEN_COUNTER).
-    url, counter = endpoint.effective_metrics_url, STACK_TOKEN_COUNTER[target.serving.stack]
+    # counter too; each stack's URL carries its own counter (its token_counter).
+    url, counter = endpoint.effective_metrics_url, stack_for(target).token_counter
     before = generated_tokens(url, counter=counter)
     with ThreadPoolExecutor(len(prompts)) as pool:
         results = list(pool.map(lambda p: probe_chat_stream(http_client, fixed_length_body(endpoint.model, p, n)),

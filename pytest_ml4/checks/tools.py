@@ -33,6 +33,7 @@ from pytest_ml4.client.endpoint import Endpoint, decode_json, quote_body
 from pytest_ml4.client.stream_probe import StreamResult
 from pytest_ml4.locations import data_file
 from pytest_ml4.logs import GrammarSchemaRefused, LogView
+from pytest_ml4.stacks import stack_for
 from pytest_ml4.stacks.dynamo_versions import (
     ROW_PARSER,
     emulated_grammar_reason,
@@ -367,8 +368,10 @@ class ToolChat(ChatSession):
         """Follow ``target``'s stack: its row of ``conventions`` (``tools.yaml``) and, on a Dynamo release, why
         a call may not come back. ``worker_engine``: what real ``dynamo.vllm`` workers serve the run (the plugin's
         ``ml4_worker_engine``); ``logs``: the engine log reader, or None."""
-        if target.is_dynamo and target.serving.dynamo_version:
-            self.dynamo_version = target.serving.dynamo_version
+        stack = stack_for(target)
+        release = stack.release(target)  # a frontend's release (Dynamo's): its rows say what its parser drops
+        if release:
+            self.dynamo_version = release
             # The parser the deployment's workers run (what the target declares for --dyn-tool-call-parser).
             self.versions_root = target.root  # a team's dynamo/versions.yaml rows come first
             parser = target.engine.tool_call_parser
@@ -379,7 +382,7 @@ class ToolChat(ChatSession):
                 self.parser_cause = cause
             self.logs = logs
             self.grammar_not_judged = emulated_grammar_reason(self.dynamo_version, *running_release(worker_engine))
-        row = (conventions or {}).get(target.serving.stack)
+        row = (conventions or {}).get(stack.name)
         if row:
             self.conventions = ToolConventions.from_row(row)
         return self
@@ -482,7 +485,8 @@ def assert_invalid_request_refused(http_client: httpx.Client, endpoint: Endpoint
     """The stack answers ``case`` as its row of ``expect`` (``tools.yaml`` ``errors.expect``, read from
     ``source``) says; an accepted request without tools calls no tool; one a LiteLLM proxy served is then sent
     to the engine behind it, which must refuse it in the engine's words."""
-    expected = expected_for(expect, target.serving.stack, case, source)
+    stack = stack_for(target)
+    expected = expected_for(expect, stack.name, case, source)
     resp = send_raw(http_client, body, stream)
     what = f"{case} ({'streamed' if stream else 'non-streamed'})"
     assert_answer_expected(resp, expected, what)
@@ -496,8 +500,7 @@ def assert_invalid_request_refused(http_client: httpx.Client, endpoint: Endpoint
         require(engine_root != endpoint.root_url, "tools.engine_unreachable", lambda: (
             f"{what}: the proxy served it; to check the engine refuses it set {target.endpoint.metrics_url_env} "
             f"to the engine's /metrics URL"))
-        engine_stack = target.serving.stack.split("+", 1)[0]
-        engine_expected = expected_for(expect, engine_stack, case, source)
+        engine_expected = expected_for(expect, stack.engine, case, source)
         engine_body = {**body, "model": target.serving.engine_served_model_name or body["model"]}
         with httpx.Client(base_url=engine_root + "/v1/", headers=endpoint.auth_headers(), timeout=60) as engine:
             resp = send_raw(engine, engine_body, stream)

@@ -39,6 +39,7 @@ from pytest_ml4.client.stream_probe import StreamResult, probe_chat_stream
 from pytest_ml4.control.base import Controller, Progress, RestartResult, RestartTimeout
 from pytest_ml4.control.budget import FIRST_ANSWER, PhaseTimeout, RestartBudget
 from pytest_ml4.locations import data_file
+from pytest_ml4.stacks import stack_for
 from pytest_ml4.stacks.litellm import attempted_retries
 
 REQUESTS_FILE = data_file("restart", "requests.yaml")
@@ -509,13 +510,14 @@ class SingleReplicaOutage:
 
     @classmethod
     def for_target(cls, target: Any, path: Path = OUTAGE_FILE) -> SingleReplicaOutage | None:
-        if not target.is_dynamo:
+        release = stack_for(target).release(target)  # the outage's answers are per frontend release
+        if release is None:
             return None
         topo = target.topology
         roles = tuple(r for r, fld in TOPOLOGY_ROLES.get(topo.kind, DEFAULT_ROLES).items() if getattr(topo, fld) == 1)
         if not roles:
             return None
-        key, row = _version_row(path, getattr(target.serving, "dynamo_version", None))
+        key, row = _version_row(path, release)
         return cls(key, roles, tuple(DynamoAnswer.from_row(a) for a in row["answers"]))
 
     def documented(self, r: RequestOutcome) -> bool:

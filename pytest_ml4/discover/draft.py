@@ -20,6 +20,7 @@ from pytest_ml4.control.dynamo import role_instance_ids
 from pytest_ml4.discover.probe import DiscoverError, Shown
 from pytest_ml4.locations import data_file
 from pytest_ml4.logs import EngineArgsLogged, LogView
+from pytest_ml4.stacks import REGISTRY, STACK_FIELD, Stack, dynamo, stack_named, vllm
 from pytest_ml4.target.model import Engine, Hardware, Serving, Target, Topology
 
 FIELDS_FILE = data_file("discover", "fields.yaml")
@@ -150,23 +151,24 @@ def from_metrics(draft: Draft, shown: Shown, served: str) -> None:
         samples = snap.samples(family, model=served) or snap.samples(family)
         if samples:
             draft.offer(path, samples[0].value, f"discovered: {shown.metrics_url} {family}")
-    info = snap.samples("vllm:cache_config_info")
+    # The engine's cache config, in vLLM's family (every stack's workers run vLLM: stacks.yaml worker_engine).
+    family = vllm.adapter().engine_metric("cache_config_info")
+    info = snap.samples(family)
     if info:
         for label, path in table["cache_config_labels"].items():
             if info[0].labels.get(label) not in (None, "", "None"):
-                draft.offer(path, info[0].labels[label],
-                            f"discovered: {shown.metrics_url} vllm:cache_config_info {label}")
+                draft.offer(path, info[0].labels[label], f"discovered: {shown.metrics_url} {family} {label}")
 
 
 def from_health(draft: Draft, shown: Shown) -> list[str]:
     """A Dynamo frontend's worker list sets the stack and the topology (prefill component or not); when the DGD
     already declared the topology, a different count registered now is returned as a note."""
     if shown.health is None:
-        draft.offer("serving.stack", "vllm", f"discovered: {shown.health_url} lists no Dynamo workers")
+        draft.offer(STACK_FIELD, vllm.NAME, f"discovered: {shown.health_url} lists no Dynamo workers")
         draft.offer("topology.kind", "single_node", "discovered: one vLLM server")
         return []
     src = f"discovered: {shown.health_url}"
-    draft.offer("serving.stack", "dynamo+vllm", f"{src} lists Dynamo worker instances")
+    draft.offer(STACK_FIELD, dynamo.NAME, f"{src} lists Dynamo worker instances")
     roles = role_instance_ids(shown.health)
     prefill, decode = len(roles["prefill"]), len(roles["decode"])
     if decode == 0:
@@ -213,6 +215,11 @@ def arg_value(key: str, value: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------------------------ estimates
+def drafted_stack(draft: Draft) -> Stack:
+    """The stack the draft describes so far (vLLM until a source says otherwise)."""
+    return stack_named(draft.get(STACK_FIELD, vllm.NAME), f"the drafted {STACK_FIELD}")
+
+
 def env_prefix(name: str) -> str:
     """``ML4_<NAME>`` for the variable names the target gives (``my-h200`` -> ``ML4_MY_H200``)."""
     return "ML4_" + re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").upper()
@@ -220,8 +227,11 @@ def env_prefix(name: str) -> str:
 
 def estimates(draft: Draft, name: str) -> None:
     """Required fields no source showed (and the sections a live run needs that no endpoint shows)."""
+    stack = drafted_stack(draft)
+    # A frontend's release (serving.dynamo_version) is estimated only for the stack that reads it.
+    release_fields = {factory().release_field for factory in REGISTRY.values()} - {stack.release_field}
     for path, row in fields_table()["estimates"].items():
-        if path == "serving.dynamo_version" and draft.get("serving.stack") != "dynamo+vllm":
+        if path in release_fields:
             continue
         draft.offer(path, row["value"], f"estimate: {row['how']}")
     if "engine.model_path" not in draft.values:
@@ -237,13 +247,13 @@ def estimates(draft: Draft, name: str) -> None:
             if path.startswith("engine."):
                 draft.offer("prefill_" + path, v.value, v.source if v.estimated else
                             f"estimate: the decode workers' {path} ({v.source}); set the prefill workers' own")
-    if draft.get("serving.stack") == "dynamo+vllm":
+    if stack.routes_workers:
         roles = ("prefill", "decode") if draft.get("topology.kind") == "disagg" else ("worker",)
         draft.offer("endpoint.worker_metrics_url_env",
                     {role: f"{env_prefix(name)}_{role.upper()}_METRICS" for role in roles},
                     "estimate: set each variable to its workers' /metrics URLs, comma-separated (the vllm:* "
                     "families live there, not on the frontend)")
-    access = fields_table()["access_estimates"][draft.get("serving.stack", "vllm")]
+    access = fields_table()["access_estimates"][stack.name]
     for section in ("logs", "control"):
         if not any(p.startswith(section + ".") for p in draft.values):
             for key, value in access[section].items():

@@ -14,6 +14,7 @@ import yaml
 
 from pytest_ml4.discover.draft import Draft
 from pytest_ml4.discover.probe import DiscoverError, Shown
+from pytest_ml4.stacks import STACK_FIELD, litellm
 
 
 def read_config(path: str) -> dict[str, Any]:
@@ -29,7 +30,7 @@ def read_config(path: str) -> dict[str, Any]:
 def from_litellm(draft: Draft, path: str, shown: Shown, alias: str) -> list[str]:
     """Stack, proxy section and the engine's served name; returns notes on what the config does not say."""
     config = read_config(path)
-    draft.offer("serving.stack", "vllm+litellm", "flag --litellm-config")
+    draft.offer(STACK_FIELD, litellm.NAME, "flag --litellm-config")
     draft.offer("serving.proxy.kind", "litellm", "flag --litellm-config")
     draft.offer("serving.proxy.config", path, "flag --litellm-config")
     draft.offer("serving.proxy.model_alias", alias, f"discovered: {shown.models_url}")

@@ -25,6 +25,7 @@ from pytest_ml4.discover.dgd import from_dgd, read_dgd
 from pytest_ml4.discover.draft import (
     Draft,
     check,
+    drafted_stack,
     env_prefix,
     estimates,
     fields_table,
@@ -101,8 +102,9 @@ def new_target(req: NewTarget, environ: dict[str, str] | None = None) -> Written
     if req.litellm_config:
         notes += from_litellm(draft, req.litellm_config, shown, card["id"])
     notes += from_health(draft, shown)
-    if shown.health is None and not (shown.metrics and any(n.startswith("vllm:") for n in shown.metrics.names())):
-        notes.append(f"{shown.metrics_url}: no vllm:* families (behind a proxy: pass --metrics-url with the "
+    prefix = drafted_stack(draft).metric_prefix
+    if shown.health is None and not (shown.metrics and any(n.startswith(prefix) for n in shown.metrics.names())):
+        notes.append(f"{shown.metrics_url}: no {prefix}* families (behind a proxy: pass --metrics-url with the "
                      f"engine's /metrics)")
     if view is not None and not from_log(draft, view):
         notes.append(f"{view.source}: no vLLM 'non-default args' line")

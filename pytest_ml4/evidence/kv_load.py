@@ -23,6 +23,7 @@ from pytest_ml4.client.endpoint import Endpoint
 from pytest_ml4.evidence.metrics import MetricsError, MetricsSnapshot, scrape
 from pytest_ml4.locations import data_file
 from pytest_ml4.logs import LogReader, LogView, StatsLine
+from pytest_ml4.stacks import Stack, stack_for
 from pytest_ml4.target.model import Target
 
 LOAD_FILE = data_file("kv", "load.yaml")
@@ -90,23 +91,28 @@ class EngineMetrics:
     urls: tuple[str, ...]
     #: The agg/decode workers' URLs: the role ``engine`` describes (cache config is per role).
     engine_urls: tuple[str, ...]
+    #: The serving stack: its engine's family names.
+    adapter: Stack
     #: Why there are none (names the target field to set), or None.
     missing: str | None = None
 
     @classmethod
     def of(cls, endpoint: Endpoint, target: Target) -> EngineMetrics:
-        if not target.is_dynamo:
+        stack = stack_for(target)
+        if not stack.routes_workers:
             url = endpoint.effective_metrics_url
-            return cls((url,), (url,))
+            return cls((url,), (url,), stack)
         by_role = endpoint.worker_metrics_urls
         engine_urls = tuple(u for role in ("worker", "decode") for u in by_role.get(role, ()))
         urls = endpoint.all_worker_metrics_urls()
         if urls:
-            return cls(urls, engine_urls)
+            return cls(urls, engine_urls, stack)
         variables = ", ".join(f"{r}: {v}" for r, v in target.endpoint.worker_metrics_url_env.items()) or "none"
-        return cls((), (), f"the vllm:* cross-check needs the Dynamo workers' /metrics and no worker metrics URL is "
-                           f"known: set the variables of endpoint.worker_metrics_url_env ({variables}) of target "
-                           f"{target.name} (the frontend's /metrics has no vllm:* families)")
+        families = f"{stack.metric_prefix}*"
+        return cls((), (), stack, f"the {families} cross-check needs the Dynamo workers' /metrics and no worker "
+                                  f"metrics URL is known: set the variables of endpoint.worker_metrics_url_env "
+                                  f"({variables}) of target {target.name} (the frontend's /metrics has no {families} "
+                                  f"families)")
 
     def snapshots(self, urls: tuple[str, ...] | None = None) -> list[MetricsSnapshot | None]:
         return [_scrape(u) for u in (self.urls if urls is None else urls)]
@@ -130,15 +136,15 @@ class MetricsRead:
                 read.errors.append(f"cannot read the engine's metrics at {url}: {err}")
         return read
 
-    def cache_info(self) -> dict[str, str] | None:
-        """The labels of the first ``vllm:cache_config_info`` sample (None when no engine exposes it)."""
-        samples = next((snap.samples("vllm:cache_config_info") for snap in self.snapshots
-                        if snap and snap.samples("vllm:cache_config_info")), [])
+    def cache_info(self, family: str) -> dict[str, str] | None:
+        """The labels of the first sample of the engine's cache-config ``family`` (the stack's
+        ``engine_metric("cache_config_info")``; None when no engine exposes it)."""
+        samples = next((snap.samples(family) for snap in self.snapshots if snap and snap.samples(family)), [])
         return dict(samples[0].labels) if samples else None
 
 
 def _spec_delta(before: list[MetricsSnapshot | None], after: list[MetricsSnapshot | None],
-                k: int) -> SpecCounts | None:
+                k: int, stack: Stack) -> SpecCounts | None:
     """The spec-decode counters' increase summed over every engine (None when one of them could not be read)."""
     if not k or not before or any(s is None for s in before + after):
         return None
@@ -146,11 +152,12 @@ def _spec_delta(before: list[MetricsSnapshot | None], after: list[MetricsSnapsho
     def delta(name: str, **labels: str) -> float:
         return sum(a.sum(name, **labels) - b.sum(name, **labels) for a, b in zip(after, before))  # type: ignore[union-attr]
 
-    drafts = delta("vllm:spec_decode_num_drafts_total")
+    drafts = delta(stack.engine_metric("spec_decode_drafts"))
     if drafts <= 0:
         return None
-    return SpecCounts(drafts, delta("vllm:spec_decode_num_accepted_tokens_total"),
-                      tuple(delta("vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(i))
+    per_position = stack.engine_metric("spec_decode_accepted_per_position")
+    return SpecCounts(drafts, delta(stack.engine_metric("spec_decode_accepted_tokens")),
+                      tuple(delta(per_position, position=str(i))
                             for i in range(k)))
 
 
@@ -162,20 +169,21 @@ def _prompt(i: int, tokens: int) -> str:
     return f"Request {i} of the KV check. " + body[:want]
 
 
-def _poll_usage(urls: tuple[str, ...], stop: threading.Event, result: LoadResult) -> None:
-    """Peak of vllm:kv_cache_usage_perc (0..1, max over engines and workers) while the load runs."""
+def _poll_usage(metrics: EngineMetrics, stop: threading.Event, result: LoadResult) -> None:
+    """Peak of the engines' KV-cache usage gauge (0..1, max over engines and workers) while the load runs."""
+    gauge = metrics.adapter.engine_metric("kv_cache_usage")
     while not stop.is_set():
-        for url in urls:
+        for url in metrics.urls:
             snap = _scrape(url)
             if snap is None:
                 result.metrics_error = result.metrics_error or f"cannot read the engine's metrics at {url}"
                 continue
-            values = [s.value for s in snap.samples("vllm:kv_cache_usage_perc")]
+            values = [s.value for s in snap.samples(gauge)]
             if not values:
                 # A /metrics that answers without the gauge (on Dynamo: the worker's engine-metrics callback
                 # failed and the runtime served its own families only) is as unreadable as a 500.
                 result.metrics_error = result.metrics_error or (
-                    f"the engine's metrics at {url} carry no vllm:kv_cache_usage_perc")
+                    f"the engine's metrics at {url} carry no {gauge}")
             else:
                 peak = max(values) * 100
                 result.metric_peak_pct = max(peak, result.metric_peak_pct or 0.0)
@@ -207,7 +215,7 @@ def run_load(http: httpx.Client, endpoint: Endpoint, target: Target) -> LoadResu
     metrics = EngineMetrics.of(endpoint, target)
     before = metrics.snapshots()
     stop = threading.Event()
-    poller = threading.Thread(target=_poll_usage, args=(metrics.urls, stop, result), daemon=True)
+    poller = threading.Thread(target=_poll_usage, args=(metrics, stop, result), daemon=True)
     poller.start()
     try:
         with ThreadPoolExecutor(max_workers=n) as pool:
@@ -218,7 +226,7 @@ def run_load(http: httpx.Client, endpoint: Endpoint, target: Target) -> LoadResu
     result.errors = [o for o in outcomes if o]
     result.completed = n - len(result.errors)
     k = eng.speculative.num_speculative_tokens if eng.speculative else 0
-    result.spec = _spec_delta(before, metrics.snapshots(), k)
+    result.spec = _spec_delta(before, metrics.snapshots(), k, metrics.adapter)
     return result
 
 

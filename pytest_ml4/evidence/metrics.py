@@ -8,7 +8,7 @@ and what changed between two scrapes::
     before = scrape("http://127.0.0.1:8000/metrics")
     ... run requests ...
     after = scrape("http://127.0.0.1:8000/metrics")
-    diff(before, after).sum("vllm:generation_tokens_total")
+    diff(before, after).sum(stack_for(target).engine_metric("generation_tokens"))
 
 Sample names are the exposed ones (counters with ``_total``; histograms as ``_bucket``/``_sum``/``_count``).
 """
@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_ml4.client.endpoint import quote_body
 from pytest_ml4.client.urls import display_url
+from pytest_ml4.stacks import token_counters
 
 
 class MetricsError(RuntimeError):
@@ -136,24 +137,18 @@ def scrape(url: str, http: httpx.Client | None = None, timeout: float = 10.0) ->
     return parse_metrics(resp.text)
 
 
-#: Output tokens generated so far: vLLM's engine counter, or a Dynamo frontend's.
-GENERATED_TOKEN_COUNTERS = ("vllm:generation_tokens_total", "dynamo_frontend_output_tokens_total")
-#: The counter each serving stack's metrics URL (``Endpoint.effective_metrics_url``) carries: a Dynamo frontend's
-#: /metrics has only ``dynamo_*`` families, the ``vllm:*`` ones live on its workers (reference/real-dynamo.md).
-STACK_TOKEN_COUNTER = {"vllm": "vllm:generation_tokens_total", "vllm+litellm": "vllm:generation_tokens_total",
-                       "dynamo+vllm": "dynamo_frontend_output_tokens_total"}
-
 
 def generated_tokens(url: str | None, timeout: float = 5.0, counter: str | None = None) -> float | None:
     """Output tokens the engine (or Dynamo frontend) at ``url`` has generated so far; None when there is no URL,
-    it cannot be read, or it exposes neither counter (or not ``counter``, when one is named)."""
+    it cannot be read, or it exposes no stack's counter (or not ``counter``, when one is named: the serving stack's
+    ``token_counter``)."""
     if not url:
         return None
     try:
         snap = scrape(url, timeout=timeout)
     except MetricsError:
         return None
-    names = (counter,) if counter else GENERATED_TOKEN_COUNTERS
+    names = (counter,) if counter else token_counters()
     return next((snap.sum(n) for n in names if n in snap), None)
 
 

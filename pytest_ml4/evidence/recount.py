@@ -13,6 +13,7 @@ import httpx
 
 from pytest_ml4.client.endpoint import Endpoint
 from pytest_ml4.evidence.tokenizer import get_tokenizer
+from pytest_ml4.stacks import stack_for
 from pytest_ml4.target.model import Target
 
 #: Relative slack a local re-count needs (the deployed vocabulary may split some words differently).
@@ -63,7 +64,7 @@ def counter_for(target: Target, endpoint: Endpoint) -> TokenCounter:
     from pytest_ml4.stacks.vllm_versions import for_version
 
     url = None
-    if not target.is_dynamo and for_version(target.engine.version).tokenize_endpoint:
+    if stack_for(target).engine_tokenize and for_version(target.engine.version).tokenize_endpoint:
         metrics = endpoint.effective_metrics_url
         url = (metrics[: -len("/metrics")] if metrics.endswith("/metrics") else endpoint.root_url) + "/tokenize"
     return TokenCounter(url, target.engine.tokenizer_version)

@@ -13,21 +13,56 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-import yaml
+from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 
+from pytest_ml4.datafile import Strict, compose, read_yaml, validation_line
 from pytest_ml4.locations import data_file
 from pytest_ml4.logs.records import LogRecord
 
 CATALOGUE_FILE = data_file("logs", "signatures.yaml")
 Severity = Literal["critical", "error", "warning", "info"]
-SEVERITIES: tuple[str, ...] = ("critical", "error", "warning", "info")
-_REQUIRED = ("name", "event", "severity", "regex", "meaning", "source")
+SEVERITIES: tuple[str, ...] = get_args(Severity)
 
 
 class CatalogueError(ValueError):
-    """The catalogue file is malformed; the message names the signature and field."""
+    """The catalogue file is malformed; the message is one line naming the file, line and field."""
+
+
+def _compiled(value: Any) -> Any:
+    """A regex field compiled, or the reason it does not compile (pydantic's own message drops it)."""
+    if not isinstance(value, str):
+        return value
+    if not value:
+        raise ValueError("empty regex")
+    try:
+        return re.compile(value)
+    except re.error as err:
+        raise ValueError(f"bad regex: {err}") from None
+
+
+Regex = Annotated[re.Pattern[str], BeforeValidator(_compiled)]
+
+
+class SignatureRow(Strict):
+    """One entry of ``signatures.yaml`` (its header comment says what each field means)."""
+
+    name: str = Field(min_length=1)
+    event: str = Field(min_length=1)
+    severity: Severity
+    regex: Regex
+    meaning: str = Field(min_length=1)
+    source: str = Field(min_length=1)
+    hints: list[str] = Field(default_factory=list)
+    context: Regex | None = None
+    window: int = 40
+    supersedes: list[str] = Field(default_factory=list)
+    boot_marker: int = 0
+    unrecorded: str = ""
+
+
+CATALOGUE_MODEL = list[SignatureRow]
 
 
 @dataclass(frozen=True)
@@ -63,22 +98,12 @@ class Match:
     position: int
 
 
-def _compile(entry: dict[str, Any], where: str) -> Signature:
-    missing = [k for k in _REQUIRED if not entry.get(k)]
-    if missing:
-        raise CatalogueError(f"{where}: missing field(s) {', '.join(missing)}")
-    if entry["severity"] not in SEVERITIES:
-        raise CatalogueError(f"{where}: severity must be one of {', '.join(SEVERITIES)}")
-    try:
-        regex = re.compile(entry["regex"])
-        context = re.compile(entry["context"]) if entry.get("context") else None
-    except re.error as err:
-        raise CatalogueError(f"{where}: bad regex: {err}") from None
-    return Signature(name=entry["name"], event=entry["event"], severity=entry["severity"], regex=regex,
-                     meaning=" ".join(str(entry["meaning"]).split()), source=" ".join(str(entry["source"]).split()),
-                     hints=tuple(entry.get("hints") or ()), context=context, window=int(entry.get("window", 40)),
-                     supersedes=tuple(entry.get("supersedes") or ()), boot_marker=int(entry.get("boot_marker", 0)),
-                     unrecorded=" ".join(str(entry.get("unrecorded") or "").split()))
+def _signature(row: SignatureRow) -> Signature:
+    return Signature(name=row.name, event=row.event, severity=row.severity, regex=row.regex,
+                     meaning=" ".join(row.meaning.split()), source=" ".join(row.source.split()),
+                     hints=tuple(row.hints), context=row.context, window=row.window,
+                     supersedes=tuple(row.supersedes), boot_marker=row.boot_marker,
+                     unrecorded=" ".join(row.unrecorded.split()))
 
 
 class Catalogue:
@@ -128,11 +153,14 @@ class Catalogue:
         return any(sig.context.search(records[i].text) for i in range(lo, hi))
 
 
-def parse_catalogue(data: Any, where: str = "catalogue") -> Catalogue:
-    if not isinstance(data, list):
-        raise CatalogueError(f"{where}: top level must be a list of signatures")
-    sigs = [_compile(e if isinstance(e, dict) else {}, f"{where}: signature #{i + 1} ({(e or {}).get('name', '?')})")
-            for i, e in enumerate(data)]
+def parse_catalogue(data: Any, where: str = "catalogue", text: str | None = None) -> Catalogue:
+    """The catalogue from ``data`` (read from ``where``, whose YAML ``text`` gives the line of a bad field)."""
+    try:
+        rows = TypeAdapter(CATALOGUE_MODEL).validate_python(data)
+    except ValidationError as err:
+        root = compose(text) if text is not None else None
+        raise CatalogueError(validation_line(Path(where), CATALOGUE_MODEL, err, root, "signature catalogue")) from None
+    sigs = [_signature(row) for row in rows]
     names = [s.name for s in sigs]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -147,7 +175,9 @@ def parse_catalogue(data: Any, where: str = "catalogue") -> Catalogue:
 @lru_cache(maxsize=4)
 def load_catalogue(path: Path = CATALOGUE_FILE) -> Catalogue:
     """The catalogue from ``path`` (default: the package's ``signatures.yaml``)."""
-    return parse_catalogue(yaml.safe_load(Path(path).read_text()), str(path))
+    path = Path(path)
+    data = read_yaml(path, "signature catalogue", CatalogueError)
+    return parse_catalogue(data, str(path), path.read_text(encoding="utf-8"))
 
 
 def last_boot_start(records: Sequence[LogRecord], catalogue: Catalogue | None = None) -> int:

@@ -16,10 +16,12 @@ from pytest_ml4.perf.export import (
     server_gauge,
     weighted_quantile,
 )
+from pytest_ml4.stacks.vllm import adapter as vllm_stack
 
 #: The engine's own count of sequences in its running batch (vllm.md: "Number of requests in model execution
-#: batches"), as aiperf scraped it from the engine's /metrics during the profiling phase.
-ENGINE_RUNNING_GAUGE = "vllm:num_requests_running"
+#: batches"), as aiperf scraped it from the engine's /metrics during the profiling phase. An aiperf export names
+#: no stack: vLLM's family (every stack's workers run vLLM: stacks.yaml worker_engine).
+ENGINE_RUNNING_GAUGE = vllm_stack().engine_metric("num_requests_running")
 
 @dataclass(frozen=True)
 class PointFigures:

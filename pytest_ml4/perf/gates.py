@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pytest_ml4.perf.baseline import Deviation
-from pytest_ml4.perf.figures import PointFigures
+from pytest_ml4.perf.figures import ENGINE_RUNNING_GAUGE, PointFigures
 from pytest_ml4.target.model import Target
 
 #: Below max_num_seqs, the smallest share of the concurrency the decode concurrency p50 may show (see saturation).
@@ -101,8 +101,8 @@ def saturation_gate(fig: PointFigures, max_num_seqs: int, beside: int = 0) -> Ga
     engines = (fig.engine_running_engines or 1) if engine else 1
     total_cap = max_num_seqs * engines
     cap = min(total_cap, fig.concurrency + beside)
-    source = ("the engine's vllm:num_requests_running" if engines == 1 else
-              f"vllm:num_requests_running summed over {engines} engines") if engine else \
+    source = (f"the engine's {ENGINE_RUNNING_GAUGE}" if engines == 1 else
+              f"{ENGINE_RUNNING_GAUGE} summed over {engines} engines") if engine else \
         "client-side effective_decode_concurrency"
     client = (f"; client-side effective_decode_concurrency p50 {_f(fig.decode_conc_p50)} "
               f"(max {_f(fig.decode_conc_max)})" if engine else "")

@@ -26,6 +26,7 @@ from pytest_ml4.perf.runner import (
     expected_p99_latency_s,
     failure_log,
 )
+from pytest_ml4.stacks import stack_for
 from pytest_ml4.target.model import Target
 
 #: The short profile CI runs: a few seconds per point, concurrencies around the engine cap. The prompt is short
@@ -226,7 +227,7 @@ def run_trace(target: Target, client: Client, trace: Path, out_dir: Path, *, con
 def session_env(target: Target) -> dict[str, str]:
     # Dynamo's KV router pins a conversation by x-dynamo-session-id (seed 002 notes); aiperf derives that header
     # from the correlation id when this variable is set (aiperf.md §4.7).
-    if target.is_dynamo and target.serving.session_affinity:
+    if stack_for(target).routes_workers and target.serving.session_affinity:
         return {"AIPERF_HTTP_X_DYNAMO_SESSION_ID_FROM_CORRELATION_ID": "true"}
     return {}
 

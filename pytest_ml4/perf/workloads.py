@@ -36,6 +36,7 @@ from pytest_ml4.perf.probes import Phase, probed_aiperf
 from pytest_ml4.perf.runner import AiperfSpec, failure_log, judge
 from pytest_ml4.perf.summary import gate_dicts, update_summary
 from pytest_ml4.perf.sweep import Client, cached_json, session_env
+from pytest_ml4.stacks.vllm import adapter as vllm_stack
 from pytest_ml4.target.model import Target, Workload
 
 #: Capacity search per profile: (runs per rate at most, rates probed above the declared one, requests per run).
@@ -185,8 +186,9 @@ def workload_phase(name: str, label: str, rate: float, concurrency: int) -> Phas
     return Phase(kind, f"{name} {label} at {rate:g} req/s", concurrency, rate=rate)
 
 
-#: vLLM's prefix-cache counters (tokens queried, tokens found cached), on every engine's /metrics (vllm.md).
-PREFIX_COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+#: vLLM's prefix-cache counters (tokens queried, tokens found cached), on every engine's /metrics (vllm.md; every
+#: stack's workers run vLLM: stacks.yaml worker_engine).
+PREFIX_COUNTERS = (vllm_stack().engine_metric("prefix_cache_queries"), vllm_stack().engine_metric("prefix_cache_hits"))
 
 
 def engine_counters(urls: tuple[str, ...]) -> dict[str, float] | str:

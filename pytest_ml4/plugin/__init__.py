@@ -26,6 +26,7 @@ from pytest_ml4.plugin.state import (
     get_state,
 )
 from pytest_ml4.runtime import processes
+from pytest_ml4.stacks import stack_for
 from pytest_ml4.target.model import known_targets
 
 pytest_plugins = [
@@ -136,7 +137,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         url = state.config.getoption("ml4_endpoint") or os.environ.get(t.endpoint.url_env) or t.endpoint.default_url
         host = _host_only(url) if url else f"(unset: export {t.endpoint.url_env} or pass --endpoint)"
         mode = "live" + direct
-    lines = [f"ml4: target {t.name} ({t.hardware.count}x {t.hardware.gpu}, {t.topology.kind}, {t.serving.stack})",
+    lines = [f"ml4: target {t.name} ({t.hardware.count}x {t.hardware.gpu}, {t.topology.kind}, {stack_for(t).name})",
              f"ml4: endpoint {host} [{mode}]"]
     if info and info.dynamo:
         dyn, fe = info.dynamo, info.dynamo["frontend"]

@@ -14,6 +14,7 @@ import pytest
 
 from pytest_ml4.checks.verdict import DOES_NOT_APPLY_PREFIX
 from pytest_ml4.plugin.state import get_state
+from pytest_ml4.stacks import stack_for, stack_markers
 from pytest_ml4.target.model import Target
 
 SUITE_MARKERS = {
@@ -149,9 +150,16 @@ def skip_reason(target: Target, marker_names: set[str]) -> str | None:
     if "needs_proxy" in marker_names and target.serving.bypassed_proxy is not None:
         return f"--ml4-no-proxy: this run goes around {target.name}'s {target.serving.bypassed_proxy.kind} proxy"
     if "needs_proxy" in marker_names and not target.has_proxy:
-        return f"target {target.name} has no proxy in front of the engine ({target.serving.stack})"
-    if "dynamo" in marker_names and not target.is_dynamo:
-        return f"target {target.name} is not served by Dynamo ({target.serving.stack})"
+        return f"target {target.name} has no proxy in front of the engine ({stack_for(target).name})"
+    return stack_marker_skip(target, marker_names)
+
+
+def stack_marker_skip(target: Target, marker_names: set[str]) -> str | None:
+    """A test marked for what only some stacks serve (``dynamo``), on a target whose stack does not."""
+    stack = stack_for(target)
+    for marker, serving in stack_markers().items():
+        if marker in marker_names and marker not in stack.markers:
+            return f"target {target.name} is not served by {serving} ({stack.name})"
     return None
 
 

@@ -46,6 +46,7 @@ from pytest_ml4.plugin.option_group import group as ml4_group
 from pytest_ml4.plugin.option_group import opt
 from pytest_ml4.plugin.record import recording
 from pytest_ml4.runtime.installed import ToolMissing
+from pytest_ml4.stacks import stack_for
 from pytest_ml4.target.baselines import (
     BaselineRefused,
     deployment_provenance,
@@ -461,7 +462,7 @@ def ml4_perf_workloads(ml4_target: Target, ml4_endpoint: Endpoint, ml4_run_dir: 
                        ml4_perf_client: Client, ml4_perf_progress: Callable[[str], None],
                        ml4_perf_kube: KubeLoad | None) -> WorkloadRunner:
     """The goodput, capacity and sessions runs (Poisson arrivals), shared by the checks through the run folder."""
-    engines = (prompt_engine_urls(dict(ml4_endpoint.worker_metrics_urls)) if ml4_target.is_dynamo
+    engines = (prompt_engine_urls(dict(ml4_endpoint.worker_metrics_urls)) if stack_for(ml4_target).routes_workers
                else (ml4_endpoint.effective_metrics_url,))
     return WorkloadRunner(ml4_target, ml4_perf_client, ml4_run_dir / "perf" / "workloads", ml4_perf_settings.short,
                           ml4_perf_progress, tuple(engines), ml4_perf_kube)

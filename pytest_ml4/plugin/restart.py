@@ -36,6 +36,7 @@ from pytest_ml4.plugin.embedded import (
 )
 from pytest_ml4.plugin.option_group import group as ml4_group
 from pytest_ml4.plugin.state import get_state as _state
+from pytest_ml4.stacks import stack_for
 from pytest_ml4.target.model import Target
 
 if TYPE_CHECKING:  # annotations only: the fixtures import what they start lazily
@@ -90,7 +91,7 @@ def ml4_proxy(pytestconfig: pytest.Config, ml4_sim: Engine | None) -> Proxy | No
 def ml4_dynamo_deployment(pytestconfig: pytest.Config, ml4_target: Target, ml4_sim: Engine | None,
                           ml4_run_dir: Path) -> Iterator[DynamoDeployment | None]:
     """The embedded Dynamo deployment of a ``--sim`` Dynamo target, else None."""
-    if ml4_sim is None or not ml4_target.is_dynamo:
+    if ml4_sim is None or not stack_for(ml4_target).routes_workers:
         yield None
         return
     session_dynamo = as_dynamo_deployment(ml4_sim)
@@ -111,7 +112,7 @@ def ml4_dynamo_deployment(pytestconfig: pytest.Config, ml4_target: Target, ml4_s
 
 @pytest.fixture(scope="session")
 def ml4_kube_namespace(ml4_target: Target, ml4_dynamo_deployment: DynamoDeployment | None) -> str | None:
-    if not ml4_target.is_dynamo and ml4_target.control.kind != "kubernetes":
+    if not stack_for(ml4_target).routes_workers and ml4_target.control.kind != "kubernetes":
         return None
     from pytest_ml4.control.k8s_api import KubeConfigError, target_namespace
 
@@ -168,7 +169,7 @@ def ml4_restart_controller(pytestconfig: pytest.Config, ml4_target: Target, ml4_
 
     roles = tuple(r.strip() for r in (pytestconfig.getoption("ml4_restart_roles")
                                       or pytestconfig.getini("ml4_restart_roles") or "workers").split(",") if r.strip())
-    engine_sim = None if ml4_target.is_dynamo else ml4_sim
+    engine_sim = None if stack_for(ml4_target).routes_workers else ml4_sim
     root = ml4_restart_endpoint.root_url
     base = ml4_restart_endpoint.base_url
     if engine_sim is not None:

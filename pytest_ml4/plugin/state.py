@@ -33,6 +33,7 @@ from pytest_ml4.plugin.embedded import (
 from pytest_ml4.plugin.endpoint import EndpointUnusable, endpoint_for
 from pytest_ml4.plugin.option_group import int_opt, opt
 from pytest_ml4.report.redact import redact
+from pytest_ml4.stacks import stack_for
 from pytest_ml4.target.model import (
     Target,
     TargetError,
@@ -136,11 +137,10 @@ class Ml4State:
             _check_simulable(self.target)
         self.dynamo_bridge = _dynamo_bridge(config, self)
         self.declared_target = self.target
-        if self.sim_engine == "vllm" and self.target is not None and self.target.is_dynamo:
-            # Real dynamo.vllm workers run the vLLM ai-dynamo 1.6.1 pins, not rtxpro6000-tp8's.
-            from pytest_ml4.runtime.installed import DYNAMO_VLLM_ENGINE_VERSION
-
-            self.overrides = deep_merge(self.overrides, {"engine": {"version": DYNAMO_VLLM_ENGINE_VERSION}})
+        workers_engine = stack_for(self.target).sim_worker_engine_version() if self.target is not None else None
+        if self.sim_engine == "vllm" and workers_engine is not None:
+            # Real workers run the engine of their own pins (dynamo.vllm: ai-dynamo 1.6.1's), not the target's.
+            self.overrides = deep_merge(self.overrides, {"engine": {"version": workers_engine}})
             self.target = load_target(self.target.path or self.target.name, overrides=self.overrides)
         if opt(config, "ml4_no_proxy", "ml4_no_proxy") and self.target is not None:
             _check_no_proxy(self.target, self.use_sim, config.getoption("ml4_endpoint"))
@@ -233,9 +233,11 @@ def _dynamo_bridge(config: pytest.Config, state: Ml4State) -> bool:
         return True if bridge is None else bool(bridge)
     if not state.use_sim:
         raise pytest.UsageError("--ml4-no-dynamo-bridge needs --sim: it changes the embedded Dynamo deployment")
-    if state.target is not None and not state.target.is_dynamo:
+    stack = stack_for(state.target) if state.target is not None else None
+    # The bridge stands in for the frontend release the target declares: none declared, nothing to bridge.
+    if stack is not None and stack.release(state.target) is None:
         raise pytest.UsageError(f"--ml4-no-dynamo-bridge: target {state.target.name} is not served by Dynamo "
-                                f"({state.target.serving.stack})")
+                                f"({stack.name})")
     if state.target is not None:
         public = public_dynamo_version()
         state.overrides = deep_merge(state.overrides, {"serving": {"dynamo_version": public}})
@@ -266,7 +268,7 @@ def _check_simulable(target: Target) -> None:
 def _check_no_proxy(target: Target, use_sim: bool, endpoint: str | None) -> None:
     if not target.has_proxy:
         raise pytest.UsageError(f"--ml4-no-proxy: target {target.name} has no proxy in front of its engine "
-                                f"({target.serving.stack})")
+                                f"({stack_for(target).name})")
     if not use_sim and not endpoint:
         raise pytest.UsageError(f"--ml4-no-proxy against a live deployment needs --endpoint with the engine's URL: "
                                 f"{target.endpoint.url_env} is the {target.serving.proxy.kind} proxy's")

@@ -23,6 +23,7 @@ import httpx
 from pytest_ml4.locations import PACKAGE_PARENT
 from pytest_ml4.report.redact import redact
 from pytest_ml4.runtime import processes
+from pytest_ml4.stacks import stack_for
 from pytest_ml4.target.model import Target
 
 
@@ -90,7 +91,7 @@ def environment_properties(target: Target | None, *, simulated: bool, engine: st
         nodes = f" ({target.hardware.nodes} nodes)" if target.hardware.nodes > 1 else ""
         props["Hardware"] = f"{target.hardware.count}x {target.hardware.gpu}{nodes}"
         props["Topology"] = f"{target.topology.kind}, TP={target.topology.tensor_parallel}"
-        props["Serving"] = target.serving.stack
+        props["Serving"] = stack_for(target).name
     props["Python"] = platform.python_version()
     props["pytest"] = package_version("pytest")
     props.update(extra or {})

@@ -17,19 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import yaml
+from pydantic import Field, StrictBool, StrictStr, field_validator
 
+from pytest_ml4.datafile import Strict, load_yaml
 from pytest_ml4.locations import data_file
 
 VERSIONS_FILE = data_file("dynamo", "versions.yaml")
 #: Where a team's repository keeps its own rows (beside its ``targets/``); they take precedence.
 TEAM_VERSIONS = Path("dynamo") / "versions.yaml"
-
-
-class DynamoVersionError(ValueError):
-    """The versions table is malformed; the message names the file and the field."""
 
 
 @dataclass(frozen=True)
@@ -63,63 +60,59 @@ class DynamoBehaviour:
         return f"{self.version} ({self.status}: {self.source})"
 
 
-_BOOL_FIELDS = ("public", "mistral_v11_tool_calls_parsed", "mistral_legacy_tool_calls_parsed", "mistral_parser_v2",
-                "reasoning_split_needs_effort")
-#: List fields (of strings) a row must state, even when empty.
-_LIST_FIELDS = ("guided_json_refused_keywords", "reasoning_efforts")
-STATUSES = ("verified", "estimate")
+#: ``verified`` (observed: ``source`` names the transcripts) or ``estimate`` (inferred: ``source`` says from what).
+Status = Literal["verified", "estimate"]
 #: Schema members whose keys are names (of properties, definitions), not keywords.
 NAME_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
 #: The tool parser whose behaviour the rows describe (``mistral_*`` fields).
 ROW_PARSER = "mistral"
-
-
-def _row(version: str, raw: object, path: Path) -> DynamoBehaviour:
-    if not isinstance(raw, dict):
-        raise DynamoVersionError(f"{path}: versions.{version} must be a mapping")
-    unknown = set(raw) - set(_BOOL_FIELDS) - {"source", "covers", "status", "emulation", "pins_workers",
-                                               *_LIST_FIELDS}
-    if unknown:
-        raise DynamoVersionError(f"{path}: versions.{version}: unknown field(s) {sorted(unknown)}")
-    for name in _BOOL_FIELDS:
-        if not isinstance(raw.get(name), bool):
-            raise DynamoVersionError(f"{path}: versions.{version}.{name} must be true or false, "
-                                     f"got {raw.get(name)!r}")
-    if raw.get("status") not in STATUSES:
-        raise DynamoVersionError(f"{path}: versions.{version}.status must be one of {list(STATUSES)}, "
-                                 f"got {raw.get('status')!r}")
-    source = " ".join(str(raw.get("source") or "").split())
-    if not source:
-        raise DynamoVersionError(f"{path}: versions.{version}.source must say which transcript verified the row "
-                                 f"or what the estimate is inferred from")
-    lists = {name: _strings(raw, name, version, path) for name in _LIST_FIELDS}
-    pins = raw.get("pins_workers", True)
-    if not isinstance(pins, bool):
-        raise DynamoVersionError(f"{path}: versions.{version}.pins_workers must be true or false, got {pins!r}")
-    return DynamoBehaviour(version=version, source=source, status=str(raw["status"]), **lists, pins_workers=pins,
-                           covers=tuple(str(c) for c in raw.get("covers") or ()),
-                           emulation=_emulation(version, raw.get("emulation"), path),
-                           **{name: raw[name] for name in _BOOL_FIELDS})
-
-
-#: ``emulation`` keys: the tool-call form the model emits (``legacy`` or ``v11``) and whether it thinks before a
-#: tool call (1.6.1's reasoning parser swallows a call after ``[/THINK]``).
-EMULATION_FIELDS = {"tool_form": ("legacy", "v11"), "think_before_tool_call": (True, False)}
 #: Mistral Large 4's own output (a version without an emulation row runs the model as it is).
 OWN_OUTPUT: dict[str, object] = {"tool_form": "v11", "think_before_tool_call": True}
 
 
-def _emulation(version: str, raw: object, path: Path) -> dict[str, object]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict) or set(raw) - set(EMULATION_FIELDS):
-        raise DynamoVersionError(f"{path}: versions.{version}.emulation must be a mapping of "
-                                 f"{sorted(EMULATION_FIELDS)}, got {raw!r}")
-    for key, value in raw.items():
-        if value not in EMULATION_FIELDS[key]:
-            raise DynamoVersionError(f"{path}: versions.{version}.emulation.{key} must be one of "
-                                     f"{list(EMULATION_FIELDS[key])}, got {value!r}")
-    return dict(raw)
+class Emulation(Strict):
+    """How a deployment on public 1.6.1 is made to behave as the row's release: the tool-call form the model emits
+    and whether it thinks before a tool call (1.6.1's reasoning parser swallows a call after ``[/THINK]``)."""
+
+    tool_form: Literal["legacy", "v11"] | None = None
+    think_before_tool_call: StrictBool | None = None
+
+
+class DynamoRow(Strict):
+    """One row of ``versions.yaml`` (its header comment says what each field means)."""
+
+    status: Status
+    public: StrictBool
+    mistral_v11_tool_calls_parsed: StrictBool
+    mistral_legacy_tool_calls_parsed: StrictBool
+    mistral_parser_v2: StrictBool
+    reasoning_split_needs_effort: StrictBool
+    #: Which transcript verified the row, or what the estimate is inferred from.
+    source: str
+    guided_json_refused_keywords: list[StrictStr]
+    reasoning_efforts: list[StrictStr]
+    covers: list[str] = Field(default_factory=list)
+    emulation: Emulation | None = None
+    pins_workers: StrictBool = True
+
+    @field_validator("source")
+    @classmethod
+    def _said(cls, value: str) -> str:
+        said = " ".join(value.split())
+        if not said:
+            raise ValueError("must say which transcript verified the row or what the estimate is inferred from")
+        return said
+
+    def behaviour(self, version: str) -> DynamoBehaviour:
+        fields = self.model_dump(exclude={"emulation", "covers", "guided_json_refused_keywords", "reasoning_efforts"})
+        return DynamoBehaviour(version=version, **fields, covers=tuple(self.covers),
+                               guided_json_refused_keywords=tuple(self.guided_json_refused_keywords),
+                               reasoning_efforts=tuple(self.reasoning_efforts),
+                               emulation=self.emulation.model_dump(exclude_unset=True) if self.emulation else {})
+
+
+class DynamoTable(Strict):
+    versions: dict[str, DynamoRow]
 
 
 def model_output(version: str | None) -> dict[str, object]:
@@ -129,19 +122,11 @@ def model_output(version: str | None) -> dict[str, object]:
     return {**OWN_OUTPUT, **(row.emulation if row is not None else {})}
 
 
-def _strings(raw: dict[str, object], name: str, version: str, path: Path) -> tuple[str, ...]:
-    value = raw.get(name)
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise DynamoVersionError(f"{path}: versions.{version}.{name} must be a list of strings, got {value!r}")
-    return tuple(value)
-
-
 @lru_cache(maxsize=4)
 def load_table(path: Path = VERSIONS_FILE) -> dict[str, DynamoBehaviour]:
-    data = yaml.safe_load(path.read_text())
-    if not isinstance(data, dict) or not isinstance(data.get("versions"), dict):
-        raise DynamoVersionError(f"{path}: top level needs a 'versions' mapping")
-    return {str(v): _row(str(v), raw, path) for v, raw in data["versions"].items()}
+    """The rows of a versions table (the package's or a team's); a bad one fails with file, line and field."""
+    table = load_yaml(path, DynamoTable, "Dynamo versions table")
+    return {version: row.behaviour(version) for version, row in table.versions.items()}
 
 
 def team_file(root: Path | None) -> Path | None:
@@ -163,8 +148,9 @@ def target_row(target: Any) -> DynamoBehaviour | None:
     """The row of the Dynamo release ``target`` declares (``serving.dynamo_version``), looked up in the package's
     and the team's tables (``target.root``); a release in neither gets an assumed ``estimate`` row
     (:func:`row_for`). None for a target not served by Dynamo or declaring no release."""
-    version = getattr(target.serving, "dynamo_version", None) if target.is_dynamo else None
-    return row_for(version, getattr(target, "root", None)) if version else None
+    from pytest_ml4.stacks import stack_for  # the registry imports this module
+
+    return stack_for(target).release_row(target)  # type: ignore[no-any-return]
 
 
 def behaviour(version: str, path: Path = VERSIONS_FILE, root: Path | None = None) -> DynamoBehaviour | None:

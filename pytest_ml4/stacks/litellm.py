@@ -1,4 +1,5 @@
-"""LiteLLM as a stack of the suite: the proxy config a target's ``serving.proxy`` generates, and what the router
+"""LiteLLM as a stack of the suite (``vllm+litellm``): its adapter (:func:`adapter`, its row of
+``pytest_ml4/data/stacks/stacks.yaml``), the proxy config a target's ``serving.proxy`` generates, and what the router
 does with a request whose backend is down (its retry window), read from the config and the version's constants.
 
 Core (no simulator): the restart suite judges a live proxy with these; the embedded deployment's launcher
@@ -10,19 +11,31 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from pytest_ml4.locations import data_file
-from pytest_ml4.target.model import Target
+from pytest_ml4.stacks.base import RowStack, Stack
+
+if TYPE_CHECKING:
+    from pytest_ml4.target.model import Target
+
+NAME = "vllm+litellm"
 
 LITELLM_VERSION = "1.108.7"
 #: Response header carrying the router's retry count on success (tooling.md §3.5; absent on errors).
 ATTEMPTED_RETRIES_HEADER = "x-litellm-attempted-retries"
 #: Variable the generated config names for the master key / backend key when the target names none.
 FALLBACK_KEY_ENV = "ML4_PROXY_KEY"
+
+
+@lru_cache(maxsize=1)
+def adapter() -> Stack:
+    """vLLM behind the LiteLLM proxy: all a row says (its engine is ``vllm``, reached going around the proxy)."""
+    return RowStack.from_table(NAME)
 
 
 class ProxyConfigError(Exception):

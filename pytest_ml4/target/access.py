@@ -26,6 +26,7 @@ import yaml
 from pytest_ml4.client.urls import display_url
 from pytest_ml4.locations import data_file
 from pytest_ml4.runtime import processes
+from pytest_ml4.stacks import stack_for
 from pytest_ml4.target.model import Target
 
 NEEDS_FILE = data_file("access", "needs.yaml")
@@ -362,9 +363,11 @@ def missing_fields(target: Target, suites: Iterable[str], given: Iterable[str] =
     """The optional target fields the ``suites``' checks need and ``target`` lacks (``given``: fields an option
     supplies instead, e.g. ``perf.baseline`` from ``--perf-baseline``)."""
     chosen, supplied = set(suites), frozenset(given)
+    stack = stack_for(target)
     out = []
     for row in field_rows():
-        if row["suite"] not in chosen or (row.get("when") == "dynamo" and not target.is_dynamo):
+        # ``when`` names a marker only some stacks serve (dynamo): the row is for those stacks' targets.
+        if row["suite"] not in chosen or (row.get("when") and row["when"] not in stack.markers):
             continue
         problem = _row_problem(target, row, supplied)
         if problem is not None:

@@ -144,6 +144,24 @@ class Proxy(_Strict):
     max_retries: int = Field(default=0, description="the proxy's max_retries (per deployment)")
 
 
+#: The target field naming the Dynamo release (a stack's ``release_field`` in pytest_ml4/data/stacks/stacks.yaml).
+DYNAMO_VERSION_FIELD = "serving.dynamo_version"
+
+
+def _adapter(stack: str) -> Any:
+    """The stack's adapter: what the model checks of a stack is what its row says (the Literal above has
+    already refused an unknown name)."""
+    from pytest_ml4.stacks import stack_named  # the stacks read targets
+
+    return stack_named(stack)
+
+
+def _stack_names() -> list[str]:
+    from pytest_ml4.stacks import REGISTRY
+
+    return list(REGISTRY)
+
+
 class Serving(_Strict):
     stack: Literal["vllm", "vllm+litellm", "dynamo+vllm"] = Field(description=(
         "what serves the endpoint: vllm, vllm+litellm (proxy) or dynamo+vllm"))
@@ -168,8 +186,8 @@ class Serving(_Strict):
 
     @model_validator(mode="after")
     def _proxy(self) -> Serving:
-        if self.stack == "vllm+litellm" and self.proxy is None:
-            raise ValueError("stack vllm+litellm needs a proxy section")
+        if _adapter(self.stack).proxy is not None and self.proxy is None:
+            raise ValueError(f"stack {self.stack} needs a proxy section")
         return self
 
     @model_validator(mode="after")
@@ -181,13 +199,14 @@ class Serving(_Strict):
 
     @model_validator(mode="after")
     def _dynamo_version(self) -> Serving:
-        if self.stack != "dynamo+vllm":
+        if _adapter(self.stack).release_field != DYNAMO_VERSION_FIELD:
             if self.dynamo_version is not None:
-                raise ValueError(f"dynamo_version is only for stack dynamo+vllm, not {self.stack}")
+                readers = [name for name in _stack_names() if _adapter(name).release_field == DYNAMO_VERSION_FIELD]
+                raise ValueError(f"dynamo_version is only for stack {', '.join(readers)}, not {self.stack}")
             return self
         # A release in no versions table is not refused: pytest_ml4.stacks.dynamo_versions.row_for assumes an estimate.
         if not self.dynamo_version:
-            raise ValueError("stack dynamo+vllm needs dynamo_version (the image tag, e.g. "
+            raise ValueError(f"stack {self.stack} needs dynamo_version (the image tag, e.g. "
                              "1.7.0-mistral-large-4-dev.1)")
         return self
 
@@ -414,8 +433,8 @@ class Target(_Strict):
     def _consistent(self) -> Target:
         if self.topology.kind == "disagg" and self.prefill_engine is None:
             raise ValueError("disagg targets need a prefill_engine section (the decode role is 'engine')")
-        if self.serving.stack == "dynamo+vllm" and self.logs.kind != "kubernetes":
-            raise ValueError("dynamo+vllm targets read their logs from kubernetes")
+        if _adapter(self.serving.stack).routes_workers and self.logs.kind != "kubernetes":
+            raise ValueError(f"{self.serving.stack} targets read their logs from kubernetes")
         if self.logs.kind == "kubernetes" and self.control.kind != "kubernetes":
             raise ValueError("logs of kind kubernetes read the pods of control.dgd: set control.kind kubernetes, "
                              "control.dgd and control.namespace_env (or control.namespace)")
@@ -432,7 +451,11 @@ class Target(_Strict):
 
     @property
     def is_dynamo(self) -> bool:
-        return self.serving.stack == "dynamo+vllm"
+        """Dynamo's frontend routes this target's requests to registered workers: for the embedded deployment
+        (``harness/``), which launches stacks; the core and the suites ask ``pytest_ml4.stacks.stack_for``."""
+        from pytest_ml4.stacks import stack_for  # the stacks read targets
+
+        return stack_for(self).routes_workers
 
     @property
     def has_proxy(self) -> bool:
@@ -446,9 +469,10 @@ class Target(_Strict):
         """
         if self.serving.proxy is None:
             return self
-        engine_stack = self.serving.stack.split("+", 1)[0]
+        from pytest_ml4.stacks import stack_for  # the stacks read targets
+
         serving = self.serving.model_copy(update={
-            "stack": engine_stack, "proxy": None, "bypassed_proxy": self.serving.proxy,
+            "stack": stack_for(self).engine, "proxy": None, "bypassed_proxy": self.serving.proxy,
             "served_model_name": self.serving.engine_served_model_name or self.serving.served_model_name,
             "engine_served_model_name": None})
         return self.model_copy(update={"serving": serving})
