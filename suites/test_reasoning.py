@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ml4.checks.chat import ChatSession, user
+from pytest_ml4.checks.chat import BadRequest, ChatSession, user
 from pytest_ml4.checks.codes import fail
 from pytest_ml4.checks.protocol import assert_no_control_tokens
 from pytest_ml4.checks.reasoning import (
@@ -78,7 +78,7 @@ def test_each_reasoning_effort_is_accepted(chat: ChatSession, ml4: Deployment, e
     supported values."""
     q = DATA.question
     if effort not in accepted_efforts(ml4.target):
-        assert_effort_refused(ml4.http, ml4.model, q.prompt, effort, ml4.target.engine.version, stream)
+        assert_effort_refused(ml4, q.prompt, effort=effort, stream=stream)
         return
     answer = chat.ask(chat.body(user(q.prompt), reasoning_effort=effort), stream)
     assert_effort_honoured(answer, effort, q.expect_substring, ml4.token_counter)
@@ -111,9 +111,7 @@ def test_invalid_reasoning_requests_are_rejected(ml4: Deployment, case: str, str
     stream that fails after its 200 is not)."""
     extra = DATA.errors.cases[case]
     body = {"model": ml4.model, "messages": user(DATA.question.prompt), "max_tokens": 64, **extra}
-    expected = DATA.answers().expected(ml4.target.serving.stack, case)
-    what = f"{extra} ({'streamed' if stream else 'non-streamed'})"
-    assert_invalid_request_answered(ml4.http, body, expected, what, stream)
+    assert_invalid_request_answered(ml4, BadRequest(case, body, stream, label=str(extra)), DATA.answers())
 
 
 @STREAM

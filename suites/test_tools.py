@@ -14,7 +14,6 @@ import pytest
 from pytest_ml4.checks.chat import user
 from pytest_ml4.checks.suite_data import tools_data
 from pytest_ml4.checks.tools import (
-    InvalidToolRequest,
     ToolChat,
     assert_expected_arguments,
     assert_final_answer_uses_results,
@@ -22,6 +21,7 @@ from pytest_ml4.checks.tools import (
     assert_named_content,
     assert_parallel_calls,
     assert_single_call,
+    invalid_tool_request,
     load_tools,
     named,
     with_tool_results,
@@ -139,5 +139,5 @@ def test_invalid_tool_requests_are_rejected(ml4: Deployment, case: str, stream: 
     documented answer is accepted there, but a 200 proves nothing about the deployment's validation, so the
     same request is then sent to the engine behind the proxy, which must refuse it in the engine's words
     (the proxy's 200 alone would pass a deployment that validates nothing)."""
-    request = InvalidToolRequest.of(ml4.model, case, DATA.errors.cases[case], stream)
+    request = invalid_tool_request(ml4.model, case, DATA.errors.cases[case], stream)
     assert_invalid_request_refused(ml4, request, DATA.answers())

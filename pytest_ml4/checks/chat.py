@@ -128,6 +128,21 @@ def served_by_litellm(headers: Any) -> bool:
     return any(str(k).lower().startswith("x-litellm-") for k in headers)
 
 
+@dataclass(frozen=True)
+class BadRequest:
+    """A request the suites' data says each stack refuses (or serves, where its row says so): the data's case
+    name, the body as sent, streamed or not, and ``label``, how a failure names it."""
+
+    case: str
+    body: dict[str, Any]
+    stream: bool
+    label: str
+
+    @property
+    def what(self) -> str:
+        return f"{self.label} ({'streamed' if self.stream else 'non-streamed'})"
+
+
 def send_raw(http_client: httpx.Client, body: dict[str, Any], stream: bool) -> httpx.Response | StreamResult:
     """For requests expected to be refused: the raw response (non-streamed) or the probe's record (streamed)."""
     if stream:

@@ -1,7 +1,7 @@
 """The suites' data files as typed models, read once: a bad file fails with one line naming file, field and line.
 
-``smoke/smoke.yaml``, ``prompts/tools.yaml`` and ``prompts/reasoning.yaml`` (under ``pytest_ml4/data/``) feed the
-smoke, tools and reasoning suites; each loads into its model here, so a suite reads ``SMOKE.question.prompt``
+``smoke/smoke.yaml``, ``prompts/tools.yaml``, ``prompts/reasoning.yaml`` and ``prompts/replicas.yaml`` (under
+``pytest_ml4/data/``) feed the smoke, tools, reasoning and replicas suites; each loads into its model here, so a suite reads ``SMOKE.question.prompt``
 rather than ``DATA["question"]["prompt"]`` and a renamed or mistyped field stops collection with its place in
 the file. The per-stack error rows keep their own format and reader (:mod:`pytest_ml4.checks.expected`): here
 they are a :class:`StackAnswers`, the table with the file it came from.
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
@@ -25,6 +25,7 @@ from pytest_ml4.target.model import yaml_error_line
 SMOKE_FILE = data_file("smoke", "smoke.yaml")
 TOOLS_FILE = data_file("prompts", "tools.yaml")
 REASONING_FILE = data_file("prompts", "reasoning.yaml")
+REPLICAS_FILE = data_file("prompts", "replicas.yaml")
 
 
 class SuiteDataError(ValueError):
@@ -151,6 +152,22 @@ class ReasoningData(_Data):
         return StackAnswers(self.errors.expect, REASONING_FILE)
 
 
+# --- replicas.yaml
+
+
+class ReplicasData(_Data):
+    """Which of the tools and reasoning suites' questions each worker is asked (``tool_choices`` of tools.yaml's
+    ``tool_choice``, its ``parallel`` case, reasoning.yaml's question at ``reasoning_effort``), the fixed length,
+    and how many unpinned rounds may pass before a worker no answer came from is reported."""
+
+    tool_choices: list[Literal["none", "auto", "required", "named"]]
+    parallel: bool
+    reasoning_effort: str
+    fixed_length_tokens: PositiveInt
+    fixed_length_prompt: str
+    unpinned_rounds_per_worker: PositiveInt
+
+
 # --- loading
 
 M = TypeVar("M", bound=BaseModel)
@@ -206,3 +223,8 @@ def tools_data() -> ToolsData:
 @cache
 def reasoning_data() -> ReasoningData:
     return load_suite_data(REASONING_FILE, ReasoningData)
+
+
+@cache
+def replicas_data() -> ReplicasData:
+    return load_suite_data(REPLICAS_FILE, ReplicasData)

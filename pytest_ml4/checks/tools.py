@@ -21,6 +21,7 @@ from jsonschema import Draft202012Validator
 
 from pytest_ml4.checks.chat import (
     Answer,
+    BadRequest,
     ChatSession,
     send_raw,
     served_by_litellm,
@@ -442,29 +443,17 @@ def refused_keys_logged(reader: Any, since: float) -> tuple[str, ...]:
 
 
 # ------------------------------------------------------------------------------------- invalid tool requests
-@dataclass(frozen=True)
-class InvalidToolRequest:
-    """One request of ``tools.yaml`` ``errors.cases`` as sent: its case name, the body, streamed or not."""
-
-    case: str
-    body: dict[str, Any]
-    stream: bool
-
-    @classmethod
-    def of(cls, model: str, case: str, fields: Mapping[str, Any], stream: bool) -> InvalidToolRequest:
-        """A weather question carrying the case's ``fields`` (``tools_from`` names the tools it offers)."""
-        body: dict[str, Any] = {"model": model, "messages": user("What is the weather in Paris?"),
-                                "max_tokens": 64, **{k: v for k, v in fields.items() if k != "tools_from"}}
-        if "tools_from" in fields:
-            body["tools"] = load_tools(fields["tools_from"])
-        return cls(case, body, stream)
-
-    @property
-    def what(self) -> str:
-        return f"{self.case} ({'streamed' if self.stream else 'non-streamed'})"
+def invalid_tool_request(model: str, case: str, fields: Mapping[str, Any], stream: bool) -> BadRequest:
+    """A request of ``tools.yaml`` ``errors.cases``: a weather question carrying the case's ``fields``
+    (``tools_from`` names the tools it offers)."""
+    body: dict[str, Any] = {"model": model, "messages": user("What is the weather in Paris?"),
+                            "max_tokens": 64, **{k: v for k, v in fields.items() if k != "tools_from"}}
+    if "tools_from" in fields:
+        body["tools"] = load_tools(fields["tools_from"])
+    return BadRequest(case, body, stream, label=case)
 
 
-def assert_invalid_request_refused(ml4: Deployment, request: InvalidToolRequest, answers: StackAnswers) -> None:
+def assert_invalid_request_refused(ml4: Deployment, request: BadRequest, answers: StackAnswers) -> None:
     """The stack answers ``request`` as its row of ``answers`` (``tools.yaml`` ``errors.expect``) says; an accepted
     request without tools calls no tool; one a LiteLLM proxy served is then sent to the engine behind it, which
     must refuse it in the engine's words."""

@@ -37,6 +37,8 @@ class Deployment:
     worker_engine: Mapping[str, Any] | None = None
     _token_counter: Callable[[], TokenCounter] | None = field(default=None, repr=False)
     _logs: Callable[[], LogReader | None] = field(default=lambda: None, repr=False)
+    #: Called with each client made here (the plugin records its exchanges for the report).
+    _on_new_client: Callable[[Any], None] = field(default=lambda client: None, repr=False)
 
     @property
     def model(self) -> str:
@@ -47,7 +49,9 @@ class Deployment:
         """A new async client: its connections belong to the event loop of the one check that makes it."""
         from pytest_ml4.client.endpoint import make_async_openai
 
-        return make_async_openai(self.endpoint)
+        client = make_async_openai(self.endpoint)
+        self._on_new_client(client)
+        return client
 
     @cached_property
     def token_counter(self) -> TokenCounter:
