@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from pytest_ml4.checks.kv import (
@@ -26,7 +25,7 @@ from pytest_ml4.checks.kv import (
     assert_peak_kv_usage_under_limit,
     assert_spec_decode_acceptance_within_range,
 )
-from pytest_ml4.client.endpoint import Endpoint
+from pytest_ml4.client.deployment import Deployment
 from pytest_ml4.evidence.kv_load import (
     EngineMetrics,
     LoadResult,
@@ -41,8 +40,8 @@ pytestmark = pytest.mark.kv
 
 
 @pytest.fixture(scope="module")
-def engine_metrics(ml4_endpoint: Endpoint, ml4_target: Target) -> EngineMetrics:
-    return EngineMetrics.of(ml4_endpoint, ml4_target)
+def engine_metrics(ml4: Deployment) -> EngineMetrics:
+    return EngineMetrics.of(ml4.endpoint, ml4.target)
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +53,8 @@ def kv_metrics(engine_metrics: EngineMetrics) -> MetricsRead:
 
 
 @pytest.fixture(scope="module")
-def kv_load(http_client: httpx.Client, ml4_endpoint: Endpoint, ml4_target: Target, ml4_logs: LogReader) -> Iterator[LoadResult]:
-    result = run_load(http_client, ml4_endpoint, ml4_target)
+def kv_load(ml4: Deployment, ml4_logs: LogReader) -> Iterator[LoadResult]:
+    result = run_load(ml4.http, ml4.endpoint, ml4.target)
     wait_for_stats_line(ml4_logs, result.started)
     yield result
 
@@ -71,12 +70,13 @@ def session_view(ml4_logs: LogReader, ml4_session_start: float) -> LogView:
     return LogView(ml4_logs.since_last_boot(since=ml4_session_start - 1), ml4_logs.describe())
 
 
-def test_kv_pool_holds_the_target_requirement(ml4_boot_log: LogView, ml4_target: Target, kv_metrics: MetricsRead,
+def test_kv_pool_holds_the_target_requirement(ml4_boot_log: LogView, ml4: Deployment, kv_metrics: MetricsRead,
                                               engine_metrics: EngineMetrics, kv_report: VerdictReport) -> None:
-    assert_kv_pool_holds_requirement(ml4_boot_log, ml4_target, kv_metrics, kv_report, unchecked=engine_metrics.missing)
+    assert_kv_pool_holds_requirement(ml4_boot_log, ml4.target, kv_metrics, kv_report, unchecked=engine_metrics.missing)
 
 
 def test_max_concurrency_at_max_model_len(ml4_boot_log: LogView, ml4_target: Target, kv_report: VerdictReport) -> None:
+    # From the boot log alone: no endpoint needed (the bundle would open the session's clients).
     assert_max_concurrency_at_max_model_len(ml4_boot_log, ml4_target, kv_report)
 
 
@@ -84,15 +84,15 @@ def test_no_oom_or_engine_death_since_boot(kv_load: LoadResult, ml4_logs: LogRea
     assert_no_oom_or_engine_death(LogView(ml4_logs.since_last_boot(), ml4_logs.describe()), kv_load, kv_report)
 
 
-def test_peak_kv_usage_under_limit(kv_load: LoadResult, session_view: LogView, ml4_target: Target,
+def test_peak_kv_usage_under_limit(kv_load: LoadResult, session_view: LogView, ml4: Deployment,
                                    engine_metrics: EngineMetrics, kv_report: VerdictReport) -> None:
-    assert_peak_kv_usage_under_limit(session_view, ml4_target, kv_load, kv_report, unchecked=engine_metrics.missing)
+    assert_peak_kv_usage_under_limit(session_view, ml4.target, kv_load, kv_report, unchecked=engine_metrics.missing)
 
 
 @pytest.mark.applies_if("engine.speculative", why="it runs no speculative decoding")
 @pytest.mark.applies_if("gates.spec_acceptance_length", "gates.spec_position_rate",
                         why="no spec-decode acceptance range in its gates")
-def test_spec_decode_acceptance_within_range(kv_load: LoadResult, session_view: LogView, ml4_target: Target,
+def test_spec_decode_acceptance_within_range(kv_load: LoadResult, session_view: LogView, ml4: Deployment,
                                              engine_metrics: EngineMetrics, kv_report: VerdictReport) -> None:
-    assert_spec_decode_acceptance_within_range(session_view, ml4_target, kv_load, kv_report,
+    assert_spec_decode_acceptance_within_range(session_view, ml4.target, kv_load, kv_report,
                                                unchecked=engine_metrics.missing)

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from pytest_ml4.checks.codes import fails_with, require
@@ -27,12 +26,11 @@ from pytest_ml4.checks.osl import (
     fixed_length_aiperf_spec,
     stream_fixed_length,
 )
-from pytest_ml4.client.endpoint import Endpoint
+from pytest_ml4.client.deployment import Deployment
 from pytest_ml4.logs import LogReader, LogView
 from pytest_ml4.logs.reader import LogMark
 from pytest_ml4.perf.runner import RunResult, failure_log, run_aiperf
 from pytest_ml4.perf.sweep import Client
-from pytest_ml4.plugin.logs import log_reader_if_any
 from pytest_ml4.report.attach import attach_text
 from pytest_ml4.target.model import Target
 
@@ -45,17 +43,16 @@ PROMPTS = ("Say hello.", "What is 2 + 2? Answer with the number only.", "Name on
 
 
 @pytest.fixture(scope="module")
-def osl_window_start(request: pytest.FixtureRequest) -> LogMark:
+def osl_window_start(ml4: Deployment) -> LogMark:
     """Where the grammar-kill check's log window starts (a run without a log reader still runs the other checks)."""
-    reader = log_reader_if_any(request)
+    reader = ml4.logs
     return reader.mark() if reader is not None else LogMark(time.time() - 1.0)
 
 
 @pytest.fixture(scope="module")
-def streamed(http_client: httpx.Client, ml4_endpoint: Endpoint, ml4_target: Target,
-             osl_window_start: LogMark) -> Streamed:
+def streamed(ml4: Deployment, osl_window_start: LogMark) -> Streamed:
     # After osl_window_start: the grammar-kill check reads the log from there.
-    return stream_fixed_length(http_client, ml4_endpoint, ml4_target, PROMPTS, N)
+    return stream_fixed_length(ml4.http, ml4.endpoint, ml4.target, PROMPTS, N)
 
 
 def test_usage_reports_exactly_n_completion_tokens(streamed: Streamed) -> None:
@@ -95,8 +92,7 @@ def test_no_request_killed_by_the_grammar(streamed: Streamed, aiperf_osl: RunRes
     assert_no_grammar_kill(view, ml4_attach_log)
 
 
-def test_perf_configs_never_use_ignore_eos(ml4_target: Target,
-                                           ml4_perf_extra_inputs: dict[str, Any]) -> None:
+def test_perf_configs_never_use_ignore_eos(ml4_target: Target, ml4_perf_extra_inputs: dict[str, Any]) -> None:
     """The target's manifests and the user's ``--perf-extra-input`` never hold the length with ignore_eos.
 
     (The suite's own aiperf spec is checked where it is built, ``tests/test_perf_core.py``: a spec this test

@@ -8,16 +8,12 @@ assemble to exactly the non-streamed one. Reasoning may arrive as ``reasoning`` 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-import yaml
 
-from pytest_ml4.checks.chat import ChatSession, user
+from pytest_ml4.checks.chat import BadRequest, ChatSession, user
 from pytest_ml4.checks.codes import fail, fails_with
-from pytest_ml4.checks.expected import expected_for
 from pytest_ml4.checks.protocol import assert_no_control_tokens
 from pytest_ml4.checks.reasoning import (
     ShareBaselineChoice,
@@ -37,104 +33,92 @@ from pytest_ml4.checks.reasoning import (
     save_share_if_asked,
     share_conditions,
 )
-from pytest_ml4.client.endpoint import Endpoint
-from pytest_ml4.locations import data_file
-from pytest_ml4.stacks import stack_for
+from pytest_ml4.checks.suite_data import REASONING_FILE, reasoning_data
+from pytest_ml4.client.deployment import Deployment
 from pytest_ml4.stacks.dynamo_versions import target_row
 from pytest_ml4.target.baselines import BaselineRefused, deployment_provenance
-from pytest_ml4.target.model import Target
 
 pytestmark = pytest.mark.reasoning
 
-REASONING_FILE = data_file("prompts", "reasoning.yaml")
-DATA = yaml.safe_load(REASONING_FILE.read_text())
+DATA = reasoning_data()
 STREAM = pytest.mark.parametrize("stream", [False, True], ids=["nonstream", "stream"])
 
 
 @pytest.fixture
-def chat(request: pytest.FixtureRequest, ml4_target: Target, ml4_endpoint: Endpoint, openai_client: Any,
-         http_client: httpx.Client, ml4_run_dir: Path) -> ChatSession:
-    return ChatSession(openai_client, http_client, ml4_endpoint.model,
-                       defaults_for(ml4_target, DATA["defaults"], DATA["effort_when_required"]),
-                       ml4_run_dir / "transcripts", request.node.name)
+def chat(request: pytest.FixtureRequest, ml4: Deployment) -> ChatSession:
+    return ChatSession.on_deployment(ml4, defaults_for(ml4.target, DATA.defaults, DATA.effort_when_required),
+                                     request.node.name)
 
 
 @pytest.fixture
-def chat_without_effort(request: pytest.FixtureRequest, ml4_endpoint: Endpoint, openai_client: Any,
-                        http_client: httpx.Client, ml4_run_dir: Path) -> ChatSession:
+def chat_without_effort(request: pytest.FixtureRequest, ml4: Deployment) -> ChatSession:
     """A client that sends the request defaults as they are: no ``reasoning_effort``, whatever the stack."""
-    return ChatSession(openai_client, http_client, ml4_endpoint.model, dict(DATA["defaults"]),
-                       ml4_run_dir / "transcripts", request.node.name)
+    return ChatSession.on_deployment(ml4, dict(DATA.defaults), request.node.name)
 
 
 @STREAM
 def test_reasoning_is_separated_from_content(chat: ChatSession, stream: bool) -> None:
-    q = DATA["question"]
-    answer = chat.ask(chat.body(user(q["prompt"])), stream)
-    assert_reasoned_answer(answer, q["expect_substring"])
+    q = DATA.question
+    answer = chat.ask(chat.body(user(q.prompt)), stream)
+    assert_reasoned_answer(answer, q.expect_substring)
 
 
 @STREAM
-def test_reasoning_token_count_agrees_with_usage(chat: ChatSession, ml4_token_counter: Any, stream: bool) -> None:
-    answer = chat.ask(chat.body(user(DATA["question"]["prompt"])), stream)
+def test_reasoning_token_count_agrees_with_usage(chat: ChatSession, ml4: Deployment, stream: bool) -> None:
+    answer = chat.ask(chat.body(user(DATA.question.prompt)), stream)
     reasoning = assert_reasoning_separated(answer.message, answer.where)
-    assert_reasoning_tokens_agree(reasoning, answer.usage, ml4_token_counter, answer.where)
+    assert_reasoning_tokens_agree(reasoning, answer.usage, ml4.token_counter, answer.where)
 
 
 @STREAM
-@pytest.mark.parametrize("effort", DATA["efforts"])
-def test_each_reasoning_effort_is_accepted(chat: ChatSession, ml4_target: Target, ml4_endpoint: Endpoint,
-                                           http_client: httpx.Client, ml4_token_counter: Any, effort: str,
-                                           stream: bool) -> None:
+@pytest.mark.parametrize("effort", DATA.efforts)
+def test_each_reasoning_effort_is_accepted(chat: ChatSession, ml4: Deployment, effort: str, stream: bool) -> None:
     """Each effort the endpoint accepts answers (the target's vLLM version, pytest_ml4/data/vllm/versions.yaml; through
     Dynamo the frontend's, pytest_ml4/data/dynamo/versions.yaml); the others are refused with vLLM's 400 naming the
     supported values."""
-    q = DATA["question"]
-    if effort not in accepted_efforts(ml4_target):
-        assert_effort_refused(http_client, ml4_endpoint.model, q["prompt"], effort, ml4_target.engine.version, stream)
+    q = DATA.question
+    if effort not in accepted_efforts(ml4.target):
+        assert_effort_refused(ml4, q.prompt, effort=effort, stream=stream)
         return
-    answer = chat.ask(chat.body(user(q["prompt"]), reasoning_effort=effort), stream)
-    assert_effort_honoured(answer, effort, q["expect_substring"], ml4_token_counter)
+    answer = chat.ask(chat.body(user(q.prompt), reasoning_effort=effort), stream)
+    assert_effort_honoured(answer, effort, q.expect_substring, ml4.token_counter)
 
 
 @STREAM
-def test_no_think_markup_for_clients_that_omit_the_effort(ml4_target: Target, chat_without_effort: ChatSession,
+def test_no_think_markup_for_clients_that_omit_the_effort(ml4: Deployment, chat_without_effort: ChatSession,
                                                           stream: bool) -> None:
     """A client that sends no ``reasoning_effort`` sees no ``[THINK]`` markup in content, where the target's
     Dynamo row that makes the other checks send an effort is an estimate (``status: estimate``): an unverified
     ``reasoning_split_needs_effort: true`` must not hide a leak from the clients that omit it."""
-    row = target_row(ml4_target)
+    row = target_row(ml4.target)
     if row is None or not row.reasoning_split_needs_effort:
         pytest.skip("the other reasoning checks already send no reasoning_effort on this target")
     if row.verified:
         pytest.skip(f"Dynamo {row.version}'s row is verified ({row.source[:120]}...): it leaves [THINK] in content "
                     f"without an effort, and its clients must send one (the other checks do)")
-    q = DATA["question"]
-    answer = chat_without_effort.ask(chat_without_effort.body(user(q["prompt"])), stream)
+    q = DATA.question
+    answer = chat_without_effort.ask(chat_without_effort.body(user(q.prompt)), stream)
     where = f"{answer.where}, no reasoning_effort (Dynamo {row.version}, row status estimate)"
     assert_no_control_tokens(answer.message, where)
-    assert_right_answer(answer, q["expect_substring"], where)
+    assert_right_answer(answer, q.expect_substring, where)
 
 
 @STREAM
-@pytest.mark.parametrize("case", sorted(DATA["errors"]["cases"]))
-def test_invalid_reasoning_requests_are_rejected(ml4_target: Target, ml4_endpoint: Endpoint,
-                                                 http_client: httpx.Client, case: str, stream: bool) -> None:
+@pytest.mark.parametrize("case", sorted(DATA.errors.cases))
+def test_invalid_reasoning_requests_are_rejected(ml4: Deployment, case: str, stream: bool) -> None:
     """Each stack answers these in its own words (``pytest_ml4/data/prompts/reasoning.yaml`` errors.expect): vLLM refuses
     both; the Dynamo chat processor refuses the unknown effort and serves ``chat_template_kwargs`` (served: a
     stream that fails after its 200 is not)."""
-    extra = DATA["errors"]["cases"][case]
-    body = {"model": ml4_endpoint.model, "messages": user(DATA["question"]["prompt"]), "max_tokens": 64, **extra}
-    expected = expected_for(DATA["errors"]["expect"], stack_for(ml4_target).name, case, REASONING_FILE)
-    what = f"{extra} ({'streamed' if stream else 'non-streamed'})"
-    assert_invalid_request_answered(http_client, body, expected, what, stream)
+    extra = DATA.errors.cases[case]
+    body = {"model": ml4.model, "messages": user(DATA.question.prompt), "max_tokens": 64, **extra}
+    assert_invalid_request_answered(ml4, BadRequest(case, body, stream, label=str(extra)), DATA.answers())
 
 
 @STREAM
 @fails_with("baseline.refused", "the stored baseline cannot judge this run (other conditions, made elsewhere)")
-def test_reasoning_share_of_output_is_measured(chat: ChatSession, ml4_target: Target, ml4_run_dir: Path,
-                                               ml4_share_baseline: ShareBaselineChoice, ml4_endpoint: Endpoint,
-                                               record_property: Any, stream: bool) -> None:
+def test_reasoning_share_of_output_is_measured(chat: ChatSession, ml4: Deployment,
+                                               ml4_share_baseline: ShareBaselineChoice, record_property: Any,
+                                               stream: bool) -> None:
     """The reasoning share of natural answers stays where this deployment's baseline recorded it.
 
     At a length that does not cut the reasoning (``share.max_tokens``, no ``min_tokens``: a real client never
@@ -144,18 +128,17 @@ def test_reasoning_share_of_output_is_measured(chat: ChatSession, ml4_target: Ta
     deployment (``pytest_ml4/data/baselines/reasoning-share-<target>.json``, ``--reasoning-share-save``). A baseline of
     other conditions is refused; without one for this deployment (a live run and the simulator's file) the share is
     not judged. Seed 000's 50-68 % is a figure of its own workload: see ``test_reasoning_share_at_seed_conditions``."""
-    spec = DATA["share"]
-    n = int(spec["max_tokens"])
-    conditions = share_conditions(chat, spec["prompts"], n, None)
-    rows = measure_share(chat, spec["prompts"], stream, REASONING_FILE.name, max_tokens=n)
+    spec = DATA.share
+    n = spec.max_tokens
+    conditions = share_conditions(chat, spec.prompts, n, None)
+    rows = measure_share(chat, spec.prompts, stream, REASONING_FILE.name, max_tokens=n)
     base = ml4_share_baseline.baseline
-    report_share(rows, conditions, ml4_run_dir / f"reasoning_share_{'stream' if stream else 'nonstream'}.json",
-                 {"target": ml4_target.name, "stream": stream, "baseline": str(base.path) if base else None},
+    report_share(rows, conditions, ml4.run_dir / f"reasoning_share_{'stream' if stream else 'nonstream'}.json",
+                 {"target": ml4.target.name, "stream": stream, "baseline": str(base.path) if base else None},
                  record_property)
     if not stream:
         save_share_if_asked(ml4_share_baseline, rows, conditions, deployment_provenance(
-            ml4_target, ml4_endpoint.model, sys.argv, ml4_endpoint.simulated, ml4_endpoint.base_url),
-            float(spec["tolerance"]))
+            ml4.target, ml4.model, sys.argv, ml4.endpoint.simulated, ml4.endpoint.base_url), spec.tolerance)
     try:
         assert_share_within_baseline(rows, conditions, ml4_share_baseline)
     except BaselineRefused as err:   # a baseline that cannot judge this run: one line, no traceback
@@ -164,19 +147,19 @@ def test_reasoning_share_of_output_is_measured(chat: ChatSession, ml4_target: Ta
 
 @STREAM
 @pytest.mark.applies_if("gates.reasoning_share", why="the seed figure this check compares with")
-def test_reasoning_share_at_seed_conditions(chat: ChatSession, ml4_target: Target, ml4_run_dir: Path,
-                                            record_property: Any, stream: bool) -> None:
+def test_reasoning_share_at_seed_conditions(chat: ChatSession, ml4: Deployment, record_property: Any,
+                                            stream: bool) -> None:
     """Under seed 000's own conditions the reasoning share is the seed's figure.
 
     Seed 000 measured "reasoning tokens are 50-68 % of the output" with aiperf at ``min_tokens = max_tokens =
     4096``; this check asks the same (``seed_share``) and compares with the target's ``gates.reasoning_share``.
     A nightly cost: four answers of 4096 tokens, about 3 min of a c1 deployment (deselect it from the post-deploy
     gate with ``-k "not seed_conditions"``). Without a seed figure for the target it does not apply."""
-    spec = DATA["seed_share"]
-    n = int(spec["output_tokens"])
-    conditions = share_conditions(chat, spec["prompts"], n, n)
-    rows = measure_share(chat, spec["prompts"], stream, REASONING_FILE.name, max_tokens=n, min_tokens=n)
-    mean = report_share(rows, conditions, ml4_run_dir / f"reasoning_share_seed_{'stream' if stream else 'nonstream'}"
-                        ".json", {"target": ml4_target.name, "seed_band": ml4_target.gates.reasoning_share},
+    spec = DATA.seed_share
+    n = spec.output_tokens
+    conditions = share_conditions(chat, spec.prompts, n, n)
+    rows = measure_share(chat, spec.prompts, stream, REASONING_FILE.name, max_tokens=n, min_tokens=n)
+    mean = report_share(rows, conditions, ml4.run_dir / f"reasoning_share_seed_{'stream' if stream else 'nonstream'}"
+                        ".json", {"target": ml4.target.name, "seed_band": ml4.target.gates.reasoning_share},
                         record_property)
-    assert_share_in_seed_band(mean, ml4_target.gates.reasoning_share, n, rows, ml4_target.name)
+    assert_share_in_seed_band(mean, ml4.target.gates.reasoning_share, n, rows, ml4.target.name)

@@ -10,18 +10,13 @@ The probes are sent once for the module (about 14 requests per worker). See :mod
 
 from __future__ import annotations
 
-from typing import Any
-
-import httpx
 import pytest
-import yaml
 
 from pytest_ml4.checks.replicas import assert_every_worker_answers_right, judge_with
+from pytest_ml4.checks.suite_data import replicas_data, tools_data
 from pytest_ml4.checks.tools import ToolChat
-from pytest_ml4.client.endpoint import Endpoint
+from pytest_ml4.client.deployment import Deployment
 from pytest_ml4.evidence.replicas import (
-    PROBES_FILE,
-    TOOLS_FILE,
     Reach,
     probe_specs,
     reach_every_worker,
@@ -29,33 +24,29 @@ from pytest_ml4.evidence.replicas import (
     sender,
 )
 from pytest_ml4.stacks.dynamo_versions import target_row
-from pytest_ml4.target.model import Target
 
 pytestmark = [pytest.mark.tools, pytest.mark.reasoning, pytest.mark.dynamo,
               pytest.mark.replicas("largest", 2, why="one worker of a role answers whatever the router does")]
 
 PROBES = [p.name for p in probe_specs("")]
-ROUNDS = int(yaml.safe_load(PROBES_FILE.read_text())["unpinned_rounds_per_worker"])
+ROUNDS = replicas_data().unpinned_rounds_per_worker
 
 
 @pytest.fixture(scope="module")
-def reach(ml4_target: Target, ml4_endpoint: Endpoint, openai_client: Any) -> Reach:
-    health, why = read_health(ml4_endpoint)
-    probes = probe_specs(ml4_endpoint.model)
+def reach(ml4: Deployment) -> Reach:
+    health, why = read_health(ml4.endpoint)
+    probes = probe_specs(ml4.model)
     if health is None:
         return Reach({}, [], False, probes, unavailable=why)
-    row = target_row(ml4_target)
+    row = target_row(ml4.target)
     pins = row.pins_workers if row is not None else True
-    return reach_every_worker(health, ml4_target.topology.kind, probes, sender(ml4_endpoint, openai_client), pins,
+    return reach_every_worker(health, ml4.target.topology.kind, probes, sender(ml4.endpoint, ml4.openai), pins,
                               ROUNDS)
 
 
 @pytest.mark.parametrize("probe", PROBES)
-def test_every_worker_answers_right(reach: Reach, probe: str, ml4_target: Target, ml4_endpoint: Endpoint,
-                                    openai_client: Any, http_client: httpx.Client, ml4_token_counter: Any,
-                                    ml4_worker_engine: dict[str, Any] | None) -> None:
-    conventions = yaml.safe_load(TOOLS_FILE.read_text()).get("conventions")
-    chat = ToolChat(openai_client, http_client, ml4_endpoint.model, {}).on(ml4_target, conventions,
-                                                                           ml4_worker_engine, None)
-    for line in assert_every_worker_answers_right(reach, probe, judge_with(chat, ml4_token_counter)):
+def test_every_worker_answers_right(reach: Reach, probe: str, ml4: Deployment) -> None:
+    chat = ToolChat(ml4.openai, ml4.http, ml4.model, {}).on(ml4.target, tools_data().conventions,
+                                                            ml4.worker_engine, None)
+    for line in assert_every_worker_answers_right(reach, probe, judge_with(chat, ml4.token_counter)):
         print(line)

@@ -8,7 +8,6 @@ comes from the YAML nodes, composed only when there is an error to place.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -90,7 +89,7 @@ class ExpectEntry(_Entry):
         if self.code is None and self.message is None:
             raise ValueError("must be a verdict code or {code, message, only, except}")
         if self.code is None:
-            raise ValueError(f"a message regex without a verdict code; name the code the check raises "
+            raise ValueError("a message regex without a verdict code; name the code the check raises "
                              "(code: area.property, declared with @fails_with on the function that raises it)")
         if self.code not in known_codes():
             raise ValueError(f"verdict code {self.code!r} is not declared (no @fails_with names it)")

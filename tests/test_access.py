@@ -34,6 +34,10 @@ def test_the_table_names_every_suite_and_only_accesses_it_can_probe() -> None:
     ("smoke or tools", ["smoke", "tools"]),
     ("not perf and not restart and not accuracy", ["smoke", "tools", "reasoning", "osl", "kv", "preflight"]),
     ("", list(SUITE_MARKERS)),
+    ("(smoke or kv) and not smoke", ["kv"]),
+    ("smoke(when=1) or not (perf or restart or accuracy or osl or kv or preflight or tools or reasoning)",
+     ["smoke"]),
+    ("smoke and", list(SUITE_MARKERS)),   # pytest refuses it itself; the header then lists every suite
 ])
 def test_the_header_lists_the_suites_m_selects(expr: str, suites: list[str]) -> None:
     assert sorted(selected_suites(expr)) == sorted(suites)

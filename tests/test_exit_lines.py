@@ -17,8 +17,8 @@ import pytest
 import yaml
 from pytest_ml4_sim.deploy.simulator import SimServer
 
-from pytest_ml4.client.endpoint import Endpoint, check_reachable
 from pytest_ml4.client import endpoint as client
+from pytest_ml4.client.endpoint import Endpoint, check_reachable
 from pytest_ml4.target.model import load_target
 
 REPO = Path(__file__).resolve().parent.parent

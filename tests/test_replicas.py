@@ -20,12 +20,12 @@ from pytest_ml4.checks.chat import Answer, ChatSession, user
 from pytest_ml4.checks.codes import Violation
 from pytest_ml4.checks.reasoning import assert_reasoned_answer
 from pytest_ml4.checks.replicas import assert_every_worker_answers_right, judge_with
+from pytest_ml4.checks.suite_data import reasoning_data, tools_data
 from pytest_ml4.checks.tools import ToolChat
 from pytest_ml4.checks.verdict import NotJudged
 from pytest_ml4.control.dynamo import PIN_HEADER, PREFILL_PIN_HEADER
 from pytest_ml4.datafile import DataFileError
 from pytest_ml4.evidence.replicas import (
-    TOOLS_FILE,
     Probe,
     Reach,
     Reply,
@@ -172,8 +172,7 @@ def _clients(base_url: str) -> tuple[Any, Any, Any]:
 def _judge_on(oai: Any, http: Any) -> Any:
     from pytest_ml4.evidence.recount import TokenCounter
 
-    conventions = yaml.safe_load(TOOLS_FILE.read_text()).get("conventions")
-    chat = ToolChat(oai, http, AGG.serving.served_model_name, {}).on(AGG, conventions, None, None)
+    chat = ToolChat(oai, http, AGG.serving.served_model_name, {}).on(AGG, tools_data().conventions, None, None)
     return judge_with(chat, TokenCounter(None, AGG.engine.tokenizer_version))
 
 
@@ -218,25 +217,24 @@ def test_one_bad_worker_of_two_fails_the_gate_naming_it_while_the_suites_pass_on
                                             r"pin \(pins_workers: false"):
             assert_every_worker_answers_right(unpinned, none_probe[0].name, judge)
 
-        tools = yaml.safe_load(TOOLS_FILE.read_text())
-        reasoning_q = yaml.safe_load((TOOLS_FILE.parent / "reasoning.yaml").read_text())["question"]
-        spec = tools["tool_choice"]
+        tools, reasoning_q = tools_data(), reasoning_data().question
+        spec = tools.tool_choice
         toolset = next(p for p in reach.probes if p.name == "tool_choice-auto-nonstream").expect["tools"]
         for worker, ok in ((good, True), (bad, False)):
             ChatSession._non_stream.clear()  # a streamed answer is compared with the same worker's non-streamed one
             pinned_http = make_httpx(ep)
             pinned_http.headers[PIN_HEADER] = str(worker)
             pinned = ToolChat(oai.with_options(default_headers={PIN_HEADER: str(worker)}), pinned_http, ep.model,
-                              dict(tools["defaults"])).on(AGG, tools.get("conventions"), None, None)
+                              dict(tools.defaults)).on(AGG, tools.conventions, None, None)
             for stream in (False, True):
-                answer = pinned.ask(pinned.body(user(spec["prompt"]), tools=toolset), stream)
-                reasoned = pinned.ask(pinned.body(user(reasoning_q["prompt"]), reasoning_effort="high"), stream)
+                answer = pinned.ask(pinned.body(user(spec.prompt), tools=toolset), stream)
+                reasoned = pinned.ask(pinned.body(user(reasoning_q.prompt), reasoning_effort="high"), stream)
                 if ok:
-                    pinned.assert_obeyed(answer, toolset, "auto", spec["expect_tool"])
-                    assert_reasoned_answer(reasoned, reasoning_q["expect_substring"])
+                    pinned.assert_obeyed(answer, toolset, "auto", spec.expect_tool)
+                    assert_reasoned_answer(reasoned, reasoning_q.expect_substring)
                 else:
                     with pytest.raises(AssertionError, match="tool_choice 'auto' but no tool call came back"):
-                        pinned.assert_obeyed(answer, toolset, "auto", spec["expect_tool"])
+                        pinned.assert_obeyed(answer, toolset, "auto", spec.expect_tool)
             pinned_http.close()
         http.close()
 

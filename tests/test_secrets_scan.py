@@ -40,6 +40,10 @@ BAIT = textwrap.dedent('''
         record_property("client_key", openai_client.api_key)
         assert openai_client.api_key == "sk-expected-but-different-0000"
 
+    def test_teapot_through_the_bundle(ml4):
+        """The bundle's model list answers with a teapot."""
+        assert ml4.http.get("/models").status_code == 418
+
     def test_key_in_exception(ml4_endpoint):
         """The endpoint object is usable."""
         raise RuntimeError(f"endpoint {ml4_endpoint!r} rejected {os.environ['LLM_API_KEY']}")
@@ -65,6 +69,8 @@ def test_simulated_run_leaks_no_secret(pytester: pytest.Pytester, monkeypatch: p
     teapot = results["The model list answers with a teapot"]
     names = [a["name"] for a in teapot["attachments"]]
     assert "HTTP 1: GET /v1/models -> 200" in names, "a failing check carries its HTTP exchanges"
+    bundled = [a["name"] for a in results["The bundle's model list answers with a teapot"]["attachments"]]
+    assert "HTTP 1: GET /v1/models -> 200" in bundled, "a check using the ml4 bundle is recorded too"
 
     console = result.stdout.str() + result.stderr.str()
     everything = console + junit.read_text() + "".join(p.read_text() for p in alluredir.glob("*attachment*"))

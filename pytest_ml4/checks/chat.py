@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx
 import openai
@@ -25,6 +25,11 @@ from pytest_ml4.checks.protocol import (
 from pytest_ml4.client.endpoint import explain_openai_error, quote_body
 from pytest_ml4.client.stream_probe import StreamResult, probe_chat_stream
 from pytest_ml4.report.redact import redact
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from pytest_ml4.client.deployment import Deployment
 
 #: Request fields the openai SDK's ``chat.completions.create`` takes as keyword arguments.
 SDK_FIELDS = frozenset({"model", "messages", "tools", "tool_choice", "parallel_tool_calls", "max_tokens",
@@ -125,6 +130,21 @@ def served_by_litellm(headers: Any) -> bool:
     return any(str(k).lower().startswith("x-litellm-") for k in headers)
 
 
+@dataclass(frozen=True)
+class BadRequest:
+    """A request the suites' data says each stack refuses (or serves, where its row says so): the data's case
+    name, the body as sent, streamed or not, and ``label``, how a failure names it."""
+
+    case: str
+    body: dict[str, Any]
+    stream: bool
+    label: str
+
+    @property
+    def what(self) -> str:
+        return f"{self.label} ({'streamed' if self.stream else 'non-streamed'})"
+
+
 def send_raw(http_client: httpx.Client, body: dict[str, Any], stream: bool) -> httpx.Response | StreamResult:
     """For requests expected to be refused: the raw response (non-streamed) or the probe's record (streamed)."""
     if stream:
@@ -153,6 +173,11 @@ class ChatSession:
         self.oai, self.http, self.model, self.defaults = oai, http, model, dict(defaults)
         self.transcript_dir, self.name = transcript_dir, name
         self._asked = 0
+
+    @classmethod
+    def on_deployment(cls, ml4: Deployment, defaults: dict[str, Any], name: str) -> Self:
+        """A session on the deployment's clients, its transcripts under the run folder, named after the check."""
+        return cls(ml4.openai, ml4.http, ml4.model, defaults, ml4.run_dir / "transcripts", name)
 
     def body(self, messages: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
         return {"model": self.model, "messages": messages, **self.defaults, **fields}

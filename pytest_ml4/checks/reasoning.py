@@ -11,17 +11,23 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
-from pytest_ml4.checks.chat import Answer, ChatSession, attach, send_raw, user
+from pytest_ml4.checks.chat import (
+    Answer,
+    BadRequest,
+    ChatSession,
+    attach,
+    send_raw,
+    user,
+)
 from pytest_ml4.checks.codes import fail, fails_with, require
-from pytest_ml4.checks.expected import Expected, assert_answer_expected, assert_served
+from pytest_ml4.checks.expected import assert_answer_expected, assert_served
 from pytest_ml4.checks.protocol import assert_no_control_tokens, assert_rejected
 from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.client.endpoint import quote_body
 from pytest_ml4.evidence.recount import LOCAL_SLACK_FRACTION, TokenCounter
+from pytest_ml4.stacks import stack_for
 from pytest_ml4.stacks.dynamo_versions import target_row
 from pytest_ml4.stacks.vllm_versions import for_version
 from pytest_ml4.target.baselines import (
@@ -34,6 +40,10 @@ from pytest_ml4.target.baselines import (
     write_baseline,
 )
 from pytest_ml4.target.model import Target
+
+if TYPE_CHECKING:
+    from pytest_ml4.checks.suite_data import StackAnswers
+    from pytest_ml4.client.deployment import Deployment
 
 #: Tokens by which the reasoning count may differ from a re-tokenisation: a real parser counts the text
 #: between the markers as the engine emitted it, which can split differently at the edges (a leading space,
@@ -152,12 +162,11 @@ def assert_reasoned_answer(answer: Answer, expect_substring: str) -> None:
             lambda: f"{answer.where}: finish_reason {answer.finish_reason!r}")
 
 
-def assert_effort_refused(http_client: httpx.Client, model: str, prompt: str, effort: str, vllm_version: str,
-                          stream: bool) -> None:
+def assert_effort_refused(ml4: Deployment, prompt: str, *, effort: str, stream: bool) -> None:
     """An effort the endpoint does not accept gets vLLM's 400 naming it."""
-    body = {"model": model, "messages": user(prompt), "max_tokens": 64, "reasoning_effort": effort}
-    assert_rejected(send_raw(http_client, body, stream), 400, f"reasoning_effort={effort} is not supported",
-                    f"reasoning_effort={effort!r} on vLLM {vllm_version}")
+    body = {"model": ml4.model, "messages": user(prompt), "max_tokens": 64, "reasoning_effort": effort}
+    assert_rejected(send_raw(ml4.http, body, stream), 400, f"reasoning_effort={effort} is not supported",
+                    f"reasoning_effort={effort!r} on vLLM {ml4.target.engine.version}")
 
 
 @fails_with("reasoning.effort_none_reasoned", "reasoning_effort none still produced reasoning")
@@ -179,14 +188,14 @@ def assert_effort_honoured(answer: Answer, effort: str, expect_substring: str,
         assert_reasoning_tokens_agree(reasoning, answer.usage, counter, f"{answer.where}, effort {effort}")
 
 
-def assert_invalid_request_answered(http_client: httpx.Client, body: dict[str, Any], expected: Expected, what: str,
-                                    stream: bool) -> None:
-    """The stack answers as its row says; where it accepts the request, it serves it (a stream failing after its
-    200 is not served)."""
-    answer = send_raw(http_client, body, stream)
-    assert_answer_expected(answer, expected, what)
+def assert_invalid_request_answered(ml4: Deployment, request: BadRequest, answers: StackAnswers) -> None:
+    """The stack answers as its row of ``answers`` says; where it accepts the request, it serves it (a stream
+    failing after its 200 is not served)."""
+    expected = answers.expected(stack_for(ml4.target).name, request.case)
+    answer = send_raw(ml4.http, request.body, request.stream)
+    assert_answer_expected(answer, expected, request.what)
     if expected.accepted:
-        assert_served(answer, what)
+        assert_served(answer, request.what)
 
 
 def reasoning_share(usage: Mapping[str, Any] | None) -> float | None:

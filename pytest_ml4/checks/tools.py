@@ -14,22 +14,23 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from jsonschema import Draft202012Validator
 
 from pytest_ml4.checks.chat import (
     Answer,
+    BadRequest,
     ChatSession,
     send_raw,
     served_by_litellm,
     user,
 )
 from pytest_ml4.checks.codes import Violation, fail, fails_with, require
-from pytest_ml4.checks.expected import assert_answer_expected, expected_for
+from pytest_ml4.checks.expected import assert_answer_expected
 from pytest_ml4.checks.protocol import assert_no_control_tokens
-from pytest_ml4.client.endpoint import Endpoint, decode_json, quote_body
+from pytest_ml4.client.endpoint import decode_json, quote_body
 from pytest_ml4.client.stream_probe import StreamResult
 from pytest_ml4.locations import data_file
 from pytest_ml4.logs import GrammarSchemaRefused, LogView
@@ -41,6 +42,10 @@ from pytest_ml4.stacks.dynamo_versions import (
     tool_call_drop_cause,
 )
 from pytest_ml4.target.model import Target
+
+if TYPE_CHECKING:
+    from pytest_ml4.checks.suite_data import StackAnswers, ToolCase
+    from pytest_ml4.client.deployment import Deployment
 
 TOOLS_DIR = data_file("tools")
 
@@ -210,13 +215,12 @@ def assert_tool_choice_obeyed(tool_choice: Any, message: Mapping[str, Any], fini
 
 
 @fails_with("tools.argument_value", "a tool call's argument differs from the value the prompt states")
-def assert_expected_arguments(arguments: Mapping[str, Any], expected: Mapping[str, Any] | None, tool: str,
-                              where: str) -> None:
-    """The arguments carry the values the prompt states (``expect_args`` of a case)."""
-    for key, value in (expected or {}).items():
+def assert_expected_arguments(arguments: Mapping[str, Any], case: ToolCase, where: str) -> None:
+    """The arguments carry the values the case's prompt states (its ``expect_args``)."""
+    for key, value in (case.expect_args or {}).items():
         if arguments.get(key) != value:
             fail("tools.argument_value",
-                 f"{where}: {tool} argument {key!r} is {arguments.get(key)!r}, the prompt says {value!r}")
+                 f"{where}: {case.expect_tool} argument {key!r} is {arguments.get(key)!r}, the prompt says {value!r}")
 
 
 @fails_with("tools.named_content", "a named tool_choice gave other content than the stack's convention")
@@ -467,28 +471,27 @@ def refused_keys_logged(reader: Any, since: float) -> tuple[str, ...]:
 
 
 # ------------------------------------------------------------------------------------- invalid tool requests
-def invalid_request_body(model: str, case: Mapping[str, Any]) -> dict[str, Any]:
-    """A request of ``tools.yaml`` ``errors.cases`` (``tools_from`` names the tools it offers)."""
+def invalid_tool_request(model: str, case: str, fields: Mapping[str, Any], stream: bool) -> BadRequest:
+    """A request of ``tools.yaml`` ``errors.cases``: a weather question carrying the case's ``fields``
+    (``tools_from`` names the tools it offers)."""
     body: dict[str, Any] = {"model": model, "messages": user("What is the weather in Paris?"),
-                            "max_tokens": 64, **{k: v for k, v in case.items() if k != "tools_from"}}
-    if "tools_from" in case:
-        body["tools"] = load_tools(case["tools_from"])
-    return body
+                            "max_tokens": 64, **{k: v for k, v in fields.items() if k != "tools_from"}}
+    if "tools_from" in fields:
+        body["tools"] = load_tools(fields["tools_from"])
+    return BadRequest(case, body, stream, label=case)
 
 
 @fails_with("tools.called_without_tools", "a request without tools that the stack accepts got a tool call")
 @fails_with("tools.engine_unreachable",
             "the engine behind the proxy cannot be reached to ask it to refuse what the proxy served")
-def assert_invalid_request_refused(http_client: httpx.Client, endpoint: Endpoint, target: Target, case: str,
-                                   body: dict[str, Any], expect: Mapping[str, Any], source: Path,
-                                   stream: bool) -> None:
-    """The stack answers ``case`` as its row of ``expect`` (``tools.yaml`` ``errors.expect``, read from
-    ``source``) says; an accepted request without tools calls no tool; one a LiteLLM proxy served is then sent
-    to the engine behind it, which must refuse it in the engine's words."""
+def assert_invalid_request_refused(ml4: Deployment, request: BadRequest, answers: StackAnswers) -> None:
+    """The stack answers ``request`` as its row of ``answers`` (``tools.yaml`` ``errors.expect``) says; an accepted
+    request without tools calls no tool; one a LiteLLM proxy served is then sent to the engine behind it, which
+    must refuse it in the engine's words."""
+    target, endpoint, body, what = ml4.target, ml4.endpoint, request.body, request.what
     stack = stack_for(target)
-    expected = expected_for(expect, stack.name, case, source)
-    resp = send_raw(http_client, body, stream)
-    what = f"{case} ({'streamed' if stream else 'non-streamed'})"
+    expected = answers.expected(stack.name, request.case)
+    resp = send_raw(ml4.http, body, request.stream)
     assert_answer_expected(resp, expected, what)
     if expected.accepted and not body.get("tools"):
         message = (resp.message() if isinstance(resp, StreamResult)
@@ -500,8 +503,8 @@ def assert_invalid_request_refused(http_client: httpx.Client, endpoint: Endpoint
         require(engine_root != endpoint.root_url, "tools.engine_unreachable", lambda: (
             f"{what}: the proxy served it; to check the engine refuses it set {target.endpoint.metrics_url_env} "
             f"to the engine's /metrics URL"))
-        engine_expected = expected_for(expect, stack.engine, case, source)
+        engine_expected = answers.expected(stack.engine, request.case)
         engine_body = {**body, "model": target.serving.engine_served_model_name or body["model"]}
         with httpx.Client(base_url=engine_root + "/v1/", headers=endpoint.auth_headers(), timeout=60) as engine:
-            resp = send_raw(engine, engine_body, stream)
+            resp = send_raw(engine, engine_body, request.stream)
         assert_answer_expected(resp, engine_expected, f"{what} at the engine behind the proxy")

@@ -2,7 +2,7 @@
 
 A deployment with one misconfigured worker of N (a rolling update half done, a pod with stale arguments, a node
 with another image) passes every functional check the router happens to keep on the good ones. Here each worker
-gets the suites' own probes (:data:`PROBES_FILE`: a tool call under each ``tool_choice``, parallel calls,
+gets the suites' own probes (``pytest_ml4/data/prompts/replicas.yaml``: a tool call under each ``tool_choice``, parallel calls,
 reasoning at an effort, a fixed length held by ``min_tokens``; streamed and not):
 
 * **pinned** where the release honours the pin headers (``pins_workers`` of ``pytest_ml4/data/dynamo/versions.yaml``;
@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import yaml
 
 from pytest_ml4.checks.chat import (
     Answer,
@@ -34,13 +33,10 @@ from pytest_ml4.checks.chat import (
     stream_answer,
     streamed_nvext,
 )
+from pytest_ml4.checks.suite_data import reasoning_data, replicas_data, tools_data
 from pytest_ml4.client.endpoint import Endpoint, make_httpx
 from pytest_ml4.control.dynamo import PIN_HEADER, PREFILL_PIN_HEADER, role_instance_ids
-from pytest_ml4.locations import data_file
 
-PROBES_FILE = data_file("prompts", "replicas.yaml")
-TOOLS_FILE = data_file("prompts", "tools.yaml")
-REASONING_FILE = data_file("prompts", "reasoning.yaml")
 #: Asks the frontend to name the workers that served each answer (dynamo.md §5 "Asserting routing from the client").
 EVIDENCE = {"extra_fields": ["worker_id"]}
 #: ``nvext.worker_id`` field per role.
@@ -64,43 +60,40 @@ def _named(tool: str) -> dict[str, Any]:
 
 
 def probe_specs(model: str) -> list[Probe]:
-    """The probes of :data:`PROBES_FILE`, each streamed and not (the fixed length streamed only). The tool sets are
+    """The probes of ``replicas.yaml``, each streamed and not (the fixed length streamed only). The tool sets are
     the tools suite's: required/named get the tools every release's guided-JSON grammar accepts."""
     from pytest_ml4.checks.tools import load_tools
     from pytest_ml4.stacks.dynamo_versions import within_every_release
 
-    spec = yaml.safe_load(PROBES_FILE.read_text())
-    tools_data = yaml.safe_load(TOOLS_FILE.read_text())
-    reasoning_data = yaml.safe_load(REASONING_FILE.read_text())
-    tool_defaults = dict(tools_data["defaults"])
-    toolset = load_tools(tools_data["toolset"])
+    spec, tools, reasoning = replicas_data(), tools_data(), reasoning_data()
+    tool_defaults = dict(tools.defaults)
+    toolset = load_tools(tools.toolset)
     guided_toolset = within_every_release(toolset)
-    parallel_tools = load_tools(tools_data["parallel"]["tools"])
-    reasoning_defaults = dict(reasoning_data["defaults"])
-    choice = tools_data["tool_choice"]
+    parallel_tools = load_tools(tools.parallel.tools)
+    choice = tools.tool_choice
     base: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = []
-    for tc in spec["tool_choices"]:
-        tools = guided_toolset if tc in ("required", "named") else toolset
-        wire_choice = _named(choice["expect_tool"]) if tc == "named" else tc
+    for tc in spec.tool_choices:
+        offered = guided_toolset if tc in ("required", "named") else toolset
+        wire_choice = _named(choice.expect_tool) if tc == "named" else tc
         base.append((f"tool_choice-{tc}", "tool_choice",
-                     {**tool_defaults, "messages": _user(choice["prompt"]), "tools": list(tools),
+                     {**tool_defaults, "messages": _user(choice.prompt), "tools": list(offered),
                       "tool_choice": wire_choice},
-                     {"tools": list(tools), "tool_choice": wire_choice,
-                      "expect_tool": None if tc == "none" else choice["expect_tool"]}))
-    if spec.get("parallel"):
-        par = tools_data["parallel"]
+                     {"tools": list(offered), "tool_choice": wire_choice,
+                      "expect_tool": None if tc == "none" else choice.expect_tool}))
+    if spec.parallel:
+        par = tools.parallel
         base.append(("parallel", "parallel",
-                     {**tool_defaults, "messages": _user(par["prompt"]), "tools": list(parallel_tools)},
-                     {"tools": list(parallel_tools), "tool_choice": "auto", "expect_tool": par["expect_tool"],
-                      "expect_calls": par["expect_calls"], "expect_values": par["expect_values"]}))
-    effort = spec["reasoning_effort"]
-    q = reasoning_data["question"]
+                     {**tool_defaults, "messages": _user(par.prompt), "tools": list(parallel_tools)},
+                     {"tools": list(parallel_tools), "tool_choice": "auto", "expect_tool": par.expect_tool,
+                      "expect_calls": par.expect_calls, "expect_values": par.expect_values}))
+    effort = spec.reasoning_effort
+    q = reasoning.question
     base.append((f"reasoning-{effort}", "reasoning",
-                 {**reasoning_defaults, "messages": _user(q["prompt"]), "reasoning_effort": effort},
-                 {"effort": effort, "expect_substring": q["expect_substring"]}))
-    n = int(spec["fixed_length_tokens"])
+                 {**dict(reasoning.defaults), "messages": _user(q.prompt), "reasoning_effort": effort},
+                 {"effort": effort, "expect_substring": q.expect_substring}))
+    n = spec.fixed_length_tokens
     base.append((f"fixed_length-{n}", "fixed_length",
-                 {"messages": _user(spec["fixed_length_prompt"]), "max_tokens": n, "min_tokens": n}, {"n": n}))
+                 {"messages": _user(spec.fixed_length_prompt), "max_tokens": n, "min_tokens": n}, {"n": n}))
     out = []
     for name, kind, body, expect in base:
         for stream in (False, True):

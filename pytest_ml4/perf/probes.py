@@ -66,27 +66,24 @@ def alternate(variants: Sequence[Any], streams: Sequence[bool]) -> list[tuple[An
     return [(v, streams[(i + k) % n]) for k in range(n) for i, v in enumerate(variants)]
 
 
-def _load(name: str) -> dict[str, Any]:
-    return yaml.safe_load(data_file("prompts", name).read_text())
-
-
 def tool_probes(target: Any, model: str, streams: Sequence[bool], tool_choices: Sequence[str]) -> list[Probe]:
     """``tool_choice`` obeyed with valid arguments (suites/test_tools.py's ``test_tool_choice_is_obeyed``)."""
     from pytest_ml4.checks.chat import user
+    from pytest_ml4.checks.suite_data import tools_data
     from pytest_ml4.checks.tools import ToolChat, load_tools, named
     from pytest_ml4.stacks.dynamo_versions import within_every_release
 
-    data = _load("tools.yaml")
-    toolset = load_tools(data["toolset"])
+    data = tools_data()
+    toolset = load_tools(data.toolset)
     guided = within_every_release(toolset)
-    spec = data["tool_choice"]
-    chat = ToolChat(None, None, model, data["defaults"]).on(target, data.get("conventions"), None, None)
+    spec = data.tool_choice
+    chat = ToolChat(None, None, model, data.defaults).on(target, data.conventions, None, None)
     out = []
     for choice, stream in alternate(tool_choices, streams):
-        tool_choice: Any = named(spec["expect_tool"]) if choice == "named" else choice
+        tool_choice: Any = named(spec.expect_tool) if choice == "named" else choice
         tools = guided if choice in ("required", "named") else toolset
-        expect = None if choice == "none" else spec["expect_tool"]
-        body = chat.body(user(spec["prompt"]), tools=tools, tool_choice=tool_choice)
+        expect = None if choice == "none" else spec.expect_tool
+        body = chat.body(user(spec.prompt), tools=tools, tool_choice=tool_choice)
         out.append(Probe(f"tool_choice={choice}", body, stream,
                          lambda a, t=tools, c=tool_choice, e=expect: chat.assert_obeyed(a, t, c, e)))
     return out
@@ -95,18 +92,19 @@ def tool_probes(target: Any, model: str, streams: Sequence[bool], tool_choices: 
 def parallel_probes(target: Any, model: str, streams: Sequence[bool]) -> list[Probe]:
     """Parallel calls (suites/test_tools.py's ``test_parallel_calls``)."""
     from pytest_ml4.checks.chat import user
+    from pytest_ml4.checks.suite_data import tools_data
     from pytest_ml4.checks.tools import ToolChat, assert_parallel_calls, load_tools
 
-    data = _load("tools.yaml")
-    spec = data["parallel"]
-    tools = load_tools(spec["tools"])
-    chat = ToolChat(None, None, model, data["defaults"]).on(target, data.get("conventions"), None, None)
+    data = tools_data()
+    spec = data.parallel
+    tools = load_tools(spec.tools)
+    chat = ToolChat(None, None, model, data.defaults).on(target, data.conventions, None, None)
 
     def judge(answer: Any) -> None:
-        args = chat.assert_obeyed(answer, tools, "auto", spec["expect_tool"])
-        assert_parallel_calls(args, spec["expect_calls"], spec["expect_values"], answer.where)
+        args = chat.assert_obeyed(answer, tools, "auto", spec.expect_tool)
+        assert_parallel_calls(args, spec.expect_calls, spec.expect_values, answer.where)
 
-    body = chat.body(user(spec["prompt"]), tools=tools)
+    body = chat.body(user(spec.prompt), tools=tools)
     return [Probe("parallel calls", body, stream, judge) for stream in streams]
 
 
@@ -119,16 +117,17 @@ def reasoning_probes(target: Any, model: str, streams: Sequence[bool], counter: 
         assert_effort_honoured,
         defaults_for,
     )
+    from pytest_ml4.checks.suite_data import reasoning_data
 
-    data = _load("reasoning.yaml")
-    q = data["question"]
-    defaults = defaults_for(target, data["defaults"], data["effort_when_required"])
+    data = reasoning_data()
+    q = data.question
+    defaults = defaults_for(target, data.defaults, data.effort_when_required)
     accepted = set(accepted_efforts(target))
     out = []
     for effort, stream in alternate([e for e in efforts if e in accepted], streams):
-        body = {"model": model, "messages": user(q["prompt"]), **defaults, "reasoning_effort": effort}
+        body = {"model": model, "messages": user(q.prompt), **defaults, "reasoning_effort": effort}
         out.append(Probe(f"reasoning effort={effort}", body, stream,
-                         lambda a, e=effort: assert_effort_honoured(a, e, q["expect_substring"], counter)))
+                         lambda a, e=effort: assert_effort_honoured(a, e, q.expect_substring, counter)))
     return out
 
 

@@ -12,6 +12,7 @@ import os
 import pytest
 
 from pytest_ml4.checks.verdict import NOT_JUDGED_PREFIX
+from pytest_ml4.plugin.markexpr import MarkExpressionError, compile_markexpr
 from pytest_ml4.plugin.state import STATE_KEY
 from pytest_ml4.target.access import (
     Access,
@@ -31,14 +32,11 @@ def selected_suites(markexpr: str | None) -> list[str]:
     suites = list(needs_table()["suites"])
     if not (markexpr or "").strip():
         return suites
-    # pytest's own -m parser: the same answers as -m
-    from _pytest.mark.expression import Expression
-
     try:
-        expr = Expression.compile(markexpr)
-    except Exception:  # noqa: BLE001 - pytest reports a bad -m itself; the header then lists every suite
+        selects = compile_markexpr(markexpr or "")
+    except MarkExpressionError:  # pytest reports a bad -m itself; the header then lists every suite
         return suites
-    return [s for s in suites if expr.evaluate(lambda name, _s=s, **_: name == _s)]
+    return [s for s in suites if selects(s)]
 
 
 def _survey(config: pytest.Config, suites: list[str], probe: bool) -> list[Access] | None:

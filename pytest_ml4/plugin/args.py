@@ -4,10 +4,11 @@ pytest determines its rootdir and ini file from the free arguments of a first pa
 plugins' options: in ``--ml4-log-file /tmp/rd/engine.log`` the value is taken for a test path, the rootdir becomes
 ``/tmp/rd``, the project's ``[tool.pytest.ini_options]`` (``testpaths``, ``--strict-markers``) is not read, and a
 run without ``-m`` collects whatever lies under the new rootdir. pytest offers no way to redo that choice, so the
-plugin recomputes it without those values and, where the outcome differs, stops before any conftest is imported
-with one line naming the option and the fix (``--opt=PATH``; ``--rootdir`` would not do: pytest
-still looks for the config file from the free arguments). Where the outcome is the same (a relative path inside the project,
-a path that does not exist yet) nothing happened and the run goes on.
+plugin recomputes it without those values (pytest's documented rule, :mod:`pytest_ml4.plugin.rootdir`) and,
+where the outcome differs, stops before any conftest is imported with one line naming the option and the fix
+(``--opt=PATH``; ``--rootdir`` would not do: pytest still looks for the config file from the free arguments).
+Where the outcome is the same (a relative path inside the project, a path that does not exist yet) nothing
+happened and the run goes on.
 """
 
 from __future__ import annotations
@@ -20,11 +21,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _pytest.config.findpaths import (
-    determine_setup,  # pytest's own rule, so the comparison is exact
-)
 
 from pytest_ml4.locations import PACKAGE_DIR, SUITES_PACKAGE, data_file, suites_dir
+from pytest_ml4.plugin.rootdir import rootdir_and_config
 
 PATH_OPTIONS_FILE = data_file("plugin", "path_options.yaml")
 
@@ -53,9 +52,8 @@ def moved_setup(config: pytest.Config, values: Sequence[str]) -> str | None:
     """What the values changed in pytest's setup (rootdir, config file), or None when nothing changed."""
     ns = config.known_args_namespace  # the second parse: knows every option, so file_or_dir holds no option values
     free = [a for a in ns.file_or_dir if a not in values]
-    rootpath, inipath, _, _ = determine_setup(inifile=ns.inifilename, override_ini=ns.override_ini, args=free,
-                                              rootdir_cmd_arg=ns.rootdir or None,
-                                              invocation_dir=config.invocation_params.dir)
+    rootpath, inipath = rootdir_and_config(inifile=ns.inifilename, args=free, rootdir_cmd_arg=ns.rootdir or None,
+                                           invocation_dir=config.invocation_params.dir)
     changes = []
     if rootpath != config.rootpath:
         changes.append(f"rootdir {config.rootpath} instead of {rootpath}")

@@ -1,4 +1,5 @@
-"""The core fixtures: the target, the run folder, the faults, the ``--sim`` engine and the endpoint with its clients.
+"""The core fixtures: the target, the run folder, the faults, the ``--sim`` engine and the endpoint with its clients,
+and ``ml4``, the one bundle of them the suites ask for (:class:`pytest_ml4.client.deployment.Deployment`).
 
 The deployment itself is ``deploy/``'s (:mod:`pytest_ml4_sim.deploy.embedded`): these fixtures ask the session state
 for it and know none of its kinds.
@@ -21,6 +22,7 @@ if TYPE_CHECKING:  # openai and httpx load only when a test asks for an endpoint
         Engine,  # the harness: imported only under --sim
     )
 
+    from pytest_ml4.client.deployment import Deployment
     from pytest_ml4.client.endpoint import Endpoint
 
 
@@ -99,3 +101,20 @@ def http_client(ml4_endpoint: Endpoint) -> Iterator[httpx.Client]:
     client = make_httpx(ml4_endpoint)
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def ml4(request: pytest.FixtureRequest, ml4_target: Target, ml4_endpoint: Endpoint, http_client: httpx.Client,
+        openai_client: Any, ml4_run_dir: Path, ml4_worker_engine: dict[str, Any] | None) -> Deployment:
+    """The deployment under test: target, endpoint and the session's clients in one object (session-scoped, so
+    module fixtures use it too; ``ml4.async_openai()`` makes each check its own async client). The token
+    re-counter and the engine log are session fixtures of their own, fetched only when a check reads them (a run
+    without a log configured must not fail the checks that never read it)."""
+    from pytest_ml4.client.deployment import Deployment
+    from pytest_ml4.plugin.logs import log_reader_if_any
+    from pytest_ml4.plugin.report import RECORDER
+
+    # The session clients are recorded as the fixtures they are; the async clients made per check are too.
+    return Deployment(ml4_target, ml4_endpoint, http_client, openai_client, ml4_run_dir, ml4_worker_engine,
+                      _token_counter=lambda: request.getfixturevalue("ml4_token_counter"),
+                      _logs=lambda: log_reader_if_any(request), _on_new_client=RECORDER.install)

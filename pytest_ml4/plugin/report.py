@@ -64,6 +64,7 @@ from pytest_ml4.report.summary import (
     write_summary,
 )
 
+#: ``ml4`` (the bundle) depends on the first two, so a check using it is in the list through its fixture closure.
 _CLIENT_FIXTURES = ("http_client", "openai_client", "async_openai_client")
 #: One per process: the session clients are hooked once, recording is switched on per check.
 RECORDER = ExchangeRecorder()
