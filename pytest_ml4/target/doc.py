@@ -25,8 +25,9 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from pytest_ml4.datafile import union_members
 from pytest_ml4.locations import data_file
-from pytest_ml4.target.model import Target, union_members
+from pytest_ml4.target.model import Target
 
 READERS_FILE = data_file("target_readers.yaml")
 REGENERATE = "python -m pytest_ml4.target.doc"

@@ -1,0 +1,130 @@
+"""Every data file the core reads is typed: a doctored copy of each fails with ONE line naming the file, the field
+and the line (pytest_ml4/datafile.py), as a target file does."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import Field
+
+from pytest_ml4.accuracy.gate import load_baseline as load_accuracy_baseline
+from pytest_ml4.checks.reasoning import ShareBaseline
+from pytest_ml4.datafile import DataFileError, Strict, load_json, load_yaml
+from pytest_ml4.locations import data_file
+from pytest_ml4.perf.baseline import Baseline
+from pytest_ml4.target.baselines import BaselineRefused
+
+
+def doctored(tmp_path: Path, source: Path, old: str, new: str, count: int = 1) -> Path:
+    """A copy of ``source`` with the first ``count`` occurrences of ``old`` replaced by ``new``."""
+    text = source.read_text(encoding="utf-8")
+    assert old in text, f"{old!r} is not in {source}: the test's anchor moved"
+    path = tmp_path / source.name
+    path.write_text(text.replace(old, new, count), encoding="utf-8")
+    return path
+
+
+def line_of(path: Path, needle: str, nth: int = 1) -> int:
+    """The 1-based line of the ``nth`` line holding ``needle``."""
+    hits = [i for i, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if needle in text]
+    return hits[nth - 1]
+
+
+def refusal(load: Callable[[Path], Any], path: Path, error: type[Exception] = DataFileError) -> str:
+    with pytest.raises(error) as err:
+        load(path)
+    message = str(err.value)
+    assert "\n" not in message, message
+    assert str(path) in message, message
+    return message
+
+
+# --- the shared loader -------------------------------------------------------------------------------------------
+
+class _Row(Strict):
+    name: str
+    weight_gib: float
+
+
+class _Table(Strict):
+    rows: dict[str, _Row]
+    order: list[str] = Field(default_factory=list)
+
+
+def test_a_wrong_type_names_the_file_the_field_and_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text("rows:\n  a:\n    name: x\n    weight_gib: heavy\norder: [a]\n")
+    message = refusal(lambda p: load_yaml(p, _Table), path)
+    assert re.search(r": line 4: field 'rows\.a\.weight_gib': Input should be a valid number", message), message
+
+
+def test_an_unknown_key_is_named_at_its_line_with_the_near_field(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text("rows:\n  a:\n    name: x\n    weight_gb: 1\n    weight_gib: 1\n")
+    message = refusal(lambda p: load_yaml(p, _Table), path)
+    assert "line 4: field 'rows.a.weight_gb': unknown field; did you mean 'weight_gib'?" in message, message
+
+
+def test_a_missing_field_names_the_mapping_that_lacks_it(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text("order: []\nrows:\n  a:\n    name: x\n")
+    assert "line 4: field 'rows.a.weight_gib': Field required" in refusal(lambda p: load_yaml(p, _Table), path)
+
+
+def test_json_and_plain_annotations_are_typed_alike(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    path.write_text('{\n  "a": {"name": "x", "weight_gib": 1},\n  "b": {"name": "y", "weight_gib": []}\n}\n')
+    message = refusal(lambda p: load_json(p, dict[str, _Row]), path)
+    assert "line 3: field 'b.weight_gib': Input should be a valid number" in message, message
+    assert load_json(data_file("report", "categories.json"), list[dict[str, Any]])
+
+
+def test_yaml_errors_are_one_line_with_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text("rows:\n  a: {name: x}\n  a: {name: y}\n")
+    assert "line 3, column 3: duplicate key 'a' (first at line 2)" in refusal(lambda p: load_yaml(p, _Table), path)
+    path.write_bytes(b"rows:\n  a: \xff\n")
+    assert "line 2: not UTF-8 text (byte 0xff)" in refusal(lambda p: load_yaml(p, _Table), path)
+    assert "No such file" in refusal(lambda p: load_yaml(p, _Table), tmp_path / "absent.yaml")
+
+
+# --- stored baselines --------------------------------------------------------------------------------------------
+
+def test_a_perf_baseline_point_of_the_wrong_type_is_refused_at_its_line(tmp_path: Path) -> None:
+    path = doctored(tmp_path, data_file("baselines", "gb300-agg.json"), '"concurrency": 4,', '"concurrency": "four",')
+    message = refusal(Baseline.load, path, BaselineRefused)
+    line = line_of(path, '"concurrency": "four"')
+    assert f"invalid perf baseline {path}: line {line}: field 'figures.1.concurrency': Input should be a valid " \
+           "integer" in message, message
+
+
+def test_a_misspelt_perf_setting_is_refused_not_ignored(tmp_path: Path) -> None:
+    path = doctored(tmp_path, data_file("baselines", "gb300-agg.json"), '"short_run_metrics"', '"short_run_metric"')
+    message = refusal(Baseline.load, path, BaselineRefused)
+    assert f"line {line_of(path, 'short_run_metric')}: field 'short_run_metric': unknown field; did you mean " \
+           "'short_run_metrics'?" in message, message
+
+
+def test_an_accuracy_baseline_without_counts_is_refused_at_its_line(tmp_path: Path) -> None:
+    path = doctored(tmp_path, data_file("baselines", "accuracy-gb300-agg.json"), '"passed": 55,', '"passes": 55,')
+    message = refusal(load_accuracy_baseline, path, BaselineRefused)
+    line = line_of(path, '"simple_python": {')   # the mapping that lacks it
+    assert f"line {line}: field 'figures.simple_python.passed': Field required" in message, message
+
+
+def test_a_share_baseline_without_its_tolerance_is_refused(tmp_path: Path) -> None:
+    path = doctored(tmp_path, data_file("baselines", "reasoning-share-gb300-agg.json"), '"share": 0.1', '"shares": 0.1')
+    message = refusal(ShareBaseline.load, path, BaselineRefused)
+    line = line_of(path, '"tolerances"')
+    assert f"line {line}: field 'tolerances': Value error, needs 'share'" in message, message
+
+
+def test_every_stored_baseline_reads() -> None:
+    for path in sorted(data_file("baselines").glob("*.json")):
+        kind = path.name.split("-")[0]
+        load = {"accuracy": load_accuracy_baseline, "reasoning": ShareBaseline.load}.get(kind, Baseline.load)
+        assert load(path).provenance.kind in ("simulator", "deployment", "seed"), path
