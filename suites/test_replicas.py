@@ -28,6 +28,7 @@ from pytest_ml4.evidence.replicas import (
     read_health,
     sender,
 )
+from pytest_ml4.evidence.worker_engine import WorkerEngine
 from pytest_ml4.stacks.dynamo_versions import target_row
 from pytest_ml4.target.model import Target
 
@@ -53,7 +54,7 @@ def reach(ml4_target: Target, ml4_endpoint: Endpoint, openai_client: Any) -> Rea
 @pytest.mark.parametrize("probe", PROBES)
 def test_every_worker_answers_right(reach: Reach, probe: str, ml4_target: Target, ml4_endpoint: Endpoint,
                                     openai_client: Any, http_client: httpx.Client, ml4_token_counter: Any,
-                                    ml4_worker_engine: dict[str, Any] | None) -> None:
+                                    ml4_worker_engine: WorkerEngine | None) -> None:
     conventions = yaml.safe_load(TOOLS_FILE.read_text()).get("conventions")
     chat = ToolChat(openai_client, http_client, ml4_endpoint.model, {}).on(ml4_target, conventions,
                                                                            ml4_worker_engine, None)

@@ -37,6 +37,7 @@ from pytest_ml4.client.endpoint import (
     quote_body,
 )
 from pytest_ml4.client.urls import display_url
+from pytest_ml4.evidence.worker_engine import WorkerEngine
 from pytest_ml4.locations import data_file
 from pytest_ml4.target.model import Target
 
@@ -54,14 +55,14 @@ def _chat_body(target: Target, prompt: str, **extra: Any) -> dict[str, Any]:
     return {"model": target.serving.served_model_name, "messages": [{"role": "user", "content": prompt}], **extra}
 
 
-def test_health(ml4_target: Target, ml4_endpoint: Endpoint, ml4_worker_engine: dict[str, Any] | None) -> None:
+def test_health(ml4_target: Target, ml4_endpoint: Endpoint, ml4_worker_engine: WorkerEngine | None) -> None:
     """The endpoint's health; on Dynamo every worker listed (every worker the embedded deployment started, where it
     reduced the target's topology); behind a proxy, the engine's own ``/health`` (a proxy's liveness answers 200
     while the engine behind it is dead)."""
     path = DATA["health_path"][ml4_target.serving.stack]
     resp = assert_endpoint_healthy(ml4_endpoint, path)
     if ml4_target.is_dynamo:
-        reduced = ml4_worker_engine["started"] if ml4_worker_engine and ml4_worker_engine.get("reduced") else None
+        reduced = ml4_worker_engine.reduced_to() if ml4_worker_engine else None
         assert_dynamo_workers_registered(resp, path, ml4_target, reduced)
     if ml4_target.has_proxy:
         engine_stack = ml4_target.serving.stack.split("+", 1)[0]

@@ -30,6 +30,7 @@ from pytest_ml4.checks.tools import (
 )
 from pytest_ml4.checks.verdict import not_judged
 from pytest_ml4.client.endpoint import Endpoint
+from pytest_ml4.evidence.worker_engine import WorkerEngine
 from pytest_ml4.locations import data_file
 from pytest_ml4.plugin.logs import log_reader_if_any
 from pytest_ml4.stacks.dynamo_versions import within_every_release
@@ -50,7 +51,7 @@ STREAM = pytest.mark.parametrize("stream", [False, True], ids=["nonstream", "str
 
 @pytest.fixture
 def chat(request: pytest.FixtureRequest, ml4_target: Target, ml4_endpoint: Endpoint, openai_client: Any,
-         http_client: httpx.Client, ml4_run_dir: Path, ml4_worker_engine: dict[str, Any] | None) -> ToolChat:
+         http_client: httpx.Client, ml4_run_dir: Path, ml4_worker_engine: WorkerEngine | None) -> ToolChat:
     # The engine log names a keyword a Dynamo release's grammar refused; only Dynamo's checks read it.
     logs = log_reader_if_any(request) if ml4_target.is_dynamo else None
     return ToolChat(openai_client, http_client, ml4_endpoint.model, DATA["defaults"], ml4_run_dir / "transcripts",

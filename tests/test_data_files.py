@@ -3,17 +3,19 @@ and the line (pytest_ml4/datafile.py), as a target file does."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from pytest_ml4.accuracy.gate import load_baseline as load_accuracy_baseline
 from pytest_ml4.checks.reasoning import ShareBaseline
 from pytest_ml4.datafile import DataFileError, Strict, load_json, load_yaml
+from pytest_ml4.evidence.worker_engine import INFO_KEY, Emulation, WorkerEngine
 from pytest_ml4.locations import data_file
 from pytest_ml4.perf.baseline import Baseline
 from pytest_ml4.target.baselines import BaselineRefused
@@ -128,3 +130,31 @@ def test_every_stored_baseline_reads() -> None:
         kind = path.name.split("-")[0]
         load = {"accuracy": load_accuracy_baseline, "reasoning": ShareBaseline.load}.get(kind, Baseline.load)
         assert load(path).provenance.kind in ("simulator", "deployment", "seed"), path
+
+
+# --- the worker-engine record ------------------------------------------------------------------------------------
+
+def _record(**over: Any) -> WorkerEngine:
+    return WorkerEngine(dynamo_vllm="1.6.1", vllm="0.31.0", declared={"prefill": 2, "decode": 2},
+                        started={"prefill": 1, "decode": 1}, **over)
+
+
+def test_the_worker_engine_record_travels_as_plain_data_and_reads_back() -> None:
+    record = _record(reduced="prefill 1 of 2, decode 1 of 2 (memory)",
+                     emulation=Emulation(version="1.7.0", tool_form="legacy", think_before_tool_call=False))
+    wire = record.wire()
+    assert wire["dynamo.vllm"] == "1.6.1" and wire["emulation"]["tool_form"] == "legacy"
+    assert WorkerEngine.of({"frontend": {}, INFO_KEY: json.loads(json.dumps(wire))}) == record
+    assert WorkerEngine.of({"frontend": {}}) is None and WorkerEngine.of(None) is None
+    assert record.reduced_to() == {"prefill": 1, "decode": 1} and _record().reduced_to() is None
+    assert record.release() == ("1.6.1", " on vLLM 0.31.0")
+    versions = record.report_versions()
+    assert versions["dynamo_emulation"] == ("Dynamo 1.7.0 emulated on 1.6.1: tool calls in the legacy form, "
+                                            "thinking before a tool call off")
+    assert versions["deployment_reduced"].startswith("prefill 1 of 2") and "dynamo_disagg" not in versions
+
+
+def test_a_worker_engine_record_of_the_wrong_shape_is_refused_by_field() -> None:
+    wire = {**_record().wire(), "emulation": {"version": "1.7.0", "tool_form": "v12", "think_before_tool_call": True}}
+    with pytest.raises(ValidationError, match=r"emulation\.tool_form"):
+        WorkerEngine.of({INFO_KEY: wire})

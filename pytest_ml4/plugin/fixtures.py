@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_ml4.evidence.worker_engine import WorkerEngine
 from pytest_ml4.plugin.state import get_state
 from pytest_ml4.target.model import Target, known_targets
 
@@ -53,11 +54,11 @@ def ml4_sim(pytestconfig: pytest.Config, ml4_target: Target) -> Engine | None:
 
 
 @pytest.fixture(scope="session")
-def ml4_worker_engine(pytestconfig: pytest.Config, ml4_sim: Engine | None) -> dict[str, Any] | None:
+def ml4_worker_engine(pytestconfig: pytest.Config, ml4_sim: Engine | None) -> WorkerEngine | None:
     """What real ``dynamo.vllm`` workers serve the run (``--sim-engine vllm`` on a Dynamo target: their releases,
     the declared version's emulation; ``RealDynamoDeployment.info()``), or None (simulated worker, live target)."""
     info = get_state(pytestconfig).description
-    return ((info.dynamo if info is not None else None) or {}).get("worker_engine")
+    return WorkerEngine.of(info.dynamo if info is not None else None)
 
 
 @pytest.fixture(scope="session")

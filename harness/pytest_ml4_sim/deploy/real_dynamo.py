@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from pytest_ml4.evidence.worker_engine import INFO_KEY, Emulation, WorkerEngine
 from pytest_ml4.runtime import installed as tools
 from pytest_ml4.runtime.orphans import Leftover, group_members
 from pytest_ml4.stacks.dynamo_versions import OWN_OUTPUT, model_output
@@ -228,13 +229,13 @@ class RealDynamoDeployment(DynamoSim):
 
     def info(self) -> dict[str, Any]:
         out = super().info()
-        out["worker_engine"] = {"dynamo.vllm": tools.DYNAMO_VLLM_VERSION, "vllm": tools.DYNAMO_VLLM_ENGINE_VERSION,
-                                "declared": self.plan.declared, "started": self.plan.started,
-                                "reduced": self.plan.note(),
-                                "disagg": None if self.warm_up is None else
-                                f"prefill -> decode over NIXL (UCX backend) on loopback; {self.warm_up.line()}",
-                                "emulation": None if self.model_output == OWN_OUTPUT else {
-                                    "version": self.target.serving.dynamo_version, **self.model_output}}
+        out[INFO_KEY] = WorkerEngine(
+            dynamo_vllm=tools.DYNAMO_VLLM_VERSION, vllm=tools.DYNAMO_VLLM_ENGINE_VERSION,
+            declared=self.plan.declared, started=self.plan.started, reduced=self.plan.note(),
+            disagg=None if self.warm_up is None else
+            f"prefill -> decode over NIXL (UCX backend) on loopback; {self.warm_up.line()}",
+            emulation=None if self.model_output == OWN_OUTPUT else Emulation.model_validate({
+                "version": self.target.serving.dynamo_version, **self.model_output})).wire()
         return out
 
 
