@@ -12,13 +12,18 @@ from typing import Any
 import pytest
 from pydantic import Field, ValidationError
 
+from pytest_ml4.accuracy.bfcl import category_specs
 from pytest_ml4.accuracy.gate import load_baseline as load_accuracy_baseline
 from pytest_ml4.checks.reasoning import ShareBaseline
 from pytest_ml4.datafile import DataFileError, Strict, load_json, load_yaml
+from pytest_ml4.evidence.kv_load import LoadSettings
+from pytest_ml4.evidence.memory import load_calibration
 from pytest_ml4.evidence.worker_engine import INFO_KEY, Emulation, WorkerEngine
 from pytest_ml4.locations import data_file
 from pytest_ml4.perf.baseline import Baseline
+from pytest_ml4.target.access import FieldsTable, NeedsTable
 from pytest_ml4.target.baselines import BaselineRefused
+from pytest_ml4.target.hardware import families
 
 
 def doctored(tmp_path: Path, source: Path, old: str, new: str, count: int = 1) -> Path:
@@ -158,3 +163,34 @@ def test_a_worker_engine_record_of_the_wrong_shape_is_refused_by_field() -> None
     wire = {**_record().wire(), "emulation": {"version": "1.7.0", "tool_form": "v12", "think_before_tool_call": True}}
     with pytest.raises(ValidationError, match=r"emulation\.tool_form"):
         WorkerEngine.of({INFO_KEY: wire})
+
+
+# --- the tables: a doctored copy of each fails with file, field and line ----------------------------------------
+
+#: (file under pytest_ml4/data, text replaced, replacement, loader of a path, field named, text on the line named)
+DOCTORED: list[tuple[tuple[str, ...], str, str, Callable[[Path], Any], str, str]] = [
+    (("hardware", "families.yaml"), "memory_model: estimate", "memory_model: guessed",
+     lambda p: families.__wrapped__(p), "gb300.memory_model", "memory_model: guessed"),
+    (("access", "needs.yaml"), "    at_start: true", "    at_start: often",
+     lambda p: load_yaml(p, NeedsTable), "accesses.endpoint.at_start", "at_start: often"),
+    (("access", "fields.yaml"), 'why: "the latency knee', 'whyy: "the latency knee',
+     lambda p: load_yaml(p, FieldsTable), "fields.0.whyy", "whyy:"),
+    (("accuracy", "categories.yaml"), "irrelevance: {scoring: no_call}", "irrelevance: {scoring: none}",
+     lambda p: category_specs.__wrapped__(p), "categories.irrelevance.scoring", "irrelevance: {scoring: none}"),
+    (("kv", "load.yaml"), "max_tokens: 192", "max_tokens: lots",
+     lambda p: load_yaml(p, LoadSettings), "max_tokens", "max_tokens: lots"),
+    (("memory", "calibration.yaml"), "kv_pool_tokens: 272636", "kv_pool_tokens: 272.6k",
+     lambda p: load_calibration.__wrapped__(p), "anchors.0.kv_pool_tokens", "kv_pool_tokens: 272.6k"),
+]
+
+
+@pytest.mark.parametrize(("parts", "old", "new", "load", "field", "on_line"), DOCTORED,
+                         ids=["/".join(case[0]) for case in DOCTORED])
+def test_a_doctored_table_names_file_field_and_line(tmp_path: Path, parts: tuple[str, ...], old: str, new: str,
+                                                    load: Callable[[Path], Any], field: str, on_line: str) -> None:
+    source = data_file(*parts)
+    load(source)   # the shipped file reads
+    path = doctored(tmp_path, source, old, new)
+    message = refusal(load, path)
+    assert message.startswith(f"invalid data file {path}: "), message
+    assert f"line {line_of(path, on_line)}: field '{field}': " in message, message
