@@ -16,11 +16,16 @@ from pytest_ml4.accuracy.bfcl import category_specs
 from pytest_ml4.accuracy.gate import load_baseline as load_accuracy_baseline
 from pytest_ml4.checks.reasoning import ShareBaseline
 from pytest_ml4.datafile import DataFileError, Strict, load_json, load_yaml
+from pytest_ml4.discover.draft import FieldsTable as DiscoverFields
+from pytest_ml4.discover.draft import HardwareTable as DiscoverHardware
 from pytest_ml4.evidence.kv_load import LoadSettings
 from pytest_ml4.evidence.memory import load_calibration
 from pytest_ml4.evidence.worker_engine import INFO_KEY, Emulation, WorkerEngine
 from pytest_ml4.locations import data_file
 from pytest_ml4.perf.baseline import Baseline
+from pytest_ml4.preflight.applied import rule_needs
+from pytest_ml4.report.categories import load_categories
+from pytest_ml4.report.labels import load_suites
 from pytest_ml4.target.access import FieldsTable, NeedsTable
 from pytest_ml4.target.baselines import BaselineRefused
 from pytest_ml4.target.hardware import families
@@ -181,6 +186,16 @@ DOCTORED: list[tuple[tuple[str, ...], str, str, Callable[[Path], Any], str, str]
      lambda p: load_yaml(p, LoadSettings), "max_tokens", "max_tokens: lots"),
     (("memory", "calibration.yaml"), "kv_pool_tokens: 272636", "kv_pool_tokens: 272.6k",
      lambda p: load_calibration.__wrapped__(p), "anchors.0.kv_pool_tokens", "kv_pool_tokens: 272.6k"),
+    (("preflight", "rule_needs.yaml"), "[target, memory-model]", "[target, memory-modle]",
+     lambda p: rule_needs.__wrapped__(p), "kv-pool-below-max-model-len.1", "memory-modle"),
+    (("report", "suites.yaml"), "severity: critical", "severity: dire",
+     lambda p: load_suites.__wrapped__(p), "tools.severity", "severity: dire"),
+    (("report", "categories.json"), '"broken"', '"borken"',
+     lambda p: load_categories.__wrapped__(p), "0.matchedStatuses.1", '"borken"'),
+    (("discover", "fields.yaml"), "  engine.version: {value:", "  engine.version: {valeu:",
+     lambda p: load_yaml(p, DiscoverFields), "estimates.engine.version.valeu", "engine.version: {valeu:"),
+    (("discover", "hardware.yaml"), "memory_per_gpu_gib: 131.0", "memory_per_gpu_gib: 131 GiB",
+     lambda p: load_yaml(p, DiscoverHardware), "families.h200.memory_per_gpu_gib", "131 GiB"),
 ]
 
 
