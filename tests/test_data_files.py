@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 from pydantic import Field, ValidationError
+from pytest_ml4_sim.sim.perfmodel import _load_profiles
 
 from pytest_ml4.accuracy.bfcl import category_specs
 from pytest_ml4.accuracy.gate import load_baseline as load_accuracy_baseline
 from pytest_ml4.checks.reasoning import ShareBaseline
+from pytest_ml4.control.budget import deployment_start_overrides
 from pytest_ml4.datafile import DataFileError, Strict, load_json, load_yaml
 from pytest_ml4.discover.draft import FieldsTable as DiscoverFields
 from pytest_ml4.discover.draft import HardwareTable as DiscoverHardware
@@ -23,6 +25,8 @@ from pytest_ml4.evidence.memory import load_calibration
 from pytest_ml4.evidence.worker_engine import INFO_KEY, Emulation, WorkerEngine
 from pytest_ml4.locations import data_file
 from pytest_ml4.perf.baseline import Baseline
+from pytest_ml4.plugin.args import path_options
+from pytest_ml4.plugin.breaker import BreakerMarkers
 from pytest_ml4.preflight.applied import rule_needs
 from pytest_ml4.report.categories import load_categories
 from pytest_ml4.report.labels import load_suites
@@ -142,6 +146,12 @@ def test_every_stored_baseline_reads() -> None:
         assert load(path).provenance.kind in ("simulator", "deployment", "seed"), path
 
 
+def test_a_path_option_table_of_the_wrong_shape_is_a_usage_error_naming_file_field_and_line(tmp_path: Path) -> None:
+    path = doctored(tmp_path, data_file("plugin", "path_options.yaml"), "  - --target-dir", "  - target-dir")
+    message = refusal(path_options, path, pytest.UsageError)
+    assert f"line {line_of(path, '- target-dir')}: field 'options.1': String should match pattern" in message, message
+
+
 # --- the worker-engine record ------------------------------------------------------------------------------------
 
 def _record(**over: Any) -> WorkerEngine:
@@ -196,6 +206,12 @@ DOCTORED: list[tuple[tuple[str, ...], str, str, Callable[[Path], Any], str, str]
      lambda p: load_yaml(p, DiscoverFields), "estimates.engine.version.valeu", "engine.version: {valeu:"),
     (("discover", "hardware.yaml"), "memory_per_gpu_gib: 131.0", "memory_per_gpu_gib: 131 GiB",
      lambda p: load_yaml(p, DiscoverHardware), "families.h200.memory_per_gpu_gib", "131 GiB"),
+    (("plugin", "breaker.yaml"), "outage: [restart]", "outages: [restart]",
+     lambda p: load_yaml(p, BreakerMarkers), "outages", "outages:"),
+    (("restart", "deployment-start.yaml"), "vllm: 420", "vllm: 7 minutes",
+     lambda p: deployment_start_overrides("sim", p), "vllm", "vllm: 7 minutes"),
+    (("perfmodel", "profiles.yaml"), "  prefill_tok_s: 1280", "  prefill_toks: 1280",
+     lambda p: _load_profiles.__wrapped__(p), "rtxpro6000-tp8.prefill_toks", "prefill_toks: 1280"),
 ]
 
 
