@@ -25,6 +25,7 @@ from pytest_ml4.evidence.memory import load_calibration
 from pytest_ml4.evidence.worker_engine import INFO_KEY, Emulation, WorkerEngine
 from pytest_ml4.locations import data_file
 from pytest_ml4.perf.baseline import Baseline
+from pytest_ml4.perf.probes import probe_table
 from pytest_ml4.plugin.args import path_options
 from pytest_ml4.plugin.breaker import BreakerMarkers
 from pytest_ml4.preflight.applied import rule_needs
@@ -212,6 +213,8 @@ DOCTORED: list[tuple[tuple[str, ...], str, str, Callable[[Path], Any], str, str]
      lambda p: deployment_start_overrides("sim", p), "vllm", "vllm: 7 minutes"),
     (("perfmodel", "profiles.yaml"), "  prefill_tok_s: 1280", "  prefill_toks: 1280",
      lambda p: _load_profiles.__wrapped__(p), "rtxpro6000-tp8.prefill_toks", "prefill_toks: 1280"),
+    (("prompts", "probes.yaml"), "order: [tool_choice, reasoning,", "order: [tool_choice, reasonning,",
+     lambda p: probe_table.__wrapped__(p), "order.1", "reasonning"),
 ]
 
 
