@@ -11,12 +11,15 @@ from typing import Any
 
 import pytest
 from pydantic import Field, ValidationError
+from pytest_ml4_sim.deploy.real_dynamo_disagg import settings as disagg_settings
+from pytest_ml4_sim.realvllm.model import _scale_checks
 from pytest_ml4_sim.sim.perfmodel import _load_profiles
 
 from pytest_ml4.accuracy.bfcl import category_specs
 from pytest_ml4.accuracy.gate import load_baseline as load_accuracy_baseline
 from pytest_ml4.checks.reasoning import ShareBaseline
 from pytest_ml4.control.budget import deployment_start_overrides
+from pytest_ml4.control.scenario import SingleReplicaOutage, StaleInstances
 from pytest_ml4.datafile import DataFileError, Strict, load_json, load_yaml
 from pytest_ml4.discover.draft import FieldsTable as DiscoverFields
 from pytest_ml4.discover.draft import HardwareTable as DiscoverHardware
@@ -33,7 +36,9 @@ from pytest_ml4.report.categories import load_categories
 from pytest_ml4.report.labels import load_suites
 from pytest_ml4.target.access import FieldsTable, NeedsTable
 from pytest_ml4.target.baselines import BaselineRefused
+from pytest_ml4.target.doc import readers
 from pytest_ml4.target.hardware import families
+from pytest_ml4.target.model import load_target
 
 
 def doctored(tmp_path: Path, source: Path, old: str, new: str, count: int = 1) -> Path:
@@ -215,6 +220,19 @@ DOCTORED: list[tuple[tuple[str, ...], str, str, Callable[[Path], Any], str, str]
      lambda p: _load_profiles.__wrapped__(p), "rtxpro6000-tp8.prefill_toks", "prefill_toks: 1280"),
     (("prompts", "probes.yaml"), "order: [tool_choice, reasoning,", "order: [tool_choice, reasonning,",
      lambda p: probe_table.__wrapped__(p), "order.1", "reasonning"),
+    (("restart", "stale-instances.yaml"), "stale_window_s: [5, 10]", "stale_window_s: [5]",
+     lambda p: StaleInstances.for_dynamo("1.6.1", p), "dynamo.1.6.1.stale_window_s.1", "stale_window_s: [5]"),
+    (("dynamo", "single-replica-outage.yaml"), "      - status: 500", "      - status: five hundred",
+     lambda p: SingleReplicaOutage.for_target(load_target("vr200-disagg"), p), "dynamo.1.6.1.answers.3.status",
+     "status: five hundred"),
+    (("target_readers.yaml",), "hardware.interconnect: []", "hardware.interconnect: {}",
+     lambda p: readers.__wrapped__(p), "hardware.interconnect", "hardware.interconnect: {}"),
+    (("vllm", "scale_checks.yaml"), '  - test: "suites/test_perf.py::test_latency_knee"',
+     '  - tset: "suites/test_perf.py::test_latency_knee"',
+     lambda p: _scale_checks.__wrapped__(p), "checks.2.tset", "tset:"),
+    (("dynamo_vllm", "disagg.yaml"), "decode: {mode: decode, kv_role: kv_consumer}",
+     "decode: {mode: decode, kv_role: kv_consumr}",
+     lambda p: disagg_settings.__wrapped__(p), "roles.decode.kv_role", "kv_consumr"),
 ]
 
 

