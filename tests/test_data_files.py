@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from pydantic import Field, ValidationError
 from pytest_ml4_sim.deploy.real_dynamo_disagg import settings as disagg_settings
-from pytest_ml4_sim.realvllm.model import _scale_checks
+from pytest_ml4_sim.realvllm.model import _scale_checks, tiny_model
 from pytest_ml4_sim.sim.perfmodel import _load_profiles
 
 from pytest_ml4.accuracy.bfcl import category_specs
@@ -233,6 +233,8 @@ DOCTORED: list[tuple[tuple[str, ...], str, str, Callable[[Path], Any], str, str]
     (("dynamo_vllm", "disagg.yaml"), "decode: {mode: decode, kv_role: kv_consumer}",
      "decode: {mode: decode, kv_role: kv_consumr}",
      lambda p: disagg_settings.__wrapped__(p), "roles.decode.kv_role", "kv_consumr"),
+    (("vllm", "tiny_model.yaml"), "kv_cache_space_gib: 1", "kv_cache_space_gib: one",
+     lambda p: tiny_model.__wrapped__(p), "serve.kv_cache_space_gib", "kv_cache_space_gib: one"),
 ]
 
 
