@@ -14,6 +14,7 @@ from pydantic import Field, ValidationError
 from pytest_ml4_sim.deploy.real_dynamo_disagg import settings as disagg_settings
 from pytest_ml4_sim.realvllm.model import _scale_checks, tiny_model
 from pytest_ml4_sim.sim.perfmodel import _load_profiles
+from pytest_ml4_sim.sim.responder import load_data as load_responder_data
 
 from pytest_ml4.accuracy.bfcl import category_specs
 from pytest_ml4.accuracy.gate import load_baseline as load_accuracy_baseline
@@ -235,6 +236,8 @@ DOCTORED: list[tuple[tuple[str, ...], str, str, Callable[[Path], Any], str, str]
      lambda p: disagg_settings.__wrapped__(p), "roles.decode.kv_role", "kv_consumr"),
     (("vllm", "tiny_model.yaml"), "kv_cache_space_gib: 1", "kv_cache_space_gib: one",
      lambda p: tiny_model.__wrapped__(p), "serve.kv_cache_space_gib", "kv_cache_space_gib: one"),
+    (("sim", "responder.json"), '"high": 4', '"high": "four"',
+     lambda p: load_responder_data.__wrapped__(p), "reasoning_sentences_by_effort.high", '"high": "four"'),
 ]
 
 
