@@ -20,12 +20,12 @@ from pytest_ml4.checks.replicas import assert_every_worker_answers_right, judge_
 from pytest_ml4.checks.tools import ToolChat
 from pytest_ml4.client.endpoint import Endpoint
 from pytest_ml4.evidence.replicas import (
-    PROBES_FILE,
     TOOLS_FILE,
     Reach,
     probe_specs,
     reach_every_worker,
     read_health,
+    replica_probes,
     sender,
 )
 from pytest_ml4.evidence.worker_engine import WorkerEngine
@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.tools, pytest.mark.reasoning, pytest.mark.dynamo,
               pytest.mark.replicas("largest", 2, why="one worker of a role answers whatever the router does")]
 
 PROBES = [p.name for p in probe_specs("")]
-ROUNDS = int(yaml.safe_load(PROBES_FILE.read_text())["unpinned_rounds_per_worker"])
+ROUNDS = replica_probes().unpinned_rounds_per_worker
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from pytest_ml4.discover.draft import FieldsTable as DiscoverFields
 from pytest_ml4.discover.draft import HardwareTable as DiscoverHardware
 from pytest_ml4.evidence.kv_load import LoadSettings
 from pytest_ml4.evidence.memory import load_calibration
+from pytest_ml4.evidence.replicas import replica_probes
 from pytest_ml4.evidence.worker_engine import INFO_KEY, Emulation, WorkerEngine
 from pytest_ml4.locations import data_file
 from pytest_ml4.perf.baseline import Baseline
@@ -238,6 +239,9 @@ DOCTORED: list[tuple[tuple[str, ...], str, str, Callable[[Path], Any], str, str]
      lambda p: tiny_model.__wrapped__(p), "serve.kv_cache_space_gib", "kv_cache_space_gib: one"),
     (("sim", "responder.json"), '"high": 4', '"high": "four"',
      lambda p: load_responder_data.__wrapped__(p), "reasoning_sentences_by_effort.high", '"high": "four"'),
+    (("prompts", "replicas.yaml"), "tool_choices: [none, auto, required, named]",
+     "tool_choices: [none, auto, required, named, any]",
+     lambda p: replica_probes.__wrapped__(p), "tool_choices.4", "tool_choices:"),
 ]
 
 

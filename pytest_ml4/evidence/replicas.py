@@ -19,10 +19,12 @@ pin the deployment ignored shows as an answer from another worker. Judging is :m
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 import httpx
 import yaml
@@ -36,6 +38,7 @@ from pytest_ml4.checks.chat import (
 )
 from pytest_ml4.client.endpoint import Endpoint, make_httpx
 from pytest_ml4.control.dynamo import PIN_HEADER, PREFILL_PIN_HEADER, role_instance_ids
+from pytest_ml4.datafile import Strict, load_yaml
 from pytest_ml4.locations import data_file
 
 PROBES_FILE = data_file("prompts", "replicas.yaml")
@@ -63,13 +66,29 @@ def _named(tool: str) -> dict[str, Any]:
     return {"type": "function", "function": {"name": tool}}
 
 
+class ReplicaProbes(Strict):
+    """:data:`PROBES_FILE`: which of the suites' questions every worker is asked, and how often unpinned."""
+
+    tool_choices: tuple[Literal["none", "auto", "required", "named"], ...]
+    parallel: bool = False
+    reasoning_effort: str
+    fixed_length_tokens: int
+    fixed_length_prompt: str
+    unpinned_rounds_per_worker: int
+
+
+@functools.cache
+def replica_probes(path: Path = PROBES_FILE) -> ReplicaProbes:
+    return load_yaml(path, ReplicaProbes)
+
+
 def probe_specs(model: str) -> list[Probe]:
     """The probes of :data:`PROBES_FILE`, each streamed and not (the fixed length streamed only). The tool sets are
     the tools suite's: required/named get the tools every release's guided-JSON grammar accepts."""
     from pytest_ml4.checks.tools import load_tools
     from pytest_ml4.stacks.dynamo_versions import within_every_release
 
-    spec = yaml.safe_load(PROBES_FILE.read_text())
+    spec = replica_probes()
     tools_data = yaml.safe_load(TOOLS_FILE.read_text())
     reasoning_data = yaml.safe_load(REASONING_FILE.read_text())
     tool_defaults = dict(tools_data["defaults"])
@@ -79,7 +98,7 @@ def probe_specs(model: str) -> list[Probe]:
     reasoning_defaults = dict(reasoning_data["defaults"])
     choice = tools_data["tool_choice"]
     base: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = []
-    for tc in spec["tool_choices"]:
+    for tc in spec.tool_choices:
         tools = guided_toolset if tc in ("required", "named") else toolset
         wire_choice = _named(choice["expect_tool"]) if tc == "named" else tc
         base.append((f"tool_choice-{tc}", "tool_choice",
@@ -87,20 +106,20 @@ def probe_specs(model: str) -> list[Probe]:
                       "tool_choice": wire_choice},
                      {"tools": list(tools), "tool_choice": wire_choice,
                       "expect_tool": None if tc == "none" else choice["expect_tool"]}))
-    if spec.get("parallel"):
+    if spec.parallel:
         par = tools_data["parallel"]
         base.append(("parallel", "parallel",
                      {**tool_defaults, "messages": _user(par["prompt"]), "tools": list(parallel_tools)},
                      {"tools": list(parallel_tools), "tool_choice": "auto", "expect_tool": par["expect_tool"],
                       "expect_calls": par["expect_calls"], "expect_values": par["expect_values"]}))
-    effort = spec["reasoning_effort"]
+    effort = spec.reasoning_effort
     q = reasoning_data["question"]
     base.append((f"reasoning-{effort}", "reasoning",
                  {**reasoning_defaults, "messages": _user(q["prompt"]), "reasoning_effort": effort},
                  {"effort": effort, "expect_substring": q["expect_substring"]}))
-    n = int(spec["fixed_length_tokens"])
+    n = spec.fixed_length_tokens
     base.append((f"fixed_length-{n}", "fixed_length",
-                 {"messages": _user(spec["fixed_length_prompt"]), "max_tokens": n, "min_tokens": n}, {"n": n}))
+                 {"messages": _user(spec.fixed_length_prompt), "max_tokens": n, "min_tokens": n}, {"n": n}))
     out = []
     for name, kind, body, expect in base:
         for stream in (False, True):
