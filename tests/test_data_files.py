@@ -36,6 +36,7 @@ from pytest_ml4.plugin.breaker import BreakerMarkers
 from pytest_ml4.preflight.applied import rule_needs
 from pytest_ml4.report.categories import load_categories
 from pytest_ml4.report.labels import load_suites
+from pytest_ml4.stacks.litellm import RetryTable
 from pytest_ml4.target.access import FieldsTable, NeedsTable
 from pytest_ml4.target.baselines import BaselineRefused
 from pytest_ml4.target.doc import readers
@@ -242,6 +243,8 @@ DOCTORED: list[tuple[tuple[str, ...], str, str, Callable[[Path], Any], str, str]
     (("prompts", "replicas.yaml"), "tool_choices: [none, auto, required, named]",
      "tool_choices: [none, auto, required, named, any]",
      lambda p: replica_probes.__wrapped__(p), "tool_choices.4", "tool_choices:"),
+    (("restart", "litellm-retry.yaml"), "jitter_s: 0.75", "jitter_s: 0.75 s",
+     lambda p: load_yaml(p, RetryTable), "litellm.1.108.7.jitter_s", "jitter_s: 0.75 s"),
 ]
 
 
