@@ -36,7 +36,7 @@ def test_health(ml4: Deployment) -> None:
     path = stack.health_path
     resp = assert_endpoint_healthy(ml4_endpoint, path)
     if stack.routes_workers:
-        reduced = ml4_worker_engine["started"] if ml4_worker_engine and ml4_worker_engine.get("reduced") else None
+        reduced = ml4_worker_engine.reduced_to() if ml4_worker_engine else None
         assert_dynamo_workers_registered(resp, path, ml4_target, reduced)
     if ml4_target.has_proxy:
         assert_engine_behind_proxy_healthy(ml4_endpoint, ml4_target, stack_named(stack.engine).health_path)

@@ -23,11 +23,11 @@ KEY = "sk-access-test-0123456789"
 
 def test_the_table_names_every_suite_and_only_accesses_it_can_probe() -> None:
     table = needs_table()
-    assert set(table["suites"]) == set(SUITE_MARKERS), "a suite marker without its access row (or a stale row)"
-    assert set(table["accesses"]) == set(_PROBES)
-    named = {a for row in table["suites"].values() for a in (*row.get("needs", ()), *row.get("uses", ()))}
-    assert named <= set(table["accesses"]), named - set(table["accesses"])
-    assert all(spec.get("what") and spec.get("from") and spec.get("how") for spec in table["accesses"].values())
+    assert set(table.suites) == set(SUITE_MARKERS), "a suite marker without its access row (or a stale row)"
+    assert set(table.accesses) == set(_PROBES)
+    named = {a for row in table.suites.values() for a in (*row.needs, *row.uses)}
+    assert named <= set(table.accesses), named - set(table.accesses)
+    assert all(spec.what and spec.from_ and spec.how for spec in table.accesses.values())
 
 
 @pytest.mark.parametrize(("expr", "suites"), [

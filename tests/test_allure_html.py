@@ -18,7 +18,7 @@ from pytest_ml4.report.html import embedded_files
 
 # pytester points HOME at a temporary folder; tests/conftest.py pins ML4_TOOLS first, so the installed tools
 # (the Allure CLI, Java) stay found.
-GATE, PROTOCOL, _, _, DEFECT, NOT_JUDGED_CAT = (c["name"] for c in load_categories())
+GATE, PROTOCOL, _, _, DEFECT, NOT_JUDGED_CAT = (c.name for c in load_categories())
 
 CHECKS = textwrap.dedent('''
     import os

@@ -47,7 +47,7 @@ def test_engine_processes_yield_to_the_dynamo_runtime_that_keeps_the_worker_regi
         while len(group_members(leader.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert disagg.lower_engine_priority(leader.pid, leader.pid) >= 1
-        nice = disagg.settings()["engine_nice"]
+        nice = disagg.settings().engine_nice
         assert nice > 0
         for member in group_members(leader.pid):
             threads = [int(t.name) for t in Path(f"/proc/{member.pid}/task").iterdir()]

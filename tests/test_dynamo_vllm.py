@@ -26,6 +26,7 @@ from pytest_ml4_sim.realdynamo.scripted import guided_text, tool_choice_from_sch
 
 from pytest_ml4.checks.verdict import EXIT_NOT_JUDGED
 from pytest_ml4.datafile import DataFileError
+from pytest_ml4.evidence.worker_engine import WorkerEngine
 from pytest_ml4.runtime.installed import (
     DYNAMO_VLLM_ENGINE_VERSION,
     ToolMissing,
@@ -147,8 +148,9 @@ def test_real_worker_deployment_serves(tmp_path: Path) -> None:
         metrics = httpx.get(worker.metrics_url, timeout=10).text
         assert "vllm:cache_config_info" in metrics
         assert "CPU KV cache size" in worker.log_file.read_text(errors="replace")
-        info = dep.info()["worker_engine"]
-        assert info["dynamo.vllm"] == "1.6.1" and info["vllm"] == "0.31.0" and info["reduced"] is None
+        record = WorkerEngine.of(dep.info())
+        assert record is not None and record.dynamo_vllm == "1.6.1" and record.vllm == "0.31.0"
+        assert record.reduced is None
     finally:
         dep.stop()
     assert all(not group_members(g) for g in groups), "a worker's EngineCore/Worker outlived the stop"

@@ -59,14 +59,14 @@ def test_util_0983_with_8192_tokens_also_crashes(rtx: Target) -> None:
 
 
 def test_stable_unit_boots_with_about_3_gib_headroom(rtx: Target) -> None:
-    check = load_calibration()["checks"]["stable_unit"]
-    p = plan(rtx, **check["engine"])
+    check = load_calibration().checks["stable_unit"]
+    p = plan(rtx, **check.engine)
     assert p.outcome == "ok" and p.message is None
-    assert p.headroom_gib == pytest.approx(check["headroom_gib_about"], abs=0.2)
+    assert p.headroom_gib == pytest.approx(check.headroom_gib_about, abs=0.2)
     # "about 4x the 792 MiB workspace"
     assert 3.0 <= p.headroom_gib * 1024 / p.workspace_mib <= 4.5
     assert p.first_step_free_mib > p.workspace_mib
-    assert p.oom_step_tokens is not None and p.oom_step_tokens > check["engine"]["max_num_batched_tokens"]
+    assert p.oom_step_tokens is not None and p.oom_step_tokens > check.engine["max_num_batched_tokens"]
     assert p.kv_pool_tokens >= 256_000 and p.max_concurrency >= 1.0
 
 
@@ -136,7 +136,7 @@ def test_formats_match_vllm_and_pytorch() -> None:
 def test_every_calibration_constant_names_its_source() -> None:
     cal = load_calibration()
     assert CALIBRATION_FILE.is_file()
-    for anchor in cal["anchors"]:
-        assert anchor["source"].startswith("seed 000")
-    for section in ("unit", "anchor_engine", "fused_moe_workspace"):
-        assert any(k.endswith("source") and "seed 000" in str(v) for k, v in cal[section].items()), section
+    for anchor in cal.anchors:
+        assert anchor.source.startswith("seed 000")
+    for section in (cal.unit, cal.anchor_engine, cal.fused_moe_workspace):
+        assert any(k.endswith("source") and "seed 000" in str(v) for k, v in section.model_dump().items()), section

@@ -28,7 +28,7 @@ from pytest_ml4.report.labels import (
 from pytest_ml4.report.results import write_crash_result
 from pytest_ml4.target.model import load_target
 
-GATE, PROTOCOL, UNREACHABLE, CRASH, DEFECT, NOT_JUDGED_CAT = (c["name"] for c in load_categories())
+GATE, PROTOCOL, UNREACHABLE, CRASH, DEFECT, NOT_JUDGED_CAT = (c.name for c in load_categories())
 
 
 # ------------------------------------------------------------------------------------------- environment

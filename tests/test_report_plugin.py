@@ -16,7 +16,7 @@ from pytest_ml4.report.redact import Redactor
 from pytest_ml4.report.scan import scan_paths
 
 KEY = "sk-ml4-plugin-test-3f9a2c7e5b1d4680"
-GATE, PROTOCOL, UNREACHABLE, CRASH, DEFECT, NOT_JUDGED_CAT = (c["name"] for c in load_categories())
+GATE, PROTOCOL, UNREACHABLE, CRASH, DEFECT, NOT_JUDGED_CAT = (c.name for c in load_categories())
 
 CHECKS = textwrap.dedent('''
     import logging, os

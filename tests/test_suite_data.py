@@ -49,7 +49,7 @@ def test_a_wrong_type_names_file_field_and_line(tmp_path: Path) -> None:
         load_suite_data(path, SmokeData)
     message = str(err.value)
     assert "\n" not in message
-    assert message.startswith(f"invalid suite data {path}: line {_line_of(path, 'requests: eight')}: "
+    assert message.startswith(f"invalid data file {path}: line {_line_of(path, 'requests: eight')}: "
                               f"field 'burst.requests': ")
 
 
@@ -58,11 +58,11 @@ def test_a_misspelt_field_names_itself_and_the_missing_one(tmp_path: Path) -> No
     with pytest.raises(SuiteDataError) as err:
         load_suite_data(path, ToolsData)
     message = str(err.value)
-    assert f"line {_line_of(path, 'expect_tol:')}: field 'cases.weather.expect_tol': Extra inputs" in message
+    assert f"line {_line_of(path, 'expect_tol:')}: field 'cases.weather.expect_tol': unknown field; did you mean 'expect_tool'?" in message
     assert "field 'cases.weather.expect_tool': Field required" in message
 
 
 def test_broken_yaml_names_the_line(tmp_path: Path) -> None:
     path = _broken(tmp_path, SMOKE_FILE, "burst:\n", "burst: [\n")
-    with pytest.raises(SuiteDataError, match=rf"^{path}: line \d+, column \d+: "):
+    with pytest.raises(SuiteDataError, match=rf"^invalid data file {path}: line \d+, column \d+: "):
         load_suite_data(path, SmokeData)

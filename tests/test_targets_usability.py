@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 import yaml
 
+from pytest_ml4.datafile import field_names_at
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR
 from pytest_ml4.target.model import (
+    Target,
     TargetError,
-    field_names_at,
     load_target,
     parse_override,
 )
@@ -51,8 +52,8 @@ def test_a_typo_inside_a_workload_slo_is_found_through_the_mapping(tmp_path: Pat
 
 def test_an_unknown_key_far_from_any_field_says_only_unknown() -> None:
     assert "did you mean" not in str(_error_of({"gates": {"zzzz": 1}}))
-    assert field_names_at(("gates",))[:2] == ["ttft_p50_s_max", "decode_tok_s_user_p50_min"]
-    assert field_names_at(("nope",)) == []
+    assert field_names_at(Target, ("gates",))[:2] == ["ttft_p50_s_max", "decode_tok_s_user_p50_min"]
+    assert field_names_at(Target, ("nope",)) == []
 
 
 def _error_of(overrides: dict[str, Any]) -> TargetError:

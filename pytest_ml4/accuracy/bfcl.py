@@ -17,10 +17,11 @@ import types
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import yaml
+from pydantic import Field
 
+from pytest_ml4.datafile import Strict, load_yaml
 from pytest_ml4.locations import data_file
 from pytest_ml4.runtime.installed import bfcl_site
 
@@ -34,17 +35,22 @@ class CategoryError(ValueError):
     """An unknown BFCL category; the message lists the known ones."""
 
 
-@dataclass(frozen=True)
-class CategorySpec:
-    name: str
+class CategorySpec(Strict):
+    """How a category is scored; ``name`` is the row's key."""
+
+    name: str = Field("", exclude=True)
     #: ``ast`` (BFCL's ast_checker), ``no_call`` (irrelevance) or ``any_call`` (live_relevance).
-    scoring: str
+    scoring: Literal["ast", "no_call", "any_call"]
+
+
+class CategoriesTable(Strict):
+    categories: dict[str, CategorySpec]
 
 
 @lru_cache(maxsize=2)
 def category_specs(path: Path = CATEGORIES_FILE) -> dict[str, CategorySpec]:
-    raw = yaml.safe_load(path.read_text())["categories"]
-    return {name: CategorySpec(name, str(v["scoring"])) for name, v in raw.items()}
+    rows = load_yaml(path, CategoriesTable).categories
+    return {name: spec.model_copy(update={"name": name}) for name, spec in rows.items()}
 
 
 def resolve_categories(names: list[str] | None) -> list[str]:

@@ -11,10 +11,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from pytest_ml4.accuracy.score import ItemResult
 from pytest_ml4.accuracy.stats import drop_z, wilson
 from pytest_ml4.target.baselines import (
-    BaselineRefused,
+    BaselineFile,
     Provenance,
     conditions_differ,
     read_baseline,
@@ -75,6 +77,20 @@ def run_conditions(bfcl_eval: str, size: int | None, seed: int) -> dict[str, Any
     return {"benchmark": BENCHMARK, "bfcl_eval": bfcl_eval, "size": size, "seed": seed}
 
 
+class CategoryCounts(BaseModel):
+    """A category's stored counts (the accuracy and interval a recording writes beside them are derived)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    n: int
+    passed: int
+
+
+class AccuracyBaselineFile(BaselineFile):
+    """An accuracy baseline file: ``figures`` maps each BFCL category to its counts."""
+
+    figures: dict[str, CategoryCounts]
+
+
 @dataclass(frozen=True)
 class AccuracyBaseline:
     """``pytest_ml4/data/baselines/accuracy-<target>.json`` (or a team's ``baselines/``): per-category scores, their conditions and provenance
@@ -99,16 +115,9 @@ def save_baseline(path: Path, scores: dict[str, CategoryScore], target: str, con
 
 def load_baseline(path: Path) -> AccuracyBaseline:
     """An accuracy baseline (the one format, kind ``accuracy``; ``figures`` maps each category to its counts)."""
-    stored = read_baseline(path, "accuracy")
-    if not isinstance(stored.figures, dict):
-        raise BaselineRefused(f"accuracy baseline {path}: 'figures' must map categories to counts")
-    out: dict[str, CategoryScore] = {}
-    for cat, fig in stored.figures.items():
-        try:
-            out[cat] = CategoryScore(cat, int(fig["n"]), int(fig["passed"]))
-        except (KeyError, TypeError, ValueError):
-            raise BaselineRefused(f"accuracy baseline {path}: figures.{cat} needs integer 'n' and 'passed'") from None
-    return AccuracyBaseline(stored.path, stored.provenance, stored.conditions, out)
+    stored = read_baseline(path, "accuracy", AccuracyBaselineFile)
+    out = {cat: CategoryScore(cat, fig.n, fig.passed) for cat, fig in stored.figures.items()}
+    return AccuracyBaseline(Path(path), stored.provenance.view(), stored.conditions, out)
 
 
 def compare(now: dict[str, CategoryScore], base: dict[str, CategoryScore], tolerance: float,

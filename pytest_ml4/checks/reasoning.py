@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import field_validator
+
 from pytest_ml4.checks.chat import (
     Answer,
     BadRequest,
@@ -31,6 +33,7 @@ from pytest_ml4.stacks import stack_for
 from pytest_ml4.stacks.dynamo_versions import target_row
 from pytest_ml4.stacks.vllm_versions import for_version
 from pytest_ml4.target.baselines import (
+    BaselineFile,
     BaselineRefused,
     Provenance,
     conditions_differ,
@@ -294,6 +297,20 @@ def report_share(rows: list[dict[str, Any]], conditions: dict[str, Any], out: Pa
     return mean
 
 
+class ShareBaselineFile(BaselineFile):
+    """A reasoning-share baseline file: ``figures`` maps each prompt to its share, ``tolerances.share`` is the
+    absolute tolerance."""
+
+    figures: dict[str, float]
+
+    @field_validator("tolerances")
+    @classmethod
+    def _share_tolerance(cls, value: dict[str, float]) -> dict[str, float]:
+        if "share" not in value:
+            raise ValueError("needs 'share', the absolute tolerance of a prompt's share")
+        return value
+
+
 @dataclass(frozen=True)
 class ShareBaseline:
     """``pytest_ml4/data/baselines/reasoning-share-<target>.json``: per-prompt shares, the conditions they were measured
@@ -309,13 +326,8 @@ class ShareBaseline:
     def load(cls, path: Path) -> ShareBaseline:
         """The one baseline format, kind ``reasoning-share``: ``figures`` maps each prompt to its share,
         ``tolerances.share`` is the absolute tolerance."""
-        stored = read_baseline(path, "reasoning-share")
-        try:
-            return cls(path, stored.provenance, stored.conditions, stored.tolerances["share"],
-                       {str(k): float(v) for k, v in stored.figures.items()})
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
-            raise BaselineRefused(f"reasoning-share baseline {path} is unreadable: {err!r} (needs tolerances.share "
-                                  "and figures mapping prompts to shares)") from None
+        stored = read_baseline(path, "reasoning-share", ShareBaselineFile)
+        return cls(path, stored.provenance.view(), stored.conditions, stored.tolerances["share"], stored.figures)
 
 
 def save_share_baseline(path: Path, rows: list[Mapping[str, Any]], conditions: Mapping[str, Any],

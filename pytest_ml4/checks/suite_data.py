@@ -15,12 +15,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+from pydantic import BaseModel, Field, PositiveInt
 
 from pytest_ml4.checks.expected import Expected, expected_for
+from pytest_ml4.datafile import DataFileError, Strict, load_yaml
 from pytest_ml4.locations import data_file
-from pytest_ml4.target.model import yaml_error_line
 
 SMOKE_FILE = data_file("smoke", "smoke.yaml")
 TOOLS_FILE = data_file("prompts", "tools.yaml")
@@ -28,12 +27,9 @@ REASONING_FILE = data_file("prompts", "reasoning.yaml")
 REPLICAS_FILE = data_file("prompts", "replicas.yaml")
 
 
-class SuiteDataError(ValueError):
-    """A suite data file that does not parse or does not fit its model; the message is one line."""
-
-
-class _Data(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+#: A suite data file that does not parse or does not fit its model (one line: file, line, field).
+SuiteDataError = DataFileError
+_Data = Strict
 
 
 @dataclass(frozen=True)
@@ -172,41 +168,9 @@ class ReplicasData(_Data):
 M = TypeVar("M", bound=BaseModel)
 
 
-def _line_of(node: yaml.Node | None, loc: tuple[str | int, ...]) -> int | None:
-    """The line (1-based) of the deepest node of ``loc`` the document has (a missing field: its parent's)."""
-    line = node.start_mark.line + 1 if node is not None else None
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            node = next((v for k, v in node.value if k.value == str(part)), None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-        else:
-            node = None
-        if node is None:
-            break
-        line = node.start_mark.line + 1
-    return line
-
-
 def load_suite_data(path: Path, model: type[M]) -> M:
-    """``path`` as ``model``, or a :class:`SuiteDataError` of one line: the file, then each bad field and its line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError) as err:
-        raise SuiteDataError(f"{path}: {err}") from None
-    except yaml.YAMLError as err:
-        raise SuiteDataError(f"{path}: {yaml_error_line(err)}") from None
-    try:
-        return model.model_validate(data)
-    except ValidationError as err:
-        problems = []
-        for e in err.errors():
-            field = ".".join(str(p) for p in e["loc"]) or "<top level>"
-            line = _line_of(root, tuple(e["loc"]))
-            problems.append(f"{f'line {line}: ' if line else ''}field '{field}': {e['msg']}")
-        raise SuiteDataError(f"invalid suite data {path}: {'; '.join(problems)}") from None
+    """``path`` as ``model`` through the one data-file loader: a bad file is one line naming file, line and field."""
+    return load_yaml(path, model)
 
 
 @cache

@@ -32,6 +32,7 @@ from pytest_ml4.checks.expected import assert_answer_expected
 from pytest_ml4.checks.protocol import assert_no_control_tokens
 from pytest_ml4.client.endpoint import decode_json, quote_body
 from pytest_ml4.client.stream_probe import StreamResult
+from pytest_ml4.evidence.worker_engine import WorkerEngine
 from pytest_ml4.locations import data_file
 from pytest_ml4.logs import GrammarSchemaRefused, LogView
 from pytest_ml4.stacks import stack_for
@@ -367,7 +368,7 @@ class ToolChat(ChatSession):
         """Either cause, where one applies to the stack (the one the configuration states first)."""
         return self.parser_cause or self.row_drop_cause
 
-    def on(self, target: Target, conventions: Mapping[str, Any] | None, worker_engine: Mapping[str, Any] | None,
+    def on(self, target: Target, conventions: Mapping[str, Any] | None, worker_engine: WorkerEngine | None,
            logs: Any) -> ToolChat:
         """Follow ``target``'s stack: its row of ``conventions`` (``tools.yaml``) and, on a Dynamo release, why
         a call may not come back. ``worker_engine``: what real ``dynamo.vllm`` workers serve the run (the plugin's
@@ -385,7 +386,9 @@ class ToolChat(ChatSession):
             else:
                 self.parser_cause = cause
             self.logs = logs
-            self.grammar_not_judged = emulated_grammar_reason(self.dynamo_version, *running_release(worker_engine))
+            # The release the run's real dynamo.vllm workers are; none: the declared release (simulated worker, live).
+            running = worker_engine.release() if worker_engine else (None, "")
+            self.grammar_not_judged = emulated_grammar_reason(self.dynamo_version, *running)
         row = (conventions or {}).get(stack.name)
         if row:
             self.conventions = ToolConventions.from_row(row)
@@ -447,14 +450,6 @@ class ToolChat(ChatSession):
                                   conventions=self.conventions)
         assert_mistral_tool_ids(answer.tool_calls, where, self.conventions)
         return assert_arguments_valid(answer.tool_calls, tools, where)
-
-
-def running_release(worker_engine: Mapping[str, Any] | None) -> tuple[str | None, str]:
-    """The Dynamo release the run's real ``dynamo.vllm`` workers are and a note on their vLLM, or ``(None, "")``
-    (the simulated worker follows the declared row; a live target is the declared release)."""
-    if not worker_engine:
-        return None, ""
-    return str(worker_engine["dynamo.vllm"]), f" on vLLM {worker_engine['vllm']}"
 
 
 def refused_keys_logged(reader: Any, since: float) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ pieces itself. The clients are the session's (one connection pool for the run); 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from pytest_ml4.client.endpoint import Endpoint
     from pytest_ml4.evidence.recount import TokenCounter
+    from pytest_ml4.evidence.worker_engine import WorkerEngine
     from pytest_ml4.logs import LogReader
     from pytest_ml4.target.model import Target
 
@@ -34,7 +35,7 @@ class Deployment:
     openai: openai.OpenAI
     run_dir: Path
     #: What real ``dynamo.vllm`` workers serve the run (``RealDynamoDeployment.info()``), else None.
-    worker_engine: Mapping[str, Any] | None = None
+    worker_engine: WorkerEngine | None = None
     _token_counter: Callable[[], TokenCounter] | None = field(default=None, repr=False)
     _logs: Callable[[], LogReader | None] = field(default=lambda: None, repr=False)
     #: Called with each client made here (the plugin records its exchanges for the report).

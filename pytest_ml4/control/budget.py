@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from pytest_ml4.datafile import load_yaml
 from pytest_ml4.locations import data_file
 
 #: control.worker_start_s of the embedded deployments, per --sim-engine.
@@ -72,10 +71,10 @@ class RestartBudget:
 
 def deployment_start_overrides(sim_engine: str, path: Path = DEPLOYMENT_START_FILE) -> dict[str, Any]:
     """The target fields an embedded deployment of ``sim_engine`` sets: its workers' start time."""
-    table = yaml.safe_load(path.read_text()) or {}
+    table = load_yaml(path, dict[str, float])
     if sim_engine not in table:
         raise ValueError(f"{path}: no worker start time for --sim-engine {sim_engine!r} (known: {sorted(table)})")
-    return {"control": {"worker_start_s": float(table[sim_engine])}}
+    return {"control": {"worker_start_s": table[sim_engine]}}
 
 
 def pods_replaced_in_turn(controller: Any) -> int:

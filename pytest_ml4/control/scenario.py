@@ -28,16 +28,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import httpx
 import yaml
+from pydantic import Field
 
 from pytest_ml4.checks.codes import fail, fails_with
 from pytest_ml4.client.endpoint import Endpoint, make_httpx, quote_body
 from pytest_ml4.client.stream_probe import StreamResult, probe_chat_stream
 from pytest_ml4.control.base import Controller, Progress, RestartResult, RestartTimeout
 from pytest_ml4.control.budget import FIRST_ANSWER, PhaseTimeout, RestartBudget
+from pytest_ml4.datafile import Strict, load_yaml
 from pytest_ml4.locations import data_file
 from pytest_ml4.stacks import stack_for
 from pytest_ml4.stacks.litellm import attempted_retries
@@ -438,16 +440,13 @@ def _phase_timeout(err: RestartTimeout | None, budget: RestartBudget | None) -> 
     return PhaseTimeout(err.phase or "waiting for the restart", bound, err.waited_s, err.what, err.last_seen)
 
 
-@dataclass(frozen=True)
-class DynamoAnswer:
+class DynamoAnswer(Strict):
     """One answer a Dynamo frontend gives a client: ``status`` and a substring of the body ("" = any body)."""
 
     status: int
     body: str
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> DynamoAnswer:
-        return cls(int(row["status"]), str(row["body"]))
+    #: The transcript the answer was recorded in.
+    source: str = Field("", repr=False)
 
     def matches(self, r: RequestOutcome) -> bool:
         return r.status == self.status and self.body in (r.error or "")
@@ -456,10 +455,31 @@ class DynamoAnswer:
         return f"HTTP {self.status} {self.body!r}" if self.body else f"HTTP {self.status} (any body)"
 
 
-def _version_row(path: Path, version: str | None) -> tuple[str, dict[str, Any]]:
+class StaleRow(Strict):
+    stale_window_s: tuple[float, float]
+    answers: tuple[DynamoAnswer, ...]
+    after_window: DynamoAnswer | None = None
+    when: str
+    avoided_by: str
+
+
+class OutageRow(Strict):
+    answers: tuple[DynamoAnswer, ...]
+
+
+R = TypeVar("R", bound=Strict)
+
+
+class ByDynamoVersion(Strict, Generic[R]):
+    """A per-Dynamo-version table: ``dynamo: {"1.6.1": row, ...}``."""
+
+    dynamo: dict[str, R] = Field(min_length=1)
+
+
+def _version_row(path: Path, version: str | None, row: type[R]) -> tuple[str, R]:
     """The row of a per-Dynamo-version table; a target without a recorded version is judged by the one version
     measured for real (the lowest key)."""
-    rows = (yaml.safe_load(path.read_text()) or {}).get("dynamo", {})
+    rows = load_yaml(path, ByDynamoVersion[row]).dynamo
     key = version if version in rows else min(rows)
     return key, rows[key]
 
@@ -478,11 +498,8 @@ class StaleInstances:
 
     @classmethod
     def for_dynamo(cls, version: str | None, path: Path = STALE_FILE) -> StaleInstances:
-        key, row = _version_row(path, version)
-        lo, hi = row["stale_window_s"]
-        after = row.get("after_window")
-        return cls(key, (float(lo), float(hi)), tuple(DynamoAnswer.from_row(a) for a in row["answers"]),
-                   DynamoAnswer.from_row(after) if after else None, str(row["when"]), str(row["avoided_by"]))
+        key, row = _version_row(path, version, StaleRow)
+        return cls(key, row.stale_window_s, row.answers, row.after_window, row.when, row.avoided_by)
 
     def explain(self, failed: list[RequestOutcome]) -> str | None:
         """The sentence on the failures that carry this frontend's stale-instance answers (None if none do)."""
@@ -517,8 +534,8 @@ class SingleReplicaOutage:
         roles = tuple(r for r, fld in TOPOLOGY_ROLES.get(topo.kind, DEFAULT_ROLES).items() if getattr(topo, fld) == 1)
         if not roles:
             return None
-        key, row = _version_row(path, release)
-        return cls(key, roles, tuple(DynamoAnswer.from_row(a) for a in row["answers"]))
+        key, row = _version_row(path, release, OutageRow)
+        return cls(key, roles, row.answers)
 
     def documented(self, r: RequestOutcome) -> bool:
         return any(a.matches(r) for a in self.answers)

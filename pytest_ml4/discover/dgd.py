@@ -65,7 +65,7 @@ def from_dgd(draft: Draft, doc: DgdDocument, root: Path | None = None) -> list[s
                     f"{src} {main[0].name} --tensor-parallel-size")
     for comp in doc.by_role("frontend")[:1]:
         if comp.frontend is not None:
-            for flag, path in fields_table()["dgd_frontend_flags"].items():
+            for flag, path in fields_table().dgd_frontend_flags.items():
                 if comp.frontend.args.get(flag) is not None:
                     draft.offer(path, comp.frontend.args.get(flag), f"{src} {comp.name} --{flag}")
     return _release(draft, main, src, root)
@@ -77,14 +77,14 @@ def _replicas(comps: list[DgdComponent]) -> int:
 
 def _engine(draft: Draft, section: str, args: EngineArgs, src: str) -> None:
     table = fields_table()
-    for flag, name in table["dgd_engine_flags"].items():
+    for flag, name in table.dgd_engine_flags.items():
         if args.has(flag):
             value: Any = args.get(flag)
             draft.offer(f"{section}.{name}", True if value is None else value, f"{src} (--{flag})")
     spec = args.speculative()
     if spec is not None:
         draft.offer(f"{section}.speculative", arg_value("speculative_config", spec), f"{src} (--speculative-config)")
-    for name, value in table["dgd_engine_defaults"].items():
+    for name, value in table.dgd_engine_defaults.items():
         draft.offer(f"{section}.{name}", value, f"{src}: no flag for it, none runs")
 
 

@@ -11,12 +11,12 @@ import math
 import re
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, TypeAdapter
 
 from pytest_ml4.control.dynamo import role_instance_ids
+from pytest_ml4.datafile import Strict, load_yaml
 from pytest_ml4.discover.probe import DiscoverError, Shown
 from pytest_ml4.locations import data_file
 from pytest_ml4.logs import EngineArgsLogged, LogView
@@ -31,14 +31,63 @@ SECTIONS: dict[str, type[BaseModel]] = {"engine": Engine, "prefill_engine": Engi
                                         "serving": Serving, "topology": Topology}
 
 
-@cache
-def fields_table() -> dict[str, Any]:
-    return dict(yaml.safe_load(FIELDS_FILE.read_text(encoding="utf-8")))
+class Estimate(Strict):
+    """A required field no source showed: the value written and how to set the real one."""
+
+    value: Any
+    how: str
+
+
+class AccessEstimate(Strict):
+    """The logs and control sections written for a stack, and how to make each real."""
+
+    logs: dict[str, Any]
+    control: dict[str, Any]
+    how: dict[Literal["logs", "control"], str]
+
+
+class FieldsTable(Strict):
+    """``pytest_ml4/data/discover/fields.yaml``: where each discovered figure goes in the target (the file says
+    what each section maps)."""
+
+    models_context_keys: tuple[str, ...]
+    metric_gauges: dict[str, str]
+    cache_config_labels: dict[str, str]
+    engine_args: dict[str, str]
+    engine_args_defaults: dict[str, Any]
+    estimates: dict[str, Estimate]
+    #: The target's ``perf`` section as written (the target model validates it with the draft).
+    perf_estimate: dict[str, Any]
+    access_estimates: dict[str, AccessEstimate]
+    optional_unset: dict[str, str]
+    dgd_engine_flags: dict[str, str]
+    dgd_engine_defaults: dict[str, Any]
+    dgd_frontend_flags: dict[str, str]
+
+
+class HardwareFigures(Strict):
+    """A family's spec-sheet figures, offered as ``hardware.<field>`` estimates."""
+
+    gpu: str
+    memory_per_gpu_gib: float
+    symmetric_memory: bool | None = None
+
+    def offered(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class HardwareTable(Strict):
+    families: dict[str, HardwareFigures]
 
 
 @cache
-def hardware_table() -> dict[str, dict[str, Any]]:
-    return dict(yaml.safe_load(HARDWARE_FILE.read_text(encoding="utf-8"))["families"])
+def fields_table() -> FieldsTable:
+    return load_yaml(FIELDS_FILE, FieldsTable)
+
+
+@cache
+def hardware_table() -> dict[str, HardwareFigures]:
+    return load_yaml(HARDWARE_FILE, HardwareTable).families
 
 
 @dataclass(frozen=True)
@@ -101,8 +150,7 @@ def from_hardware(draft: Draft, family: str, gpus: int, gpu: str | None, memory_
         if missing:
             raise DiscoverError(f"--hardware {family}: no figures for this family in {HARDWARE_FILE} (known: "
                                 f"{', '.join(sorted(hardware_table()))}); pass {' '.join(missing)}")
-        row = {}
-    for name, value in row.items():
+    for name, value in (row.offered() if row is not None else {}).items():
         draft.offer(f"hardware.{name}", value, f"estimate: {family} spec sheet ({HARDWARE_FILE.name})")
     if gpus > 8:
         draft.offer("hardware.nodes", math.ceil(gpus / 8), "estimate: 8 GPUs a node")
@@ -135,7 +183,7 @@ def from_models(draft: Draft, shown: Shown, card: dict[str, Any]) -> None:
 
 def _model_card(draft: Draft, card: dict[str, Any], src: str) -> None:
     """The engine's context length and model path from its model card."""
-    for key in fields_table()["models_context_keys"]:
+    for key in fields_table().models_context_keys:
         if isinstance(card.get(key), int):
             draft.offer("engine.max_model_len", card[key], f"{src} ({key})")
     if isinstance(card.get("root"), str) and card["root"]:
@@ -147,7 +195,7 @@ def from_metrics(draft: Draft, shown: Shown, served: str) -> None:
     if snap is None:
         return
     table = fields_table()
-    for family, path in table["metric_gauges"].items():
+    for family, path in table.metric_gauges.items():
         samples = snap.samples(family, model=served) or snap.samples(family)
         if samples:
             draft.offer(path, samples[0].value, f"discovered: {shown.metrics_url} {family}")
@@ -155,7 +203,7 @@ def from_metrics(draft: Draft, shown: Shown, served: str) -> None:
     family = vllm.adapter().engine_metric("cache_config_info")
     info = snap.samples(family)
     if info:
-        for label, path in table["cache_config_labels"].items():
+        for label, path in table.cache_config_labels.items():
             if info[0].labels.get(label) not in (None, "", "None"):
                 draft.offer(path, info[0].labels[label], f"discovered: {shown.metrics_url} {family} {label}")
 
@@ -195,12 +243,12 @@ def from_log(draft: Draft, view: LogView) -> bool:
         return False
     table = fields_table()
     src = f"discovered: {view.source} non-default args"
-    for key, path in table["engine_args"].items():
+    for key, path in table.engine_args.items():
         if key in event.args:
             draft.offer(path, arg_value(key, event.args[key]), f"{src} ({key})")
-    for key, value in table["engine_args_defaults"].items():
+    for key, value in table.engine_args_defaults.items():
         if key not in event.args:
-            draft.offer(table["engine_args"][key], value, f"{src}: no {key}, vLLM's default")
+            draft.offer(table.engine_args[key], value, f"{src}: no {key}, vLLM's default")
     return True
 
 
@@ -230,10 +278,10 @@ def estimates(draft: Draft, name: str) -> None:
     stack = drafted_stack(draft)
     # A frontend's release (serving.dynamo_version) is estimated only for the stack that reads it.
     release_fields = {factory().release_field for factory in REGISTRY.values()} - {stack.release_field}
-    for path, row in fields_table()["estimates"].items():
+    for path, row in fields_table().estimates.items():
         if path in release_fields:
             continue
-        draft.offer(path, row["value"], f"estimate: {row['how']}")
+        draft.offer(path, row.value, f"estimate: {row.how}")
     if "engine.model_path" not in draft.values:
         draft.offer("engine.model_path", draft.get("serving.served_model_name"),
                     "estimate: the served name; set the path the engine loads")
@@ -253,11 +301,11 @@ def estimates(draft: Draft, name: str) -> None:
                     {role: f"{env_prefix(name)}_{role.upper()}_METRICS" for role in roles},
                     "estimate: set each variable to its workers' /metrics URLs, comma-separated (the vllm:* "
                     "families live there, not on the frontend)")
-    access = fields_table()["access_estimates"][stack.name]
+    access = fields_table().access_estimates[stack.name]
     for section in ("logs", "control"):
         if not any(p.startswith(section + ".") for p in draft.values):
-            for key, value in access[section].items():
-                draft.offer(f"{section}.{key}", name if value == "NAME" else value, f"estimate: {access['how'][section]}")
+            for key, value in getattr(access, section).items():
+                draft.offer(f"{section}.{key}", name if value == "NAME" else value, f"estimate: {access.how[section]}")
 
 
 def target_from(draft: Draft) -> dict[str, Any]:

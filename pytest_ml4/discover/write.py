@@ -109,14 +109,14 @@ def new_target(req: NewTarget, environ: dict[str, str] | None = None) -> Written
     if view is not None and not from_log(draft, view):
         notes.append(f"{view.source}: no vLLM 'non-default args' line")
     estimates(draft, req.name)
-    draft.offer("perf.workloads", fields_table()["perf_estimate"]["workloads"],
+    draft.offer("perf.workloads", fields_table().perf_estimate["workloads"],
                 "estimate: lenient placeholders for the goodput gates; set from your SLO document")
     data = _document(draft)
     try:
         check(data, str(path))
     except TargetError as err:
         raise DiscoverError(f"the target written from {shown.base_url} does not validate: {err}") from None
-    unset = [f"{path}: not set: {how}" for path, how in fields_table()["optional_unset"].items()
+    unset = [f"{path}: not set: {how}" for path, how in fields_table().optional_unset.items()
              if path not in draft.values]
     undiscovered = _grouped(draft) + notes + unset
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,12 +14,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
-import yaml
 
 from pytest_ml4.client.endpoint import Endpoint
+from pytest_ml4.datafile import Strict, load_yaml
 from pytest_ml4.evidence.metrics import MetricsError, MetricsSnapshot, scrape
 from pytest_ml4.locations import data_file
 from pytest_ml4.logs import LogReader, LogView, StatsLine
@@ -29,10 +28,24 @@ from pytest_ml4.target.model import Target
 LOAD_FILE = data_file("kv", "load.yaml")
 
 
+class LoadSettings(Strict):
+    """The load's sizes and pacing (``pytest_ml4/data/kv/load.yaml``; the file says what each is)."""
+
+    concurrency: int
+    large_prompt_steps: float
+    max_prompt_tokens: int
+    small_prompt_tokens: int
+    max_tokens: int
+    request_timeout_s: float
+    metrics_poll_s: float
+    stats_wait_s: float
+    chars_per_token: int
+    paragraph: str
+
+
 @functools.cache
-def load_settings() -> dict[str, Any]:
-    """The load's sizes and pacing (``fixtures/kv/load.yaml``)."""
-    return yaml.safe_load(LOAD_FILE.read_text())
+def load_settings() -> LoadSettings:
+    return load_yaml(LOAD_FILE, LoadSettings)
 
 
 @dataclass(frozen=True)
@@ -163,8 +176,8 @@ def _spec_delta(before: list[MetricsSnapshot | None], after: list[MetricsSnapsho
 
 def _prompt(i: int, tokens: int) -> str:
     load = load_settings()
-    paragraph = " ".join(str(load["paragraph"]).split())
-    want = tokens * int(load["chars_per_token"])
+    paragraph = " ".join(load.paragraph.split())
+    want = tokens * load.chars_per_token
     body = (paragraph + " ") * (want // (len(paragraph) + 1) + 1)
     return f"Request {i} of the KV check. " + body[:want]
 
@@ -187,16 +200,16 @@ def _poll_usage(metrics: EngineMetrics, stop: threading.Event, result: LoadResul
             else:
                 peak = max(values) * 100
                 result.metric_peak_pct = max(peak, result.metric_peak_pct or 0.0)
-        stop.wait(float(load_settings()["metrics_poll_s"]))
+        stop.wait(load_settings().metrics_poll_s)
 
 
 def _one_request(http: httpx.Client, model: str, prompt: str) -> str | None:
     load = load_settings()
     body = {"model": model, "messages": [{"role": "user", "content": prompt}],
             # min_tokens: the answer would end at its EOS after ~30 tokens, too few drafts to judge acceptance.
-            "max_tokens": int(load["max_tokens"]), "min_tokens": int(load["max_tokens"]), "temperature": 0.0}
+            "max_tokens": load.max_tokens, "min_tokens": load.max_tokens, "temperature": 0.0}
     try:
-        resp = http.post("chat/completions", json=body, timeout=float(load["request_timeout_s"]))
+        resp = http.post("chat/completions", json=body, timeout=load.request_timeout_s)
     except httpx.HTTPError as err:
         return f"{type(err).__name__}: {err}"
     if resp.status_code != 200:
@@ -207,10 +220,9 @@ def _one_request(http: httpx.Client, model: str, prompt: str) -> str | None:
 def run_load(http: httpx.Client, endpoint: Endpoint, target: Target) -> LoadResult:
     """Concurrent requests, one with a prompt over ``max_num_batched_tokens`` (a full step); polls /metrics."""
     load, eng = load_settings(), target.engine
-    n = max(1, min(int(load["concurrency"]), eng.max_num_seqs))
-    large = min(int(load["max_prompt_tokens"]), eng.max_model_len // 2,
-                int(eng.max_num_batched_tokens * float(load["large_prompt_steps"])))
-    sizes = [large] + [min(int(load["small_prompt_tokens"]), large)] * (n - 1)
+    n = max(1, min(load.concurrency, eng.max_num_seqs))
+    large = min(load.max_prompt_tokens, eng.max_model_len // 2, int(eng.max_num_batched_tokens * load.large_prompt_steps))
+    sizes = [large] + [min(load.small_prompt_tokens, large)] * (n - 1)
     result = LoadResult(started=time.time(), requests=n)
     metrics = EngineMetrics.of(endpoint, target)
     before = metrics.snapshots()
@@ -232,7 +244,7 @@ def run_load(http: httpx.Client, endpoint: Endpoint, target: Target) -> LoadResu
 
 def wait_for_stats_line(logs: LogReader, since: float) -> None:
     """vLLM logs its stats every 10 s once there was traffic; wait for the one covering the load."""
-    deadline = time.monotonic() + float(load_settings()["stats_wait_s"])
+    deadline = time.monotonic() + load_settings().stats_wait_s
     while time.monotonic() < deadline:
         # Only the lines since the load: cheap over ssh, and enough to see the stats line or the engine's death.
         view = LogView(logs.read(since=since - 1), logs.describe())

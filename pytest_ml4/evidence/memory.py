@@ -23,10 +23,11 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
+from pydantic import Field
 
+from pytest_ml4.datafile import Strict, load_yaml
 from pytest_ml4.locations import data_file
 from pytest_ml4.target.model import Engine, Hardware
 
@@ -76,13 +77,76 @@ class MemoryPlan:
         return self.outcome in ("ok", "oom_first_step")
 
 
+class Unit(Strict):
+    """The unit every measured number comes from."""
+
+    family: str
+    tensor_parallel: int
+    total_gib: float
+    total_source: str
+    free_at_startup_gib: float
+    free_at_startup_source: str
+
+
+class AnchorEngine(Strict):
+    """The engine flags of the crashing config the anchors were logged under."""
+
+    gpu_memory_utilization: float
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    kv_cache_dtype: str
+    source: str
+
+
+class Anchor(Strict):
+    max_model_len: int
+    kv_pool_tokens: int
+    source: str
+
+
+class Workspace(Strict):
+    """The FusedMoE workspace the first large step allocates outside the profiled memory."""
+
+    requested_mib: float
+    free_mib_at_anchor: float
+    source: str
+    unprofiled_scales_with: str
+
+
+class CalibrationCheck(Strict):
+    """A configuration the seed ran and what it left (the tests replay it)."""
+
+    engine: dict[str, int | float]
+    headroom_gib_about: float
+    source: str
+
+
+class ModelConstants(Strict):
+    num_layers: int
+    indexer_bytes_per_token_layer: int
+    #: Latent + rope bytes per token and layer, by ``--kv-cache-dtype``.
+    kv_bytes_per_token_layer: dict[str, int]
+    profiled_activation_kib_per_batched_token: float
+    sampler_mib_per_seq: float
+    non_torch_gib: float
+    cuda_graphs_gib: float
+
+
+class Calibration(Strict):
+    """``pytest_ml4/data/memory/calibration.yaml``: the constants and the seed line behind each."""
+
+    unit: Unit
+    anchor_engine: AnchorEngine
+    anchors: tuple[Anchor, ...] = Field(min_length=1)
+    fused_moe_workspace: Workspace
+    checks: dict[str, CalibrationCheck]
+    model: ModelConstants
+
+
 @lru_cache(maxsize=4)
-def load_calibration(path: Path = CALIBRATION_FILE) -> dict[str, Any]:
+def load_calibration(path: Path = CALIBRATION_FILE) -> Calibration:
     """The calibration constants (see the YAML's comments for the seed line behind each)."""
-    data = yaml.safe_load(Path(path).read_text())
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: top level must be a mapping")
-    return data
+    return load_yaml(Path(path), Calibration)
 
 
 def format_gib(nbytes: float) -> str:
@@ -102,62 +166,62 @@ def format_size(nbytes: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def kv_bytes_per_token(kv_cache_dtype: str, cal: dict[str, Any] | None = None) -> int:
+def kv_bytes_per_token(kv_cache_dtype: str, cal: Calibration | None = None) -> int:
     """KV cache bytes one token takes on one GPU (MLA latent + indexer, every layer, replicated per TP rank)."""
-    model = (cal or load_calibration())["model"]
-    per_layer = model["kv_bytes_per_token_layer"]
+    model = (cal or load_calibration()).model
+    per_layer = model.kv_bytes_per_token_layer
     key = kv_cache_dtype if kv_cache_dtype in per_layer else ("fp8" if kv_cache_dtype.startswith("fp8") else "auto")
-    return int(model["num_layers"]) * (int(per_layer[key]) + int(model["indexer_bytes_per_token_layer"]))
+    return model.num_layers * (per_layer[key] + model.indexer_bytes_per_token_layer)
 
 
-def _fixed_gib(model: dict[str, Any]) -> float:
-    return float(model["non_torch_gib"]) + float(model["cuda_graphs_gib"])
+def _fixed_gib(model: ModelConstants) -> float:
+    return model.non_torch_gib + model.cuda_graphs_gib
 
 
-def _activations_gib(model: dict[str, Any], batched_tokens: int, num_seqs: int) -> float:
-    act = float(model["profiled_activation_kib_per_batched_token"]) * batched_tokens * KIB
-    sampler = float(model["sampler_mib_per_seq"]) * num_seqs * MIB
+def _activations_gib(model: ModelConstants, batched_tokens: int, num_seqs: int) -> float:
+    act = model.profiled_activation_kib_per_batched_token * batched_tokens * KIB
+    sampler = model.sampler_mib_per_seq * num_seqs * MIB
     return (act + sampler) / GIB
 
 
-def _weights_total_gib(cal: dict[str, Any]) -> float:
+def _weights_total_gib(cal: Calibration) -> float:
     """Weights of the whole model, derived from the first anchor: the budget minus everything but the weights."""
-    unit, anchor_engine, model = cal["unit"], cal["anchor_engine"], cal["model"]
-    first = cal["anchors"][0]
-    budget = float(anchor_engine["gpu_memory_utilization"]) * float(unit["total_gib"])
-    acts = _activations_gib(model, int(anchor_engine["max_num_batched_tokens"]), int(anchor_engine["max_num_seqs"]))
+    unit, anchor_engine, model = cal.unit, cal.anchor_engine, cal.model
+    first = cal.anchors[0]
+    budget = anchor_engine.gpu_memory_utilization * unit.total_gib
+    acts = _activations_gib(model, anchor_engine.max_num_batched_tokens, anchor_engine.max_num_seqs)
     # Half a token of slack so that flooring the anchor's own pool gives back exactly the logged count.
-    kv = (int(first["kv_pool_tokens"]) + 0.5) * kv_bytes_per_token(anchor_engine["kv_cache_dtype"], cal) / GIB
-    return (budget - acts - _fixed_gib(model) - kv) * int(unit["tensor_parallel"])
+    kv = (first.kv_pool_tokens + 0.5) * kv_bytes_per_token(anchor_engine.kv_cache_dtype, cal) / GIB
+    return (budget - acts - _fixed_gib(model) - kv) * unit.tensor_parallel
 
 
-def _mml_bonus_tokens(cal: dict[str, Any], max_model_len: int) -> int:
+def _mml_bonus_tokens(cal: Calibration, max_model_len: int) -> int:
     """The seed's pool grew by 2,298 tokens from max_model_len 204,800 to 262,144; interpolate, clamp outside."""
-    anchors = sorted(cal["anchors"], key=lambda a: a["max_model_len"])
+    anchors = sorted(cal.anchors, key=lambda a: a.max_model_len)
     lo, hi = anchors[0], anchors[-1]
-    base = int(cal["anchors"][0]["kv_pool_tokens"])
-    if max_model_len <= lo["max_model_len"]:
-        return int(lo["kv_pool_tokens"]) - base
-    if max_model_len >= hi["max_model_len"]:
-        return int(hi["kv_pool_tokens"]) - base
-    frac = (max_model_len - lo["max_model_len"]) / (hi["max_model_len"] - lo["max_model_len"])
-    return int(lo["kv_pool_tokens"] + frac * (hi["kv_pool_tokens"] - lo["kv_pool_tokens"])) - base
+    base = cal.anchors[0].kv_pool_tokens
+    if max_model_len <= lo.max_model_len:
+        return lo.kv_pool_tokens - base
+    if max_model_len >= hi.max_model_len:
+        return hi.kv_pool_tokens - base
+    frac = (max_model_len - lo.max_model_len) / (hi.max_model_len - lo.max_model_len)
+    return int(lo.kv_pool_tokens + frac * (hi.kv_pool_tokens - lo.kv_pool_tokens)) - base
 
 
-def _unprofiled_mib_per_batched_token(cal: dict[str, Any]) -> float:
+def _unprofiled_mib_per_batched_token(cal: Calibration) -> float:
     """Memory a full-budget step takes outside the profiled budget, from the seed's OOM line (751.25 MiB free)."""
-    unit, anchor_engine, ws = cal["unit"], cal["anchor_engine"], cal["fused_moe_workspace"]
-    outside_mib = (1.0 - float(anchor_engine["gpu_memory_utilization"])) * float(unit["total_gib"]) * 1024
-    return (outside_mib - float(ws["free_mib_at_anchor"])) / int(anchor_engine["max_num_batched_tokens"])
+    unit, anchor_engine, ws = cal.unit, cal.anchor_engine, cal.fused_moe_workspace
+    outside_mib = (1.0 - anchor_engine.gpu_memory_utilization) * unit.total_gib * 1024
+    return (outside_mib - ws.free_mib_at_anchor) / anchor_engine.max_num_batched_tokens
 
 
-def is_calibrated(hardware: Hardware, engine: Engine, tensor_parallel: int, cal: dict[str, Any] | None = None) -> bool:
+def is_calibrated(hardware: Hardware, engine: Engine, tensor_parallel: int, cal: Calibration | None = None) -> bool:
     """True when the seed measured this hardware, TP size and KV dtype (otherwise the plan is an estimate)."""
     c = cal or load_calibration()
-    unit = c["unit"]
-    return (hardware.family == unit["family"] and math.isclose(hardware.memory_per_gpu_gib, unit["total_gib"])
-            and tensor_parallel == int(unit["tensor_parallel"])
-            and engine.kv_cache_dtype == c["anchor_engine"]["kv_cache_dtype"])
+    unit = c.unit
+    return (hardware.family == unit.family and math.isclose(hardware.memory_per_gpu_gib, unit.total_gib)
+            and tensor_parallel == unit.tensor_parallel
+            and engine.kv_cache_dtype == c.anchor_engine.kv_cache_dtype)
 
 
 def refusal_message(free_gib: float, total_gib: float, util: float, requested_gib: float) -> str:
@@ -186,18 +250,18 @@ def oom_message(requested_mib: float, total_gib: float, free_mib: float) -> str:
 def plan_memory(hardware: Hardware, engine: Engine, tensor_parallel: int) -> MemoryPlan:
     """Boot and first-step outcome of one engine of ``tensor_parallel`` GPUs with ``engine``'s flags."""
     cal = load_calibration()
-    unit, model, ws = cal["unit"], cal["model"], cal["fused_moe_workspace"]
+    unit, model, ws = cal.unit, cal.model, cal.fused_moe_workspace
     calibrated = is_calibrated(hardware, engine, tensor_parallel, cal)
     total = float(hardware.memory_per_gpu_gib)
-    free_startup = total - (float(unit["total_gib"]) - float(unit["free_at_startup_gib"]))
+    free_startup = total - (unit.total_gib - unit.free_at_startup_gib)
     requested = engine.gpu_memory_utilization * total
     kvb = kv_bytes_per_token(engine.kv_cache_dtype, cal)
     weights = _weights_total_gib(cal) / tensor_parallel
     acts = _activations_gib(model, engine.max_num_batched_tokens, engine.max_num_seqs)
     base = dict(estimate=not calibrated, total_gib=total, free_at_startup_gib=round(free_startup, 4),
                 requested_gib=requested, weights_gib=weights, activations_gib=acts,
-                cuda_graphs_gib=float(model["cuda_graphs_gib"]), kv_bytes_per_token=kvb,
-                workspace_mib=float(ws["requested_mib"]), max_model_len=engine.max_model_len,
+                cuda_graphs_gib=model.cuda_graphs_gib, kv_bytes_per_token=kvb,
+                workspace_mib=ws.requested_mib, max_model_len=engine.max_model_len,
                 headroom_gib=total - requested)
     # vLLM compares its budget with the free memory of its start-up snapshot before loading anything.
     if requested > free_startup:
@@ -222,9 +286,9 @@ def plan_memory(hardware: Hardware, engine: Engine, tensor_parallel: int) -> Mem
     # First large step: the workspace comes out of the memory outside the budget, after the unprofiled activations.
     per_token = _unprofiled_mib_per_batched_token(cal)
     first_free = (total - requested) * 1024 - per_token * engine.max_num_batched_tokens
-    oom = first_free < float(ws["requested_mib"])
-    oom_step = max(1, math.floor(((total - requested) * 1024 - float(ws["requested_mib"])) / per_token) + 1)
+    oom = first_free < ws.requested_mib
+    oom_step = max(1, math.floor(((total - requested) * 1024 - ws.requested_mib) / per_token) + 1)
     return MemoryPlan(outcome="oom_first_step" if oom else "ok", kv_pool_tokens=pool, max_concurrency=concurrency,
                       available_kv_gib=round(available, 2), num_gpu_blocks=blocks,
-                      message=oom_message(float(ws["requested_mib"]), total, first_free) if oom else None,
+                      message=oom_message(ws.requested_mib, total, first_free) if oom else None,
                       first_step_free_mib=first_free, oom_step_tokens=oom_step, **base)

@@ -29,11 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from pytest_ml4.perf.figures import PointFigures
 from pytest_ml4.target.baselines import (
     DIRECTION,
+    BaselineFile,
     BaselineRefused,
     Provenance,
+    baseline_target,
     direction,
     read_baseline,
     write_baseline,
@@ -45,6 +49,28 @@ SEQUENTIAL_FIGURES = ("out_tok_s", "decode_conc_avg")
 
 class BaselineError(ValueError):
     """A ``--perf-compare-fail`` expression that names no known figure or limit."""
+
+
+class PerfPoint(BaseModel):
+    """One stored point: its concurrency and its figures (:class:`~pytest_ml4.perf.figures.PointFigures`' names)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    concurrency: int
+
+    def figures(self) -> dict[str, float]:
+        """The point's numeric figures (a text or flag a recording kept beside them is not a figure)."""
+        return {k: float(v) for k, v in (self.model_extra or {}).items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+class PerfBaselineFile(BaselineFile):
+    """A perf baseline file: a list of points and the two comparison settings."""
+
+    figures: list[PerfPoint]
+    #: figure prefix -> highest concurrency at which its value is comparable.
+    value_max_concurrency: dict[str, int] = Field(default_factory=dict)
+    #: Figures that stay comparable when a run is short.
+    short_run_metrics: list[str] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -67,23 +93,16 @@ class Baseline:
     @classmethod
     def load(cls, path: str | Path) -> Baseline:
         """Read a perf baseline; :class:`BaselineRefused` (one line naming the file) when it cannot serve."""
-        stored = read_baseline(path, "perf")
-        try:
-            points = {int(pt["concurrency"]): {k: float(v) for k, v in pt.items() if k != "concurrency"
-                                                and isinstance(v, (int, float)) and not isinstance(v, bool)}
-                      for pt in stored.figures}
-            limits = {str(k): int(v) for k, v in (stored.extra.get("value_max_concurrency") or {}).items()}
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
-            raise BaselineRefused(f"perf baseline {stored.path}: 'figures' must be a list of points with a "
-                                  f"'concurrency' ({err!r})") from None
+        stored = read_baseline(path, "perf", PerfBaselineFile)
+        where = Path(path)
         undirected = sorted(set(stored.tolerances) - set(DIRECTION))
         if undirected:
-            raise BaselineRefused(f"perf baseline {stored.path}: tolerances for figures with no better direction: "
+            raise BaselineRefused(f"perf baseline {where}: tolerances for figures with no better direction: "
                                   f"{', '.join(undirected)} (known: {', '.join(sorted(DIRECTION))})")
-        return cls(name=stored.target, points=points, tolerances=stored.tolerances, conditions=stored.conditions,
-                   provenance=stored.provenance, value_max_concurrency=limits,
-                   short_run_metrics=tuple(str(m) for m in stored.extra.get("short_run_metrics") or ()),
-                   path=stored.path)
+        return cls(name=baseline_target(stored, where), points={pt.concurrency: pt.figures() for pt in stored.figures},
+                   tolerances=stored.tolerances, conditions=stored.conditions, provenance=stored.provenance.view(),
+                   value_max_concurrency=stored.value_max_concurrency,
+                   short_run_metrics=tuple(stored.short_run_metrics), path=where)
 
     def tolerance(self, figure: str, default: float) -> float:
         return float(self.tolerances.get(figure, default))

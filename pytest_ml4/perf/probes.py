@@ -16,6 +16,7 @@ so cached runs and xdist workers read it as they read the export; :func:`first_v
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -24,10 +25,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import yaml
-
+from pytest_ml4.datafile import Strict, load_yaml
 from pytest_ml4.locations import data_file
 from pytest_ml4.perf.runner import AiperfSpec, PhaseState, RunResult, run_aiperf
 from pytest_ml4.report.redact import redact
@@ -148,26 +148,46 @@ def interleave(groups: Sequence[Sequence[Probe]]) -> list[Probe]:
     return out
 
 
-def probe_cycle(target: Any, model: str, counter: Any, data: dict[str, Any] | None = None) -> list[Probe]:
+class FixedLength(Strict):
+    prompt: str
+    tokens: int
+
+
+class ProbeTable(Strict):
+    """``pytest_ml4/data/prompts/probes.yaml``: what the probes under load ask and how often (the file says)."""
+
+    share: float
+    settle_s: float
+    stop_grace_s: float = STOP_GRACE_S
+    order: tuple[Literal["tool_choice", "reasoning", "fixed_length", "parallel"], ...]
+    tool_choices: tuple[str, ...]
+    streams: tuple[bool, ...]
+    efforts: tuple[str, ...]
+    fixed_length: FixedLength
+
+
+@functools.cache
+def probe_table(path: Path = PROBES_DATA) -> ProbeTable:
+    return load_yaml(path, ProbeTable)
+
+
+def probe_cycle(target: Any, model: str, counter: Any) -> list[Probe]:
     """The questions asked under load, in the order of ``probes.yaml``."""
-    data = data or yaml.safe_load(PROBES_DATA.read_text())
-    streams = [bool(s) for s in data["streams"]]
-    fixed = data["fixed_length"]
-    kinds = {"tool_choice": lambda: tool_probes(target, model, streams, data["tool_choices"]),
-             "reasoning": lambda: reasoning_probes(target, model, streams, counter, data["efforts"]),
-             "fixed_length": lambda: fixed_length_probes(model, fixed["prompt"], int(fixed["tokens"])),
+    data = probe_table()
+    streams = list(data.streams)
+    fixed = data.fixed_length
+    kinds = {"tool_choice": lambda: tool_probes(target, model, streams, data.tool_choices),
+             "reasoning": lambda: reasoning_probes(target, model, streams, counter, data.efforts),
+             "fixed_length": lambda: fixed_length_probes(model, fixed.prompt, fixed.tokens),
              "parallel": lambda: parallel_probes(target, model, streams)}
-    unknown = [k for k in data["order"] if k not in kinds]
-    if unknown:
-        raise ValueError(f"{PROBES_DATA}: order: unknown probe kind(s) {unknown}; known: {sorted(kinds)}")
-    return interleave([kinds[k]() for k in data["order"]])
+    return interleave([kinds[k]() for k in data.order])
 
 
 def probe_settings() -> tuple[float, float, float]:
     """``probes.yaml``'s share of the load's requests, the settle time before a phase's first probe and the most a
     phase's end waits for the probe in flight."""
-    data = yaml.safe_load(PROBES_DATA.read_text())
-    return float(data["share"]), float(data["settle_s"]), float(data.get("stop_grace_s", STOP_GRACE_S))
+    data = probe_table()
+    return data.share, data.settle_s, data.stop_grace_s
 
 
 # ------------------------------------------------------------------------------------------------ one phase

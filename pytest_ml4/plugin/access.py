@@ -29,7 +29,7 @@ _MISSING_FIELDS = pytest.StashKey[list[MissingField]]()
 
 def selected_suites(markexpr: str | None) -> list[str]:
     """The suites a ``-m`` expression can select (each suite's checks carry its marker); all without one."""
-    suites = list(needs_table()["suites"])
+    suites = list(needs_table().suites)
     if not (markexpr or "").strip():
         return suites
     try:
@@ -69,7 +69,7 @@ def _fields(config: pytest.Config, suites: list[str]) -> list[MissingField]:
 
 
 def _suite(item: pytest.Item) -> str | None:
-    table = needs_table()["suites"]
+    table = needs_table().suites
     return next((m.name for m in item.iter_markers() if m.name in table), None)
 
 
@@ -77,15 +77,15 @@ def _why_not_judged(item: pytest.Item, suite: str) -> str | None:
     """The missing access or target field this check needs (set or missing only: every worker decides alike)."""
     fields = item.config.stash.get(_MISSING_FIELDS, None)
     if fields is None:
-        fields = item.config.stash[_MISSING_FIELDS] = _fields(item.config, list(needs_table()["suites"]))
+        fields = item.config.stash[_MISSING_FIELDS] = _fields(item.config, list(needs_table().suites))
     name, original = item.name, getattr(item, "originalname", item.name)
     field = next((f for f in fields if f.suite == suite and f.matches(name, original)), None)
     if field is not None:
         return field.line()
     accesses = item.config.stash.get(_SET_OR_MISSING, None)
     if accesses is None:
-        at_start = {name for name, spec in needs_table()["accesses"].items() if spec.get("at_start")}
-        accesses = [a for a in _survey(item.config, list(needs_table()["suites"]), probe=False) or []
+        at_start = {name for name, spec in needs_table().accesses.items() if spec.at_start}
+        accesses = [a for a in _survey(item.config, list(needs_table().suites), probe=False) or []
                     if a.name not in at_start]  # the session's start stops on these itself (exit 4 or 3)
         item.config.stash[_SET_OR_MISSING] = accesses
     missing = blocking(accesses, suite)

@@ -18,23 +18,28 @@ import sys
 from collections.abc import Sequence
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import Annotated
 
 import pytest
-import yaml
+from pydantic import StringConstraints
 
+from pytest_ml4.datafile import DataFileError, Strict, load_yaml
 from pytest_ml4.locations import PACKAGE_DIR, SUITES_PACKAGE, data_file, suites_dir
 from pytest_ml4.plugin.rootdir import rootdir_and_config
 
 PATH_OPTIONS_FILE = data_file("plugin", "path_options.yaml")
 
 
+class PathOptions(Strict):
+    options: tuple[Annotated[str, StringConstraints(pattern=r"^--")], ...]
+
+
 def path_options(path: Path = PATH_OPTIONS_FILE) -> tuple[str, ...]:
     """The option names of the table (``pytest_ml4/data/plugin/path_options.yaml``)."""
-    doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    names = doc.get("options")
-    if not isinstance(names, list) or not all(isinstance(n, str) and n.startswith("--") for n in names):
-        raise pytest.UsageError(f"{path}: 'options' must be a list of --option names")
-    return tuple(names)
+    try:
+        return load_yaml(path, PathOptions).options
+    except DataFileError as err:   # read while pytest parses its arguments: a usage error, not a crash
+        raise pytest.UsageError(str(err)) from None
 
 
 def space_separated(args: Sequence[str], options: Sequence[str]) -> list[tuple[str, str]]:

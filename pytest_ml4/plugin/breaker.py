@@ -12,22 +12,34 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import pytest
-import yaml
 
 from pytest_ml4.checks.verdict import NOT_JUDGED_PREFIX, NotJudged
 from pytest_ml4.client.breaker import EndpointHealth
+from pytest_ml4.datafile import Strict, load_yaml
 from pytest_ml4.locations import data_file
 from pytest_ml4.plugin.state import STATE_KEY
 
 BREAKER_FILE = data_file("plugin", "breaker.yaml")
 
 
+class BreakerMarkers(Strict):
+    """Suite markers whose checks send no request (``no_endpoint``) and whose checks cause the outage they
+    measure (``outage``): the breaker neither skips nor opens on them."""
+
+    no_endpoint: frozenset[str]
+    outage: frozenset[str]
+
+
 @functools.cache
-def _markers(kind: str) -> frozenset[str]:
-    return frozenset(yaml.safe_load(BREAKER_FILE.read_text())[kind])
+def breaker_markers() -> BreakerMarkers:
+    return load_yaml(BREAKER_FILE, BreakerMarkers)
+
+
+def _markers(kind: Literal["no_endpoint", "outage"]) -> frozenset[str]:
+    return frozenset(getattr(breaker_markers(), kind))
 
 
 def _health(config: pytest.Config) -> EndpointHealth | None:

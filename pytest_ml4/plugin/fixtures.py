@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_ml4.evidence.worker_engine import WorkerEngine
 from pytest_ml4.plugin.state import get_state
 from pytest_ml4.target.model import Target, known_targets
 
@@ -55,11 +56,11 @@ def ml4_sim(pytestconfig: pytest.Config, ml4_target: Target) -> Engine | None:
 
 
 @pytest.fixture(scope="session")
-def ml4_worker_engine(pytestconfig: pytest.Config, ml4_sim: Engine | None) -> dict[str, Any] | None:
+def ml4_worker_engine(pytestconfig: pytest.Config, ml4_sim: Engine | None) -> WorkerEngine | None:
     """What real ``dynamo.vllm`` workers serve the run (``--sim-engine vllm`` on a Dynamo target: their releases,
     the declared version's emulation; ``RealDynamoDeployment.info()``), or None (simulated worker, live target)."""
     info = get_state(pytestconfig).description
-    return ((info.dynamo if info is not None else None) or {}).get("worker_engine")
+    return WorkerEngine.of(info.dynamo if info is not None else None)
 
 
 @pytest.fixture(scope="session")
@@ -105,7 +106,7 @@ def http_client(ml4_endpoint: Endpoint) -> Iterator[httpx.Client]:
 
 @pytest.fixture(scope="session")
 def ml4(request: pytest.FixtureRequest, ml4_target: Target, ml4_endpoint: Endpoint, http_client: httpx.Client,
-        openai_client: Any, ml4_run_dir: Path, ml4_worker_engine: dict[str, Any] | None) -> Deployment:
+        openai_client: Any, ml4_run_dir: Path, ml4_worker_engine: WorkerEngine | None) -> Deployment:
     """The deployment under test: target, endpoint and the session's clients in one object (session-scoped, so
     module fixtures use it too; ``ml4.async_openai()`` makes each check its own async client). The token
     re-counter and the engine log are session fixtures of their own, fetched only when a check reads them (a run

@@ -33,6 +33,7 @@ from pytest_ml4.checks.verdict import (
     NOT_JUDGED_PREFIX,
     NotJudged,
 )
+from pytest_ml4.evidence.worker_engine import WorkerEngine
 from pytest_ml4.plugin.option_group import group as ml4_group
 from pytest_ml4.report import labels as _labels
 from pytest_ml4.report.attach import ExchangeRecorder
@@ -531,7 +532,8 @@ def _versions(state: Any) -> dict[str, str]:
         out["dynamo_frontend"] = dyn["frontend"]["dynamo_version"]
         out["dynamo_frontend_command"] = " ".join(dyn["frontend"]["command"][1:])
         out["dynamo_bridge"] = "on" if dyn["bridge"] else "off"
-        out.update(real_worker_versions(dyn.get("worker_engine")))
+        record = WorkerEngine.of(dyn)  # real dynamo.vllm workers: their versions, a reduction, the emulation
+        out.update(record.report_versions() if record else {})
     out["engine"] = reported or target.engine.version
     if reported:
         out["engine_reported"] = reported
@@ -543,25 +545,6 @@ ENVIRONMENT_KEYS = {"dynamo_behaviour": "Dynamo behaviour", "dynamo_worker": "Dy
                     "dynamo_worker_vllm": "Worker vLLM",
                     "deployment_reduced": "Deployment reduced", "dynamo_emulation": "Dynamo emulation",
                     "dynamo_disagg": "Disaggregated KV transfer"}
-
-
-def real_worker_versions(worker_engine: dict[str, Any] | None) -> dict[str, str]:
-    """What real ``dynamo.vllm`` workers (``--sim-engine vllm`` on a Dynamo target) add to ``summary.json``'s
-    versions and the Allure environment: their versions, a deployment reduced to this machine's memory, and the
-    declared Dynamo version's emulation on 1.6.1 (``pytest_ml4/data/dynamo/versions.yaml``)."""
-    if not worker_engine:
-        return {}
-    out = {"dynamo_worker": f"dynamo.vllm {worker_engine['dynamo.vllm']}", "dynamo_worker_vllm": worker_engine["vllm"]}
-    if worker_engine.get("reduced"):
-        out["deployment_reduced"] = worker_engine["reduced"]
-    if worker_engine.get("disagg"):
-        out["dynamo_disagg"] = worker_engine["disagg"]
-    emulation = worker_engine.get("emulation")
-    if emulation:
-        out["dynamo_emulation"] = (f"Dynamo {emulation['version']} emulated on 1.6.1: tool calls in the "
-                                   f"{emulation['tool_form']} form, thinking before a tool call "
-                                   f"{'on' if emulation['think_before_tool_call'] else 'off'}")
-    return out
 
 
 def _record_check(rs: _ReportState, report: pytest.TestReport) -> None:

@@ -11,9 +11,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Annotated
 
-import yaml
+from pydantic import AfterValidator
 
+from pytest_ml4.datafile import load_yaml
 from pytest_ml4.locations import data_file
 from pytest_ml4.preflight.model import (
     DgdDocument,
@@ -96,17 +98,17 @@ def grouped(items: Iterable[NotApplied]) -> list[str]:
     return lines
 
 
+def _known_need(name: str) -> str:
+    if name not in NEEDS:
+        raise ValueError(f"unknown need; known: {', '.join(sorted(NEEDS))}")
+    return name
+
+
 @cache
 def rule_needs(path: Path = NEEDS_FILE) -> dict[str, tuple[str, ...]]:
-    """rule id -> its needs, from the table; an unknown need is an error naming the file and the rule."""
-    doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    out: dict[str, tuple[str, ...]] = {}
-    for rule_id, needs in doc.items():
-        bad = [n for n in needs or () if n not in NEEDS]
-        if bad:
-            raise ValueError(f"{path}: {rule_id}: unknown need(s) {bad}; known: {sorted(NEEDS)}")
-        out[str(rule_id)] = tuple(needs or ())
-    return out
+    """rule id -> its needs, from the table; an unknown need is an error naming the file, the rule and the line."""
+    rows = load_yaml(path, dict[str, tuple[Annotated[str, AfterValidator(_known_need)], ...] | None])
+    return {rule_id: needs or () for rule_id, needs in rows.items()}
 
 
 def of_kinds(rule: Rule, documents: Iterable[Document]) -> list[Document]:

@@ -49,7 +49,7 @@ def _access(target_name: str | None, suites: str | None) -> int:
     if not target_name:
         print("ml4-preflight: --access needs --target NAME", file=sys.stderr)
         return 2
-    known = list(needs_table()["suites"])
+    known = list(needs_table().suites)
     chosen = [s.strip() for s in suites.split(",") if s.strip()] if suites else known
     unknown = [s for s in chosen if s not in known]
     if unknown:

@@ -8,30 +8,47 @@ run summary and the tests can tell which category a failure lands in without gen
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Literal
 
+from pydantic import AfterValidator, Field
+
+from pytest_ml4.datafile import Strict, load_json
 from pytest_ml4.locations import data_file
 
 CATEGORIES_FILE = data_file("report", "categories.json")
 
 
+def _compiles(regex: str | None) -> str | None:
+    if regex is not None:
+        try:
+            re.compile(regex)
+        except re.error as err:
+            raise ValueError(f"not a regular expression: {err}") from None
+    return regex
+
+
+Regex = Annotated[str | None, AfterValidator(_compiles)]
+
+
+class Category(Strict):
+    """One Allure category, in Allure 2's own keys (the file is copied into the results folder as it is)."""
+
+    name: str
+    description: str = ""
+    matched_statuses: tuple[Literal["failed", "broken", "passed", "skipped", "unknown"], ...] = Field(
+        (), alias="matchedStatuses")
+    message_regex: Regex = Field(None, alias="messageRegex")
+    trace_regex: Regex = Field(None, alias="traceRegex")
+
+
 @lru_cache(maxsize=4)
-def load_categories(path: Path = CATEGORIES_FILE) -> tuple[dict[str, Any], ...]:
+def load_categories(path: Path = CATEGORIES_FILE) -> tuple[Category, ...]:
     """The category definitions (validated: every regex compiles, statuses are Allure's)."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    for cat in data:
-        bad = set(cat.get("matchedStatuses", [])) - {"failed", "broken", "passed", "skipped", "unknown"}
-        if bad:
-            raise ValueError(f"{path}: category {cat['name']!r} has unknown statuses {sorted(bad)}")
-        for key in ("messageRegex", "traceRegex"):
-            if key in cat:
-                re.compile(cat[key])
-    return tuple(data)
+    return load_json(Path(path), tuple[Category, ...])
 
 
 def write_categories(alluredir: Path, path: Path = CATEGORIES_FILE) -> Path:
@@ -51,14 +68,13 @@ def _matches(regex: str | None, text: str | None) -> bool:
 
 
 def categorize(status: str, message: str | None, trace: str | None = None,
-               categories: tuple[dict[str, Any], ...] | None = None) -> list[str]:
+               categories: tuple[Category, ...] | None = None) -> list[str]:
     """Names of the categories a result with this status/message/trace belongs to (Allure 2 semantics)."""
     cats = load_categories() if categories is None else categories
     out = []
     for cat in cats:
-        statuses = cat.get("matchedStatuses") or []
-        if statuses and status not in statuses:
+        if cat.matched_statuses and status not in cat.matched_statuses:
             continue
-        if _matches(cat.get("messageRegex"), message) and _matches(cat.get("traceRegex"), trace):
-            out.append(cat["name"])
+        if _matches(cat.message_regex, message) and _matches(cat.trace_regex, trace):
+            out.append(cat.name)
     return out

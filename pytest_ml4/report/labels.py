@@ -12,41 +12,42 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
 
-import yaml
+from pydantic import AfterValidator, Field
 
+from pytest_ml4.datafile import Strict, load_yaml
 from pytest_ml4.locations import data_file
 
 SUITES_FILE = data_file("report", "suites.yaml")
-SEVERITIES = ("blocker", "critical", "normal", "minor", "trivial")
 
 
-@dataclass(frozen=True)
-class SuiteInfo:
-    """One suite as the report presents it."""
+Severity = Literal["blocker", "critical", "normal", "minor", "trivial"]
+SEVERITIES: tuple[str, ...] = get_args(Severity)
 
-    marker: str
+
+class SuiteInfo(Strict):
+    """One suite as the report presents it; ``marker`` is the row's key."""
+
+    marker: str = Field("", exclude=True)
     title: str
-    severity: str
+    severity: Severity
     blocks: str
+
+
+def _has_default(rows: dict[str, SuiteInfo]) -> dict[str, SuiteInfo]:
+    if "default" not in rows:
+        raise ValueError("needs a 'default' entry for checks without a suite marker")
+    return rows
 
 
 @lru_cache(maxsize=4)
 def load_suites(path: Path = SUITES_FILE) -> dict[str, SuiteInfo]:
     """Suite catalogue keyed by marker name (plus ``default`` for unmarked checks)."""
-    raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    out = {}
-    for marker, spec in raw.items():
-        if spec["severity"] not in SEVERITIES:
-            raise ValueError(f"{path}: suite {marker!r} has severity {spec['severity']!r}, not one of {SEVERITIES}")
-        out[marker] = SuiteInfo(marker, spec["title"], spec["severity"], spec["blocks"])
-    if "default" not in out:
-        raise ValueError(f"{path}: needs a 'default' entry for checks without a suite marker")
-    return out
+    rows = load_yaml(Path(path), Annotated[dict[str, SuiteInfo], AfterValidator(_has_default)])
+    return {marker: row.model_copy(update={"marker": marker}) for marker, row in rows.items()}
 
 
 def suite_of(marker_names: set[str] | list[str], module: str = "") -> SuiteInfo:

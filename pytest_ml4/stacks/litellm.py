@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from pytest_ml4.datafile import Strict, load_yaml
 from pytest_ml4.locations import data_file
 from pytest_ml4.stacks.base import RowStack, Stack
 
@@ -124,6 +125,19 @@ def attempted_retries(headers: Mapping[str, str]) -> int | None:
 RETRY_TABLE = data_file("restart", "litellm-retry.yaml")
 
 
+class RetryConstants(Strict):
+    """LiteLLM's retry constants of one release (its source's values, ``restart/litellm-retry.yaml``)."""
+
+    initial_retry_delay_s: float
+    max_retry_delay_s: float
+    jitter_s: float
+    router_retry_after_s: float = 0.0
+
+
+class RetryTable(Strict):
+    litellm: dict[str, RetryConstants]
+
+
 @dataclass(frozen=True)
 class RetryWindow:
     """When the LiteLLM router re-sends a request whose backend is down, and so which outage it bridges.
@@ -173,7 +187,7 @@ class RetryWindow:
     def from_settings(cls, settings: ProxySettings, version: str = LITELLM_VERSION,
                       table: Path = RETRY_TABLE) -> RetryWindow:
         """The window of the config ``settings`` generate (``router_settings.retry_after``, the model's timeout)."""
-        rows = (yaml.safe_load(table.read_text()) or {}).get("litellm", {})
+        rows = load_yaml(table, RetryTable).litellm
         row = rows.get(version)
         if row is None:
             raise ProxyConfigError(f"{table}: no retry constants for LiteLLM {version} (known: {', '.join(rows)})")
@@ -182,7 +196,6 @@ class RetryWindow:
         timeouts = [m.get("litellm_params", {}).get("timeout") for m in cfg["model_list"]
                     if m.get("model_name") == settings.alias]
         return cls(version=version, num_retries=settings.num_retries,
-                   initial_delay_s=float(row["initial_retry_delay_s"]), max_delay_s=float(row["max_retry_delay_s"]),
-                   jitter_s=float(row["jitter_s"]),
-                   min_delay_s=float(router.get("retry_after", row.get("router_retry_after_s", 0)) or 0),
+                   initial_delay_s=row.initial_retry_delay_s, max_delay_s=row.max_retry_delay_s, jitter_s=row.jitter_s,
+                   min_delay_s=float(router.get("retry_after", row.router_retry_after_s) or 0),
                    attempt_timeout_s=float(timeouts[0]) if timeouts and timeouts[0] is not None else None)

@@ -18,12 +18,13 @@ import shutil
 import subprocess
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import httpx
-import yaml
+from pydantic import Field
 
 from pytest_ml4.client.urls import display_url
+from pytest_ml4.datafile import Strict, load_yaml
 from pytest_ml4.locations import data_file
 from pytest_ml4.runtime import processes
 from pytest_ml4.stacks import stack_for
@@ -39,17 +40,41 @@ SSH = ("ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(CONNECT_S)}")
 PROVIDED, SET, MISSING, NOT_NEEDED = "provided", "set", "missing", "not needed"
 
 
+class AccessSpec(Strict):
+    """One access: what it is, where it comes from, how to provide it (one line, or per ``logs.kind`` /
+    ``control.kind``), and whether the session's start already stops without it."""
+
+    what: str
+    from_: str = Field(alias="from")
+    how: str | dict[str, str]
+    at_start: bool = False
+
+
+class SuiteAccess(Strict):
+    """The accesses a suite needs (not judged without) and uses (when present)."""
+
+    needs: tuple[str, ...] = ()
+    uses: tuple[str, ...] = ()
+
+
+class NeedsTable(Strict):
+    accesses: dict[str, AccessSpec]
+    suites: dict[str, SuiteAccess]
+
+
 @functools.cache
-def needs_table() -> dict[str, Any]:
-    return yaml.safe_load(NEEDS_FILE.read_text())
+def needs_table() -> NeedsTable:
+    return load_yaml(NEEDS_FILE, NeedsTable)
 
 
 def suite_needs(suite: str) -> tuple[str, ...]:
-    return tuple(needs_table()["suites"].get(suite, {}).get("needs", ()))
+    row = needs_table().suites.get(suite)
+    return row.needs if row else ()
 
 
 def suite_uses(suite: str) -> tuple[str, ...]:
-    return tuple(needs_table()["suites"].get(suite, {}).get("uses", ()))
+    row = needs_table().suites.get(suite)
+    return row.uses if row else ()
 
 
 @dataclass(frozen=True)
@@ -78,7 +103,7 @@ class Access:
 
     def why_not_judged(self) -> str:
         """The reason a check needing this access ends not judged."""
-        what = needs_table()["accesses"][self.name]["what"]
+        what = needs_table().accesses[self.name].what
         state = "is missing" if self.status == MISSING else "is not reachable"
         return (f"needs {self.name} ({what}): {self.source} {state}"
                 f"{f' ({self.detail})' if self.detail else ''}; {self.how}")
@@ -277,20 +302,20 @@ def survey(target: Target, suites: Iterable[str], *, env: Mapping[str, str] | No
            simulated: bool = False, probe: bool = True) -> list[Access]:
     """Each access the ``suites`` need or use, in the table's order (``simulated``: all provided by ``--sim``)."""
     table = needs_table()
-    chosen = [s for s in suites if s in table["suites"]]
+    chosen = [s for s in suites if s in table.suites]
     ctx = _Context(target, os.environ if env is None else env, endpoint_url,
                    key_var or target.endpoint.api_key_env, log_file, probe)
     out = []
-    for name, spec in table["accesses"].items():
+    for name, spec in table.accesses.items():
         needed = tuple(s for s in chosen if name in suite_needs(s))
         used = tuple(s for s in chosen if name in suite_uses(s))
         if not (needed or used):
             continue
         if simulated:
-            out.append(Access(name, spec["from"], PROVIDED, None, "the embedded deployment, --sim", needed, used))
+            out.append(Access(name, spec.from_, PROVIDED, None, "the embedded deployment, --sim", needed, used))
             continue
         source, status, reachable, detail = _PROBES[name](ctx)
-        out.append(Access(name, source, status, reachable, detail, needed, used, _how(spec["how"], target, name)))
+        out.append(Access(name, source, status, reachable, detail, needed, used, _how(spec.how, target, name)))
     return out
 
 
@@ -309,9 +334,25 @@ def blocking(accesses: Iterable[Access], suite: str) -> Access | None:
 
 # -- target fields the loader leaves optional but a check needs ------------------------------------------------------
 
+class FieldRow(Strict):
+    """A check and the target fields any one of which it needs (``file``: naming a file that exists)."""
+
+    suite: str
+    check: str
+    any_of: tuple[str, ...]
+    why: str
+    #: ``dynamo``: the row applies to Dynamo targets only.
+    when: Literal["dynamo"] | None = None
+    file: bool = False
+
+
+class FieldsTable(Strict):
+    fields: tuple[FieldRow, ...]
+
+
 @functools.cache
-def field_rows() -> tuple[dict[str, Any], ...]:
-    return tuple(yaml.safe_load(FIELDS_FILE.read_text())["fields"])
+def field_rows() -> tuple[FieldRow, ...]:
+    return load_yaml(FIELDS_FILE, FieldsTable).fields
 
 
 @dataclass(frozen=True)
@@ -344,16 +385,16 @@ def field_value(target: Target, dotted: str) -> Any:
     return value
 
 
-def _row_problem(target: Target, row: Mapping[str, Any], given: frozenset[str]) -> str | None:
+def _row_problem(target: Target, row: FieldRow, given: frozenset[str]) -> str | None:
     """Why none of the row's fields serves (None when one does)."""
     problem = "not set"
-    for name in row["any_of"]:
+    for name in row.any_of:
         if name in given:
             return None
         value = field_value(target, name)
         if value is None:
             continue
-        if not row.get("file") or target.resolve(str(value)).is_file():
+        if not row.file or target.resolve(str(value)).is_file():
             return None
         problem = f"names {target.resolve(str(value))}, which does not exist"
     return problem
@@ -367,10 +408,10 @@ def missing_fields(target: Target, suites: Iterable[str], given: Iterable[str] =
     out = []
     for row in field_rows():
         # ``when`` names a marker only some stacks serve (dynamo): the row is for those stacks' targets.
-        if row["suite"] not in chosen or (row.get("when") and row["when"] not in stack.markers):
+        if row.suite not in chosen or (row.when and row.when not in stack.markers):
             continue
         problem = _row_problem(target, row, supplied)
         if problem is not None:
-            out.append(MissingField(row["suite"], row["check"], tuple(row["any_of"]),
-                                    str(target.path or target.name), row["why"], problem))
+            out.append(MissingField(row.suite, row.check, row.any_of, str(target.path or target.name), row.why,
+                                    problem))
     return out

@@ -36,9 +36,12 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, get_args
 from urllib.parse import urlsplit
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from pytest_ml4.datafile import read_json, validate
 from pytest_ml4.locations import (  # noqa: F401 (baselines_dir re-exported)
     BASELINES_FOLDER,
     DATA_DIR,
@@ -77,7 +80,8 @@ def direction(figure: str) -> int:
 
 #: Provenance kinds: made by the simulator; recorded on a real deployment by this tool; transcribed from a seed's
 #: real measurement (seed 000's perf table).
-KINDS = ("simulator", "deployment", "seed")
+ProvenanceKind = Literal["simulator", "deployment", "seed"]
+KINDS: tuple[str, ...] = get_args(ProvenanceKind)
 #: The fields a deployment-recorded baseline states.
 DEPLOYMENT_FIELDS = ("deployment", "endpoint", "model", "image", "date", "command")
 
@@ -160,49 +164,69 @@ def record_command(kind: str, target: Target) -> str:
     return f"{cmd} (writes {recording_path(kind, target)})"
 
 
-@dataclass(frozen=True)
-class StoredBaseline:
-    """One baseline file as read: the common block; ``figures`` and ``extra`` are the kind's to interpret."""
+class ProvenanceBlock(BaseModel):
+    """A baseline's ``provenance``: its kind and whatever the recording stated (deployment, model, image, ...)."""
 
-    path: Path
+    model_config = ConfigDict(extra="allow", frozen=True)
+    kind: ProvenanceKind
+
+    def view(self) -> Provenance:
+        return Provenance(self.kind, dict(self.model_extra or {}))
+
+
+class BaselineFile(BaseModel):
+    """The block every baseline file shares; a kind's model (:class:`pytest_ml4.perf.baseline.PerfBaselineFile`,
+    ...) types its ``figures`` and adds its own comparison settings. Unknown keys are refused: a misspelt setting
+    would silently fall back to its default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    format: Literal["ml4-baseline/1"]
     kind: str
-    target: str
-    provenance: Provenance
-    conditions: dict[str, Any]
-    tolerances: dict[str, float]
+    target: str | None = None
+    provenance: ProvenanceBlock
+    conditions: dict[str, Any] = Field(default_factory=dict)
+    tolerances: dict[str, float] = Field(default_factory=dict)
     figures: Any
-    extra: dict[str, Any]
+
+    @field_validator("conditions", "tolerances", mode="before")
+    @classmethod
+    def _null_is_empty(cls, value: Any) -> Any:
+        return {} if value is None else value
+
+    @field_validator("figures")
+    @classmethod
+    def _has_figures(cls, value: Any) -> Any:
+        if not value:
+            raise ValueError("no figures")
+        return value
 
 
-_COMMON = ("format", "kind", "target", "provenance", "conditions", "tolerances", "figures")
+F = TypeVar("F", bound=BaselineFile)
 
 
-def read_baseline(path: str | Path, kind: str) -> StoredBaseline:
-    """A baseline file of ``kind``; :class:`BaselineRefused` (one line naming the file) when it is missing, not
-    JSON, states no provenance, predates :data:`FORMAT`, is of another kind or lacks its figures."""
+def read_baseline(path: str | Path, kind: str, model: type[F]) -> F:
+    """A baseline file of ``kind`` as the kind's ``model``; :class:`BaselineRefused` (one line naming the file)
+    when it is missing, not JSON, states no provenance, predates :data:`FORMAT`, is of another kind, or breaks the
+    model (then with the field and its line)."""
     p = Path(path)
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BaselineRefused(f"{kind} baseline {p} does not exist") from None
-    except (OSError, ValueError) as err:
-        raise BaselineRefused(f"{kind} baseline {p} is not readable JSON: {err}") from None
+    what = f"{kind} baseline"
+    if not p.is_file():
+        raise BaselineRefused(f"{kind} baseline {p} does not exist")
+    doc = read_json(p, what, BaselineRefused)
     if not isinstance(doc, dict):
         raise BaselineRefused(f"{kind} baseline {p} is not a JSON object")
-    prov = provenance_of(doc, p)
+    provenance_of(doc, p)
     if doc.get("format") != FORMAT:
         raise BaselineRefused(f"{kind} baseline {p} is in an older layout (no \"format\": \"{FORMAT}\"): record it "
                               "again with this version's save option")
     if doc.get("kind") != kind:
         raise BaselineRefused(f"baseline {p} is a {doc.get('kind')!r} baseline, not a {kind!r} one")
-    tolerances, figures = doc.get("tolerances") or {}, doc.get("figures")
-    if not isinstance(tolerances, dict) or not all(isinstance(v, (int, float)) for v in tolerances.values()):
-        raise BaselineRefused(f"{kind} baseline {p}: 'tolerances' must map figures to numbers")
-    if not figures:
-        raise BaselineRefused(f"{kind} baseline {p} has no 'figures'")
-    return StoredBaseline(p, kind, str(doc.get("target") or p.stem), prov, dict(doc.get("conditions") or {}),
-                          {k: float(v) for k, v in tolerances.items()}, figures,
-                          {k: v for k, v in doc.items() if k not in _COMMON})
+    return validate(p, p.read_text(encoding="utf-8"), doc, model, what, error=BaselineRefused)
+
+
+def baseline_target(stored: BaselineFile, path: Path) -> str:
+    """The deployment a baseline was recorded for: its ``target``, else the file's name."""
+    return stored.target or path.stem
 
 
 def write_baseline(path: str | Path, kind: str, target: str, provenance: Mapping[str, Any],

@@ -20,13 +20,13 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
 
-import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from pytest_ml4.datafile import load_yaml, union_members
 from pytest_ml4.locations import data_file
-from pytest_ml4.target.model import Target, union_members
+from pytest_ml4.target.model import Target
 
 READERS_FILE = data_file("target_readers.yaml")
 REGENERATE = "python -m pytest_ml4.target.doc"
@@ -47,8 +47,9 @@ a live deployment, `sim` the embedded simulator under `--sim`, `-` no suite (doc
 
 
 @cache
-def readers() -> dict[str, list[str]]:
-    return {str(k): [str(x) for x in v or ()] for k, v in (yaml.safe_load(READERS_FILE.read_text()) or {}).items()}
+def readers(path: Path = READERS_FILE) -> dict[str, list[str]]:
+    """dotted field path -> the suites that read it (an empty list: none)."""
+    return {field: list(names or ()) for field, names in load_yaml(path, dict[str, list[str] | None]).items()}
 
 
 def read_by(path: str) -> str:

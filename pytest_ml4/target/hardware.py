@@ -13,13 +13,13 @@ Works without pytest::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Literal
 
-import yaml
+from pydantic import Field
 
+from pytest_ml4.datafile import Strict, load_yaml
 from pytest_ml4.locations import data_file
 from pytest_ml4.target.model import Hardware
 
@@ -28,9 +28,10 @@ FAMILIES_FILE = data_file("hardware", "families.yaml")
 MemoryModel = Literal["calibrated", "estimate"]
 
 
-@dataclass(frozen=True)
-class FamilyInfo:
-    family: str
+class FamilyInfo(Strict):
+    """One family's row; ``family`` is the row's key."""
+
+    family: str = Field("", exclude=True)
     name: str
     products: tuple[str, ...] = ()
     memory_model: MemoryModel | None = None
@@ -40,21 +41,10 @@ class FamilyInfo:
 
 @cache
 def families(path: Path = FAMILIES_FILE) -> dict[str, FamilyInfo]:
-    """family -> what is known of it; a malformed row is an error naming the file and the family."""
-    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    out: dict[str, FamilyInfo] = {}
-    for family, row in raw.items():
-        try:
-            out[str(family)] = FamilyInfo(family=str(family), name=str(row["name"]),
-                                          products=tuple(str(p) for p in row.get("products") or ()),
-                                          memory_model=row.get("memory_model"),
-                                          simulated=bool(row.get("simulated", False)),
-                                          source=str(row.get("source", "")))
-        except (KeyError, TypeError, AttributeError) as err:
-            raise ValueError(f"{path}: family {family}: malformed row ({err})") from None
-        if out[str(family)].memory_model not in (None, "calibrated", "estimate"):
-            raise ValueError(f"{path}: family {family}: memory_model must be calibrated or estimate")
-    return out
+    """family -> what is known of it; a malformed row is a :class:`~pytest_ml4.datafile.DataFileError` naming the
+    file, the line and the field."""
+    rows = load_yaml(path, dict[str, FamilyInfo])
+    return {family: row.model_copy(update={"family": family}) for family, row in rows.items()}
 
 
 def family_info(family: str | None) -> FamilyInfo | None:

@@ -15,12 +15,10 @@ A bad file raises :class:`TargetError` whose message names the file and the offe
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 from pathlib import Path
-from types import UnionType
-from typing import Any, ClassVar, Literal, Union, get_args, get_origin
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
@@ -32,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from pytest_ml4.datafile import near_field, parse_yaml_value, read_yaml, yaml_error_line
 from pytest_ml4.locations import BUNDLED_TARGETS_DIR, resolve_from, target_root
 
 #: Any lowercase GPU family name (rtxpro, gb300, vr200, h100, h200, b200, gb200, mi300x, ...): what is known per
@@ -492,43 +491,6 @@ def known_targets(directory: Path | None = None) -> list[str]:
     return sorted(p.stem for p in d.glob("*.yaml"))
 
 
-def union_members(tp: Any) -> list[Any]:
-    """The types a value of annotation ``tp`` may hold (``X | None`` -> [X])."""
-    if get_origin(tp) in (Union, UnionType):
-        return [a for a in get_args(tp) if a is not type(None)]
-    return [tp]
-
-
-def _step(tp: Any, part: str | int) -> Any:
-    """The annotation one location part further down: a model's field, a dict's value, a list's or tuple's item."""
-    for t in union_members(tp):
-        if isinstance(t, type) and issubclass(t, BaseModel):
-            if part in t.model_fields:
-                return t.model_fields[part].annotation
-        elif get_origin(t) is dict:
-            return get_args(t)[1]
-        elif get_origin(t) in (list, tuple) and get_args(t):
-            return get_args(t)[0]
-    return None
-
-
-def field_names_at(loc: tuple[str | int, ...]) -> list[str]:
-    """The field names the target model allows at ``loc`` (a section such as ``("gates",)``); [] where none."""
-    tp: Any = Target
-    for part in loc:
-        tp = _step(tp, part)
-        if tp is None:
-            return []
-    return [name for t in union_members(tp) if isinstance(t, type) and issubclass(t, BaseModel)
-            for name in t.model_fields if name != "path"]
-
-
-def _near(loc: tuple[str | int, ...]) -> str:
-    """For an unknown key: the allowed field it is most likely a typo of (``ttft_p99_knee`` -> ttft_p99_knee_s)."""
-    close = difflib.get_close_matches(str(loc[-1]), field_names_at(loc[:-1]), n=1, cutoff=0.6)
-    return f"unknown field; did you mean '{close[0]}'?" if close else "unknown field"
-
-
 def _leaves(over: dict[str, Any], trail: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
     out: list[tuple[tuple[str, ...], Any]] = []
     for key, value in over.items():
@@ -559,7 +521,7 @@ def _format_validation(path: Path, err: ValidationError, overrides: dict[str, An
     for e in err.errors():
         loc = tuple(str(x) for x in e["loc"])
         field = ".".join(loc) or "<top level>"
-        reason = _near(e["loc"]) if e["type"] == "extra_forbidden" else e["msg"]
+        reason = near_field(Target, e["loc"]) if e["type"] == "extra_forbidden" else e["msg"]
         source = _override_of(loc, overrides or {}) if loc else None
         if source is None:
             in_file.append(f"field '{field}': {reason}")
@@ -608,46 +570,10 @@ def load_target(name_or_path: str | os.PathLike[str], directory: Path | None = N
     return parse_target(data, path, overrides, option)
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """A SafeLoader that refuses a key given twice in one mapping (plain YAML keeps the last silently)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _value in node.value:
-            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first at line {seen[key]})", key_node.start_mark)
-            seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping)
-
-
-def yaml_error_line(err: yaml.YAMLError) -> str:
-    """A YAML error on one line: ``line L, column C: problem`` (PyYAML's own text spans several lines)."""
-    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-    problem = getattr(err, "problem", None) or str(err)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return where + " ".join(str(problem).split())
-
-
 def read_yaml_strict(path: Path) -> Any:
     """A target file's YAML, or a :class:`TargetError` of one line naming the file and line: not UTF-8, a
     YAML error, a tag the safe loader refuses, or a key given twice."""
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = raw[:err.start].count(b"\n") + 1
-        raise TargetError(f"invalid target file {path}: line {line}: not UTF-8 text (byte "
-                          f"0x{raw[err.start]:02x})") from None
-    try:
-        return yaml.load(text, Loader=_StrictLoader)
-    except yaml.YAMLError as err:
-        raise TargetError(f"invalid target file {path}: {yaml_error_line(err)}") from None
+    return read_yaml(path, "target file", TargetError)
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -666,7 +592,7 @@ def parse_override(expr: str) -> dict[str, Any]:
         raise TargetError(f"override '{expr}' must look like section.field=value")
     key, _, raw = expr.partition("=")
     try:
-        value = yaml.load(raw, Loader=_StrictLoader)
+        value = parse_yaml_value(raw)
     except yaml.YAMLError as err:
         raise TargetError(f"override '{key}=...': the value is not valid YAML: {yaml_error_line(err)}") from None
     out: dict[str, Any] = {}

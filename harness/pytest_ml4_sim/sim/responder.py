@@ -16,6 +16,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
+from pytest_ml4.datafile import Strict, load_json
 from pytest_ml4.evidence.tokenizer import message_text
 from pytest_ml4.locations import data_file
 from pytest_ml4_sim.sim import toolgen
@@ -51,9 +54,26 @@ class Plan:
     share_shift: float = 0.0
 
 
+class ResponderData(Strict):
+    """``pytest_ml4/data/sim/responder.json``: what the simulated model says (its ``_about`` says how)."""
+
+    about: str = Field(alias="_about")
+    readiness: str
+    arithmetic_answer: str
+    tool_result_answer: str
+    tool_result_unseen_answer: str
+    reasoning_sentences_by_effort: dict[str, int]
+    default_effort: str
+    #: Reasoning sentences by the kind of question (``arithmetic``, ``tool``, ``tool_result``, ``general``).
+    reasoning: dict[str, list[str]]
+    reasoning_filler: str
+    content_filler: str
+    stop_words: frozenset[str]
+
+
 @lru_cache(maxsize=4)
-def load_data(path: Path = RESPONDER_DATA) -> dict[str, Any]:
-    return json.loads(path.read_text())
+def load_data(path: Path = RESPONDER_DATA) -> ResponderData:
+    return load_json(path, ResponderData)
 
 
 def _fmt(x: float) -> str:
@@ -107,8 +127,8 @@ def _share(seed_text: str) -> float:
 
 def _reasoning(kind: str, effort: str, fill: dict[str, str]) -> str:
     data = load_data()
-    n = int(data["reasoning_sentences_by_effort"].get(effort, 2))
-    sentences = data["reasoning"][kind][:n]
+    n = data.reasoning_sentences_by_effort.get(effort, 2)
+    sentences = data.reasoning[kind][:n]
     return " ".join(s.format(**fill) for s in sentences)
 
 
@@ -137,10 +157,10 @@ def _plan(body: dict[str, Any], tool_choice: Any, faults: ActiveFaults | None = 
     data = load_data()
     messages = body.get("messages") or []
     user = _last_user_text(messages)
-    effort = body.get("reasoning_effort") or data["default_effort"]
+    effort = body.get("reasoning_effort") or data.default_effort
     thinks = effort != "none"
     tools = body.get("tools") or []
-    stop = frozenset(data["stop_words"])
+    stop = data.stop_words
     share = _share(user)
 
     results = _trailing_tool_results(messages)
@@ -149,8 +169,8 @@ def _plan(body: dict[str, Any], tool_choice: Any, faults: ActiveFaults | None = 
         text = " ".join(message_text(r) for r in results).strip()
         reasoning = _reasoning("tool_result", effort, {"tool": name}) if thinks else None
         if _has(faults, "tool_result_ignored"):   # the results never reached the prompt
-            return Plan(reasoning, data["tool_result_unseen_answer"].format(tool=name), [], share)
-        return Plan(reasoning, data["tool_result_answer"].format(tool=name, result=text), [], share)
+            return Plan(reasoning, data.tool_result_unseen_answer.format(tool=name), [], share)
+        return Plan(reasoning, data.tool_result_answer.format(tool=name, result=text), [], share)
 
     tool = _choose_tool(tools, tool_choice, user, stop)
     if tool is not None:
@@ -168,9 +188,9 @@ def _plan(body: dict[str, Any], tool_choice: Any, faults: ActiveFaults | None = 
         arith = {**arith, "result": _fmt(float(arith["result"]) + 1)}
     if arith:
         reasoning = _reasoning("arithmetic", effort, arith) if thinks else None
-        return Plan(reasoning, data["arithmetic_answer"].format(**arith), [], share)
+        return Plan(reasoning, data.arithmetic_answer.format(**arith), [], share)
     reasoning = _reasoning("general", effort, {}) if thinks else None
-    return Plan(reasoning, data["readiness"], [], share)
+    return Plan(reasoning, data.readiness, [], share)
 
 
 def _choose_tool(tools: list[dict[str, Any]], tool_choice: Any, prompt: str,

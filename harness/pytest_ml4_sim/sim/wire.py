@@ -98,8 +98,7 @@ def _fillers(tok: SimTokenizer) -> _Fillers:
     f = _FILLER_CACHE.get(id(tok))
     if f is None:
         data = load_data()
-        f = _Fillers(tok.pieces(" " + data["reasoning_filler"].strip()),
-                     tok.pieces(data["content_filler"]))
+        f = _Fillers(tok.pieces(" " + data.reasoning_filler.strip()), tok.pieces(data.content_filler))
         _FILLER_CACHE[id(tok)] = f
     return f
 
