@@ -154,6 +154,15 @@ def test_suite_from_marker_then_module_then_default() -> None:
     assert suite_of({"parametrize"}, "test_misc.py").marker == "default"
 
 
+@pytest.mark.parametrize("markers", [["tools", "reasoning"], ["reasoning", "tools"]])
+def test_equally_severe_suites_go_to_the_checks_own_module(markers: list[str]) -> None:
+    """Caught: a tools check also marked reasoning was counted under whichever marker a set iterated first, so the
+    per-suite lines of two runs of the same checks differed."""
+    assert suite_of(markers, "suites/test_tools.py").marker == "tools"
+    assert suite_of(markers, "suites/test_reasoning.py").marker == "reasoning"
+    assert suite_of(markers, "suites/test_replicas.py").marker == suite_of(markers[::-1], "test_replicas.py").marker
+
+
 def test_titles_and_labels_read_like_a_release_note() -> None:
     def test_parallel_tool_calls_in_order() -> None:
         """Parallel tool calls come back in the order asked.

@@ -53,11 +53,13 @@ def load_suites(path: Path = SUITES_FILE) -> dict[str, SuiteInfo]:
 def suite_of(marker_names: set[str] | list[str], module: str = "") -> SuiteInfo:
     """The suite a check belongs to: its suite marker, else its module name (``test_tools.py`` -> tools)."""
     suites = load_suites()
-    # The most severe matching suite wins, so a smoke check also marked tools counts as smoke.
-    found = [suites[m] for m in marker_names if m in suites and m != "default"]
-    if found:
-        return min(found, key=lambda s: SEVERITIES.index(s.severity))
     stem = Path(module).stem.removeprefix("test_")
+    # The most severe matching suite wins, so a smoke check also marked tools counts as smoke; between equally
+    # severe ones the check's own module's, then the catalogue's order: never the order of a set of markers, which
+    # changes from one process to the next (a tools check marked reasoning was counted in either suite at random).
+    found = [row for marker, row in suites.items() if marker in marker_names and marker != "default"]
+    if found:
+        return min(found, key=lambda s: (SEVERITIES.index(s.severity), s.marker != stem))
     return suites.get(stem, suites["default"])
 
 
