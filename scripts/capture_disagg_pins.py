@@ -62,7 +62,7 @@ def pin_matrix(sim: DynamoSim, say: Callable[[str], None]) -> None:
 
 def affinity_probe(sim: DynamoSim, title: str, say: Callable[[str], None]) -> None:
     endpoint = Endpoint(sim.base_url, model=sim.target.serving.served_model_name, simulated=True)
-    probe = run_affinity_probe(endpoint, load_requests()["affinity"], topology="disagg")
+    probe = run_affinity_probe(endpoint, load_requests().affinity, topology="disagg")
     say(f"=== {title}")
     for turn in probe.turns:
         say(turn.line())

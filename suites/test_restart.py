@@ -39,6 +39,7 @@ from pytest_ml4.client.endpoint import Endpoint, make_httpx
 from pytest_ml4.control.base import RestartError
 from pytest_ml4.control.budget import RestartBudget, pods_replaced_in_turn
 from pytest_ml4.control.scenario import (
+    RestartRequests,
     RestartRun,
     SingleReplicaOutage,
     StaleInstances,
@@ -57,7 +58,7 @@ pytestmark = [pytest.mark.restart, pytest.mark.exclusive]  # other tests must no
 
 
 @pytest.fixture(scope="module")
-def restart_spec() -> dict[str, Any]:
+def restart_spec() -> RestartRequests:
     return load_requests()
 
 
@@ -90,19 +91,19 @@ def kv_before(ml4_restart_logs: Any, ml4_target: Target) -> dict[str, bool]:
 
 @pytest.fixture(scope="module")
 def restart_budget(ml4_restart_controller: Any, ml4_target: Target, ml4_proxy: Any,
-                   restart_spec: dict[str, Any]) -> RestartBudget:
+                   restart_spec: RestartRequests) -> RestartBudget:
     """Each restart scenario's bounds, derived from the target (README "Deadlines")."""
     window = _retry_window(ml4_target, ml4_proxy)
     return RestartBudget.for_target(ml4_target, pods=pods_replaced_in_turn(ml4_restart_controller),
                                     retry_window_s=window.bridged_s if window else 0.0,
-                                    probe_max_tokens=int(restart_spec["probe"]["max_tokens"]))
+                                    probe_max_tokens=restart_spec.probe.max_tokens)
 
 
 STREAMS_SCENARIO = "restart with streams in flight"
 REQUESTS_SCENARIO = "restart with new requests"
 
 
-def _scenario(label: str, controller: Any, endpoint: Endpoint, target: Target, spec: dict[str, Any],
+def _scenario(label: str, controller: Any, endpoint: Endpoint, target: Target, spec: RestartRequests,
               budget: RestartBudget, progress: Any, **kind: bool) -> RestartRun:
     from pytest_ml4.control.scenario import run_restart_scenario
 
@@ -116,7 +117,7 @@ def _scenario(label: str, controller: Any, endpoint: Endpoint, target: Target, s
 
 @pytest.fixture(scope="module")
 def streams_run(ml4_restart_controller: Any, ml4_restart_endpoint: Endpoint, ml4_target: Target,
-                restart_spec: dict[str, Any], kv_before: dict[str, bool], restart_budget: RestartBudget,
+                restart_spec: RestartRequests, kv_before: dict[str, bool], restart_budget: RestartBudget,
                 ml4_restart_progress: Any) -> RestartRun:
     return _scenario(STREAMS_SCENARIO, ml4_restart_controller, ml4_restart_endpoint, ml4_target, restart_spec,
                      restart_budget, ml4_restart_progress, with_requests=False)
@@ -124,7 +125,7 @@ def streams_run(ml4_restart_controller: Any, ml4_restart_endpoint: Endpoint, ml4
 
 @pytest.fixture(scope="module")
 def requests_run(streams_run: RestartRun, ml4_restart_controller: Any, ml4_restart_endpoint: Endpoint,
-                 ml4_target: Target, restart_spec: dict[str, Any], restart_budget: RestartBudget,
+                 ml4_target: Target, restart_spec: RestartRequests, restart_budget: RestartBudget,
                  ml4_restart_progress: Any) -> RestartRun:
     if streams_run.timed_out is not None or streams_run.not_run:
         # The deployment did not come back from the first restart: a second one would wait out its bound again.
@@ -227,28 +228,28 @@ def test_kv_pool_and_no_oom_after_restart(requests_run: RestartRun, ml4_restart_
 @fails_with("restart.chat_failed", "a chat after the restart failed")
 @fails_with("restart.chat_wrong_answer", "a chat after the restart answered wrongly")
 def test_smoke_chat_after_restart(requests_run: RestartRun, ml4_restart_endpoint: Endpoint,
-                                  restart_spec: dict[str, Any]) -> None:
+                                  restart_spec: RestartRequests) -> None:
     assert_scenario_judgeable(requests_run, REQUESTS_SCENARIO)
-    probe = restart_spec["probe"]
+    probe = restart_spec.probe
     with make_httpx(ml4_restart_endpoint) as http:
-        reply = send_probe(http, probe_body(ml4_restart_endpoint.model, probe), probe["expect_substring"])
+        reply = send_probe(http, probe_body(ml4_restart_endpoint.model, probe), probe.expect_substring)
     require(reply.status == 200 and reply.error is None, "restart.chat_failed",
             lambda: f"chat after the restart failed: HTTP {reply.status}: "
                     f"{reply.error}")
     require(reply.ok, "restart.chat_wrong_answer",
-            lambda: f"chat after the restart answered without {probe['expect_substring']!r}")
+            lambda: f"chat after the restart answered without {probe.expect_substring!r}")
 
 
 # ----------------------------------------------------------------------------------------------- Dynamo
 @pytest.mark.dynamo
 def test_prefix_reused_after_restart(requests_run: RestartRun, ml4_restart_endpoint: Endpoint, ml4_target: Target,
-                                     restart_spec: dict[str, Any]) -> None:
+                                     restart_spec: RestartRequests) -> None:
     """A continuation reuses the cached prefix by the router's own figures (pytest_ml4.checks.dynamo)."""
     assert_scenario_judgeable(requests_run, REQUESTS_SCENARIO)
     from pytest_ml4.checks.dynamo import assert_prefix_reused
     from pytest_ml4.control.dynamo import run_conversation
 
-    cached = assert_prefix_reused(run_conversation(ml4_restart_endpoint, restart_spec["conversation"]),
+    cached = assert_prefix_reused(run_conversation(ml4_restart_endpoint, restart_spec.conversation),
                                   ml4_target.engine.block_size)
     print(f"continuation reused {cached} cached tokens")
 
@@ -257,13 +258,13 @@ def test_prefix_reused_after_restart(requests_run: RestartRun, ml4_restart_endpo
 @pytest.mark.replicas("kv_routed", 2, why="affinity is observable only between two workers the KV router chooses "
                                           "from")
 def test_session_affinity(requests_run: RestartRun, ml4_restart_endpoint: Endpoint, ml4_target: Target,
-                          restart_spec: dict[str, Any]) -> None:
+                          restart_spec: RestartRequests) -> None:
     """A session stays on its worker even where KV routing would move it (pytest_ml4.checks.dynamo)."""
     assert_scenario_judgeable(requests_run, REQUESTS_SCENARIO)
     from pytest_ml4.checks.dynamo import assert_session_affinity
     from pytest_ml4.control.dynamo import run_affinity_probe
 
-    probe = run_affinity_probe(ml4_restart_endpoint, restart_spec["affinity"], topology=ml4_target.topology.kind)
+    probe = run_affinity_probe(ml4_restart_endpoint, restart_spec.affinity, topology=ml4_target.topology.kind)
     if probe.not_applicable:  # the target declares two workers, but /health shows fewer: evidence missing
         not_judged(f"affinity not observable: {probe.not_applicable}")
     worker = assert_session_affinity(probe)
@@ -273,12 +274,12 @@ def test_session_affinity(requests_run: RestartRun, ml4_restart_endpoint: Endpoi
 @pytest.mark.disagg
 @fails_with("dynamo.turn_failed")
 def test_disagg_prefill_decode_handoff(requests_run: RestartRun, ml4_restart_endpoint: Endpoint,
-                                       restart_spec: dict[str, Any]) -> None:
+                                       restart_spec: RestartRequests) -> None:
     assert_scenario_judgeable(requests_run, REQUESTS_SCENARIO)
     from pytest_ml4.checks.dynamo import assert_prefill_decode_handoff
     from pytest_ml4.control.dynamo import frontend_instances, run_conversation
 
-    turns = run_conversation(ml4_restart_endpoint, restart_spec["conversation"])
+    turns = run_conversation(ml4_restart_endpoint, restart_spec.conversation)
     failed = [t for t in turns if t.error]
     require(turns and not failed, "dynamo.turn_failed",
             lambda: f"request failed: {failed[0].line() if failed else 'no turn'}")
@@ -319,7 +320,7 @@ def test_model_leaves_and_returns_while_prefill_pods_gone(requests_run: RestartR
 @pytest.mark.replicas("stream", 2, why="a crashed stream needs another worker to migrate to; the outage is "
                                        "test_new_requests_during_restart's")
 def test_worker_crash_under_a_stream(requests_run: RestartRun, ml4_dynamo_deployment: Any,
-                                     ml4_restart_endpoint: Endpoint, restart_spec: dict[str, Any],
+                                     ml4_restart_endpoint: Endpoint, restart_spec: RestartRequests,
                                      record_property: Any, ml4_target: Target,
                                      restart_budget: RestartBudget) -> None:
     """A worker SIGKILLed under a running stream (a crash: no deregistration, no drain): with the frontend's
@@ -332,7 +333,7 @@ def test_worker_crash_under_a_stream(requests_run: RestartRun, ml4_dynamo_deploy
     from pytest_ml4.checks.restart import assert_stream_survives_worker_crash
     from pytest_ml4.control.crash import run_crash
 
-    run = run_crash(ml4_restart_endpoint, ml4_dynamo_deployment, restart_spec["crash"],
+    run = run_crash(ml4_restart_endpoint, ml4_dynamo_deployment, restart_spec.crash,
                     ml4_dynamo_deployment.frontend.migration_limit,
                     recover_s=restart_budget.worker_start_s + restart_budget.first_answer_s)
     attach_text(run.report(), "worker crash timeline: the worker killed, the stream migrated or ended")

@@ -24,7 +24,7 @@ from pytest_ml4.control.scenario import load_requests
 from pytest_ml4.runtime.orphans import end_group, group_members
 
 KV = FIXTURES_DIR / "transcripts" / "dynamo-vllm-1.6.1" / "kv"
-SPEC = load_requests()["crash"]
+SPEC = load_requests().crash
 #: The frontend's line for the recorded migration (real-dynamo-vllm-1.6.1-transcripts/kv/frontend-kv-migration.log).
 MIGRATION_LINE = ('request_span: migration retry scheduled migration.is_retry=true migration.reason="disconnected" '
                   'migration.from_worker_id=15878461393600149020 migration.tokens_completed=199')
@@ -43,7 +43,7 @@ def recorded_run(name: str, migration_limit: int, migration_log: str | None = MI
     stream = parse_sse_lines(lines, request=request)
     crash = Crash("dynamo.vllm worker #1", 15878461393600149020, 20566, ["pid 20787 VLLM::EngineCore (770 MiB RSS)"])
     return CrashRun(migration_limit, stream, crash, 20, [(0.0, "stream sent")], 0.24, migration_log,
-                    expected_error=dict(SPEC["unmigrated_error"]))
+                    expected_error=dict(SPEC.unmigrated_error))
 
 
 def test_real_migrated_stream_passes_and_names_the_migration() -> None:

@@ -20,8 +20,14 @@ from pytest_ml4.accuracy.bfcl import category_specs
 from pytest_ml4.accuracy.gate import load_baseline as load_accuracy_baseline
 from pytest_ml4.checks.reasoning import ShareBaseline
 from pytest_ml4.checks.suite_data import ReplicasData, load_suite_data
+from pytest_ml4.checks.tools import load_tool
+from pytest_ml4.client.endpoint import key_refusals
 from pytest_ml4.control.budget import deployment_start_overrides
-from pytest_ml4.control.scenario import SingleReplicaOutage, StaleInstances
+from pytest_ml4.control.scenario import (
+    SingleReplicaOutage,
+    StaleInstances,
+    load_requests,
+)
 from pytest_ml4.datafile import DataFileError, Strict, load_json, load_yaml
 from pytest_ml4.discover.draft import FieldsTable as DiscoverFields
 from pytest_ml4.discover.draft import HardwareTable as DiscoverHardware
@@ -31,6 +37,7 @@ from pytest_ml4.evidence.worker_engine import INFO_KEY, Emulation, WorkerEngine
 from pytest_ml4.locations import data_file
 from pytest_ml4.perf.baseline import Baseline
 from pytest_ml4.perf.probes import probe_table
+from pytest_ml4.perf.runner import load_trace
 from pytest_ml4.plugin.args import path_options
 from pytest_ml4.plugin.breaker import BreakerMarkers
 from pytest_ml4.preflight.applied import rule_needs
@@ -245,6 +252,16 @@ DOCTORED: list[tuple[tuple[str, ...], str, str, Callable[[Path], Any], str, str]
      lambda p: load_suite_data(p, ReplicasData), "tool_choices.4", "tool_choices:"),
     (("restart", "litellm-retry.yaml"), "jitter_s: 0.75", "jitter_s: 0.75 s",
      lambda p: load_yaml(p, RetryTable), "litellm.1.108.7.jitter_s", "jitter_s: 0.75 s"),
+    (("bad_input", "refused_keys.yaml"), "status: [401, 403]", "status: [401, forbidden]",
+     lambda p: key_refusals.__wrapped__(p), "refusals.3.status.1", "status: [401, forbidden]"),
+    (("restart", "requests.yaml"), "kill_after_events: 20", "kill_after_event: 20",
+     lambda p: load_requests.__wrapped__(p), "crash.kill_after_event", "kill_after_event: 20"),
+    (("traces", "agentic-mooncake.jsonl"), '"output_length": 1265', '"output_length": "long"',
+     load_trace, "output_length", '"output_length": "long"'),
+    (("tools", "get_weather.json"), '"type": "object"', '"type": "objekt"',
+     lambda p: load_tool(p.stem, p.parent), "function.parameters", '"parameters": {'),
+    (("tools", "set_alarm.json"), '"type": "function"', '"type": "tool"',
+     lambda p: load_tool(p.stem, p.parent), "type", '"type": "tool"'),
 ]
 
 

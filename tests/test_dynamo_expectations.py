@@ -50,6 +50,7 @@ from pytest_ml4.control.scenario import (
     RestartRun,
     StaleInstances,
     build_timeline,
+    load_requests,
     missing_identity_evidence,
     probe_body,
 )
@@ -550,7 +551,7 @@ class FakeFrontend:
             "nvext": {"worker_id": ids, "timing": {"kv_hit_rate": rate}}})
 
 
-RESTART = yaml.safe_load((data_file("restart", "requests.yaml")).read_text())
+RESTART = load_requests()
 FRONT = Endpoint("http://fe:8000/v1", model="mistral-large-4")
 
 
@@ -562,17 +563,17 @@ def fake(**kw: bool) -> tuple[httpx.Client, FakeFrontend]:
 def test_shared_prefix_turns_stay_together_without_affinity_so_they_prove_nothing() -> None:
     """Why the old check could not fail: KV routing alone co-locates continuation turns."""
     http, _ = fake(affinity=False)
-    turns = run_conversation(FRONT, RESTART["conversation"], http=http)
+    turns = run_conversation(FRONT, RESTART.conversation, http=http)
     assert len({t.decode_worker for t in turns}) == 1
 
 
 def test_affinity_check_passes_with_affinity_and_fails_without() -> None:
     http, _ = fake(affinity=True)
-    run = run_affinity_probe(FRONT, RESTART["affinity"], http=http)
+    run = run_affinity_probe(FRONT, RESTART.affinity, http=http)
     assert assert_session_affinity(run) == run.turns[0].decode_worker
     http, _ = fake(affinity=False)
     with pytest.raises(AssertionError, match="session affinity is off") as info:
-        assert_session_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http))
+        assert_session_affinity(run_affinity_probe(FRONT, RESTART.affinity, http=http))
     assert not isinstance(info.value, AffinityInconclusive)
 
 
@@ -581,13 +582,13 @@ def test_affinity_check_passes_with_affinity_and_fails_without() -> None:
 def test_affinity_check_says_when_it_cannot_tell(kw: dict[str, bool], why: str) -> None:
     http, _ = fake(**kw)
     with pytest.raises(AffinityInconclusive, match=why):
-        assert_session_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http))
+        assert_session_affinity(run_affinity_probe(FRONT, RESTART.affinity, http=http))
 
 
 def test_affinity_needs_two_decode_workers() -> None:
     http, frontend = fake()
     frontend.workers = [101]
-    assert "1 decode worker" in (run_affinity_probe(FRONT, RESTART["affinity"], http=http).not_applicable or "")
+    assert "1 decode worker" in (run_affinity_probe(FRONT, RESTART.affinity, http=http).not_applicable or "")
 
 
 def _recorded_answer(label: str) -> tuple[int, str]:
@@ -615,19 +616,19 @@ def test_disagg_fake_answers_the_pins_as_recorded_on_1_6_1() -> None:
 
 def test_disagg_affinity_is_judged_on_the_prefill_phase() -> None:
     http, _ = fake(disagg=True)
-    run = run_affinity_probe(FRONT, RESTART["affinity"], http=http, topology="disagg")
+    run = run_affinity_probe(FRONT, RESTART.affinity, http=http, topology="disagg")
     assert run.phase.id_field == "prefill_worker_id"
     assert assert_session_affinity(run) == run.turns[0].prefill_worker in (11, 22)
     http, _ = fake(disagg=True, affinity=False)
     with pytest.raises(AssertionError, match="served by prefill workers .* session affinity is off") as info:
-        assert_session_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http, topology="disagg"))
+        assert_session_affinity(run_affinity_probe(FRONT, RESTART.affinity, http=http, topology="disagg"))
     assert not isinstance(info.value, AffinityInconclusive)
 
 
 def test_disagg_session_must_keep_its_decode_worker_too() -> None:
     http, _ = fake(disagg=True, decode_affinity=False)
     with pytest.raises(AssertionError, match="not its binding of the other phase.*decode_worker_id"):
-        assert_session_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http, topology="disagg"))
+        assert_session_affinity(run_affinity_probe(FRONT, RESTART.affinity, http=http, topology="disagg"))
 
 
 def test_the_aggregated_pin_on_a_disagg_deployment_is_a_failed_request_not_missing_ids() -> None:
@@ -636,17 +637,17 @@ def test_the_aggregated_pin_on_a_disagg_deployment_is_a_failed_request_not_missi
     http, _ = fake(disagg=True)
     with pytest.raises(AssertionError, match=r"1 request\(s\) failed \(priming part 2 on decode worker .*HTTP 400") \
             as info:
-        assert_session_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http))
+        assert_session_affinity(run_affinity_probe(FRONT, RESTART.affinity, http=http))
     assert "did not get worker ids back" not in str(info.value)
 
 
 def test_prefix_reuse_passes_on_router_figures_and_fails_on_fabricated_ones() -> None:
     http, _ = fake()
-    turns = run_conversation(FRONT, RESTART["conversation"], http=http)
+    turns = run_conversation(FRONT, RESTART.conversation, http=http)
     assert assert_prefix_reused(turns, FakeFrontend.BLOCK) >= turns[0].prompt_tokens - 2 * FakeFrontend.BLOCK
     http, _ = fake(fabricated=True)
     with pytest.raises(AssertionError, match="never-seen prefix yet reports"):
-        assert_prefix_reused(run_conversation(FRONT, RESTART["conversation"], http=http), FakeFrontend.BLOCK)
+        assert_prefix_reused(run_conversation(FRONT, RESTART.conversation, http=http), FakeFrontend.BLOCK)
 
 
 def test_prefix_reuse_fails_without_reuse_or_with_a_hit_rate_that_disagrees() -> None:
@@ -691,20 +692,20 @@ def _through_stripping_ingress(frontend: FakeFrontend) -> httpx.Client:
 def test_affinity_without_nvext_is_not_judged_and_judged_with_it(disagg: bool) -> None:
     topology = "disagg" if disagg else "agg"
     with pytest.raises(NotJudged, match=r"session affinity: .* carry no nvext.worker_id.*DYN_DISABLE_FRONTEND_NVEXT=1"):
-        assert_session_affinity(run_affinity_probe(FRONT, RESTART["affinity"], topology=topology,
+        assert_session_affinity(run_affinity_probe(FRONT, RESTART.affinity, topology=topology,
                                           http=_through_stripping_ingress(FakeFrontend(disagg=disagg))))
     http, _ = fake(disagg=disagg)
-    assert assert_session_affinity(run_affinity_probe(FRONT, RESTART["affinity"], http=http, topology=topology)) is not None
+    assert assert_session_affinity(run_affinity_probe(FRONT, RESTART.affinity, http=http, topology=topology)) is not None
 
 
 def test_handoff_without_nvext_is_not_judged_and_judged_with_it() -> None:
     frontend = FakeFrontend(disagg=True)
     instances = frontend.health().json()["instances"]
-    blind = run_conversation(FRONT, RESTART["conversation"], http=_through_stripping_ingress(frontend))
+    blind = run_conversation(FRONT, RESTART.conversation, http=_through_stripping_ingress(frontend))
     with pytest.raises(NotJudged, match=r"prefill -> decode handoff: 2 of 2 answers carry no nvext.worker_id"):
         assert_prefill_decode_handoff(blind, instances)
     http, _ = fake(disagg=True)
-    pairs = assert_prefill_decode_handoff(run_conversation(FRONT, RESTART["conversation"], http=http), instances)
+    pairs = assert_prefill_decode_handoff(run_conversation(FRONT, RESTART.conversation, http=http), instances)
     assert len(pairs) == 2 and all(p in (11, 22) and d in (101, 202) for p, d in pairs), pairs
 
 
@@ -726,7 +727,7 @@ def test_a_turn_prefilled_on_its_decode_worker_fails_the_handoff() -> None:
 def test_prefix_reuse_without_nvext_is_judged_on_usage_and_not_judged_without_either() -> None:
     """The usage figure (cached_tokens) survives a stripped nvext and still judges reuse; with neither figure
     nothing shows what was reused: not judged, not a failure."""
-    turns = run_conversation(FRONT, RESTART["conversation"], http=_through_stripping_ingress(FakeFrontend()))
+    turns = run_conversation(FRONT, RESTART.conversation, http=_through_stripping_ingress(FakeFrontend()))
     assert all(t.worker_id is None and t.kv_hit_rate is None for t in turns)
     assert assert_prefix_reused(turns, FakeFrontend.BLOCK) >= turns[0].prompt_tokens - 2 * FakeFrontend.BLOCK
     bare = [Turn(200, "42", None, 782, None, label="turn 1"), Turn(200, "42", None, 800, None, label="turn 2")]
@@ -755,7 +756,7 @@ class _Blind(Controller):
 
 def test_restart_identity_without_evidence_is_not_judged() -> None:
     blind = _Blind(timeout_s=1.0)
-    body = probe_body("m", RESTART["probe"], blind.probe_extras())
+    body = probe_body("m", RESTART.probe, blind.probe_extras())
     reason = missing_identity_evidence(blind, body, None)
     assert reason is not None and "nvext=" in reason and "DYN_DISABLE_FRONTEND_NVEXT=1" in reason
     assert missing_identity_evidence(blind, body, "7") is None, "an answer that names its worker is evidence"

@@ -14,12 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from pytest_ml4_sim.deploy.dynamo import DynamoSim
 
 from pytest_ml4.checks.dynamo import assert_prefix_reused, assert_session_affinity
 from pytest_ml4.client.endpoint import Endpoint
 from pytest_ml4.control.dynamo import run_affinity_probe, run_conversation
+from pytest_ml4.control.scenario import load_requests
 from pytest_ml4.runtime.installed import ToolMissing, dynamo_python
 from pytest_ml4.target.model import Target, load_target
 
@@ -28,7 +28,7 @@ try:
 except ToolMissing as err:  # the install step is part of scripts/install.sh; CI always has it
     pytest.skip(str(err), allow_module_level=True)
 
-SPEC = yaml.safe_load((Path(__file__).resolve().parents[1] / "pytest_ml4/data/restart/requests.yaml").read_text())
+SPEC = load_requests()
 
 
 def _deploy(target: Target, folder: Path) -> Iterator[Endpoint]:
@@ -53,7 +53,7 @@ def unpinned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
 
 
 def test_continuation_reuses_the_prefix_by_the_routers_figures(pinned: Endpoint) -> None:
-    turns = run_conversation(pinned, SPEC["conversation"])
+    turns = run_conversation(pinned, SPEC.conversation)
     cached = assert_prefix_reused(turns, load_target("gb300-agg").engine.block_size)
     assert cached > 0
     # The router's own overlap (from the KV events), not only the engine's usage figure.
@@ -61,12 +61,12 @@ def test_continuation_reuses_the_prefix_by_the_routers_figures(pinned: Endpoint)
 
 
 def test_session_stays_on_its_worker_against_kv_routing(pinned: Endpoint) -> None:
-    probe = run_affinity_probe(pinned, SPEC["affinity"])
+    probe = run_affinity_probe(pinned, SPEC.affinity)
     assert probe.not_applicable is None, probe.not_applicable
     assert assert_session_affinity(probe) == probe.session_worker
 
 
 def test_affinity_check_fails_when_affinity_is_off(unpinned: Endpoint) -> None:
-    probe = run_affinity_probe(unpinned, SPEC["affinity"])
+    probe = run_affinity_probe(unpinned, SPEC.affinity)
     with pytest.raises(AssertionError, match="session affinity is off"):
         assert_session_affinity(probe)

@@ -54,7 +54,7 @@ DATA = load_conformance(FIXTURES_DIR / "dynamo" / "conformance.yaml")
 TARGET = load_target("vr200-agg", overrides=deep_merge(tiny_overrides(), {
     "engine": {"version": DYNAMO_VLLM_ENGINE_VERSION}, "serving": {"dynamo_version": "1.6.1"}}))
 MODEL = TARGET.serving.served_model_name
-CRASH = load_requests()["crash"]
+CRASH = load_requests().crash
 
 
 def _fill(obj: Any, context: int) -> Any:

@@ -40,7 +40,7 @@ CONTEXT = 4096
 AGG = load_target("gb300-agg", overrides={"engine": {"max_model_len": CONTEXT}})
 DISAGG = load_target("gb300-disagg")
 MODEL = AGG.serving.served_model_name
-CRASH = load_requests()["crash"]
+CRASH = load_requests().crash
 QUESTION = [{"role": "user", "content": "What is 17 + 25? Answer with the number only."}]
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},

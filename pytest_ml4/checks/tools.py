@@ -14,10 +14,12 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pytest_ml4.checks.chat import (
     Answer,
@@ -32,6 +34,7 @@ from pytest_ml4.checks.expected import assert_answer_expected
 from pytest_ml4.checks.protocol import assert_no_control_tokens
 from pytest_ml4.client.endpoint import decode_json, quote_body
 from pytest_ml4.client.stream_probe import StreamResult
+from pytest_ml4.datafile import Strict, read_json, validate
 from pytest_ml4.evidence.worker_engine import WorkerEngine
 from pytest_ml4.locations import data_file
 from pytest_ml4.logs import GrammarSchemaRefused, LogView
@@ -51,11 +54,40 @@ if TYPE_CHECKING:
 TOOLS_DIR = data_file("tools")
 
 
+class ToolFunction(BaseModel):
+    """The part of an OpenAI tool's ``function`` this code relies on: its ``name`` (which call answers which tool)
+    and ``parameters``, a JSON schema object (the arguments are validated against it). ``description`` and any other
+    key are OpenAI's, passed through."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str = Field(min_length=1)
+    parameters: dict[str, Any]
+
+    @field_validator("parameters")
+    @classmethod
+    def _a_json_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            Draft202012Validator.check_schema(value)   # a broken fixture is our bug, say so early
+        except SchemaError as err:
+            raise ValueError(f"not a JSON schema: {' '.join(err.message.split())}") from None
+        return value
+
+
+class ToolEnvelope(Strict):
+    """A tool file's envelope (``{"type": "function", "function": {...}}``); the schema body stays a dict."""
+
+    type: Literal["function"]
+    function: ToolFunction
+
+
 def load_tool(name: str, directory: Path = TOOLS_DIR) -> dict[str, Any]:
-    """One tool definition (``{"type": "function", "function": {...}}``) from ``pytest_ml4/data/tools/<name>.json``."""
+    """One tool definition from ``pytest_ml4/data/tools/<name>.json``, exactly as the file has it (it is sent to
+    the server as it is), once its envelope is checked; a broken one is a
+    :class:`~pytest_ml4.datafile.DataFileError` naming the file, the line and the field."""
     path = directory / f"{name}.json"
-    tool = json.loads(path.read_text())
-    Draft202012Validator.check_schema(tool["function"]["parameters"])  # a broken fixture is our bug, say so early
+    tool = read_json(path)
+    validate(path, path.read_text(encoding="utf-8"), tool, ToolEnvelope)
     return tool
 
 

@@ -18,12 +18,13 @@ import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import openai
-import yaml
+from pydantic import field_validator
 
 from pytest_ml4.checks.codes import Violation, fails_with
 from pytest_ml4.client.transport import (
@@ -35,6 +36,7 @@ from pytest_ml4.client.transport import (
     json_problem,
 )
 from pytest_ml4.client.urls import display_url, strip_userinfo
+from pytest_ml4.datafile import Strict, load_yaml
 from pytest_ml4.locations import data_file
 
 #: Connect timeout: an unreachable endpoint must be reported within seconds, not minutes.
@@ -232,18 +234,38 @@ def check_reachable(ep: Endpoint, timeout: float = CONNECT_TIMEOUT_S, key_source
 REFUSALS_FILE = data_file("bad_input", "refused_keys.yaml")
 
 
+class KeyRefusal(Strict):
+    """One stack's recorded way of refusing a key: its status code(s) and a text its body holds ("" = any body).
+    ``why``, ``source`` and ``recorded`` are the row's evidence, for the reader of the file."""
+
+    stack: str
+    status: tuple[int, ...]
+    body_contains: str = ""
+    why: str
+    source: str
+    recorded: str | None = None
+
+    @field_validator("status", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: object) -> object:
+        return value if isinstance(value, list) else [value]
+
+    def matches(self, status: int, body: str) -> bool:
+        return status in self.status and self.body_contains in body
+
+
+class KeyRefusals(Strict):
+    refusals: tuple[KeyRefusal, ...]
+
+
 @functools.cache
-def _refusals() -> tuple[dict[str, Any], ...]:
-    return tuple(yaml.safe_load(REFUSALS_FILE.read_text())["refusals"])
+def key_refusals(path: Path = REFUSALS_FILE) -> tuple[KeyRefusal, ...]:
+    return load_yaml(path, KeyRefusals).refusals
 
 
 def key_refusal(status: int, body: str) -> str | None:
     """The stack whose recorded way of refusing a key this answer is (``pytest_ml4/data/bad_input/refused_keys.yaml``)."""
-    for row in _refusals():
-        codes = row["status"] if isinstance(row["status"], list) else [row["status"]]
-        if status in codes and row.get("body_contains", "") in body:
-            return row["stack"]
-    return None
+    return next((row.stack for row in key_refusals() if row.matches(status, body)), None)
 
 
 def _one_line(text: str) -> str:

@@ -19,12 +19,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
 from pytest_ml4.client.endpoint import Endpoint, make_httpx
 from pytest_ml4.client.stream_probe import StreamResult, parse_sse_lines
+
+if TYPE_CHECKING:
+    from pytest_ml4.control.scenario import CrashSpec
 
 #: The fields of the in-band error event compared with the one real Dynamo 1.6.1 sends when a stream's worker dies
 #: and migration is off (pytest_ml4/data/restart/requests.yaml ``crash.unmigrated_error``, from
@@ -85,10 +88,10 @@ class CrashRun:
         return "\n".join(lines)
 
 
-def _stream_body(model: str, spec: dict[str, Any]) -> dict[str, Any]:
-    n = int(spec["max_tokens"])
-    return {"model": model, "messages": [{"role": "user", "content": spec["prompt"]}], "max_tokens": n,
-            "min_tokens": int(spec.get("min_tokens", n)), "stream": True, "stream_options": {"include_usage": True},
+def _stream_body(model: str, spec: CrashSpec) -> dict[str, Any]:
+    n = spec.max_tokens
+    return {"model": model, "messages": [{"role": "user", "content": spec.prompt}], "max_tokens": n,
+            "min_tokens": n if spec.min_tokens is None else spec.min_tokens, "stream": True, "stream_options": {"include_usage": True},
             "nvext": {"extra_fields": ["worker_id"]}}
 
 
@@ -111,14 +114,14 @@ def _read(http: httpx.Client, body: dict[str, Any], on_data: Callable[[int], Non
     return lines, times, status
 
 
-def run_crash(endpoint: Endpoint, crasher: Crasher, spec: dict[str, Any], migration_limit: int,
+def run_crash(endpoint: Endpoint, crasher: Crasher, spec: CrashSpec, migration_limit: int,
               recover: bool = True, recover_s: float = 240.0) -> CrashRun:
     """Stream ``spec`` (``prompt``, ``max_tokens``, ``min_tokens``, ``kill_after_events``), SIGKILL its worker
     after ``kill_after_events`` data events, read the stream to its end, then bring the worker back within
     ``recover_s`` (the suite derives it from the workers' start time; unless ``recover`` is False: the caller
     tears the deployment down anyway)."""
     body = _stream_body(endpoint.model, spec)
-    after = int(spec["kill_after_events"])
+    after = spec.kill_after_events
     t0 = time.monotonic()
     timeline: list[tuple[float, str]] = [(0.0, f"stream sent (max_tokens = min_tokens = {body['max_tokens']})")]
     crashes: list[tuple[float, Crash]] = []
@@ -148,7 +151,7 @@ def run_crash(endpoint: Endpoint, crasher: Crasher, spec: dict[str, Any], migrat
         crasher.recover(recover_s)
         timeline.append((time.monotonic() - t0, f"{crash.worker} replaced, deployment serving again"))
     return CrashRun(migration_limit, stream, crash, after, timeline, gap, evidence,
-                    expected_error=dict(spec.get("unmigrated_error") or {}))
+                    expected_error=dict(spec.unmigrated_error))
 
 
 def stream_ending(stream: StreamResult) -> str:

@@ -26,13 +26,16 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from pytest_ml4.client.endpoint import Endpoint, make_httpx, quote_body
 from pytest_ml4.control.base import Progress, models_listed
 from pytest_ml4.control.k8s_restart import KubernetesController
+
+if TYPE_CHECKING:
+    from pytest_ml4.control.scenario import AffinitySpec, ConversationSpec
 
 SESSION_HEADER = "x-dynamo-session-id"
 #: Pins a request to one decode/aggregated worker (dynamo.md §5 header overrides; a bogus id answers 400).
@@ -125,20 +128,20 @@ def fresh_session() -> str:
     return f"ml4-{uuid.uuid4().hex[:12]}"
 
 
-def run_conversation(endpoint: Endpoint, spec: dict[str, Any], session: str | None = None,
+def run_conversation(endpoint: Endpoint, spec: ConversationSpec, session: str | None = None,
                      http: httpx.Client | None = None) -> list[Turn]:
     """The conversation of ``spec`` (a system prompt and user turns), each answer fed back, one session id.
 
     The system prompt starts with a fresh nonce so that its first turn meets a cold cache (block hashes chain from
     the first block: nothing of an earlier run's prompt can match)."""
     session = session or fresh_session()
-    system = f"[conversation {uuid.uuid4().hex[:12]}] {spec['system']}"
+    system = f"[conversation {uuid.uuid4().hex[:12]}] {spec.system}"
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
     turns: list[Turn] = []
     with _client(endpoint, http) as client:
-        for i, t in enumerate(spec["turns"]):
-            messages.append({"role": "user", "content": t["prompt"]})
-            turn = chat_turn(client, endpoint.model, messages, session, int(spec["max_tokens"]), label=f"turn {i + 1}")
+        for i, t in enumerate(spec.turns):
+            messages.append({"role": "user", "content": t.prompt})
+            turn = chat_turn(client, endpoint.model, messages, session, spec.max_tokens, label=f"turn {i + 1}")
             turns.append(turn)
             if turn.error:
                 break
@@ -199,7 +202,7 @@ class AffinityRun:
     phase: RoutedPhase = AGGREGATED_PHASE
 
 
-def run_affinity_probe(endpoint: Endpoint, spec: dict[str, Any], http: httpx.Client | None = None,
+def run_affinity_probe(endpoint: Endpoint, spec: AffinitySpec, http: httpx.Client | None = None,
                        topology: str = "agg") -> AffinityRun:
     """Turns of one session whose second prefix is cached on another worker of the KV-routed phase of
     ``topology`` (see the module docstring).
@@ -208,14 +211,14 @@ def run_affinity_probe(endpoint: Endpoint, spec: dict[str, Any], http: httpx.Cli
     ``control_question``, ``max_tokens``. Returns the turns in order:
     session turn 1, the pinned priming request, the session-less control, session turn 2."""
     nonce = uuid.uuid4().hex[:12]
-    prefix = " ".join([str(spec["prefix"]).strip()] * int(spec.get("repeat", 1)))
+    prefix = " ".join([spec.prefix.strip()] * spec.repeat)
 
     def messages(part: int, question: str) -> list[dict[str, Any]]:
         # Distinct first tokens: every KV block hash of one prefix differs from the other's.
         return [{"role": "system", "content": f"[affinity {nonce} part {part}] {prefix}"},
                 {"role": "user", "content": question}]
 
-    n = int(spec["max_tokens"])
+    n = spec.max_tokens
     session = fresh_session()
     phase = routed_phase(topology)
     with _client(endpoint, http) as client:
@@ -224,16 +227,16 @@ def run_affinity_probe(endpoint: Endpoint, spec: dict[str, Any], http: httpx.Cli
         if len(workers) < 2:
             return AffinityRun([], not_applicable=f"/health lists {len(workers)} {phase.name} worker(s) {workers}: "
                                                   f"session affinity needs two to be observable", phase=phase)
-        first = chat_turn(client, endpoint.model, messages(1, spec["question"]), session, n, label="session turn 1")
+        first = chat_turn(client, endpoint.model, messages(1, spec.question), session, n, label="session turn 1")
         if first.error or first.worker(phase.id_field) is None:
             return AffinityRun([first], phase=phase)
         other = next(w for w in workers if w != first.worker(phase.id_field))
-        prime = chat_turn(client, endpoint.model, messages(2, spec["question"]), None, n, pin=other,
+        prime = chat_turn(client, endpoint.model, messages(2, spec.question), None, n, pin=other,
                           label=f"priming part 2 on {phase.name} worker {other} ({phase.pin_header})",
                           pin_header=phase.pin_header)
-        control = chat_turn(client, endpoint.model, messages(2, spec["control_question"]), None, n,
+        control = chat_turn(client, endpoint.model, messages(2, spec.control_question), None, n,
                             label="control: part 2 without a session")
-        second = chat_turn(client, endpoint.model, messages(2, spec["question"]), session, n,
+        second = chat_turn(client, endpoint.model, messages(2, spec.question), session, n,
                            label="session turn 2 (part 2)")
     return AffinityRun([first, prime, control, second], first.worker(phase.id_field), other, phase=phase)
 

@@ -23,6 +23,7 @@ one that fails the suite: ``silently_truncated`` (the stream ended with neither 
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +32,6 @@ from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import httpx
-import yaml
 from pydantic import Field
 
 from pytest_ml4.checks.codes import fail, fails_with
@@ -54,8 +54,74 @@ DEFAULT_ROLES = {"worker": "workers"}
 ENGINE_HEADERS = ("x-ml4-engine-instance", "llm_provider-x-ml4-engine-instance")
 
 
-def load_requests(path: Path = REQUESTS_FILE) -> dict[str, Any]:
-    return dict(yaml.safe_load(path.read_text()))
+class InFlightSpec(Strict):
+    """The long streams that must still run when the restart hits (min_tokens = max_tokens keeps them going)."""
+
+    streams: int = Field(ge=0)
+    prompt: str
+    max_tokens: int = Field(gt=0)
+    min_tokens: int = Field(ge=0)
+    settle_s: float = Field(ge=0)
+
+
+class ProbeSpec(Strict):
+    """The short request sent during and after the restart; an answer lacking ``expect_substring`` is wrong."""
+
+    prompt: str
+    expect_substring: str
+    max_tokens: int = Field(gt=0)
+    interval_s: float = Field(gt=0)
+
+
+class ConversationTurn(Strict):
+    prompt: str
+    expect_substring: str
+
+
+class ConversationSpec(Strict):
+    """Two turns of one session (Dynamo prefix reuse, the disagg handoff) after a long system prompt."""
+
+    system: str
+    turns: tuple[ConversationTurn, ...] = Field(min_length=1)
+    max_tokens: int = Field(gt=0)
+
+
+class AffinitySpec(Strict):
+    """The session-affinity probe: ``prefix`` repeated ``repeat`` times spans many KV blocks."""
+
+    prefix: str
+    repeat: int = Field(default=1, ge=1)
+    question: str
+    control_question: str
+    max_tokens: int = Field(gt=0)
+
+
+class CrashSpec(Strict):
+    """A stream whose worker is SIGKILLed after ``kill_after_events`` events; ``unmigrated_error`` is the in-band
+    error Dynamo sends when migration is off (compared as the plain object it is on the wire)."""
+
+    prompt: str
+    max_tokens: int = Field(gt=0)
+    min_tokens: int | None = Field(default=None, ge=0)   # None: max_tokens
+    kill_after_events: int = Field(gt=0)
+    unmigrated_error: dict[str, Any] = Field(default_factory=dict)
+
+
+class RestartRequests(Strict):
+    """pytest_ml4/data/restart/requests.yaml: every request the restart suite sends."""
+
+    in_flight: InFlightSpec
+    probe: ProbeSpec
+    conversation: ConversationSpec
+    affinity: AffinitySpec
+    crash: CrashSpec
+
+
+@functools.cache
+def load_requests(path: Path = REQUESTS_FILE) -> RestartRequests:
+    """The restart suite's requests; a malformed file is a :class:`~pytest_ml4.datafile.DataFileError` naming the
+    file, the line and the field."""
+    return load_yaml(path, RestartRequests)
 
 
 @dataclass
@@ -213,16 +279,16 @@ def classify_stream(result: StreamResult) -> tuple[str, str]:
                                   f"[DONE]={result.done}")
 
 
-def _stream_body(model: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {"model": model, "messages": [{"role": "user", "content": spec["prompt"]}], "stream": True,
-            "max_tokens": spec["max_tokens"], "min_tokens": spec["min_tokens"],
+def _stream_body(model: str, spec: InFlightSpec) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": spec.prompt}], "stream": True,
+            "max_tokens": spec.max_tokens, "min_tokens": spec.min_tokens,
             "stream_options": {"include_usage": True}}
 
 
-def probe_body(model: str, spec: dict[str, Any], extras: dict[str, Any] | None = None) -> dict[str, Any]:
+def probe_body(model: str, spec: ProbeSpec, extras: dict[str, Any] | None = None) -> dict[str, Any]:
     """The probe request; ``extras`` adds the fields a controller needs for its evidence (``probe_extras``)."""
-    return {"model": model, "messages": [{"role": "user", "content": spec["prompt"]}],
-            "max_tokens": spec["max_tokens"], **(extras or {})}
+    return {"model": model, "messages": [{"role": "user", "content": spec.prompt}],
+            "max_tokens": spec.max_tokens, **(extras or {})}
 
 
 #: Where an answer's own engine evidence came from (the timeline names it).
@@ -288,7 +354,7 @@ def missing_identity_evidence(controller: Controller, body: dict[str, Any], engi
 
 # ----------------------------------------------------------------------------------------------- the scenario
 @fails_with("restart.not_serving_before", "the deployment did not serve before the restart")
-def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: dict[str, Any] | None = None,
+def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: RestartRequests | None = None,
                          with_streams: bool = True, with_requests: bool = True, recovery_limit_s: float = 600.0,
                          progress: Progress | None = None, budget: RestartBudget | None = None,
                          http_factory: Callable[[Endpoint], httpx.Client] = make_httpx) -> RestartRun:
@@ -306,7 +372,7 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
     elapsed time.
     """
     spec = spec or load_requests()
-    flight, probe = spec["in_flight"], spec["probe"]
+    flight, probe = spec.in_flight, spec.probe
     notes: list[str] = []
 
     def say(msg: str) -> None:
@@ -332,7 +398,7 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
                 else ANSWER_EVIDENCE.get(warm.evidence, "none"))
     evidence_missing = missing_identity_evidence(controller, body, old_engine)
     old_peers = controller.engines()
-    streams: list[StreamResult | None] = [None] * (int(flight["streams"]) if with_streams else 0)
+    streams: list[StreamResult | None] = [None] * (flight.streams if with_streams else 0)
 
     sending = [threading.Event() for _ in streams]
 
@@ -346,9 +412,9 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
         th.start()
     for ev in sending:
         # A client takes a while to build on a busy machine: settle_s counts from the request, not the thread.
-        ev.wait(float(flight["settle_s"]) * 30)
+        ev.wait(flight.settle_s * 30)
     if with_streams:
-        time.sleep(float(flight["settle_s"]))  # let them reach the decode phase: they are in flight when the restart hits
+        time.sleep(flight.settle_s)  # let them reach the decode phase: they are in flight when the restart hits
 
     box: dict[str, Any] = {}
 
@@ -373,7 +439,7 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
         before = controller.incarnation() if by_incarnation else None
         sent = time.monotonic()
         with http_factory(endpoint) as http:
-            reply = send_probe(http, body, probe.get("expect_substring"))
+            reply = send_probe(http, body, probe.expect_substring)
         done = time.monotonic()
         engine = reply.engine
         if by_incarnation:
@@ -387,7 +453,7 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
         th = threading.Thread(target=request_worker, args=(len(senders),), daemon=True)
         th.start()
         senders.append(th)
-        restarter.join(float(probe["interval_s"]))
+        restarter.join(probe.interval_s)
     # The restart is bounded by the controller's own limit, not the recovery gate: a rolling restart of several
     # replicas outlasts the first new engine's answer, and the next scenario must not start while it still runs.
     # With a budget the restart thread ends by its own deadline (the controller's waits are bounded by it).
@@ -407,7 +473,7 @@ def run_restart_scenario(controller: Controller, endpoint: Endpoint, *, spec: di
         request_worker(len(outcomes))
         timeline = build_timeline(old_engine, outcomes, old_peers, evidence)
         if timeline.first_new_s is None:
-            time.sleep(float(probe["interval_s"]))
+            time.sleep(probe.interval_s)
     for th in stream_threads:
         th.join(restart_limit_s)
     timed_out = _phase_timeout(box.get("timeout"), budget)

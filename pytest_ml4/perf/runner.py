@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -34,8 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field
 
 from pytest_ml4.checks.codes import fail, fails_with
+from pytest_ml4.datafile import load_jsonl
 from pytest_ml4.perf.export import LOG_FILE, SUMMARY_FILE, ExportError, ProfileExport
 from pytest_ml4.runtime import installed as tools
 from pytest_ml4.runtime import processes
@@ -131,19 +132,38 @@ class AiperfSpec:
         return bool(self.all_extra_inputs.get("ignore_eos"))
 
 
+class TraceRow(BaseModel):
+    """One request of a mooncake trace (aiperf's own input format, aiperf.md §4.4, handed to aiperf as it is).
+
+    Only what this code reads is checked: ``timestamp`` (ms; the first row's decides the fixed schedule, the short
+    profile scales it) and ``output_length`` (the short profile caps it). The other keys (``input_length``,
+    ``hash_ids``, aiperf's optional ones) are aiperf's to judge and pass through untouched."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    timestamp: int | float | None = Field(default=None, ge=0)
+    output_length: int = Field(ge=0)
+
+    def wire(self) -> dict[str, Any]:
+        """The row as aiperf reads it: every key it had, none added."""
+        return self.model_dump(exclude_unset=True)
+
+
+def load_trace(path: Path) -> list[TraceRow]:
+    """A mooncake trace's rows; a row that is not JSON or breaks :class:`TraceRow` is a
+    :class:`~pytest_ml4.datafile.DataFileError` naming the file, the line and the field."""
+    return load_jsonl(path, TraceRow)
+
+
 def trace_rows(path: Path) -> int:
     """Rows of a mooncake trace (one request each)."""
-    with Path(path).open() as fh:
-        return sum(1 for line in fh if line.strip())
+    return len(load_trace(path))
 
 
 def trace_has_timestamps(path: Path) -> bool:
     """Whether the first row has a ``timestamp`` (then aiperf replays on a fixed schedule)."""
-    with Path(path).open() as fh:
-        for line in fh:
-            if line.strip():
-                return "timestamp" in json.loads(line)
-    return False
+    rows = load_trace(path)
+    return bool(rows) and rows[0].timestamp is not None
 
 
 def expected_p99_latency_s(osl: int, tok_s_user: float, ttft_s: float, concurrency: int = 1,

@@ -25,6 +25,7 @@ from pytest_ml4.perf.runner import (
     RunResult,
     expected_p99_latency_s,
     failure_log,
+    load_trace,
 )
 from pytest_ml4.stacks import stack_for
 from pytest_ml4.target.model import Target
@@ -261,17 +262,12 @@ def short_trace(src: Path, dst: Path, *, rows: int = 16, time_scale: float = 0.1
     Returns the number of rows written.
     """
     kept = []
-    with Path(src).open() as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if "timestamp" in row:
-                row["timestamp"] = int(row["timestamp"] * time_scale)
-            row["output_length"] = min(int(row["output_length"]), max_output)
-            kept.append(row)
-            if len(kept) >= rows:
-                break
+    for row in load_trace(src)[:rows]:
+        out = row.wire()
+        if row.timestamp is not None:
+            out["timestamp"] = int(row.timestamp * time_scale)
+        out["output_length"] = min(row.output_length, max_output)
+        kept.append(out)
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_text("".join(json.dumps(r) + "\n" for r in kept))
     return len(kept)
