@@ -91,7 +91,7 @@ class CrashRun:
 def _stream_body(model: str, spec: CrashSpec) -> dict[str, Any]:
     n = spec.max_tokens
     return {"model": model, "messages": [{"role": "user", "content": spec.prompt}], "max_tokens": n,
-            "min_tokens": n if spec.min_tokens is None else spec.min_tokens, "stream": True, "stream_options": {"include_usage": True},
+            "min_tokens": spec.min_tokens, "stream": True, "stream_options": {"include_usage": True},
             "nvext": {"extra_fields": ["worker_id"]}}
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import httpx
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pytest_ml4.checks.codes import fail, fails_with
 from pytest_ml4.client.endpoint import Endpoint, make_httpx, quote_body
@@ -102,9 +102,16 @@ class CrashSpec(Strict):
 
     prompt: str
     max_tokens: int = Field(gt=0)
-    min_tokens: int | None = Field(default=None, ge=0)   # None: max_tokens
+    min_tokens: int = Field(ge=0)   # absent: max_tokens (a fixed-length stream)
     kill_after_events: int = Field(gt=0)
     unmigrated_error: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fixed_length_by_default(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "min_tokens" not in data and "max_tokens" in data:
+            return {**data, "min_tokens": data["max_tokens"]}
+        return data
 
 
 class RestartRequests(Strict):
