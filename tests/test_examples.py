@@ -330,8 +330,9 @@ def _suite_markers() -> dict[str, Path]:
 
 
 def _reads_logs(marker: str, suite: Path) -> bool:
-    """Whether the suite (or its plugin module) asks for the engine log reader."""
-    fixtures = ("ml4_logs", "ml4_boot_log", "log_reader_if_any", "ml4_restart_logs")
+    """Whether the suite (or its plugin module) asks for the engine log reader (a fixture, or the bundle's
+    ``ml4.logs``)."""
+    fixtures = ("ml4_logs", "ml4_boot_log", "log_reader_if_any", "ml4_restart_logs", "ml4.logs")
     plugin = PACKAGE / "plugin" / f"{marker}.py"
     texts = [suite.read_text()] + ([plugin.read_text()] if plugin.is_file() else [])
     return any(f in text for f in fixtures for text in texts)
