@@ -191,26 +191,6 @@ def assert_effort_honoured(answer: Answer, effort: str, expect_substring: str,
         assert_reasoning_tokens_agree(reasoning, answer.usage, counter, f"{answer.where}, effort {effort}")
 
 
-def effort_contrast(target: Target, efforts: Sequence[str]) -> tuple[str, str] | None:
-    """The lowest and the highest effort that think (``efforts`` in rising order, ``none`` left out) among those the
-    endpoint serves; None when it serves fewer than two."""
-    thinking = [e for e in efforts if e != "none" and e in accepted_efforts(target)]
-    return (thinking[0], thinking[-1]) if len(thinking) >= 2 else None
-
-
-@fails_with("reasoning.effort_has_no_effect",
-            "the same question at a higher reasoning_effort did not think longer than at a lower one")
-def assert_higher_effort_thinks_longer(lower: Answer, higher: Answer, efforts: tuple[str, str],
-                                       counter: TokenCounter) -> None:
-    """``reasoning_effort`` reaches the model: the higher effort's reasoning is longer, in tokens, than the lower's.
-    Accepted is not honoured: vLLM hands the effort to Mistral tokenizers from v15 only (vllm.md §3.1), and a
-    proxy or client that drops the field leaves every effort at the model's default."""
-    low, high = counter.count(lower.reasoning), counter.count(higher.reasoning)
-    require(high > low, "reasoning.effort_has_no_effect",
-            lambda: f"{higher.where}: reasoning_effort {efforts[1]!r} thought {high} tokens, {efforts[0]!r} {low}: "
-                    f"the effort does not reach the model ({counter.describe()})")
-
-
 def assert_invalid_request_answered(ml4: Deployment, request: BadRequest, answers: StackAnswers) -> None:
     """The stack answers as its row of ``answers`` says; where it accepts the request, it serves it (a stream
     failing after its 200 is not served)."""
