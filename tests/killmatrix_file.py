@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -24,7 +23,7 @@ from pydantic import (
 )
 
 from pytest_ml4.checks.codes import CODE_FORM, known_codes
-from pytest_ml4.target.model import TargetError, read_yaml_strict
+from pytest_ml4.datafile import DataFileError, compose, line_at, read_yaml
 
 #: The entries a check may give, exactly one of which says how it is proven (or why it is not).
 VERDICT_KEYS = ("killed_by", "measurement", "skipped", "pending")
@@ -205,20 +204,9 @@ class MatrixFile(_Entry):
 
 
 # ------------------------------------------------------------------------------------------------ locating errors
-def _node_at(node: yaml.Node, loc: tuple[str | int, ...]) -> yaml.Node:
-    """The deepest YAML node along ``loc`` (a mapping's key, a sequence's index); parts no node has are passed."""
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            node = next((v for k, v in node.value if k.value == str(part)), node)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-    return node
-
-
 def line_of(path: Path, loc: tuple[str | int, ...]) -> int:
     """The line of the value at ``loc`` in the file (of the nearest enclosing one where ``loc`` is missing)."""
-    root = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
-    return 1 if root is None else _node_at(root, loc).start_mark.line + 1
+    return line_at(compose(path.read_text(encoding="utf-8")), loc) or 1
 
 
 def where(loc: tuple[str | int, ...]) -> str:
@@ -242,9 +230,9 @@ def read_file(path: Path) -> MatrixFile:
     """One matrix file, typed; a bad one is a :class:`MatrixError` of one line (the first bad field, and how many
     more there are)."""
     try:
-        data = read_yaml_strict(path)
-    except TargetError as err:      # not UTF-8, not YAML, a key given twice: its line too
-        raise MatrixError(f"{path.name}: {str(err).removeprefix(f'invalid target file {path}: ')}") from None
+        data = read_yaml(path, "kill matrix")
+    except DataFileError as err:    # not UTF-8, not YAML, a key given twice: its line too
+        raise MatrixError(f"{path.name}: {str(err).removeprefix(f'invalid kill matrix {path}: ')}") from None
     if not isinstance(data, dict):
         raise MatrixError(f"{path.name}: line 1: the file must be a mapping (target, kills, checks, ...), "
                           f"got {type(data).__name__}")

@@ -564,16 +564,10 @@ def load_target(name_or_path: str | os.PathLike[str], directory: Path | None = N
         if not path.is_file():
             raise TargetError(f"unknown target '{text}'; known targets: {', '.join(known_targets(d)) or '(none)'}"
                               f" (in {d})")
-    data = read_yaml_strict(path)
+    data = read_yaml(path, "target file", TargetError)  # one line: file, line; a key given twice too
     if overrides:
         data = deep_merge(data if isinstance(data, dict) else {}, overrides)
     return parse_target(data, path, overrides, option)
-
-
-def read_yaml_strict(path: Path) -> Any:
-    """A target file's YAML, or a :class:`TargetError` of one line naming the file and line: not UTF-8, a
-    YAML error, a tag the safe loader refuses, or a key given twice."""
-    return read_yaml(path, "target file", TargetError)
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
