@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import openai
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from pytest_ml4.checks.codes import Violation, fails_with
 from pytest_ml4.client.transport import (
@@ -238,7 +238,8 @@ class KeyRefusal(Strict):
     """One stack's recorded way of refusing a key: its status code(s) and a text its body holds ("" = any body).
     ``why``, ``source`` and ``recorded`` are the row's evidence, for the reader of the file."""
 
-    stack: str
+    #: The stack that answers this way (the file's ``stack``): a name for the message, never a branch.
+    refused_by: str = Field(alias="stack")
     status: tuple[int, ...]
     body_contains: str = ""
     why: str
@@ -265,7 +266,7 @@ def key_refusals(path: Path = REFUSALS_FILE) -> tuple[KeyRefusal, ...]:
 
 def key_refusal(status: int, body: str) -> str | None:
     """The stack whose recorded way of refusing a key this answer is (``pytest_ml4/data/bad_input/refused_keys.yaml``)."""
-    return next((row.stack for row in key_refusals() if row.matches(status, body)), None)
+    return next((row.refused_by for row in key_refusals() if row.matches(status, body)), None)
 
 
 def _one_line(text: str) -> str:
