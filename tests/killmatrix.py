@@ -13,7 +13,6 @@ regex that matches a literal in the source would be satisfied by any failure aft
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 import subprocess
@@ -31,6 +30,7 @@ from killmatrix_file import (
     ExpectEntry,
     KillEntry,
     MatrixError,
+    matches,
     resolve,
 )
 
@@ -192,12 +192,6 @@ class Matrix:
         """(check, kill, expectation) for every check of the profile that one of the kills names."""
         return [(c, k.name, c.killed_by[k.name]) for k in kills for c in self.checks.values()
                 if k.name in c.killed_by and self.profile(c.key) == profile]
-
-
-def matches(name: str, pattern: str) -> bool:
-    """``*`` is the only wildcard (parametrize ids hold brackets and dashes)."""
-    escaped = "".join("[[]" if ch == "[" else "[]]" if ch == "]" else ch for ch in pattern)
-    return fnmatch.fnmatchcase(name, escaped)
 
 
 def function_key(node: str) -> str:
@@ -479,14 +473,22 @@ def judge_harness(outcome: Outcome, node: str) -> str | None:
     return None
 
 
+def allowance(key: str, allowed: dict[str, Collateral]) -> Collateral | None:
+    """The collateral entry covering a check: its own key, else the first pattern (``suites/test_x.py::*``: a kill
+    that breaks every check of a file, or every request, says so once) that matches it."""
+    if key in allowed:
+        return allowed[key]
+    return next((c for pattern, c in allowed.items() if "*" in pattern and matches(key, pattern)), None)
+
+
 def judge_collateral(outcome: Outcome, node: str, check: Check, allowed: dict[str, Collateral]) -> str | None:
     """A check of the run the kill does not name must behave as on a healthy run (pass, or skip with its reason):
     failing, skipping or ending not judged under the kill is collateral unless the matrix lists it with a reason
     (and, if stated, that very outcome)."""
     off = judge_harness(outcome, node) or judge_healthy(outcome, node, check)
-    if off is None or (check.key in allowed and allowed[check.key].allows(outcome)):
+    listed = allowance(check.key, allowed)
+    if off is None or (listed is not None and listed.allows(outcome)):
         return None
-    listed = allowed.get(check.key)
     why = (f"listed for {listed.outcome} only" if listed is not None
            else "not named by the kill, not listed under its collateral")
     return f"collateral {outcome.kind} ({why}): {off}"

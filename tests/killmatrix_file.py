@@ -8,6 +8,7 @@ comes from the YAML nodes, composed only when there is an error to place.
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -310,6 +311,12 @@ def resolve(target: str, directory: Path) -> Resolved:
     return out
 
 
+def matches(name: str, pattern: str) -> bool:
+    """``*`` is the only wildcard (parametrize ids hold brackets and dashes)."""
+    escaped = "".join("[[]" if ch == "[" else "[]]" if ch == "]" else ch for ch in pattern)
+    return fnmatch.fnmatchcase(name, escaped)
+
+
 def _consistent(m: Resolved) -> None:
     """What no single file can tell: the kills a check names exist, the checks a collateral names exist, every
     suite file's profile is defined."""
@@ -326,6 +333,6 @@ def _consistent(m: Resolved) -> None:
         if unknown:
             raise placed.refusal(("killed_by",), f"names kills {m.target}'s matrix does not define: {unknown}")
     for kill, placed in m.kills.values():
-        unknown = sorted(set(kill.collateral) - set(m.checks))
+        unknown = sorted(key for key in kill.collateral if not any(matches(check, key) for check in m.checks))
         if unknown:
             raise placed.refusal(("collateral",), f"names checks {m.target}'s matrix lacks: {unknown}")

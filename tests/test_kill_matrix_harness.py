@@ -310,6 +310,9 @@ checks:
     pytest.param("suites/test_x.py::two: {why", "suites/test_x.py::three: {why", "a.yaml: line 10: "
                  "kills.k1.collateral: names checks a's matrix lacks: ['suites/test_x.py::three']",
                  id="collateral-of-no-check"),
+    pytest.param("suites/test_x.py::two: {why", "suites/test_y.py::*: {why", "a.yaml: line 10: "
+                 "kills.k1.collateral: names checks a's matrix lacks: ['suites/test_y.py::*']",
+                 id="collateral-pattern-of-no-check"),
 ])
 def test_a_bad_field_is_one_line_with_file_line_and_field(tmp_path: Path, old: str, new: str, refusal: str) -> None:
     """Every field of the file is typed: a bad one is refused at load with the file, the line that holds it and its
@@ -457,6 +460,28 @@ def test_collateral_sees_skips_and_not_judged_in_every_file_of_the_run() -> None
 
 
 # ---------------------------------------------------------------------------------------------- the tally gate
+def test_collateral_by_pattern_covers_every_check_it_matches_and_no_other() -> None:
+    """A kill that breaks every check of a file (or every request) lists its collateral once, as a pattern: it
+    covers the checks it matches, with its outcome when stated; a check's own key wins over a pattern; a check of
+    another file is still collateral."""
+    from killmatrix import Check, Collateral, KillRun, Matrix, collateral_problems
+
+    keys = ("suites/test_a.py::one", "suites/test_a.py::two", "suites/test_b.py::three")
+    checks = {k: Check(k, measurement="m") for k in keys}
+    m = Matrix("t", (), {}, frozenset(), {}, {}, checks)
+    plan = KillRun([], [], {"suites/test_a.py::*": Collateral("no reasoning field", "failed"),
+                            "suites/test_a.py::two": Collateral("its own reason", "not_judged")})
+    outcomes = {"suites/test_a.py::one": Outcome("failed", "x"),
+                "suites/test_a.py::two": Outcome("failed", "x"),
+                "suites/test_b.py::three": Outcome("failed", "x")}
+    problems = collateral_problems(m, plan, outcomes)
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("collateral failed (listed for not_judged only)") and "test_a.py::two" in problems[0]
+    assert problems[1].startswith("collateral failed (not named by the kill") and "test_b.py::three" in problems[1]
+    outcomes["suites/test_a.py::one"] = Outcome("skipped", "not judged: nothing came back")
+    assert any("test_a.py::one" in p for p in collateral_problems(m, plan, outcomes))
+
+
 def _records(killed: int, gating: int, control_ok: bool = True, collateral: int = 0) -> list[dict]:
     checks = {f"c{i}": "killed_by" for i in range(gating)}
     return [{"target": "t", "checks": checks, "kills": {"k": {"checks": sorted(checks), "control": "control --x"}}},
