@@ -238,7 +238,8 @@ register(Fault("reasoning_share_shift", "the reasoning share of fixed-length ans
 
 # Long reasoning: not a defect but a healthy model that thinks at length before it answers (as with
 # reasoning_effort and a hard question), longer than a gate's output cap would allow; 0: a model that never reasons.
-register(Fault("reasoning_len", "the model reasons N tokens (default 1024) before it answers; 0: it does not reason",
+register(Fault("reasoning_len", "the model reasons N tokens (default 1024) more than its effort's own reasoning "
+               "before it answers (a higher effort still thinks longer); 0: it does not reason",
                "suites/test_reasoning.py (a cut reasoning is reported truncated, never judged as a share; no "
                "reasoning fails naming that)", default=1024.0, takes_value=True))
 

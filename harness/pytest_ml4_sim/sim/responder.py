@@ -47,8 +47,8 @@ class Plan:
     tool_calls: list[ToolCallPlan] = field(default_factory=list)
     #: Deterministic reasoning share (0.52-0.66) used when output is padded to a fixed length.
     reasoning_share: float = 0.58
-    #: Reasoning tokens the model writes before it answers (``reasoning_len``: a model that thinks at length);
-    #: None: as long as the plan's reasoning text.
+    #: Reasoning tokens the model writes beyond the plan's reasoning text (``reasoning_len``: a model that thinks
+    #: at length, still longer at a higher effort); None: as long as the plan's reasoning text.
     reasoning_len: int | None = None
     #: Change of the reasoning share of an answer that is not padded (``reasoning_share_shift``).
     share_shift: float = 0.0

@@ -164,10 +164,11 @@ def build_output(plan: Plan, tok: SimTokenizer, limits: Limits, opts: WireOption
 
 def _natural_reasoning(plan: Plan, tok: SimTokenizer, r_pieces: list[str], answer_len: int,
                        padded: bool) -> list[str]:
-    """The reasoning the model writes before it answers: ``reasoning_len`` tokens for a model that thinks at
-    length, and for an answer that is not padded to a fixed length, the reasoning lengthened or shortened so its
-    share of the output moves by ``share_shift`` (a padded answer takes the shift through ``reasoning_share``)."""
-    wanted = plan.reasoning_len
+    """The reasoning the model writes before it answers: ``reasoning_len`` tokens more than the effort's own
+    reasoning for a model that thinks at length (a higher effort still thinks longer), and for an answer that is
+    not padded to a fixed length, the reasoning lengthened or shortened so its share of the output moves by
+    ``share_shift`` (a padded answer takes the shift through ``reasoning_share``)."""
+    wanted = None if plan.reasoning_len is None else plan.reasoning_len + len(r_pieces)
     if wanted is None and plan.share_shift and not padded:
         total = len(r_pieces) + 2 + answer_len
         share = min(max(len(r_pieces) / total + plan.share_shift, 0.01), 0.98)
