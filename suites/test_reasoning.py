@@ -20,6 +20,7 @@ from pytest_ml4.checks.reasoning import (
     accepted_efforts,
     assert_effort_honoured,
     assert_effort_refused,
+    assert_higher_effort_thinks_longer,
     assert_invalid_request_answered,
     assert_reasoned_answer,
     assert_reasoning_separated,
@@ -28,6 +29,7 @@ from pytest_ml4.checks.reasoning import (
     assert_share_in_seed_band,
     assert_share_within_baseline,
     defaults_for,
+    effort_contrast,
     measure_share,
     report_share,
     save_share_if_asked,
@@ -82,6 +84,17 @@ def test_each_reasoning_effort_is_accepted(chat: ChatSession, ml4: Deployment, e
         return
     answer = chat.ask(chat.body(user(q.prompt), reasoning_effort=effort), stream)
     assert_effort_honoured(answer, effort, q.expect_substring, ml4.token_counter)
+
+
+@STREAM
+def test_higher_effort_thinks_longer(chat: ChatSession, ml4: Deployment, stream: bool) -> None:
+    """An effort the endpoint accepts also reaches the model: the same question thinks longer at a high effort
+    than at a low one."""
+    efforts = effort_contrast(ml4.target)
+    if efforts is None:
+        pytest.skip(f"the endpoint does not serve both efforts compared ({accepted_efforts(ml4.target)})")
+    low, high = (chat.ask(chat.body(user(DATA.question.prompt), reasoning_effort=e), stream) for e in efforts)
+    assert_higher_effort_thinks_longer(low, high, efforts, ml4.token_counter)
 
 
 @STREAM

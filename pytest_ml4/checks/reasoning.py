@@ -191,6 +191,36 @@ def assert_effort_honoured(answer: Answer, effort: str, expect_substring: str,
         assert_reasoning_tokens_agree(reasoning, answer.usage, counter, f"{answer.where}, effort {effort}")
 
 
+#: The efforts compared: OpenAI's low and high, which every effort-capable server and OpenAI-schema gateway carries.
+#: Mistral's own ``max`` and ``xhigh`` are judged by test_each_reasoning_effort_is_accepted: a gateway that drops
+#: them fails there, not here.
+EFFORT_CONTRAST = ("low", "high")
+
+
+def effort_contrast(target: Target) -> tuple[str, str] | None:
+    """The lower and the higher effort compared (``EFFORT_CONTRAST``), or None when the endpoint does not serve
+    both."""
+    served = accepted_efforts(target)
+    return EFFORT_CONTRAST if all(e in served for e in EFFORT_CONTRAST) else None
+
+
+@fails_with("reasoning.effort_has_no_effect",
+            "the same question at a higher reasoning_effort did not think longer than at a lower one")
+def assert_higher_effort_thinks_longer(lower: Answer, higher: Answer, efforts: tuple[str, str],
+                                       counter: TokenCounter) -> None:
+    """``reasoning_effort`` reaches the model: the higher effort's reasoning is longer, in tokens, than the lower's.
+    Accepted is not honoured: vLLM hands the effort to Mistral tokenizers from v15 only (vllm.md §3.1), and a
+    proxy or client that drops the field leaves every effort at the model's default. No reasoning field at either
+    effort leaves nothing to compare (test_reasoning_is_separated_from_content judges the split)."""
+    if not lower.reasoning and not higher.reasoning:
+        not_judged(f"{higher.where}: no reasoning field at reasoning_effort {efforts[0]!r} nor {efforts[1]!r}: "
+                   "no thinking to compare")
+    low, high = counter.count(lower.reasoning), counter.count(higher.reasoning)
+    require(high > low, "reasoning.effort_has_no_effect",
+            lambda: f"{higher.where}: reasoning_effort {efforts[1]!r} thought {high} tokens, {efforts[0]!r} {low}: "
+                    f"the effort does not reach the model ({counter.describe()})")
+
+
 def assert_invalid_request_answered(ml4: Deployment, request: BadRequest, answers: StackAnswers) -> None:
     """The stack answers as its row of ``answers`` says; where it accepts the request, it serves it (a stream
     failing after its 200 is not served)."""
