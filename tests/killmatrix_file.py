@@ -317,6 +317,10 @@ def matches(name: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(name, escaped)
 
 
+#: The matrix every target's chain of bases ends at: the entries the same on every target.
+COMMON = "common.yaml"
+
+
 def _consistent(m: Resolved) -> None:
     """What no single file can tell: the kills a check names exist, the checks a collateral names exist, every
     suite file's profile is defined."""
@@ -336,3 +340,21 @@ def _consistent(m: Resolved) -> None:
         unknown = sorted(key for key in kill.collateral if not any(matches(check, key) for check in m.checks))
         if unknown:
             raise placed.refusal(("collateral",), f"names checks {m.target}'s matrix lacks: {unknown}")
+
+
+def shared_outside_common(targets: list[str], directory: Path) -> list[str]:
+    """The check and kill entries every target resolves alike but not from ``common.yaml``: each belongs there, once
+    (a copy per target is what a new check's author would have to find and edit in every file)."""
+    resolved = [resolve(t, directory) for t in targets]
+    found = []
+    for section in ("checks", "kills"):
+        tables = [getattr(r, section) for r in resolved]
+        for key in sorted(set.intersection(*(set(t) for t in tables))):
+            entries = [t[key] for t in tables]
+            same = all(e.model_dump() == entries[0][0].model_dump() for e, _ in entries)
+            if same and any(placed.path.name != COMMON for _, placed in entries):
+                files = sorted({placed.path.name for _, placed in entries})
+                found.append(f"{section}.{key}: the same on every target, given by {', '.join(files)}: "
+                             f"belongs in {COMMON}")
+    return found
+

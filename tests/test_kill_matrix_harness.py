@@ -569,3 +569,25 @@ def test_the_gate_fails_a_session_whose_tally_does_not_hold(tmp_path: Path, nigh
     assert ("kill-matrix gate" in proc.stdout) == (gate_line is not None), out
     if gate_line is not None:
         assert f"kill-matrix gate (ML4_KILL_MATRIX_GATE={gate}) FAILS the session: {gate_line}" in proc.stdout, out
+
+
+def test_an_entry_the_same_on_every_target_lives_in_common_yaml(tmp_path: Path) -> None:
+    """The shipped matrices give each entry shared by all targets once, in common.yaml; a copy in every target's own
+    file (here: a check entry moved out of common.yaml into both files that take it as base) is named."""
+    from killmatrix import MATRIX_DIR, TARGETS
+    from killmatrix_file import shared_outside_common
+
+    assert shared_outside_common(TARGETS, MATRIX_DIR) == []
+    doctored = tmp_path / "killmatrix"
+    shutil.copytree(MATRIX_DIR, doctored)
+    key = "suites/test_reasoning.py::test_higher_effort_thinks_longer"
+    entry = f"  {key}:\n    killed_by: {{reasoning_effort_ignored: reasoning.effort_has_no_effect}}\n"
+    common = (doctored / "common.yaml").read_text()
+    assert entry in common
+    (doctored / "common.yaml").write_text(common.replace(entry, ""))
+    for own in ("rtxpro6000-tp8.yaml", "gb300-agg.yaml"):
+        text = (doctored / own).read_text()
+        (doctored / own).write_text(text.replace("\nchecks:\n", "\nchecks:\n" + entry, 1))
+    assert shared_outside_common(TARGETS, doctored) == [
+        f"checks.{key}: the same on every target, given by gb300-agg.yaml, rtxpro6000-tp8.yaml: belongs in common.yaml"]
+
