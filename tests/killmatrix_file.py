@@ -351,10 +351,10 @@ def shared_outside_common(targets: list[str], directory: Path) -> list[str]:
         tables = [getattr(r, section) for r in resolved]
         for key in sorted(set.intersection(*(set(t) for t in tables))):
             entries = [t[key] for t in tables]
-            same = all(e.model_dump() == entries[0][0].model_dump() for e, _ in entries)
+            first = entries[0][0].model_dump()
+            same = all(e.model_dump() == first for e, _ in entries)
             if same and any(placed.path.name != COMMON for _, placed in entries):
                 files = sorted({placed.path.name for _, placed in entries})
                 found.append(f"{section}.{key}: the same on every target, given by {', '.join(files)}: "
                              f"belongs in {COMMON}")
     return found
-

@@ -459,7 +459,6 @@ def test_collateral_sees_skips_and_not_judged_in_every_file_of_the_run() -> None
     assert any("test_b.py::four: harness error" in p for p in collateral_problems(m, plan, outcomes))
 
 
-# ---------------------------------------------------------------------------------------------- the tally gate
 def test_collateral_by_pattern_covers_every_check_it_matches_and_no_other() -> None:
     """A kill that breaks every check of a file (or every request) lists its collateral once, as a pattern: it
     covers the checks it matches, with its outcome when stated; a check's own key wins over a pattern; a check of
@@ -482,6 +481,7 @@ def test_collateral_by_pattern_covers_every_check_it_matches_and_no_other() -> N
     assert any("test_a.py::one" in p for p in collateral_problems(m, plan, outcomes))
 
 
+# ---------------------------------------------------------------------------------------------- the tally gate
 def _records(killed: int, gating: int, control_ok: bool = True, collateral: int = 0) -> list[dict]:
     checks = {f"c{i}": "killed_by" for i in range(gating)}
     return [{"target": "t", "checks": checks, "kills": {"k": {"checks": sorted(checks), "control": "control --x"}}},
@@ -590,4 +590,3 @@ def test_an_entry_the_same_on_every_target_lives_in_common_yaml(tmp_path: Path) 
         (doctored / own).write_text(text.replace("\nchecks:\n", "\nchecks:\n" + entry, 1))
     assert shared_outside_common(TARGETS, doctored) == [
         f"checks.{key}: the same on every target, given by gb300-agg.yaml, rtxpro6000-tp8.yaml: belongs in common.yaml"]
-
