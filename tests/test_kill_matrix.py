@@ -57,7 +57,7 @@ from killmatrix import (
 )
 
 #: Which timing profiles run (``offline,fast,real`` by default): ``ML4_KILL_MATRIX_PROFILES=fast`` leaves out the perf,
-#: KV and restart runs where CI time is short; the tally then counts only what ran.
+#: restart runs where CI time is short; the tally then counts only what ran.
 PROFILES = tuple(p.strip() for p in os.environ.get("ML4_KILL_MATRIX_PROFILES", "offline,fast,real").split(",")
                  if p.strip())
 #: The property each test here records for the session tally (tests/conftest.py reads it).
