@@ -169,7 +169,7 @@ def _run(pytester: pytest.Pytester, reports: Path, *extra: str) -> pytest.RunRes
         SUITE, "--target", "rtxpro6000-tp8", "--sim", "--ml4-no-proxy", "-m", "accuracy", "-p", "no:randomly",
         "--accuracy-categories", "irrelevance,live_irrelevance", "--accuracy-size", "40",
         "--accuracy-concurrency", "16", "--ml4-set", "sim.itl_ms=1", "--ml4-set", "sim.ttft_s=0.01",
-        "--ml4-set", "sim.prefill_tok_s=1000000", "--ml4-reports", str(reports), "-rA", *extra, timeout=300)
+        "--ml4-set", "sim.extra.prefill_tok_s=1000000", "--ml4-reports", str(reports), "-rA", *extra, timeout=300)
 
 
 def _drops_by_the_documented_rule(acc: dict[str, Any]) -> set[str]:

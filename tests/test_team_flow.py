@@ -32,7 +32,7 @@ KEY_VAR = "ML4_TEAM_KEY"
 GATE = "smoke or tools or reasoning"
 SHARE = "test_reasoning_share_of_output_is_measured"
 #: The simulator's pace for this test only: the checks judge answers, not the bundled target's timing.
-FAST = ("--set", "sim.ttft_s=0.005", "--set", "sim.itl_ms=0.2")
+FAST = ("--set", "sim.ttft_s=0.005", "--set", "sim.itl_ms=0.2", "--set", "sim.extra.prefill_tok_s=1000000")
 
 
 def _free_port() -> int:
