@@ -56,10 +56,17 @@ from killmatrix import (
     run_suites,
 )
 
-#: Which timing profiles run (``offline,fast,real`` by default): ``ML4_KILL_MATRIX_PROFILES=fast`` leaves out the perf,
-#: restart runs where CI time is short; the tally then counts only what ran.
-PROFILES = tuple(p.strip() for p in os.environ.get("ML4_KILL_MATRIX_PROFILES", "offline,fast,real").split(",")
-                 if p.strip())
+#: Which timing profiles run (every profile a matrix names, by default, or ``all``): ``ML4_KILL_MATRIX_PROFILES=
+#: offline,fast`` leaves out the load, restart and perf runs where CI time is short; the tally then counts only what ran.
+_PROFILES_ENV = os.environ.get("ML4_KILL_MATRIX_PROFILES", "all").strip()
+PROFILES: tuple[str, ...] | None = (None if _PROFILES_ENV in ("", "all")
+                                    else tuple(p.strip() for p in _PROFILES_ENV.split(",") if p.strip()))
+
+
+def _runs(profile: str) -> bool:
+    return PROFILES is None or profile in PROFILES
+
+
 #: The property each test here records for the session tally (tests/conftest.py reads it).
 PROPERTY = "ml4_killmatrix"
 
@@ -78,7 +85,7 @@ def _kill_runs() -> list[Any]:
             profiles = sorted({p for p in m.profiles if m.named(kills, p)})
             nightly = all(k.nightly for k in kills)
             params += [pytest.param(target, group, p, id=f"{target}-{group}-{p}", marks=_nightly(m, p, nightly))
-                       for p in profiles if p in PROFILES]
+                       for p in profiles if _runs(p)]
     return params
 
 
@@ -92,7 +99,7 @@ def _control_runs() -> list[Any]:
             nightly = all(k.nightly for k in kills)
             params += [pytest.param(target, args, p, id=f"{target}-{' '.join(args)}-{p}",
                                     marks=_nightly(m, p, nightly))
-                       for p in sorted(m.profiles) if p in PROFILES and m.named(kills, p)]
+                       for p in sorted(m.profiles) if _runs(p) and m.named(kills, p)]
     return params
 
 
@@ -101,7 +108,7 @@ def _healthy_runs() -> list[Any]:
     for t in TARGETS:
         m = load_matrix(t)
         params += [pytest.param(t, p, id=f"{t}-{p}", marks=_nightly(m, p))
-                   for p in sorted({m.profile(c.key) for c in m.checks.values() if not c.pending}) if p in PROFILES]
+                   for p in sorted({m.profile(c.key) for c in m.checks.values() if not c.pending}) if _runs(p)]
     return params
 
 
