@@ -400,7 +400,9 @@ class SimProfile(_Strict):
 
     ttft_s: float = Field(default=0.5, gt=0, description="simulated TTFT at the reference ISL, seconds")
     itl_ms: float = Field(default=12.0, gt=0, description="simulated ITL with one running sequence, ms")
-    prefill_tok_s: float = Field(default=20000, gt=0, description="simulated prefill rate, tokens/s")
+    prefill_tok_s: float = Field(default=20000, gt=0, description=(
+        "simulated prefill rate, tokens/s; a perf-model profile of the target's name (the bundled targets') has "
+        "its own, which wins: sim.extra.prefill_tok_s overrides both"))
     #: Seconds a simulated restart keeps the port closed: from the old engine process's exit to the new one
     #: binding. A modelled figure of the target (estimate unless its YAML cites a seed), so restart verdicts do
     #: not depend on how fast this machine starts a Python process (``SimServer.restart``).
