@@ -144,7 +144,9 @@ def count_good(records: Sequence[RequestRecord], slo: Slo) -> int:
 def write_goodput_plot(records: Sequence[RequestRecord], slo: Slo, g: Goodput, path: Path, title: str) -> Path:
     """Empirical CDFs of TTFT, ITL and end-to-end latency, each with its SLO as a red line and the floor as a
     dotted level: a curve crossing its SLO line below the floor is a failed goodput gate."""
-    from pytest_ml4.perf.plots import plt, write_png
+    from pytest_ml4.perf.plots import pyplot, write_png
+
+    plt = pyplot()
 
     values = latency_values(records)
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))

@@ -57,7 +57,9 @@ def soak_buckets(found: PhaseProbes, duration_s: float) -> list[Bucket]:
 
 def write_soak_plot(found: PhaseProbes, duration_s: float, path: Path, title: str) -> Path:
     """Each probe as a point in time (green: passed its verdict, red: violated it), and the violations per bucket."""
-    from pytest_ml4.perf.plots import plt, write_png
+    from pytest_ml4.perf.plots import pyplot, write_png
+
+    plt = pyplot()
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5), sharex=True)
     ok = [r.at_s for r in found.judged if not r.violation]

@@ -228,10 +228,9 @@ def trend_png(runs: Sequence[Mapping[str, Any]], out: Path, baseline: Baseline |
     metrics = trend_metrics(runs)
     if not metrics:
         return None
-    import matplotlib
+    from pytest_ml4.perf.plots import pyplot
 
-    matplotlib.use("Agg")  # files only; no display on CI machines
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     labels = [f"#{i} " + str(d.get("started") or d["run_id"])[:16].replace("T", " ") for i, d in enumerate(runs, 1)]
     # A short run is compared with the baseline on its short-run figures only; draw the baseline only there.
