@@ -33,6 +33,7 @@ def assert_gates_pass(results: Sequence[GateResult], none: str | None = None,
         fail(failed[0].code, "\n".join(str(r) for r in failed))
 
 
+@fails_with("perf.no_figures")
 @fails_with("perf.request_errors", "a sweep point had failed requests beyond gates.request_error_rate_max")
 def assert_no_request_errors(results: Sequence[GateResult]) -> None:
     """The error-rate gate judged at least one point, and every point passed it."""
