@@ -14,10 +14,10 @@ non-streamed, judged by verdict code with the rest of each suite file as collate
 from __future__ import annotations
 
 import secrets
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from killmatrix import read_junit
 from pytest_ml4_sim.deploy.simulator import SimServer
 
 from pytest_ml4.target.model import load_target
@@ -32,20 +32,6 @@ SELECTION = ("separated or token_count or (effort_is_accepted and (none or high)
 MIN_OUTCOMES = 20
 
 
-def outcomes(junit: Path) -> dict[str, str]:
-    """JUnit XML -> test name -> passed | failed | skipped (with the failure's message)."""
-    out = {}
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
-        if bad is not None:
-            out[case.get("name", "")] = "failed: " + (bad.get("message") or "")[:300]
-        elif case.find("skipped") is not None:
-            out[case.get("name", "")] = "skipped: " + (case.find("skipped").get("message") or "")[:300]
-        else:
-            out[case.get("name", "")] = "passed"
-    return out
-
-
 @pytest.mark.parametrize("field", ["reasoning_content", "both"])
 def test_suites_pass_on_a_legacy_reasoning_field(pytester: pytest.Pytester, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch, field: str) -> None:
@@ -58,9 +44,9 @@ def test_suites_pass_on_a_legacy_reasoning_field(pytester: pytest.Pytester, tmp_
             *SUITES, "--target", TARGET, "--endpoint", sim.base_url, "--ml4-no-proxy", "-k", SELECTION,
             "--ml4-reports", str(tmp_path / "reports"), f"--junitxml={junit}", "-p", "no:randomly", timeout=420)
     assert junit.is_file(), f"the run produced no report:\n{result.stdout.str()[-3000:]}"
-    found = outcomes(junit)
+    found = read_junit(junit)
     assert len(found) >= MIN_OUTCOMES, f"selection too small ({len(found)} tests): {sorted(found)}"
     # The slice holds streamed and non-streamed reasoning checks: the field is read both ways.
     assert any("stream" in n and "separated" in n for n in found), sorted(found)
-    bad = {name: how for name, how in found.items() if how != "passed"}
+    bad = {node: f"{o.kind}: {o.message[:300]}" for node, o in found.items() if o.status != "passed"}
     assert not bad, f"sim.extra.reasoning_field={field}: checks that did not pass: {bad}"
