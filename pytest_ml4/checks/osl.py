@@ -23,7 +23,7 @@ from pytest_ml4.client.stream_probe import StreamResult, probe_chat_stream
 from pytest_ml4.client.urls import display_url
 from pytest_ml4.evidence.metrics import generated_tokens
 from pytest_ml4.logs import GrammarKill, LogEvent, LogView
-from pytest_ml4.perf.export import read_records
+from pytest_ml4.perf.export import ProfileExport, RequestRecord, read_records
 from pytest_ml4.perf.methodology import (
     WHY_NOT_IGNORE_EOS,
     explain,
@@ -126,12 +126,20 @@ def fixed_length_aiperf_spec(perf_client: Client, n: int) -> AiperfSpec:
 @fails_with("osl.aiperf_osl_not_n", "aiperf's output_sequence_length is not min = max = n, std 0")
 @fails_with("osl.aiperf_no_min_tokens", "aiperf's fixed-length run was not asked with min_tokens")
 @fails_with("osl.aiperf_ignore_eos", "aiperf's fixed-length run held the length with ignore_eos")
-@fails_with("osl.aiperf_records_missing", "aiperf wrote fewer per-request records than requests")
+@fails_with("osl.aiperf_request_errors", "requests of aiperf's fixed-length run failed")
+@fails_with("osl.aiperf_records_missing", "aiperf's per-request records are not one per successful request")
 @fails_with("osl.aiperf_records_not_n", "aiperf records requests without exactly n completion tokens")
 def assert_aiperf_export_exactly_n(run: RunResult, n: int) -> None:
-    """aiperf's export: output_sequence_length min = max = ``n``, std 0, asked with ``min_tokens``, and every
-    request's record at exactly ``n`` completion tokens."""
+    """aiperf's export: every request served, output_sequence_length min = max = ``n``, std 0, asked with
+    ``min_tokens``, and every request's record at exactly ``n`` completion tokens.
+
+    Failed requests are named first and as such: the summary's figures cover the successful ones only
+    (``request_count``), so without this a run with failures read as "records missing"."""
     ex = run.require()
+    records = read_records(run.out_dir)
+    failed = [r for r in records if not r.ok]
+    require(not ex.error_request_count and not failed, "osl.aiperf_request_errors",
+            lambda: describe_failed_requests(ex, failed, len(records)))
     osl = ex.metric("output_sequence_length")
     require(osl is not None, "osl.aiperf_no_osl", "aiperf wrote no output_sequence_length")
     require((osl.min, osl.max, osl.std) == (n, n, 0.0), "osl.aiperf_osl_not_n",
@@ -139,13 +147,22 @@ def assert_aiperf_export_exactly_n(run: RunResult, n: int) -> None:
     require(ex.extra_inputs.get("min_tokens") == n, "osl.aiperf_no_min_tokens",
             lambda: f"aiperf's extra inputs {ex.extra_inputs} do not hold min_tokens {n}")
     require(not extra_inputs_ask_ignore_eos(ex.extra_inputs), "osl.aiperf_ignore_eos", WHY_NOT_IGNORE_EOS)
-    records = read_records(run.out_dir)
     require(len(records) == ex.request_count, "osl.aiperf_records_missing",
-            lambda: f"{len(records)} per-request records for {ex.request_count} requests")
+            lambda: f"{len(records)} per-request records (profiling phase) for the {ex.request_count} successful "
+                    f"requests of the summary ({run.out_dir})")
     bad = [(r.metadata.get("x_request_id"), r.value("usage_completion_tokens")) for r in records
            if r.value("usage_completion_tokens") != n or r.value("output_sequence_length") != n]
     require(not bad, "osl.aiperf_records_not_n",
             lambda: f"requests without exactly {n} completion tokens: {bad[:5]}")
+
+
+def describe_failed_requests(export: ProfileExport, failed: Sequence[RequestRecord], records: int) -> str:
+    """How many of the run's requests failed and with what, from the summary and the per-request records."""
+    kinds = [f"{e.count} x HTTP {e.code} {e.type}: {e.message[:160]}" for e in export.error_summary]
+    if not kinds and failed:
+        kinds = [f"first failed record: {failed[0].error}"]
+    return "; ".join([f"aiperf's fixed-length run: {export.error_request_count} failed request(s) in the summary, "
+                      f"{len(failed)} failed record(s) of {records}, {export.request_count} successful", *kinds])
 
 
 @fails_with("osl.no_log_lines",
